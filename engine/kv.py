@@ -1,0 +1,57 @@
+"""The KV cache: per layer, keys and values of every sequence (slot), indexed by position."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class KVCache:
+    """Keys/values as float32 [n_layer, n_seq, n_kv_heads, n_ctx, head_dim].
+
+    A sequence's cell i holds position i, so a prefix is reused by keeping the first n cells and a
+    sequence is truncated by lowering its length. The attention kernel reads one contiguous run of
+    positions per kv head.
+    """
+
+    def __init__(self, n_layer: int, n_seq: int, n_ctx: int, n_kv_heads: int, head_dim: int) -> None:
+        shape = (n_layer, n_seq, n_kv_heads, n_ctx, head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.lengths = np.zeros(n_seq, dtype=np.int64)
+
+    @property
+    def n_seq(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def n_ctx(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def n_bytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Forget everything of `seq_id` from position `length` on."""
+        self.lengths[seq_id] = min(int(self.lengths[seq_id]), length)
+
+    def clear(self, seq_id: int) -> None:
+        self.lengths[seq_id] = 0
+
+    def check_batch(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
+        """Reject a batch that writes outside the cache or leaves a gap in a sequence."""
+        if len(seq_ids) == 0:
+            return
+        if seq_ids.min() < 0 or seq_ids.max() >= self.n_seq:
+            raise ValueError("sequence id outside the KV cache")
+        if positions.min() < 0 or positions.max() >= self.n_ctx:
+            raise ValueError(f"position outside the context of {self.n_ctx} cells")
+        for s in np.unique(seq_ids):
+            first = int(positions[seq_ids == s].min())
+            if first > self.lengths[s]:
+                raise ValueError(f"sequence {s}: position {first} leaves a gap after {self.lengths[s]}")
+
+    def commit(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
+        """Record that the batch's tokens are now cached."""
+        for s in np.unique(seq_ids):
+            self.lengths[s] = max(int(self.lengths[s]), int(positions[seq_ids == s].max()) + 1)

@@ -1,0 +1,63 @@
+"""Model hyper-parameters read from GGUF metadata, for every supported architecture."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.gguf import GGUFFile
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_base: float
+    rope_neox: bool
+    attn_scale: float
+    # Sliding-window attention (Gemma 3): window size and which layers use it, with their RoPE base.
+    sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    rope_base_swa: float = 10000.0
+    embed_scale: float = 1.0
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> HParams:
+        arch = g.require_architecture()
+        n_embd = int(g.arch_value("embedding_length"))
+        n_head = int(g.arch_value("attention.head_count"))
+        head_dim = int(g.arch_value("attention.key_length", n_embd // n_head))
+        n_layer = int(g.arch_value("block_count"))
+        common = dict(
+            arch=arch,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_ff=int(g.arch_value("feed_forward_length")),
+            n_head=n_head,
+            n_kv_head=int(g.arch_value("attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            n_vocab=len(g.metadata["tokenizer.ggml.tokens"]),
+            n_ctx_train=int(g.arch_value("context_length")),
+            rms_eps=float(g.arch_value("attention.layer_norm_rms_epsilon")),
+            rope_base=float(g.arch_value("rope.freq_base", 10000.0)),
+            attn_scale=1.0 / math.sqrt(head_dim),
+        )
+        if arch == "gemma3":
+            # Every sixth layer is global; the others see a sliding window with RoPE base 10000.
+            swa = tuple((i + 1) % 6 != 0 for i in range(n_layer))
+            return cls(
+                **common,
+                rope_neox=True,
+                sliding_window=int(g.arch_value("attention.sliding_window", 0)),
+                swa_layers=swa,
+                embed_scale=math.sqrt(n_embd),
+            )
+        return cls(**common, rope_neox=False, swa_layers=(False,) * n_layer)

@@ -1,0 +1,145 @@
+"""The llama architecture (SmolLM2): a pre-norm decoder with grouped-query attention and SwiGLU.
+
+`forward` runs one batch of tokens from any number of sequences (prefill chunks and decode tokens mixed)
+and returns the logits of the requested rows. Every kernel call goes through the backend; weights stay
+in their quantized formats.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backend import Backend
+from engine.batch import Batch
+from engine.gguf import GGUFFile, Tensor
+from engine.kv import KVCache
+from engine.models.hparams import HParams
+
+
+class Projection:
+    """Weight matrices applied to the same input; fused into one matmul when they share a format."""
+
+    def __init__(self, backend: Backend, tensors: list[Tensor]) -> None:
+        self.backend = backend
+        self.sizes = [t.shape[0] for t in tensors]
+        n_cols = tensors[0].shape[1]
+        if len({t.ggml_type for t in tensors}) == 1:
+            data = np.concatenate([t.data for t in tensors], axis=0) if len(tensors) > 1 else tensors[0].data
+            self.weights = [backend.pack_weight(data, tensors[0].ggml_type, (sum(self.sizes), n_cols))]
+        else:
+            self.weights = [backend.pack_weight(t.data, t.ggml_type, t.shape) for t in tensors]
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        n_tok = x.shape[0]
+        if len(self.weights) == 1:
+            out = np.empty((n_tok, sum(self.sizes)), dtype=np.float32)
+            self.backend.matmul(x, self.weights[0], out)
+            if len(self.sizes) == 1:
+                return [out]
+            bounds = np.cumsum(self.sizes)[:-1]
+            return [np.ascontiguousarray(part) for part in np.split(out, bounds, axis=1)]
+        outs = []
+        for w, size in zip(self.weights, self.sizes, strict=True):
+            out = np.empty((n_tok, size), dtype=np.float32)
+            self.backend.matmul(x, w, out)
+            outs.append(out)
+        return outs
+
+
+class LlamaLayer:
+    def __init__(self, backend: Backend, g: GGUFFile, il: int) -> None:
+        t = g.tensors
+        p = f"blk.{il}."
+        self.attn_norm = np.asarray(t[p + "attn_norm.weight"].data, dtype=np.float32)
+        self.ffn_norm = np.asarray(t[p + "ffn_norm.weight"].data, dtype=np.float32)
+        self.qkv = Projection(
+            backend, [t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]]
+        )
+        self.attn_out = Projection(backend, [t[p + "attn_output.weight"]])
+        self.gate_up = Projection(backend, [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]])
+        self.down = Projection(backend, [t[p + "ffn_down.weight"]])
+
+
+class LlamaModel:
+    layer_class: type[LlamaLayer] = LlamaLayer
+
+    def __init__(self, g: GGUFFile, backend: Backend) -> None:
+        self.hp = HParams.from_gguf(g)
+        self.backend = backend
+        self.name = str(g.metadata.get("general.name", g.path.stem))
+        self.n_params = g.n_params
+        self.n_bytes = g.n_bytes
+        t = g.tensors
+        embd = t["token_embd.weight"]
+        self.token_embd = backend.pack_weight(embd.data, embd.ggml_type, embd.shape)
+        head = t.get("output.weight", embd)  # tied embeddings when there is no output matrix
+        self.output = (
+            self.token_embd if head is embd else backend.pack_weight(head.data, head.ggml_type, head.shape)
+        )
+        self.output_norm = np.asarray(t["output_norm.weight"].data, dtype=np.float32)
+        self.layers = [self.layer_class(backend, g, il) for il in range(self.hp.n_layer)]
+
+    def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
+        hp = self.hp
+        return KVCache(hp.n_layer, n_seq, n_ctx, hp.n_kv_head, hp.head_dim)
+
+    def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
+        """Logits float32 [len(batch.output_rows), n_vocab] after running every token of the batch."""
+        kv.check_batch(batch.seq_ids, batch.positions)
+        x = self.embed(batch.tokens)
+        for il, layer in enumerate(self.layers):
+            self.attention_block(il, layer, x, batch, kv)
+            self.ffn_block(layer, x)
+        kv.commit(batch.seq_ids, batch.positions)
+        return self.logits(x[batch.output_rows])
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        x = np.empty((len(tokens), self.hp.n_embd), dtype=np.float32)
+        self.backend.get_rows(self.token_embd, tokens, x)
+        return x
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        h = np.empty_like(x)
+        self.backend.rmsnorm(x, self.output_norm, self.hp.rms_eps, h)
+        out = np.empty((x.shape[0], self.hp.n_vocab), dtype=np.float32)
+        self.backend.matmul(h, self.output, out)
+        return out
+
+    def norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        self.backend.rmsnorm(x, weight, self.hp.rms_eps, out)
+        return out
+
+    def qkv_heads(self, layer: LlamaLayer, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hp = self.hp
+        q, k, v = layer.qkv(h)
+        n = h.shape[0]
+        return (
+            q.reshape(n, hp.n_head, hp.head_dim),
+            k.reshape(n, hp.n_kv_head, hp.head_dim),
+            v.reshape(n, hp.n_kv_head, hp.head_dim),
+        )
+
+    def attend(
+        self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch, kv: KVCache
+    ) -> np.ndarray:
+        """Store k/v in the cache, attend, and return the heads concatenated: [T, n_head * head_dim]."""
+        hp, be = self.hp, self.backend
+        be.store_kv(k, v, batch.seq_ids, batch.positions, kv.k[il], kv.v[il])
+        out = np.empty_like(q)
+        window = hp.sliding_window if hp.swa_layers[il] else 0
+        be.attention(q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, window, hp.attn_scale, out)
+        return out.reshape(q.shape[0], -1)
+
+    def attention_block(self, il: int, layer: LlamaLayer, x: np.ndarray, batch: Batch, kv: KVCache) -> None:
+        q, k, v = self.qkv_heads(layer, self.norm(x, layer.attn_norm))
+        self.backend.rope(q, batch.positions, self.hp.rope_base, self.hp.rope_neox)
+        self.backend.rope(k, batch.positions, self.hp.rope_base, self.hp.rope_neox)
+        (o,) = layer.attn_out(self.attend(il, q, k, v, batch, kv))
+        self.backend.add_inplace(x, o)
+
+    def ffn_block(self, layer: LlamaLayer, x: np.ndarray) -> None:
+        gate, up = layer.gate_up(self.norm(x, layer.ffn_norm))
+        self.backend.silu_mul(gate, up, gate)
+        (down,) = layer.down(gate)
+        self.backend.add_inplace(x, down)
