@@ -1,0 +1,168 @@
+"""The Engine: owns the model, KV cache and scheduler, and runs the step loop in its own thread.
+
+Its public surface (`submit`, `cancel`, `stats`, `start`, `stop`) is thread-safe; everything else runs
+on the engine thread, the only thread that calls the (parallel) kernels. Events reach asyncio through
+`loop.call_soon_threadsafe`, so the event loop never blocks and never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from engine.batch import Batch
+from engine.llm import LLM
+from engine.request import GenerationRequest, TokenEvent
+from engine.scheduler import Scheduler
+
+log = structlog.get_logger("engine")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_slots: int = 1
+    n_ctx: int = 4096  # total; each slot gets n_ctx / n_slots
+    n_ubatch: int = 512  # tokens per step (prefill chunks + decode tokens)
+    slot_similarity: float = 0.1
+
+
+class RequestHandle:
+    """The asyncio side of one request: an async iterator of TokenEvents ending with a finish_reason."""
+
+    def __init__(self, engine: Engine, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._loop = loop
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.finished = False
+
+    def push(self, event: TokenEvent) -> None:  # called on the engine thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        while not self.finished:
+            event = await self._queue.get()
+            self.finished = event.finish_reason is not None
+            yield event
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.engine.cancel(self.request_id)
+
+
+class Engine:
+    def __init__(self, llm: LLM, config: EngineConfig) -> None:
+        self.llm = llm
+        self.config = config
+        n_ctx_slot = max(1, config.n_ctx // config.n_slots)
+        self.kv = llm.new_cache(config.n_slots, n_ctx_slot)
+        self.scheduler = Scheduler(self.kv, llm.tokenizer, config.n_ubatch, config.slot_similarity)
+        self._cond = threading.Condition()
+        self._commands: list[Callable[[], None]] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._ids = itertools.count()
+        self.n_steps = 0
+        self.n_tokens_processed = 0
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self.kv.n_ctx
+
+    # -- thread-safe public surface ----------------------------------------------------------------
+    def start(self, warm_up: bool = True) -> None:
+        if warm_up:
+            self._warm_up()
+        self._thread = threading.Thread(target=self._run, name="llamba-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(
+        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
+    ) -> RequestHandle:
+        request_id = request.request_id or f"req-{next(self._ids)}"
+        if not request.request_id:
+            request = GenerationRequest(**{**request.__dict__, "request_id": request_id})
+        handle = RequestHandle(self, request_id, loop or asyncio.get_running_loop())
+        self._command(lambda: self.scheduler.waiting.append((request, handle.push)))
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        self._command(lambda: self.scheduler.cancel(request_id))
+
+    def stats(self) -> list[dict]:
+        """A snapshot of the slots (read without locking: fields are replaced atomically)."""
+        return [
+            {
+                "id": slot.id,
+                "id_task": slot.id_task,
+                "n_ctx": self.n_ctx_slot,
+                "is_processing": slot.busy,
+                "n_cached": len(slot.tokens),
+            }
+            for slot in self.scheduler.slots
+        ]
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- engine thread ------------------------------------------------------------------------------
+    def _command(self, fn: Callable[[], None]) -> None:
+        with self._cond:
+            self._commands.append(fn)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._commands and not self._stopping and not self.scheduler.has_work():
+                    self._cond.wait()
+                commands, self._commands = self._commands, []
+                stopping = self._stopping
+            for fn in commands:
+                fn()
+            if stopping:
+                self.scheduler.cancel_all("cancelled")
+                return
+            self._step()
+
+    def _step(self) -> None:
+        self.scheduler.admit()
+        planned = self.scheduler.build_batch()
+        if planned is None:
+            return
+        batch, outputs = planned
+        try:
+            logits = self.llm.model.forward(batch, self.kv)
+        except Exception as exc:  # a kernel failure must not kill the thread or hang clients
+            log.exception("engine.step_failed", error=str(exc))
+            for slot in outputs:
+                slot.tokens.clear()
+                self.kv.clear(slot.id)
+            self.scheduler.cancel_all("error")
+            return
+        self.n_steps += 1
+        self.n_tokens_processed += batch.n_tokens
+        self.scheduler.apply(logits, outputs)
+
+    def _warm_up(self) -> None:
+        """Compile (or load from cache) every kernel with a tiny batch, so no request pays the JIT."""
+        start = time.perf_counter()
+        self.llm.model.forward(
+            Batch.from_sequences([(0, 0, [self.llm.tokenizer.bos_id] * 2, False)]), self.kv
+        )
+        self.kv.clear(0)
+        log.info("engine.warm", seconds=round(time.perf_counter() - start, 2))

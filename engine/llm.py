@@ -1,0 +1,72 @@
+"""A loaded model: GGUF file, tokenizer, weights on a backend. What the CLIs and the server engine share."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.backend import Backend, select_backend
+from engine.batch import Batch
+from engine.gguf import GGUFFile
+from engine.kv import KVCache
+from engine.model_files import resolve
+from engine.models import LlamaModel, load_model
+from engine.tokenizer import Tokenizer
+
+
+@dataclass
+class LLM:
+    path: Path
+    gguf: GGUFFile
+    backend: Backend
+    model: LlamaModel
+    tokenizer: Tokenizer
+    load_seconds: float
+
+    @classmethod
+    def load(cls, model: str | None = None, device: str = "cpu", n_threads: int | None = None) -> LLM:
+        """`model` is a known model name ("smollm2", "gemma3"), a GGUF path, or None for the default."""
+        start = time.perf_counter()
+        path = resolve(model)
+        g = GGUFFile(path)
+        backend = select_backend(device, n_threads)
+        net = load_model(g, backend)
+        tokenizer = Tokenizer.from_gguf(g)
+        return cls(path, g, backend, net, tokenizer, time.perf_counter() - start)
+
+    @property
+    def description(self) -> str:
+        """llama-bench's model column: '<arch> <size> <file type>'."""
+        return f"{self.model.hp.arch} {self.gguf.metadata.get('general.size_label', '?')} {self.file_type}"
+
+    @property
+    def file_type(self) -> str:
+        names = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 15: "Q4_K - Medium"}
+        return names.get(int(self.gguf.metadata.get("general.file_type", -1)), "unknown")
+
+    def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
+        return self.model.new_cache(n_seq, n_ctx)
+
+    def prefill(self, kv: KVCache, seq_id: int, tokens: list[int], n_batch: int = 512) -> np.ndarray:
+        """Run `tokens` after what `seq_id` already holds, in chunks of n_batch; the last token's logits."""
+        start = int(kv.lengths[seq_id])
+        logits = np.empty(0, dtype=np.float32)
+        for i in range(0, len(tokens), n_batch):
+            chunk = tokens[i : i + n_batch]
+            logits = self.model.forward(Batch.from_sequences([(seq_id, start + i, chunk, False)]), kv)[0]
+        return logits
+
+    def generate_greedy(self, prompts: list[list[int]], n_predict: int, n_ctx: int = 1024) -> list[list[int]]:
+        """Greedy continuations of several prompts, decoded together one batch per step."""
+        kv = self.new_cache(len(prompts), n_ctx)
+        last = [int(np.argmax(self.prefill(kv, s, p))) for s, p in enumerate(prompts)]
+        outputs = [[t] for t in last]
+        for _ in range(n_predict - 1):
+            parts = [(s, int(kv.lengths[s]), [outputs[s][-1]], False) for s in range(len(prompts))]
+            logits = self.model.forward(Batch.from_sequences(parts), kv)
+            for s, row in enumerate(logits):
+                outputs[s].append(int(np.argmax(row)))
+        return outputs

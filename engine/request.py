@@ -1,0 +1,60 @@
+"""What crosses the engine's public surface: a generation request in, token events out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1: until end of generation or the slot's context is full
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    id_slot: int = -1  # -1: the engine chooses
+    cache_prompt: bool = True
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama-server's `timings` object."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": self.prompt_ms / self.prompt_n if self.prompt_n else 0.0,
+            "prompt_per_second": 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms else 0.0,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": self.predicted_ms / self.predicted_n if self.predicted_n else 0.0,
+            "predicted_per_second": 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms else 0.0,
+        }
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token (token is None on a final event that carries no new token)."""
+
+    text: str  # text now safe to emit (UTF-8 complete, not part of a possible stop string); may be ""
+    token: int | None = None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    stop_word: str | None = None
+    timings: Timings | None = None
+    n_prompt: int = 0
+    n_generated: int = 0
+    id_slot: int = -1
+    error: str | None = None

@@ -1,0 +1,245 @@
+"""Continuous batching: slots, admission with prefix reuse, and one mixed batch per step.
+
+Each slot owns one sequence of the KV cache and remembers which tokens its cells hold, so a new
+request that shares a prefix with them processes only the rest. Every step takes one decode token
+from each generating sequence first, then fills the rest of the token budget with prompt chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.batch import Batch
+from engine.kv import KVCache
+from engine.request import GenerationRequest, Timings, TokenEvent
+from engine.sampling import Sampler
+from engine.stop import StopMatcher
+from engine.tokenizer import IncrementalDecoder, Tokenizer
+
+Emit = Callable[[TokenEvent], None]
+
+
+@dataclass
+class Sequence:
+    request: GenerationRequest
+    emit: Emit
+    sampler: Sampler
+    decoder: IncrementalDecoder
+    stopper: StopMatcher
+    pending: list[int] = field(
+        default_factory=list
+    )  # tokens to feed next: the prompt's rest, then the last pick
+    n_cached: int = 0
+    n_generated: int = 0
+    t_start: float = field(default_factory=time.perf_counter)
+    t_prompt_done: float = 0.0
+
+    @property
+    def generating(self) -> bool:
+        return self.t_prompt_done > 0
+
+
+@dataclass
+class Slot:
+    id: int
+    tokens: list[int] = field(default_factory=list)  # what the slot's KV cells hold, position by position
+    seq: Sequence | None = None
+    last_used: float = 0.0
+    id_task: int = -1
+
+    @property
+    def busy(self) -> bool:
+        return self.seq is not None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+class Scheduler:
+    def __init__(
+        self, kv: KVCache, tokenizer: Tokenizer, n_ubatch: int, slot_similarity: float = 0.1
+    ) -> None:
+        self.kv = kv
+        self.tokenizer = tokenizer
+        self.n_ubatch = n_ubatch
+        self.slot_similarity = slot_similarity
+        self.slots = [Slot(i) for i in range(kv.n_seq)]
+        self.waiting: deque[tuple[GenerationRequest, Emit]] = deque()
+        self._next_task = 0
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self.kv.n_ctx
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s.busy for s in self.slots)
+
+    # -- admission -------------------------------------------------------------------------------
+    def admit(self) -> None:
+        """Move waiting requests into free slots, in arrival order (a pinned slot that is busy waits)."""
+        still_waiting: deque[tuple[GenerationRequest, Emit]] = deque()
+        while self.waiting:
+            request, emit = self.waiting.popleft()
+            slot = self._choose_slot(request)
+            if slot is None:
+                still_waiting.append((request, emit))
+            else:
+                self._start(slot, request, emit)
+        self.waiting = still_waiting
+
+    def _choose_slot(self, request: GenerationRequest) -> Slot | None:
+        if request.id_slot >= 0:
+            slot = self.slots[request.id_slot]
+            return None if slot.busy else slot
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None
+        prompt = request.prompt_tokens
+
+        def similarity(s: Slot) -> float:
+            return common_prefix(s.tokens, prompt) / len(s.tokens) if s.tokens else 0.0
+
+        best = max(idle, key=similarity)
+        if request.cache_prompt and similarity(best) > self.slot_similarity:
+            return best
+        return min(idle, key=lambda s: s.last_used)
+
+    def _start(self, slot: Slot, request: GenerationRequest, emit: Emit) -> None:
+        prompt = request.prompt_tokens
+        reuse = common_prefix(slot.tokens, prompt) if request.cache_prompt else 0
+        reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
+        self.kv.truncate(slot.id, reuse)
+        slot.tokens = prompt[:reuse]
+        sampler = Sampler(request.sampling, self.tokenizer.n_vocab)
+        for token in prompt:
+            sampler.accept(token)
+        slot.seq = Sequence(
+            request,
+            emit,
+            sampler,
+            IncrementalDecoder(self.tokenizer),
+            StopMatcher(list(request.stop)),
+            pending=prompt[reuse:],
+            n_cached=reuse,
+        )
+        slot.id_task = self._next_task
+        self._next_task += 1
+
+    # -- one step ----------------------------------------------------------------------------------
+    def build_batch(self) -> tuple[Batch, list[Slot]] | None:
+        """The next batch and, in output-row order, the slots whose logits it returns."""
+        active = [s for s in self.slots if s.busy]
+        active.sort(key=lambda s: (not s.seq.generating, s.seq.t_start))  # type: ignore[union-attr]
+        budget = self.n_ubatch
+        parts, outputs = [], []
+        for slot in active:
+            seq = slot.seq
+            assert seq is not None
+            if budget <= 0:
+                break
+            chunk = seq.pending[:budget]
+            budget -= len(chunk)
+            parts.append((slot.id, len(slot.tokens), chunk, False))
+            slot.tokens.extend(chunk)
+            seq.pending = seq.pending[len(chunk) :]
+            if not seq.pending:
+                outputs.append(slot)
+        if not parts:
+            return None
+        batch = Batch.from_sequences(parts)
+        rows = [i for i, (slot_id, _, chunk, _) in enumerate(parts) if self.slots[slot_id] in outputs]
+        return Batch(batch.tokens, batch.positions, batch.seq_ids, batch.output_rows[rows]), outputs
+
+    def apply(self, logits: np.ndarray, outputs: list[Slot]) -> None:
+        """Sample the next token of every slot that got logits, emit it, and finish what is done."""
+        now = time.perf_counter()
+        for row, slot in zip(logits, outputs, strict=True):
+            seq = slot.seq
+            assert seq is not None
+            if not seq.generating:
+                seq.t_prompt_done = now
+            self._advance(slot, seq, row)
+
+    def _advance(self, slot: Slot, seq: Sequence, logits: np.ndarray) -> None:
+        request = seq.request
+        token = seq.sampler.sample(logits)
+        seq.sampler.accept(token)
+        seq.n_generated += 1
+        n_probs = request.sampling.n_probs
+        logprob = seq.sampler.token_logprob(logits, token) if n_probs else None
+        top = tuple(seq.sampler.top_logprobs(logits, n_probs)) if n_probs else ()
+        is_eog = token in self.tokenizer.eog_ids and not request.ignore_eos
+        text, stop_word = ("", None) if is_eog else seq.stopper.push(seq.decoder.push(token))
+        finish = None
+        if is_eog or stop_word is not None:
+            finish = "stop"
+        elif self._out_of_budget(slot, seq):
+            finish = "length"
+        if finish and stop_word is None:
+            text += seq.stopper.push(seq.decoder.flush())[0] + seq.stopper.flush()
+        event = TokenEvent(
+            text=text,
+            token=token,
+            logprob=logprob,
+            top_logprobs=top,
+            finish_reason=finish,
+            stop_word=stop_word,
+            timings=self._timings(seq) if finish else None,
+            n_prompt=len(request.prompt_tokens),
+            n_generated=seq.n_generated,
+            id_slot=slot.id,
+        )
+        seq.emit(event)
+        if finish:
+            self._release(slot)
+        else:
+            seq.pending = [token]
+
+    def _out_of_budget(self, slot: Slot, seq: Sequence) -> bool:
+        n_predict = seq.request.n_predict
+        return (0 <= n_predict <= seq.n_generated) or len(slot.tokens) + 1 >= self.n_ctx_slot
+
+    def _timings(self, seq: Sequence) -> Timings:
+        now = time.perf_counter()
+        prompt_n = len(seq.request.prompt_tokens) - seq.n_cached
+        return Timings(
+            cache_n=seq.n_cached,
+            prompt_n=prompt_n,
+            prompt_ms=1e3 * (seq.t_prompt_done - seq.t_start) if seq.t_prompt_done else 0.0,
+            predicted_n=seq.n_generated,
+            predicted_ms=1e3 * (now - seq.t_prompt_done) if seq.t_prompt_done else 0.0,
+        )
+
+    def _release(self, slot: Slot) -> None:
+        slot.seq = None
+        slot.last_used = time.perf_counter()
+
+    # -- cancellation ----------------------------------------------------------------------------
+    def cancel(self, request_id: str, reason: str = "cancelled") -> None:
+        for slot in self.slots:
+            if slot.seq is not None and slot.seq.request.request_id == request_id:
+                self._finish_early(slot.seq, reason, slot.id)
+                self._release(slot)
+        for item in [w for w in self.waiting if w[0].request_id == request_id]:
+            self.waiting.remove(item)
+            item[1](TokenEvent(text="", finish_reason=reason))
+
+    def cancel_all(self, reason: str) -> None:
+        for request, _ in list(self.waiting):
+            self.cancel(request.request_id, reason)
+        for slot in self.slots:
+            if slot.seq is not None:
+                self.cancel(slot.seq.request.request_id, reason)
+
+    def _finish_early(self, seq: Sequence, reason: str, slot_id: int) -> None:
+        seq.emit(TokenEvent(text="", finish_reason=reason, timings=self._timings(seq), id_slot=slot_id))

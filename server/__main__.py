@@ -1,0 +1,68 @@
+"""`python -m server` == `llamba-server`: parse llama-server's flags and serve with hypercorn."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import anyio
+import structlog
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from engine.model_files import ModelFetchError, resolve
+from server import logs
+from server.app import create_app
+from server.cli import parse_settings
+
+log = structlog.get_logger("server")
+
+
+async def run(argv: list[str] | None = None) -> int:
+    settings, ignored = parse_settings(argv)
+    logs.configure(settings.log_format, settings.verbose)
+    for flag in ignored:
+        log.warning(
+            "cli.flag_ignored", flag=flag, reason="accepted for llama-server compatibility, no effect here"
+        )
+    try:
+        model_path = await anyio.to_thread.run_sync(resolve, settings.model)
+    except ModelFetchError as exc:
+        print(f"llamba-server: error: {exc}", file=sys.stderr)
+        return 1
+    settings = settings.model_copy(update={"model": str(model_path)})
+    app = create_app(settings)
+    stop = asyncio.Event()
+    exit_code = 0
+
+    def load_failed() -> None:
+        nonlocal exit_code
+        exit_code = 1
+        stop.set()
+
+    app.extensions["llamba.on_load_failure"] = load_failed
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def shutdown_trigger() -> None:
+        await stop.wait()
+        # End in-flight generations first so open streams finish and connections drain at once.
+        await anyio.to_thread.run_sync(app.extensions["llamba"].stop)
+
+    config = Config()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.graceful_timeout = 1.0
+    config.accesslog = None
+    log.info("server.listening", host=settings.host, port=settings.port, model=str(model_path))
+    await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(asyncio.run(run(argv)))
+
+
+if __name__ == "__main__":
+    main()

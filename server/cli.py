@@ -1,0 +1,179 @@
+"""llama-server compatible command line (and LLAMA_ARG_* environment variables) -> Settings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+# Flags llama-server has that Llamba accepts but does not act on (yet): (flag, takes a value).
+IGNORED_FLAGS: dict[str, bool] = {
+    "--flash-attn": True,
+    "-fa": True,
+    "--mlock": False,
+    "--no-mmap": False,
+    "--numa": True,
+    "-ngl": True,
+    "--n-gpu-layers": True,
+    "--cache-type-k": True,
+    "-ctk": True,
+    "--cache-type-v": True,
+    "-ctv": True,
+    "--threads-batch": True,
+    "-tb": True,
+    "--keep": True,
+    "--poll": True,
+    "--prio": True,
+}
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str | None = None
+    alias: str | None = None
+    ctx_size: int = 4096
+    parallel: int = 1
+    batch_size: int = 2048
+    ubatch_size: int = 512
+    threads: int | None = None
+    n_predict: int = -1
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_keys: tuple[str, ...] = ()
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    jinja: bool = True
+    chat_template: str | None = None
+    slots: bool = True
+    metrics: bool = False
+    webui: bool = True
+    timeout: int = 600
+    verbose: bool = False
+    log_format: str = "text"
+    log_prompts_dir: Path | None = None
+    cont_batching: bool = True
+    slot_similarity: float = 0.1
+    device: str = "cpu"
+
+    @property
+    def model_alias(self) -> str:
+        if self.alias:
+            return self.alias
+        return Path(self.model).name if self.model else "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(f"LLAMA_ARG_{name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llamba-server", description="An LLM server speaking llama-server's API."
+    )
+    add = p.add_argument
+    add("-m", "--model", default=_env("MODEL"), help="GGUF path or model name (smollm2, gemma3)")
+    add("-a", "--alias", default=_env("ALIAS"))
+    add("-c", "--ctx-size", type=int, default=int(_env("CTX_SIZE") or 4096))
+    add("-np", "--parallel", type=int, default=int(_env("N_PARALLEL") or 1))
+    add("-b", "--batch-size", type=int, default=int(_env("BATCH") or 2048))
+    add("-ub", "--ubatch-size", type=int, default=int(_env("UBATCH") or 512))
+    add("-t", "--threads", type=int, default=int(_env("THREADS") or 0) or None)
+    add("-n", "--n-predict", type=int, default=int(_env("N_PREDICT") or -1))
+    add("--host", default=_env("HOST") or "127.0.0.1")
+    add("--port", type=int, default=int(_env("PORT") or 8080))
+    add("--api-key", action="append", default=None, help="may be given several times (comma lists too)")
+    add("--api-key-file", default=None)
+    add("--temp", type=float, default=0.8)
+    add("--top-k", type=int, default=40)
+    add("--top-p", type=float, default=0.95)
+    add("--min-p", type=float, default=0.05)
+    add("--seed", type=int, default=-1)
+    add("--repeat-penalty", type=float, default=1.0)
+    add("--repeat-last-n", type=int, default=64)
+    add("--presence-penalty", type=float, default=0.0)
+    add("--frequency-penalty", type=float, default=0.0)
+    add("--jinja", dest="jinja", action="store_true", default=True)
+    add("--no-jinja", dest="jinja", action="store_false")
+    add("--chat-template", default=_env("CHAT_TEMPLATE"))
+    add("--chat-template-file", default=_env("CHAT_TEMPLATE_FILE"))
+    add("--slots", dest="slots", action="store_true", default=True)
+    add("--no-slots", dest="slots", action="store_false")
+    add("--metrics", action="store_true", default=bool(_env("ENDPOINT_METRICS")))
+    add("--no-webui", "--no-ui", dest="webui", action="store_false", default=True)
+    add("-to", "--timeout", type=int, default=600)
+    add("-v", "--verbose", action="store_true")
+    add("--log-format", choices=["text", "json"], default="text")
+    add("--log-prompts-dir", default=None)
+    add("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
+    add("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
+    add("--slot-prompt-similarity", "-sps", type=float, default=0.1)
+    add("--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu"])
+    return p
+
+
+def _split_ignored(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Take out the llama-server flags Llamba knows but ignores, so they warn instead of failing."""
+    kept, ignored = [], []
+    i = 0
+    while i < len(argv):
+        flag = argv[i].split("=", 1)[0]
+        if flag in IGNORED_FLAGS:
+            takes_value = IGNORED_FLAGS[flag] and "=" not in argv[i]
+            ignored.append(flag)
+            i += 2 if takes_value else 1
+            continue
+        kept.append(argv[i])
+        i += 1
+    return kept, ignored
+
+
+def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
+    """Settings, and the ignored flags to warn about. Bad input exits 2 with a one-line reason."""
+    parser = build_parser()
+    kept, ignored = _split_ignored(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(kept)
+    keys = _api_keys(parser, args)
+    for name, value, low in (
+        ("ctx-size", args.ctx_size, 0),
+        ("parallel", args.parallel, 1),
+        ("port", args.port, 0),
+    ):
+        if value < low:
+            parser.error(f"--{name} must be >= {low}, got {value}")
+    if args.ubatch_size < 1 or args.batch_size < 1:
+        parser.error("--batch-size and --ubatch-size must be >= 1")
+    template = args.chat_template
+    if args.chat_template_file:
+        try:
+            template = Path(args.chat_template_file).read_text()
+        except OSError as exc:
+            parser.error(f"cannot read --chat-template-file: {exc}")
+    values = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    values.update(api_keys=keys, chat_template=template, slot_similarity=args.slot_prompt_similarity)
+    if args.log_prompts_dir:
+        values["log_prompts_dir"] = Path(args.log_prompts_dir)
+    return Settings(**values), ignored
+
+
+def _api_keys(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
+    keys = [k for group in (args.api_key or []) for k in group.split(",") if k]
+    if not keys and _env("API_KEY"):
+        keys = [k for k in (_env("API_KEY") or "").split(",") if k]
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except OSError as exc:
+            parser.error(f"cannot read --api-key-file: {exc}")
+        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return tuple(keys)

@@ -1,0 +1,117 @@
+"""What the chat, completion and native routes share: building engine requests and reading their events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.request import GenerationRequest, Timings, TokenEvent
+from engine.tokenizer import Tokenizer
+from server import errors
+from server.schemas import GenerationFields
+from server.service import ModelService
+
+
+def build_request(
+    service: ModelService, body: GenerationFields, prompt_tokens: list[int], n_probs: int, request_id: str
+) -> GenerationRequest:
+    llm, _ = service.require_ready()
+    try:
+        sampling = body.sampling(service.default_sampling(), llm.tokenizer.n_vocab, n_probs)
+    except ValueError as exc:
+        raise errors.invalid_request(str(exc)) from exc
+    return GenerationRequest(
+        prompt_tokens=prompt_tokens,
+        sampling=sampling,
+        n_predict=body.max_new_tokens(service.settings.n_predict),
+        stop=body.stop_list(),
+        ignore_eos=body.ignore_eos,
+        id_slot=body.id_slot,
+        cache_prompt=body.cache_prompt,
+        request_id=request_id,
+    )
+
+
+@dataclass
+class Outcome:
+    """Everything a finished generation produced, for non-streaming replies."""
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)
+    final: TokenEvent | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        return (self.final.finish_reason if self.final else None) or "stop"
+
+    @property
+    def timings(self) -> Timings | None:
+        return self.final.timings if self.final else None
+
+
+async def events_of(service: ModelService, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    """The request's events; if the consumer goes away (client disconnect) the generation is cancelled."""
+    handle = service.submit(request)
+    try:
+        async for event in handle:
+            if event.finish_reason is not None:
+                service.counters.record(event)
+            yield event
+    finally:
+        handle.cancel()
+
+
+async def collect(service: ModelService, request: GenerationRequest) -> Outcome:
+    out = Outcome()
+    async for event in events_of(service, request):
+        out.text += event.text
+        if event.token is not None:
+            out.tokens.append(event.token)
+            out.events.append(event)
+        if event.finish_reason is not None:
+            out.final = event
+    return out
+
+
+def usage(n_prompt: int, outcome_final: TokenEvent | None) -> dict[str, Any]:
+    t = outcome_final.timings if outcome_final else None
+    completion = t.predicted_n if t else 0
+    return {
+        "completion_tokens": completion,
+        "prompt_tokens": n_prompt,
+        "total_tokens": n_prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": t.cache_n if t else 0},
+    }
+
+
+def piece_info(tokenizer: Tokenizer, token: int, logprob: float) -> dict[str, Any]:
+    raw = tokenizer.token_to_piece(token)
+    return {
+        "id": token,
+        "token": raw.decode("utf-8", errors="replace"),
+        "bytes": list(raw),
+        "logprob": logprob,
+    }
+
+
+def openai_logprobs(tokenizer: Tokenizer, events: list[TokenEvent]) -> list[dict[str, Any]]:
+    """OpenAI's logprobs.content entries (llama-server adds the token id)."""
+    content = []
+    for ev in events:
+        if ev.token is None or ev.logprob is None:
+            continue
+        entry = piece_info(tokenizer, ev.token, ev.logprob)
+        entry["top_logprobs"] = [piece_info(tokenizer, t, lp) for t, lp in ev.top_logprobs]
+        content.append(entry)
+    return content
+
+
+def stop_type(event: TokenEvent | None) -> str:
+    """llama-server's stop_type: eos, word, limit or none."""
+    if event is None or event.finish_reason in (None, "cancelled", "error"):
+        return "none"
+    if event.stop_word is not None:
+        return "word"
+    return "eos" if event.finish_reason == "stop" else "limit"

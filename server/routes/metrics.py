@@ -1,0 +1,59 @@
+"""/metrics: Prometheus text with llama-server's llamacpp:* metric names."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, current_app
+
+from server import errors
+from server.service import ModelService
+
+bp = Blueprint("metrics", __name__)
+
+
+def _family(name: str, kind: str, help_text: str, value: float) -> str:
+    return f"# HELP llamacpp:{name} {help_text}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"
+
+
+@bp.get("/metrics")
+async def metrics() -> Response:
+    svc: ModelService = current_app.extensions["llamba"]
+    if not svc.settings.metrics:
+        raise errors.not_supported("This server does not support metrics endpoint.")
+    _, engine = svc.require_ready()
+    c = svc.counters
+    busy = sum(1 for s in engine.scheduler.slots if s.busy)
+    prompt_tps = c.prompt_tokens_total / c.prompt_seconds_total if c.prompt_seconds_total else 0.0
+    gen_tps = (
+        c.tokens_predicted_total / c.tokens_predicted_seconds_total
+        if c.tokens_predicted_seconds_total
+        else 0.0
+    )
+    families = [
+        ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", c.prompt_tokens_total),
+        ("prompt_seconds_total", "counter", "Prompt process time", c.prompt_seconds_total),
+        (
+            "tokens_predicted_total",
+            "counter",
+            "Number of generation tokens processed.",
+            c.tokens_predicted_total,
+        ),
+        (
+            "tokens_predicted_seconds_total",
+            "counter",
+            "Predict process time",
+            c.tokens_predicted_seconds_total,
+        ),
+        (
+            "prompt_tokens_cached_total",
+            "counter",
+            "Number of prompt tokens reused from the cache.",
+            c.prompt_tokens_cached_total,
+        ),
+        ("n_decode_total", "counter", "Total number of llama_decode() calls", engine.n_steps),
+        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_tps),
+        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gen_tps),
+        ("requests_processing", "gauge", "Number of requests processing.", busy),
+        ("requests_deferred", "gauge", "Number of requests deferred.", engine.n_waiting),
+    ]
+    text = "".join(_family(*f) for f in families)
+    return Response(text, content_type="text/plain; version=0.0.4")

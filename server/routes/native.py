@@ -1,0 +1,170 @@
+"""llama-server's native routes: /health /props /completion /tokenize /detokenize /apply-template."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, current_app, request
+
+from engine.request import TokenEvent
+from server import errors, sse
+from server.routes.generation import build_request, collect, events_of, piece_info, stop_type
+from server.routes.openai import sse_response
+from server.schemas import ApplyTemplateRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from server.service import ModelService
+
+bp = Blueprint("native", __name__)
+
+
+def service() -> ModelService:
+    return current_app.extensions["llamba"]
+
+
+@bp.get("/health")
+@bp.get("/v1/health")
+async def health() -> Any:
+    svc = service()
+    if svc.load_error:
+        raise errors.APIError(500, f"model failed to load: {svc.load_error}", "server_error")
+    svc.require_ready()
+    return {"status": "ok"}
+
+
+@bp.get("/props")
+async def props() -> Any:
+    svc = service()
+    llm, engine = svc.require_ready()
+    params = svc.default_sampling()
+    return {
+        "default_generation_settings": {
+            "id": 0,
+            "n_ctx": engine.n_ctx_slot,
+            "params": {
+                "n_predict": svc.settings.n_predict,
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "min_p": params.min_p,
+                "seed": params.seed,
+                "repeat_penalty": params.repeat_penalty,
+                "repeat_last_n": params.repeat_last_n,
+                "presence_penalty": params.presence_penalty,
+                "frequency_penalty": params.frequency_penalty,
+            },
+        },
+        "total_slots": len(engine.scheduler.slots),
+        "model_alias": svc.settings.model_alias,
+        "model_path": str(llm.path),
+        "chat_template": svc.template.source if svc.template else "",
+        "modalities": {"vision": False, "audio": False},
+        "build_info": "llamba",
+        "backend": llm.backend.name,
+        "webui": svc.settings.webui,
+    }
+
+
+# -- native completion -----------------------------------------------------------------------------
+def completion_probabilities(svc: ModelService, events: list[TokenEvent]) -> list[dict[str, Any]]:
+    tok = svc.llm.tokenizer  # type: ignore[union-attr]
+    out = []
+    for ev in events:
+        if ev.token is None or ev.logprob is None:
+            continue
+        entry = piece_info(tok, ev.token, ev.logprob)
+        entry["top_logprobs"] = [piece_info(tok, t, lp) for t, lp in ev.top_logprobs]
+        out.append(entry)
+    return out
+
+
+def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> dict[str, Any]:
+    t = final.timings if final else None
+    return {
+        "model": svc.settings.model_alias,
+        "stop": True,
+        "stop_type": stop_type(final),
+        "stopping_word": (final.stop_word or "") if final else "",
+        "tokens_predicted": t.predicted_n if t else 0,
+        "tokens_evaluated": n_prompt,
+        "tokens_cached": t.cache_n if t else 0,
+        "truncated": False,
+        "id_slot": final.id_slot if final else -1,
+        "timings": t.as_dict() if t else {},
+    }
+
+
+@bp.post("/completion")
+@bp.post("/completions")
+async def completion() -> Any:
+    svc = service()
+    body = CompletionRequest.model_validate(await request.get_json(force=True))
+    svc.require_ready()
+    tokens = await svc.tokenize_prompt(body.prompt)
+    svc.check_context(len(tokens))
+    gen = build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"))
+    if body.stream:
+        return sse_response(native_stream(svc, body, gen, len(tokens)))
+    out = await collect(svc, gen)
+    reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
+    if body.n_probs:
+        reply["completion_probabilities"] = completion_probabilities(svc, out.events)
+    return reply
+
+
+async def native_stream(
+    svc: ModelService, body: CompletionRequest, gen: Any, n_prompt: int
+) -> AsyncIterator[bytes]:
+    async for event in events_of(svc, gen):
+        chunk: dict[str, Any] = {
+            "content": event.text,
+            "tokens": [] if event.token is None else [event.token],
+        }
+        if body.n_probs:
+            chunk["completion_probabilities"] = completion_probabilities(svc, [event])
+        if event.finish_reason is None:
+            chunk |= {"stop": False, "id_slot": event.id_slot}
+            yield sse.event(chunk)
+        else:
+            yield sse.event(chunk | final_fields(svc, event, n_prompt))
+
+
+# -- tokens and templates --------------------------------------------------------------------------
+@bp.post("/tokenize")
+async def tokenize() -> Any:
+    svc = service()
+    body = TokenizeRequest.model_validate(await request.get_json(force=True))
+    llm, _ = svc.require_ready()
+    tokens = llm.tokenizer.encode(
+        body.content, add_special=body.add_special, parse_special=body.parse_special
+    )
+    if not body.with_pieces:
+        return {"tokens": tokens}
+    pieces = []
+    for t in tokens:
+        raw = llm.tokenizer.token_to_piece(t)
+        try:
+            piece: str | list[int] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(raw)
+        pieces.append({"id": t, "piece": piece})
+    return {"tokens": pieces}
+
+
+@bp.post("/detokenize")
+async def detokenize() -> Any:
+    svc = service()
+    body = DetokenizeRequest.model_validate(await request.get_json(force=True))
+    llm, _ = svc.require_ready()
+    bad = [t for t in body.tokens if not 0 <= t < llm.tokenizer.n_vocab]
+    if bad:
+        raise errors.invalid_request(f"token id {bad[0]} is outside the vocabulary")
+    return {"content": llm.tokenizer.decode(body.tokens)}
+
+
+@bp.post("/apply-template")
+async def apply_template() -> Any:
+    svc = service()
+    body = ApplyTemplateRequest.model_validate(await request.get_json(force=True))
+    svc.require_ready()
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    return {"prompt": svc.render_chat(messages, body.tools, **(body.chat_template_kwargs or {}))}

@@ -1,0 +1,185 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models (and unprefixed aliases)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, Response, current_app, request
+
+from engine.request import TokenEvent
+from server import sse
+from server.routes.generation import build_request, collect, events_of, openai_logprobs, usage
+from server.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from server.service import ModelService
+
+bp = Blueprint("openai", __name__)
+
+
+def service() -> ModelService:
+    return current_app.extensions["llamba"]
+
+
+def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": kind,
+        "created": created,
+        "model": svc.settings.model_alias,
+        "system_fingerprint": svc.fingerprint,
+    }
+
+
+# -- chat ------------------------------------------------------------------------------------------
+@bp.post("/v1/chat/completions")
+@bp.post("/chat/completions")
+async def chat_completions() -> Any:
+    svc = service()
+    body = ChatCompletionRequest.model_validate(await request.get_json(force=True))
+    svc.require_ready()
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    prompt_text = svc.render_chat(messages, body.tools, **(body.chat_template_kwargs or {}))
+    tokens = await svc.tokenize_prompt(prompt_text)
+    svc.check_context(len(tokens))
+    completion_id = svc.new_id("chatcmpl")
+    svc.log_prompt(completion_id, prompt_text)
+    gen = build_request(svc, body, tokens, body.n_probs(), completion_id)
+    created = int(time.time())
+    head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+    if body.stream:
+        return sse_response(chat_stream(svc, body, gen, head, len(tokens)))
+    out = await collect(svc, gen)
+    reply: dict[str, Any] = {
+        **base_fields(svc, "chat.completion", completion_id, created),
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": out.finish_reason,
+                "message": {"role": "assistant", "content": out.text},
+                **(
+                    {"logprobs": {"content": openai_logprobs(svc.llm.tokenizer, out.events)}}
+                    if body.logprobs
+                    else {}
+                ),
+            }
+        ],
+        "usage": usage(len(tokens), out.final),
+    }
+    if out.timings:
+        reply["timings"] = out.timings.as_dict()
+    if body.verbose:
+        reply["__verbose"] = {"prompt": prompt_text, "content": out.text, "tokens": out.tokens}
+    return reply
+
+
+async def chat_stream(
+    svc: ModelService, body: ChatCompletionRequest, gen: Any, head: dict[str, Any], n_prompt: int
+) -> AsyncIterator[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        return sse.event(
+            {**head, "choices": [{"index": 0, "finish_reason": finish, "delta": delta, **extra}]}
+        )
+
+    yield chunk({"role": "assistant", "content": None})
+    final: TokenEvent | None = None
+    async for event in events_of(svc, gen):
+        extra = {}
+        if body.logprobs and event.logprob is not None:
+            extra["logprobs"] = {"content": openai_logprobs(svc.llm.tokenizer, [event])}
+        if event.text or extra:
+            yield chunk({"content": event.text} if event.text else {}, **extra)
+        if event.finish_reason is not None:
+            final = event
+    last = {**head, "choices": [{"index": 0, "finish_reason": final_reason(final), "delta": {}}]}
+    if final is not None and final.timings is not None:
+        last["timings"] = final.timings.as_dict()
+    yield sse.event(last)
+    if (body.stream_options or {}).get("include_usage"):
+        yield sse.event({**head, "choices": [], "usage": usage(n_prompt, final)})
+    yield sse.DONE
+
+
+def final_reason(event: TokenEvent | None) -> str:
+    return (event.finish_reason if event else None) or "stop"
+
+
+def sse_response(body: AsyncIterator[bytes]) -> Response:
+    response = Response(body, headers=sse.SSE_HEADERS)
+    response.timeout = None  # a long generation is not a stuck response
+    return response
+
+
+# -- completions -----------------------------------------------------------------------------------
+@bp.post("/v1/completions")
+async def completions() -> Any:
+    svc = service()
+    body = CompletionRequest.model_validate(await request.get_json(force=True))
+    svc.require_ready()
+    tokens = await svc.tokenize_prompt(body.prompt)
+    svc.check_context(len(tokens))
+    completion_id = svc.new_id("cmpl")
+    n_probs = body.logprobs or 0
+    gen = build_request(svc, body, tokens, n_probs, completion_id)
+    created = int(time.time())
+    head = base_fields(svc, "text_completion", completion_id, created)
+    prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
+    if body.stream:
+        return sse_response(completion_stream(svc, body, gen, head, len(tokens), prefix))
+    out = await collect(svc, gen)
+    choice = {"index": 0, "text": prefix + out.text, "finish_reason": out.finish_reason, "logprobs": None}
+    if n_probs:
+        choice["logprobs"] = {"content": openai_logprobs(svc.llm.tokenizer, out.events)}
+    reply = {**head, "choices": [choice], "usage": usage(len(tokens), out.final)}
+    if out.timings:
+        reply["timings"] = out.timings.as_dict()
+    return reply
+
+
+async def completion_stream(
+    svc: ModelService, body: GenerationFields, gen: Any, head: dict[str, Any], n_prompt: int, prefix: str
+) -> AsyncIterator[bytes]:
+    def chunk(text: str, finish: str | None) -> bytes:
+        return sse.event(
+            {**head, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+        )
+
+    if prefix:
+        yield chunk(prefix, None)
+    final: TokenEvent | None = None
+    async for event in events_of(svc, gen):
+        if event.finish_reason is not None:
+            final = event
+            yield chunk(event.text, final_reason(event))
+        elif event.text:
+            yield chunk(event.text, None)
+    if (body.stream_options or {}).get("include_usage"):
+        yield sse.event({**head, "choices": [], "usage": usage(n_prompt, final)})
+    yield sse.DONE
+
+
+# -- models ----------------------------------------------------------------------------------------
+@bp.get("/v1/models")
+@bp.get("/models")
+async def models() -> Any:
+    svc = service()
+    meta: dict[str, Any] = {}
+    if svc.llm is not None:
+        hp = svc.llm.model.hp
+        meta = {
+            "vocab_type": 2 if svc.llm.gguf.metadata.get("tokenizer.ggml.model") == "gpt2" else 1,
+            "n_vocab": hp.n_vocab,
+            "n_ctx_train": hp.n_ctx_train,
+            "n_embd": hp.n_embd,
+            "n_params": svc.llm.model.n_params,
+            "size": svc.llm.model.n_bytes,
+        }
+    entry = {"id": svc.settings.model_alias, "object": "model", "created": int(svc.counters.started)}
+    entry |= {"owned_by": "llamacpp", "meta": meta or None}
+    return {
+        "object": "list",
+        "data": [entry],
+        "models": [
+            {"name": entry["id"], "model": entry["id"], "type": "model", "capabilities": ["completion"]}
+        ],
+    }

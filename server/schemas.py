@@ -1,0 +1,148 @@
+"""Request bodies (pydantic). Unknown fields are allowed, as OpenAI clients send many."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.sampling import SamplingParams
+
+
+class GenerationFields(BaseModel):
+    """Fields shared by every generation route (OpenAI names and llama-server's native ones)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=-1)
+    max_completion_tokens: int | None = Field(default=None, ge=-1)
+    n_predict: int | None = Field(default=None, ge=-1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_k: int | None = None
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    repeat_last_n: int | None = Field(default=None, ge=-1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float | bool] | list[list[Any]] | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    cache_prompt: bool = True
+    id_slot: int = -1
+    ignore_eos: bool = False
+    timings_per_token: bool = False
+    return_progress: bool = False
+    verbose: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
+        if isinstance(v, str):
+            return [v]
+        if v is not None and len(v) > 16:
+            raise ValueError("at most 16 stop sequences")
+        return v
+
+    def stop_list(self) -> tuple[str, ...]:
+        return tuple(self.stop or ())  # type: ignore[arg-type]
+
+    def max_new_tokens(self, server_default: int) -> int:
+        for value in (self.max_completion_tokens, self.max_tokens, self.n_predict):
+            if value is not None:
+                return value
+        return server_default
+
+    def sampling(self, defaults: SamplingParams, n_vocab: int, n_probs: int = 0) -> SamplingParams:
+        def pick(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
+        return SamplingParams(
+            temperature=pick(self.temperature, defaults.temperature),
+            top_k=pick(self.top_k, defaults.top_k),
+            top_p=pick(self.top_p, defaults.top_p),
+            min_p=pick(self.min_p, defaults.min_p),
+            repeat_penalty=pick(self.repeat_penalty, defaults.repeat_penalty),
+            repeat_last_n=pick(self.repeat_last_n, defaults.repeat_last_n),
+            presence_penalty=pick(self.presence_penalty, defaults.presence_penalty),
+            frequency_penalty=pick(self.frequency_penalty, defaults.frequency_penalty),
+            logit_bias=parse_logit_bias(self.logit_bias, n_vocab),
+            seed=pick(self.seed, defaults.seed),
+            n_probs=n_probs,
+        )
+
+
+def parse_logit_bias(raw: dict[str, float | bool] | list[list[Any]] | None, n_vocab: int) -> dict[int, float]:
+    """OpenAI's {"token id": bias} or llama-server's [[id, bias|false], ...]; false bans the token."""
+    if not raw:
+        return {}
+    pairs = raw.items() if isinstance(raw, dict) else [(p[0], p[1]) for p in raw if len(p) == 2]
+    bias: dict[int, float] = {}
+    for key, value in pairs:
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias: '{key}' is not a token id") from None
+        if not 0 <= token < n_vocab:
+            raise ValueError(f"logit_bias: token id {token} is outside the vocabulary")
+        bias[token] = float("-inf") if value is False else float(value)
+    return bias
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def n_probs(self) -> int:
+        return (self.top_logprobs or 1) if self.logprobs else 0
+
+
+class CompletionRequest(GenerationFields):
+    """/v1/completions (OpenAI) and /completion (llama-server's native shape)."""
+
+    prompt: str | list[int] | list[str] = ""
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    n_probs: int = Field(default=0, ge=0, le=100)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int]:
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            if len(v) != 1:
+                raise ValueError("only one prompt per request is supported")
+            return v[0]
+        return v  # type: ignore[return-value]
+
+
+class TokenizeRequest(BaseModel):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    tokens: list[int]
+
+
+class ApplyTemplateRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None

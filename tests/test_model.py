@@ -1,0 +1,97 @@
+"""The models against llama.cpp's own outputs (../shared/golden), and batching that changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.batch import Batch
+from engine.llm import LLM
+from engine.perplexity import perplexity
+from tests.conftest import load_golden
+
+GPL3 = Path("/usr/share/common-licenses/GPL-3")
+# llama-perplexity's figures on GPL-3 with -c 512 --chunks 8 (build 0c1e570, CPU).
+LLAMA_CPP_PPL = {"smollm2": 18.494, "gemma3": 15.003}
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def teacher_forced_agreement(llm: LLM, golden: dict) -> tuple[float, float, int]:
+    """(top-token agreement rate, median |delta logprob| of llama.cpp's token, confident mismatches)."""
+    agree, gaps, confident_misses = [], [], 0
+    for case in golden["greedy"]:
+        prompt, tokens = case["prompt_tokens"], case["tokens"]
+        kv = llm.new_cache(1, len(prompt) + len(tokens))
+        logits = llm.model.forward(Batch.from_sequences([(0, 0, prompt + tokens, True)]), kv)
+        lp = log_softmax(logits[len(prompt) - 1 : -1])
+        for i, token in enumerate(tokens):
+            top = case["top_logprobs"][i]
+            mine = int(lp[i].argmax())
+            agree.append(mine == top[0]["id"])
+            gaps.append(abs(lp[i, token] - case["logprob"][i]))
+            if top[0]["logprob"] - top[1]["logprob"] >= 0.5 and mine != top[0]["id"]:
+                confident_misses += 1
+    return float(np.mean(agree)), float(np.median(gaps)), confident_misses
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_teacher_forced_numerics_match_llama_cpp(name: str, request: pytest.FixtureRequest) -> None:
+    llm = request.getfixturevalue(f"{name}_llm")
+    rate, median_gap, confident_misses = teacher_forced_agreement(llm, load_golden(name))
+    assert rate >= 0.95, f"top token agrees with llama.cpp at only {rate:.1%} of positions"
+    assert confident_misses == 0, "disagrees where llama.cpp's top two are >= 0.5 apart"
+    assert median_gap <= 0.03, f"median |delta logprob| {median_gap:.4f}"
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_greedy_generation_matches_golden_prefix(name: str, request: pytest.FixtureRequest) -> None:
+    """Free-running greedy decode reproduces llama.cpp's first tokens (before any near-tie can diverge)."""
+    llm = request.getfixturevalue(f"{name}_llm")
+    case = load_golden(name)["greedy"][0]
+    (out,) = llm.generate_greedy([case["prompt_tokens"]], 8)
+    assert out == case["tokens"][:8]
+
+
+def test_batched_decode_equals_separate_runs(smollm2_llm: LLM) -> None:
+    """8 sequences of different lengths decoded in one batch give the logits of 8 separate runs."""
+    llm = smollm2_llm
+    prompts = [llm.tokenizer.encode(f"Story {i}: " + "once upon a time " * (i + 1)) for i in range(8)]
+    steps = 4
+    kv = llm.new_cache(len(prompts), 128)
+    batched: list[list[np.ndarray]] = [[] for _ in prompts]
+    # One batch mixes every prompt's prefill; then every sequence decodes one token per step together.
+    logits = llm.model.forward(Batch.from_sequences([(s, 0, p, False) for s, p in enumerate(prompts)]), kv)
+    next_tokens = [int(np.argmax(row)) for row in logits]
+    for s, row in enumerate(logits):
+        batched[s].append(row)
+    for _ in range(steps):
+        parts = [(s, int(kv.lengths[s]), [next_tokens[s]], False) for s in range(len(prompts))]
+        logits = llm.model.forward(Batch.from_sequences(parts), kv)
+        next_tokens = [int(np.argmax(row)) for row in logits]
+        for s, row in enumerate(logits):
+            batched[s].append(row)
+    for s, prompt in enumerate(prompts):
+        kv1 = llm.new_cache(1, 128)
+        tokens = list(prompt)
+        for step in range(steps + 1):
+            start = int(kv1.lengths[0])
+            row = llm.model.forward(Batch.from_sequences([(0, start, tokens[start:], False)]), kv1)[0]
+            np.testing.assert_allclose(row, batched[s][step], rtol=1e-3, atol=1e-3)
+            tokens.append(int(np.argmax(row)))
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_perplexity_within_1_5_percent_of_llama_cpp(name: str, request: pytest.FixtureRequest) -> None:
+    llm = request.getfixturevalue(f"{name}_llm")
+    tokens = llm.tokenizer.encode(GPL3.read_text(), add_special=True, parse_special=False)
+    *_, final = perplexity(llm, tokens, n_ctx=512, n_chunks=8)
+    assert final.n_chunks == 8
+    expected = LLAMA_CPP_PPL[name]
+    assert abs(final.ppl - expected) / expected <= 0.015, f"PPL {final.ppl:.4f} vs llama.cpp {expected}"
