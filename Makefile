@@ -30,6 +30,8 @@ test-all: models
 
 bench: models
 	$(BIN)/llamba-bench -p 512 -n 128 -t 2
+	$(BIN)/llamba-bench -p 512 -n 128 -t 2 -m gemma3
+	$(BIN)/llamba-bench-serve --concurrency 1,4,16
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

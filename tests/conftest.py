@@ -44,3 +44,13 @@ def gemma3_llm():  # type: ignore[no-untyped-def]
     from engine.llm import LLM
 
     return LLM.load("gemma3")
+
+
+@pytest.fixture(scope="session")
+def server():  # type: ignore[no-untyped-def]
+    """One SmolLM2 server shared by the end-to-end tests: 4 slots of 1024 tokens, metrics on."""
+    from tests.server_process import ServerProcess
+
+    proc = ServerProcess("-m", "smollm2", "-np", "4", "-c", "4096", "--metrics").wait_healthy()
+    yield proc
+    proc.stop()

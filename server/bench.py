@@ -1,0 +1,144 @@
+"""llamba-bench-serve: aggregate tokens/s and time to first token at several concurrency levels.
+
+Starts a real llamba-server on 127.0.0.1 (or uses --url), then for each concurrency level C sends
+C streams at a time (C x --rounds requests in all) of fixed-length greedy generations with distinct
+prompts, and reports aggregate generated tokens/s and TTFT p50/p95 as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    ttft: float
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    n_requests: int
+    seconds: float
+    tokens: int
+    ttft_p50: float
+    ttft_p95: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+async def one_stream(client: httpx.AsyncClient, prompt: str, n_predict: int) -> StreamResult:
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": n_predict,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_prompt": False,
+    }
+    start = time.perf_counter()
+    ttft, n_tokens = 0.0, 0
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if not ttft and any(c["delta"].get("content") for c in chunk["choices"]):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                n_tokens = chunk["usage"]["completion_tokens"]
+    return StreamResult(ttft, n_tokens)
+
+
+async def run_level(url: str, concurrency: int, rounds: int, n_predict: int) -> LevelResult:
+    prompts = [f"Request {i}: write about the number {i * 7 % 101}." for i in range(concurrency * rounds)]
+    sem = asyncio.Semaphore(concurrency)
+
+    async def limited(client: httpx.AsyncClient, p: str) -> StreamResult:
+        async with sem:
+            return await one_stream(client, p, n_predict)
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(limited(client, p) for p in prompts))
+        seconds = time.perf_counter() - start
+    ttfts = sorted(r.ttft for r in results)
+    p95 = ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))]
+    return LevelResult(
+        concurrency, len(results), seconds, sum(r.n_tokens for r in results), statistics.median(ttfts), p95
+    )
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    port = 18000 + int(time.time()) % 1000
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--port",
+        str(port),
+        "-np",
+        str(args.parallel),
+        "-c",
+        str(args.ctx_size),
+    ]
+    if args.model:
+        cmd += ["-m", args.model]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("llamba-bench-serve: the server did not become healthy")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="llamba-bench-serve", description=__doc__.splitlines()[0])
+    p.add_argument("--url", help="an already running server; otherwise one is started")
+    p.add_argument("-m", "--model", default=None)
+    p.add_argument("-np", "--parallel", type=int, default=16)
+    p.add_argument("-c", "--ctx-size", type=int, default=16 * 512)
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--rounds", type=int, default=2, help="requests per stream slot at each level")
+    p.add_argument("-n", "--n-predict", type=int, default=64)
+    args = p.parse_args(argv)
+    proc, url = (None, args.url) if args.url else start_server(args)
+    try:
+        asyncio.run(run_level(url, 1, 1, 4))  # warm-up
+        print("| streams | requests | gen tokens | seconds | aggregate t/s | TTFT p50 ms | TTFT p95 ms |")
+        print("| ------: | -------: | ---------: | ------: | ------------: | ----------: | ----------: |")
+        for level in (int(c) for c in args.concurrency.split(",")):
+            r = asyncio.run(run_level(url, level, args.rounds, args.n_predict))
+            print(
+                f"| {r.concurrency} | {r.n_requests} | {r.tokens} | {r.seconds:.2f} "
+                f"| {r.tokens_per_second:.2f} | {1e3 * r.ttft_p50:.0f} | {1e3 * r.ttft_p95:.0f} |",
+                flush=True,
+            )
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""llama-server behaviour of the real server: native routes, batching, limits, auth, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.server_process import REPO, ServerProcess
+
+
+def chat_body(content: str, **extra: object) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
+
+
+async def stream_text(client: httpx.AsyncClient, body: dict) -> tuple[str, int]:
+    """The concatenated content of a streamed chat and its HTTP status."""
+    text = ""
+    async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    text += choice["delta"].get("content") or ""
+        return text, resp.status_code
+
+
+def test_16_concurrent_streams_equal_their_solo_runs(server) -> None:  # type: ignore[no-untyped-def]
+    bodies = [chat_body(f"Write one sentence about the number {i}.", max_tokens=24) for i in range(16)]
+
+    async def run_all() -> list[tuple[str, int]]:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
+            return await asyncio.gather(*(stream_text(client, b) for b in bodies))
+
+    together = asyncio.run(run_all())
+    assert all(status == 200 for _, status in together)
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        for body, (text, _) in zip(bodies, together, strict=True):
+            solo = client.post("/v1/chat/completions", json={**body, "cache_prompt": False}).json()
+            assert solo["choices"][0]["message"]["content"] == text
+
+
+def test_dropped_stream_frees_its_slot_within_a_second(server) -> None:  # type: ignore[no-untyped-def]
+    body = chat_body("Tell me a very long story about dragons.", max_tokens=2000, stream=True)
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            for line in resp.iter_lines():
+                if '"content":"' in line:
+                    break
+            assert any(s["is_processing"] for s in client.get("/slots").json())
+        dropped = time.monotonic()
+        while any(s["is_processing"] for s in client.get("/slots").json()):
+            assert time.monotonic() - dropped < 1.0, "slot still busy 1 s after the client left"
+            time.sleep(0.05)
+
+
+def test_prompt_over_the_context_is_rejected_before_any_sse_byte(server) -> None:  # type: ignore[no-untyped-def]
+    long_text = "word " * 1500  # a slot has 1024 tokens
+    for stream in (False, True):
+        reply = httpx.post(server.base_url + "/v1/chat/completions", json=chat_body(long_text, stream=stream))
+        assert reply.status_code == 400
+        err = reply.json()["error"]
+        assert err["type"] == "exceed_context_size_error"
+        assert err["n_ctx"] == 1024 and err["n_prompt_tokens"] > 1024
+
+
+def test_native_completion_and_probabilities(server) -> None:  # type: ignore[no-untyped-def]
+    reply = httpx.post(
+        server.base_url + "/completion",
+        json={"prompt": "The capital of France is", "n_predict": 4, "temperature": 0, "n_probs": 2},
+        timeout=60,
+    ).json()
+    assert reply["content"].startswith(" Paris")
+    assert reply["stop"] is True and reply["stop_type"] == "limit"
+    assert len(reply["tokens"]) == 4 and reply["tokens"][0] == 7042
+    assert len(reply["completion_probabilities"]) == 4
+    assert reply["timings"]["predicted_n"] == 4
+
+
+def test_tokenize_detokenize(server) -> None:  # type: ignore[no-untyped-def]
+    url = server.base_url
+    tokens = httpx.post(url + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    assert tokens == [19556, 905]
+    pieces = httpx.post(url + "/tokenize", json={"content": "Hello world", "with_pieces": True}).json()
+    assert pieces["tokens"] == [{"id": 19556, "piece": "Hello"}, {"id": 905, "piece": " world"}]
+    assert httpx.post(url + "/detokenize", json={"tokens": tokens}).json() == {"content": "Hello world"}
+
+
+def test_prompt_cache_reports_cached_tokens(server) -> None:  # type: ignore[no-untyped-def]
+    body = chat_body("What is the tallest mountain?", max_tokens=4, id_slot=3)
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        client.post("/v1/chat/completions", json=body)
+        again = client.post("/v1/chat/completions", json=body).json()
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == again["usage"]["prompt_tokens"] - 1
+    assert again["timings"]["prompt_n"] + again["timings"]["cache_n"] == again["usage"]["prompt_tokens"]
+
+
+def test_props_slots_health_metrics(server) -> None:  # type: ignore[no-untyped-def]
+    url = server.base_url
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    props = httpx.get(url + "/props").json()
+    assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 1024
+    slots = httpx.get(url + "/slots").json()
+    assert [s["id"] for s in slots] == [0, 1, 2, 3] and all(s["n_ctx"] == 1024 for s in slots)
+    metrics = httpx.get(url + "/metrics").text
+    assert "# TYPE llamacpp:prompt_tokens_total counter" in metrics
+    assert "llamacpp:prompt_tokens_cached_total" in metrics
+
+
+def test_api_key_and_public_routes() -> None:
+    proc = ServerProcess("-m", "smollm2", "--api-key", "sekrit", "-c", "512", "--no-slots").wait_healthy()
+    try:
+        url = proc.base_url
+        assert httpx.get(url + "/v1/models").status_code == 200
+        denied = httpx.post(url + "/v1/chat/completions", json=chat_body("Hi", max_tokens=2))
+        assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
+        ok = httpx.post(
+            url + "/v1/chat/completions", json=chat_body("Hi", max_tokens=2), headers={"X-Api-Key": "sekrit"}
+        )
+        assert ok.status_code == 200
+        bearer = {"Authorization": "Bearer sekrit"}
+        assert httpx.get(url + "/slots", headers=bearer).status_code == 501
+    finally:
+        assert proc.stop() < 3.0
+
+
+def test_sigterm_during_generation_exits_promptly() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "2048").wait_healthy()
+    with (
+        httpx.Client(base_url=proc.base_url, timeout=60) as client,
+        client.stream("POST", "/v1/chat/completions", json=chat_body("Story:", max_tokens=1500, stream=True)),
+    ):
+        took = proc.stop()
+    assert proc.proc.returncode is not None
+    assert took < 3.0, f"SIGTERM took {took:.1f}s"
+
+
+@pytest.mark.parametrize("args", [["-c", "-5"], ["--port", "x"], ["-m", "/nonexistent/model.gguf"]])
+def test_bad_cli_values_exit_non_zero_with_a_reason(args: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "error" in result.stderr.lower()

@@ -1,0 +1,132 @@
+"""The OpenAI client, unmodified, against a real server with the real model."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import load_golden
+
+GOLDEN_CHAT = load_golden("smollm2")["chat"]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert len(models.data) == 1
+    assert models.data[0].id.endswith(".gguf")
+
+
+@pytest.mark.parametrize("case", GOLDEN_CHAT, ids=[c["messages"][-1]["content"][:20] for c in GOLDEN_CHAT])
+def test_apply_template_matches_llama_cpp(server, case: dict) -> None:  # type: ignore[no-untyped-def]
+    reply = httpx.post(server.base_url + "/apply-template", json={"messages": case["messages"]})
+    assert reply.status_code == 200
+    assert reply.json()["prompt"] == case["prompt"]
+
+
+@pytest.mark.parametrize("case", GOLDEN_CHAT, ids=[c["messages"][-1]["content"][:20] for c in GOLDEN_CHAT])
+def test_greedy_chat_matches_llama_cpp(client: openai.OpenAI, case: dict) -> None:
+    reply = client.chat.completions.create(
+        model="any", messages=case["messages"], temperature=0, max_tokens=24
+    )
+    assert reply.choices[0].message.content == case["greedy_reply"]
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == case["usage"]["prompt_tokens"]
+    assert reply.usage.completion_tokens == case["usage"]["completion_tokens"]
+
+
+def test_chat_stream_chunks_follow_llama_server_rules(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="any",
+        messages=[{"role": "user", "content": "Count to five."}],
+        temperature=0,
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    contents = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content is not None
+    ]
+    assert all(contents), "no empty-string deltas"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
+    assert all(c.id.startswith("chatcmpl-") for c in chunks)
+
+
+def test_stream_and_non_stream_agree(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    whole = client.chat.completions.create(model="x", messages=messages, temperature=0, max_tokens=20)
+    stream = client.chat.completions.create(
+        model="x", messages=messages, temperature=0, max_tokens=20, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == whole.choices[0].message.content
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="x",
+        messages=[{"role": "user", "content": "Hi"}],
+        temperature=0,
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert len(content) == 5
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+        assert entry.token == entry.top_logprobs[0].token  # greedy picks the most likely token
+
+
+def test_stop_sequence(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    full = client.chat.completions.create(model="x", messages=messages, temperature=0, max_tokens=24)
+    text = full.choices[0].message.content or ""
+    word = text.split()[2]
+    cut = client.chat.completions.create(
+        model="x", messages=messages, temperature=0, max_tokens=24, stop=[word]
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index(word)]
+
+
+def test_completions(client: openai.OpenAI) -> None:
+    golden = load_golden("smollm2")["greedy"][0]
+    reply = client.completions.create(model="x", prompt=golden["prompt"], temperature=0, max_tokens=8)
+    assert reply.choices[0].text and reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 8
+    stream = client.completions.create(
+        model="x", prompt=golden["prompt"], temperature=0, max_tokens=8, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == reply.choices[0].text
+
+
+def test_root_base_url_serves_chat_and_models(server) -> None:  # type: ignore[no-untyped-def]
+    root = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    assert root.models.list().data
+    reply = root.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+    )
+    assert reply.choices[0].message.content is not None
+
+
+def test_errors_raise_the_right_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="x", messages=[], max_tokens=3)
+    assert bad.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.post("/nothing-here", cast_to=object, body={})
