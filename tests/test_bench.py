@@ -1,0 +1,396 @@
+"""llamba-bench: llama-bench's options, sweeps, test semantics and output formats; a tiny real run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from engine import bench
+from engine.batch import Batch
+from engine.bench import BenchParams, BenchResult, Instance, ModelInfo, main, parse_args, parse_int_list, plan
+from engine.kv import KVCache
+
+# ---------------------------------------------------------------------------------------------------------
+# Arguments and sweeps
+
+
+def test_int_lists_and_ranges() -> None:
+    assert parse_int_list("512") == [512]
+    assert parse_int_list("1,2,4") == [1, 2, 4]
+    assert parse_int_list("16-64+16") == [16, 32, 48, 64]
+    assert parse_int_list("1-16*2") == [1, 2, 4, 8, 16]
+    assert parse_int_list("1-3,8") == [1, 2, 3, 8]
+    assert parse_int_list("0") == [0]
+
+
+@pytest.mark.parametrize("text", ["", "a", "-1", "5-1", "1-4*1", "1-4+0", "1,,2", "1.5"])
+def test_bad_int_lists(text: str) -> None:
+    with pytest.raises(Exception, match="invalid"):
+        parse_int_list(text)
+
+
+def test_defaults_match_llama_bench() -> None:
+    p = parse_args([])
+    assert (p.n_prompt, p.n_gen, p.n_pg, p.n_depth) == ([512], [128], [], [0])
+    assert (p.n_batch, p.n_ubatch, p.reps, p.output) == ([2048], [512], 5, "md")
+    assert p.models == [None] and p.batch_seqs == [1] and not p.no_warmup and not p.progress
+    assert len(p.n_threads) == 1 and p.n_threads[0] >= 1 and not p.threads_given
+
+
+def test_lists_come_from_commas_and_repeats() -> None:
+    p = parse_args(
+        ["-p", "16,32", "-p", "64", "-m", "smollm2,gemma3", "-m", "/x.gguf", "-pg", "8,2", "-pg", "4,1"]
+    )
+    assert p.n_prompt == [16, 32, 64]
+    assert p.models == ["smollm2", "gemma3", "/x.gguf"]
+    assert p.n_pg == [(8, 2), (4, 1)]
+    p = parse_args(["--n_prompt", "16", "--batch-seqs", "1-8*2", "-t", "1,2", "-o", "json", "--no-warmup"])
+    assert p.n_prompt == [16] and p.batch_seqs == [1, 2, 4, 8] and p.n_threads == [1, 2]
+    assert p.output == "json" and p.no_warmup and p.threads_given
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-ngl", "99"],
+        ["-fa", "1"],
+        ["-ctk", "q8_0"],
+        ["--numa", "distribute"],
+        ["--list-devices"],
+        ["-nkvo", "1"],
+    ],
+)
+def test_unsupported_llama_bench_options_fail_clearly(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code != 0
+    assert "not supported by llamba-bench" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["-r", "0"], ["-b", "0"], ["-ub", "0"], ["--batch-seqs", "0"], ["-o", "xml"], ["-pg", "8"], ["--bogus"]],
+)
+def test_invalid_arguments(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code != 0
+    assert "error" in capsys.readouterr().err
+
+
+def test_sweep_runs_every_combination_in_llama_bench_order() -> None:
+    p = parse_args(
+        ["-m", "a,b", "-p", "16,32", "-n", "4", "-pg", "8,2", "-t", "1,2", "-d", "0,8", "--batch-seqs", "1,4"]
+    )
+    tests = plan(p)
+    # per model: threads x depths x (2 pp + 1 tg x 2 batch sizes + 1 pg)
+    assert len(tests) == 2 * 2 * 2 * (2 + 2 + 1)
+    assert [t.model for t in tests] == ["a"] * 20 + ["b"] * 20
+    first = [(t.n_threads, t.name) for t in tests[:10]]
+    assert first == [
+        (1, "pp16"),
+        (1, "pp32"),
+        (1, "tg4"),
+        (1, "tg4 x4"),
+        (1, "pp8+tg2"),
+        (1, "pp16 @ d8"),
+        (1, "pp32 @ d8"),
+        (1, "tg4 @ d8"),
+        (1, "tg4 x4 @ d8"),
+        (1, "pp8+tg2 @ d8"),
+    ]
+    assert len(set(tests)) == len(tests)
+
+
+def test_zero_sizes_are_skipped_and_batch_seqs_only_apply_to_tg() -> None:
+    tests = plan(parse_args(["-p", "0,16", "-n", "0", "--batch-seqs", "2,4"]))
+    assert [t.name for t in tests] == ["pp16"]
+    tests = plan(parse_args(["-p", "0", "-n", "8", "--batch-seqs", "2"]))
+    assert [(t.name, t.n_tokens) for t in tests] == [("tg8 x2", 16)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output formats, on made-up results
+
+
+def _params(*argv: str) -> BenchParams:
+    return parse_args(list(argv))
+
+
+def _results() -> list[BenchResult]:
+    info = ModelInfo("/models/m.gguf", "llama 135M Q4_1", 96_576_768, 134_515_008, "CPU", "f32")
+    common = {"n_depth": 0, "n_batch": 2048, "n_ubatch": 512, "n_threads": 2, "model": None}
+    pp = BenchResult(
+        Instance(n_prompt=512, n_gen=0, **common), info, "2025-01-01T00:00:00Z", [1_000_000_000] * 2
+    )
+    tg = BenchResult(
+        Instance(n_prompt=0, n_gen=128, n_seqs=8, **common),
+        info,
+        "2025-01-01T00:00:01Z",
+        [2_000_000_000, 2_100_000_000, 1_900_000_000],
+    )
+    return [pp, tg]
+
+
+def _printed(fmt: str, params: BenchParams | None = None) -> str:
+    out = io.StringIO()
+    printer = bench.PRINTERS[fmt](out, params or _params())
+    printer.begin()
+    for r in _results():
+        printer.row(r)
+    printer.end()
+    return out.getvalue()
+
+
+def test_result_statistics() -> None:
+    pp, tg = _results()
+    assert pp.avg_ts == pytest.approx(512.0) and pp.stddev_ts == 0.0
+    assert tg.inst.n_tokens == 8 * 128  # aggregate over the batched sequences
+    assert tg.avg_ns == 2_000_000_000
+    assert tg.stddev_ns == 100_000_000  # sample standard deviation, like llama-bench
+    assert tg.avg_ts == pytest.approx(np.mean([1024 / 2.0, 1024 / 2.1, 1024 / 1.9]))
+    assert tg.stddev_ts == pytest.approx(np.std([1024 / 2.0, 1024 / 2.1, 1024 / 1.9], ddof=1))
+
+
+def test_markdown_table() -> None:
+    text = _printed("md")
+    lines = text.splitlines()
+    assert lines[0].split("|")[1:-1] == [
+        f" {'model':<30} ",
+        f" {'size':>10} ",
+        f" {'params':>10} ",
+        f" {'backend':<10} ",
+        f" {'threads':>7} ",
+        f" {'test':>15} ",
+        f" {'t/s':>20} ",
+    ]
+    rule = ["-" * 30, "-" * 9 + ":", "-" * 9 + ":", "-" * 10, "-" * 6 + ":", "-" * 14 + ":", "-" * 19 + ":"]
+    assert lines[1] == "| " + " | ".join(rule) + " |"
+    rows = [line for line in lines[2:] if line.startswith("|")]
+    assert len(rows) == 2
+    cells = [c.strip() for c in rows[1].split("|")[1:-1]]
+    assert cells[:6] == ["llama 135M Q4_1", "92.10 MiB", "134.52 M", "CPU", "2", "tg128 x8"]
+    assert cells[6] == f"{_results()[1].avg_ts:.2f} ± {_results()[1].stddev_ts:.2f}"
+    assert all(len(row) == len(lines[0]) for row in rows)  # right-aligned into fixed widths
+    assert "build:" in lines[-1]
+
+
+def test_markdown_shows_non_default_batch_columns() -> None:
+    header = _printed("md", _params("-b", "512", "-ub", "128,256")).splitlines()[0]
+    assert [c.strip() for c in header.split("|")[1:-1]] == [
+        "model",
+        "size",
+        "params",
+        "backend",
+        "threads",
+        "n_batch",
+        "n_ubatch",
+        "test",
+        "t/s",
+    ]
+
+
+def test_csv_parses_with_llama_bench_fields() -> None:
+    rows = list(csv.DictReader(io.StringIO(_printed("csv"))))
+    assert len(rows) == 2
+    for name in (
+        "model_type",
+        "model_size",
+        "model_n_params",
+        "n_batch",
+        "n_ubatch",
+        "n_threads",
+        "n_prompt",
+    ):
+        assert name in rows[0]
+    assert rows[1]["n_gen"] == "128" and rows[1]["n_seqs"] == "8" and rows[1]["backends"] == "CPU"
+    assert float(rows[0]["avg_ts"]) == pytest.approx(512.0)
+    assert rows[0]["test_time"] == "2025-01-01T00:00:00Z"
+
+
+def test_json_and_jsonl_parse() -> None:
+    objs = json.loads(_printed("json"))
+    lines = [json.loads(line) for line in _printed("jsonl").splitlines()]
+    assert objs == lines
+    assert len(objs) == 2
+    tg = objs[1]
+    assert tg["model_size"] == 96_576_768 and tg["n_seqs"] == 8 and tg["n_gen"] == 128
+    assert tg["samples_ns"] == [2_000_000_000, 2_100_000_000, 1_900_000_000]
+    assert len(tg["samples_ts"]) == 3 and tg["avg_ts"] == pytest.approx(_results()[1].avg_ts, rel=1e-6)
+    for name in ("avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "test_time", "backends", "n_depth"):
+        assert name in tg
+
+
+def test_json_with_no_results_is_an_empty_array() -> None:
+    out = io.StringIO()
+    printer = bench.JsonPrinter(out, _params())
+    printer.begin()
+    printer.end()
+    assert json.loads(out.getvalue()) == []
+
+
+def test_sql_loads_into_sqlite() -> None:
+    db = sqlite3.connect(":memory:")
+    db.executescript(_printed("sql"))
+    rows = db.execute("SELECT model_type, n_prompt, n_gen, n_seqs, avg_ts FROM llama_bench").fetchall()
+    assert [r[:4] for r in rows] == [("llama 135M Q4_1", 512, 0, 1), ("llama 135M Q4_1", 0, 128, 8)]
+    assert rows[0][4] == pytest.approx(512.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Test semantics, on a model stand-in that records every batch
+
+
+@dataclass
+class RecordingModel:
+    n_vocab: int = 100
+    batches: list[Batch] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hp = SimpleNamespace(n_vocab=self.n_vocab)
+        self.n_bytes, self.n_params = 1000, 500
+
+    def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
+        kv.check_batch(batch.seq_ids, batch.positions)
+        kv.commit(batch.seq_ids, batch.positions)
+        self.batches.append(batch)
+        return np.zeros((len(batch.output_rows), self.n_vocab), dtype=np.float32)
+
+
+def _fake_llm(model: RecordingModel, add_bos: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(
+        model=model,
+        tokenizer=SimpleNamespace(add_bos=add_bos, bos_id=7, n_vocab=model.n_vocab),
+        backend=SimpleNamespace(name="CPU"),
+        description="fake 1M F32",
+        path=Path("/fake.gguf"),
+        new_cache=lambda n_seq, n_ctx: KVCache(1, n_seq, n_ctx, 1, 4),
+    )
+
+
+def _fake_run(*argv: str, add_bos: bool = True) -> tuple[RecordingModel, str, str]:
+    model = RecordingModel()
+    out, err = io.StringIO(), io.StringIO()
+    status = bench.run(parse_args(list(argv)), out, err, load=lambda _m, _t: _fake_llm(model, add_bos))
+    assert status == 0
+    return model, out.getvalue(), err.getvalue()
+
+
+def test_pp_runs_in_ubatch_chunks_with_bos_first_and_a_cleared_cache() -> None:
+    model, out, _ = _fake_run(
+        "-p", "10", "-n", "0", "-b", "6", "-ub", "4", "-r", "2", "--no-warmup", "-o", "json"
+    )
+    # llama_decode on n_batch=6 tokens split into ubatches of 4: [4, 2] then [4]; twice (two repetitions)
+    assert [b.n_tokens for b in model.batches] == [4, 2, 4] * 2
+    assert [len(b.output_rows) for b in model.batches] == [0, 1, 1] * 2  # only each decode call's last token
+    assert [int(b.positions[0]) for b in model.batches] == [0, 4, 6] * 2  # cleared before each repetition
+    assert int(model.batches[0].tokens[0]) == 7 and int(model.batches[3].tokens[0]) == 7  # BOS first
+    (obj,) = json.loads(out)
+    assert obj["n_prompt"] == 10 and len(obj["samples_ns"]) == 2 and obj["avg_ts"] > 0
+
+
+def test_no_bos_when_the_model_adds_none() -> None:
+    model, _, _ = _fake_run("-p", "64", "-n", "0", "-r", "3", "--no-warmup", "-o", "none", add_bos=False)
+    assert [int(b.tokens[0]) for b in model.batches].count(7) < 3
+
+
+def test_tg_decodes_one_token_per_step_after_a_one_token_warmup() -> None:
+    model, _, _ = _fake_run("-p", "0", "-n", "5", "-r", "2", "-o", "none")
+    sizes = [b.n_tokens for b in model.batches]
+    assert sizes == [1] * (1 + 5 * 2)
+    positions = [int(b.positions[0]) for b in model.batches]
+    assert positions == [0] + [0, 1, 2, 3, 4] * 2
+    assert int(model.batches[1].tokens[0]) == 7  # generation starts from BOS, as llama-bench's does
+
+
+def test_depth_is_prefilled_once_and_reused_each_repetition() -> None:
+    model, out, _ = _fake_run(
+        "-p", "0", "-n", "2", "-d", "8", "-ub", "4", "-r", "3", "--no-warmup", "-o", "jsonl"
+    )
+    sizes = [b.n_tokens for b in model.batches]
+    assert sizes == [4, 4] + [1, 1] * 3
+    assert [int(b.positions[0]) for b in model.batches[2:]] == [8, 9] * 3
+    assert json.loads(out)["n_depth"] == 8
+
+
+def test_batched_tg_gives_each_sequence_a_context_and_counts_all_tokens() -> None:
+    model, out, _ = _fake_run(
+        "-p", "0", "-n", "3", "--batch-seqs", "4", "-r", "2", "--no-warmup", "-o", "json"
+    )
+    first = model.batches[0]  # every sequence's own small prompt, in one batch
+    assert sorted(set(first.seq_ids.tolist())) == [0, 1, 2, 3]
+    steps = model.batches[1:]
+    assert len(steps) == 3 * 2
+    ctx = bench.SEQ_PROMPT_TOKENS
+    for i, step in enumerate(steps):
+        assert step.seq_ids.tolist() == [0, 1, 2, 3] and len(step.output_rows) == 4
+        assert step.positions.tolist() == [ctx + i % 3] * 4
+    (obj,) = json.loads(out)
+    assert obj["n_seqs"] == 4
+    assert obj["samples_ts"][0] == pytest.approx(1e9 * 12 / obj["samples_ns"][0], rel=1e-5)
+
+
+def test_batched_tg_at_depth_copies_the_context_into_every_sequence() -> None:
+    model, _, _ = _fake_run(
+        "-p", "0", "-n", "2", "-d", "4", "--batch-seqs", "3", "-r", "1", "--no-warmup", "-o", "none"
+    )
+    assert [b.n_tokens for b in model.batches] == [4, 3, 3]
+    assert model.batches[1].positions.tolist() == [4, 4, 4]
+
+
+def test_stderr_reports_load_and_first_token(capsys: pytest.CaptureFixture) -> None:
+    _, out, err = _fake_run("-p", "4", "-n", "2", "-r", "1", "--progress")
+    assert "loaded fake.gguf" in err and "first token" in err and "benchmark 1/2: starting" in err
+    assert "first token" not in out and out.count("| fake 1M F32") == 2
+
+
+def test_a_model_that_fails_to_load_fails_its_tests_only() -> None:
+    def load(name: str | None, _threads: int) -> SimpleNamespace:
+        if name == "broken":
+            raise FileNotFoundError("no such model")
+        return _fake_llm(RecordingModel())
+
+    out, err = io.StringIO(), io.StringIO()
+    status = bench.run(
+        parse_args(["-m", "broken,ok", "-p", "4", "-n", "0", "-r", "1", "-o", "csv"]), out, err, load
+    )
+    assert status == 1
+    assert "failed to load model 'broken'" in err.getvalue()
+    assert len(list(csv.DictReader(io.StringIO(out.getvalue())))) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The real model
+
+
+def test_tiny_real_run_on_smollm2(capsys: pytest.CaptureFixture) -> None:
+    status = main(
+        ["-p", "16", "-n", "4", "-r", "2", "--no-warmup", "--batch-seqs", "1,2", "-t", "2", "-o", "json"]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    results = json.loads(captured.out)
+    assert [(r["n_prompt"], r["n_gen"], r["n_seqs"]) for r in results] == [(16, 0, 1), (0, 4, 1), (0, 4, 2)]
+    for r in results:
+        assert r["model_type"] == "llama 135M Q4_1" and r["backends"] == "CPU"
+        assert r["model_n_params"] == 134_515_008
+        assert len(r["samples_ns"]) == 2 and all(ns > 0 for ns in r["samples_ns"])
+        assert 0 < r["avg_ts"] < 1e6
+    assert "loaded" in captured.err and "first token" in captured.err
+
+
+def test_tiny_real_markdown_run(capsys: pytest.CaptureFixture) -> None:
+    status = main(["-p", "8", "-n", "2", "-pg", "4,2", "-d", "4", "-r", "1", "--batch-seqs", "2"])
+    out = capsys.readouterr().out
+    assert status == 0
+    rows = [line for line in out.splitlines() if line.startswith("| llama")]
+    assert [row.split("|")[6].strip() for row in rows] == ["pp8 @ d4", "tg2 x2 @ d4", "pp4+tg2 @ d4"]
+    assert all(float(row.split("|")[7].split("±")[0]) > 0 for row in rows)
