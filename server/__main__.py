@@ -15,6 +15,7 @@ from engine.model_files import ModelFetchError, resolve
 from server import logs
 from server.app import create_app
 from server.cli import parse_settings
+from server.routes.tools import MANAGER_KEY as MCP_KEY
 
 log = structlog.get_logger("server")
 
@@ -49,7 +50,11 @@ async def run(argv: list[str] | None = None) -> int:
     async def shutdown_trigger() -> None:
         await stop.wait()
         # End in-flight generations first so open streams finish and connections drain at once.
-        await anyio.to_thread.run_sync(app.extensions["llamba"].stop)
+        # MCP children too, before the drain: a slow tool call then answers at once instead of holding it.
+        mcp = app.extensions.get(MCP_KEY)
+        await asyncio.gather(
+            anyio.to_thread.run_sync(app.extensions["llamba"].stop), mcp.stop() if mcp else asyncio.sleep(0)
+        )
 
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]

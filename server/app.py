@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import structlog
 from pydantic import ValidationError
-from quart import Quart, request
+from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from server import errors
 from server.cli import Settings
-from server.routes import metrics, native, openai, slots
+from server.mcp import McpManager
+from server.routes import metrics, native, openai, slots, stream, tools
 from server.service import ModelService
+from server.sessions import SessionLimits, SessionStore
 
 log = structlog.get_logger("server")
 
@@ -26,11 +30,16 @@ def create_app(settings: Settings) -> Quart:
     app = Quart("llamba")
     service = ModelService(settings)
     app.extensions["llamba"] = service
-    for bp in (openai.bp, native.bp, slots.bp, metrics.bp):
+    limits = SessionLimits(settings.stream_buffer_size, settings.stream_ttl, settings.stream_max_sessions)
+    sessions = SessionStore(limits)
+    app.extensions["llamba.sessions"] = sessions
+    for bp in (openai.bp, native.bp, slots.bp, metrics.bp, stream.bp):
         app.register_blueprint(bp)
     _install_auth(app, settings)
+    _install_cors(app, settings)
     _install_error_handlers(app)
-    _install_lifespan(app, service)
+    _install_mcp(app, settings)
+    _install_lifespan(app, service, sessions)
     return app
 
 
@@ -56,6 +65,61 @@ def is_public(path: str) -> bool:
         or path.startswith("/assets/")
         or path.endswith((".html", ".js", ".css"))
     )
+
+
+LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$", re.IGNORECASE)
+
+
+def origin_allowed(origin: str, settings: Settings, host: str) -> bool:
+    """Same-origin always; else --cors-origins, or by default any origin (llama-server's policy) unless
+    MCP servers are configured: then only localhost pages, since /tools runs code on this host."""
+    if urlsplit(origin).netloc.lower() == host.lower():
+        return True
+    if settings.cors_origins is not None:
+        return "*" in settings.cors_origins or origin.rstrip("/") in settings.cors_origins
+    return not settings.mcp_servers or bool(LOCAL_ORIGIN.match(origin))
+
+
+def _install_cors(app: Quart, settings: Settings) -> None:
+    @app.before_request
+    async def refuse_foreign_origin() -> Any:
+        # Browsers send simple cross-origin POSTs before asking anyone: refuse them, not just their replies.
+        origin = request.headers.get("Origin")
+        if origin and not origin_allowed(origin, settings, request.host):
+            err = errors.APIError(403, f"origin not allowed: {origin} (--cors-origins)", "permission_error")
+            return err.body(), err.status
+        return None
+
+    @app.after_request
+    async def add_cors_headers(response: Response) -> Response:
+        origin = request.headers.get("Origin")
+        if origin and origin_allowed(origin, settings, request.host):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Allow-Credentials"] = "true"
+            response.vary.add("Origin")
+            if request.method == "OPTIONS":
+                response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+                asked = request.headers.get("Access-Control-Request-Headers")
+                response.headers["Access-Control-Allow-Headers"] = asked or "*"
+                response.headers["Access-Control-Max-Age"] = "600"
+        return response
+
+
+def _install_mcp(app: Quart, settings: Settings) -> None:
+    """/tools and its MCP servers exist only when some are configured: /tools runs code on this host."""
+    if not settings.mcp_servers:
+        return
+    manager = McpManager(settings.mcp_servers)
+    app.extensions[tools.MANAGER_KEY] = manager
+    app.register_blueprint(tools.bp)
+
+    @app.before_serving
+    async def start_mcp() -> None:
+        manager.start()  # warm-up runs in the background; /tools waits for it, /health does not
+
+    @app.after_serving
+    async def stop_mcp() -> None:
+        await manager.stop()  # idempotent: `python -m server` stops it earlier, before the HTTP drain
 
 
 def _install_error_handlers(app: Quart) -> None:
@@ -86,14 +150,17 @@ def _install_error_handlers(app: Quart) -> None:
         return err.body(), err.status
 
 
-def _install_lifespan(app: Quart, service: ModelService) -> None:
+def _install_lifespan(app: Quart, service: ModelService, sessions: SessionStore) -> None:
     @app.before_serving
     async def start_loading() -> None:
         # Not awaited: the server answers (503 on /health) while the model loads.
         app.extensions["llamba.load"] = asyncio.get_running_loop().create_task(_load(app, service))
+        sessions.start_gc()
 
     @app.after_serving
     async def stop_engine() -> None:
+        # Sessions first: their producers hold engine requests that must not outlive the engine.
+        await sessions.close()
         await anyio.to_thread.run_sync(service.stop)
 
 

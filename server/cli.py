@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
+
 # Flags llama-server has that Llamba accepts but does not act on (yet): (flag, takes a value).
 IGNORED_FLAGS: dict[str, bool] = {
     "--flash-attn": True,
@@ -65,6 +67,13 @@ class Settings(BaseModel):
     cont_batching: bool = True
     slot_similarity: float = 0.1
     device: str = "cpu"
+    stream_buffer_size: int = 4 * 1024 * 1024
+    stream_ttl: float = 300.0
+    stream_max_sessions: int = 256
+    # MCP servers, validated while parsing: a bad config stops the server before it ever answers.
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    # None is the default policy: any origin, but only localhost ones when MCP servers are configured.
+    cors_origins: tuple[str, ...] | None = None
 
     @property
     def model_alias(self) -> str:
@@ -119,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
     add("--slot-prompt-similarity", "-sps", type=float, default=0.1)
     add("--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu"])
+    # Resumable stream sessions (X-Conversation-Id): ring buffer bytes each, seconds kept once done, count.
+    add("--stream-buffer-size", type=int, default=int(_env("STREAM_BUFFER_SIZE") or 4 * 1024 * 1024))
+    add("--stream-ttl", type=float, default=float(_env("STREAM_TTL") or 300.0))
+    add("--stream-max-sessions", type=int, default=int(_env("STREAM_MAX_SESSIONS") or 256))
+    add("--mcp-servers-config", default=_env("MCP_SERVERS_CONFIG"), help='JSON file {"mcpServers": {...}}')
+    add("--mcp-servers-json", default=_env("MCP_SERVERS_JSON"), help="the same JSON, inline")
+    add("--cors-origins", default=_env("CORS_ORIGINS"), help="comma-separated allowed origins, or *")
     return p
 
 
@@ -148,6 +164,9 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("ctx-size", args.ctx_size, 0),
         ("parallel", args.parallel, 1),
         ("port", args.port, 0),
+        ("stream-buffer-size", args.stream_buffer_size, 1),
+        ("stream-ttl", args.stream_ttl, 0),
+        ("stream-max-sessions", args.stream_max_sessions, 1),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -161,9 +180,20 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
             parser.error(f"cannot read --chat-template-file: {exc}")
     values = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     values.update(api_keys=keys, chat_template=template, slot_similarity=args.slot_prompt_similarity)
+    try:
+        values["mcp_servers"] = load_mcp_servers(args.mcp_servers_config, args.mcp_servers_json)
+    except McpConfigError as exc:
+        parser.error(str(exc))
+    values["cors_origins"] = _cors_origins(args.cors_origins)
     if args.log_prompts_dir:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
     return Settings(**values), ignored
+
+
+def _cors_origins(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
 
 
 def _api_keys(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:

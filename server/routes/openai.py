@@ -11,8 +11,10 @@ from quart import Blueprint, Response, current_app, request
 from engine.request import TokenEvent
 from server import sse
 from server.routes.generation import build_request, collect, events_of, openai_logprobs, usage
+from server.routes.stream import resumable
 from server.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from server.service import ModelService
+from server.sessions import CONVERSATION_HEADER
 
 bp = Blueprint("openai", __name__)
 
@@ -48,7 +50,11 @@ async def chat_completions() -> Any:
     created = int(time.time())
     head = base_fields(svc, "chat.completion.chunk", completion_id, created)
     if body.stream:
-        return sse_response(chat_stream(svc, body, gen, head, len(tokens)))
+        stream = chat_stream(svc, body, gen, head, len(tokens))
+        conversation_id = request.headers.get(CONVERSATION_HEADER)
+        if conversation_id:  # a resumable session: the generation outlives this response
+            stream = await resumable(conversation_id, stream)
+        return sse_response(stream)
     out = await collect(svc, gen)
     reply: dict[str, Any] = {
         **base_fields(svc, "chat.completion", completion_id, created),

@@ -1,0 +1,77 @@
+"""Resumable streams: /v1/stream (GET replays and follows, DELETE stops) and /v1/streams/lookup.
+
+Conversation ids travel in the query string or the JSON body, never as a path segment: they are opaque
+and may contain `/`, `:` and spaces.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, Response, current_app, request
+
+from server import errors, sse
+from server.sessions import OffsetDropped, SessionStore
+
+bp = Blueprint("stream", __name__)
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def sessions() -> SessionStore:
+    return current_app.extensions["llamba.sessions"]
+
+
+async def resumable(conversation_id: str, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Run `source` as the session of `conversation_id`; what is returned is one reader of it, so the
+    caller's response can end (client gone) while the generation goes on."""
+    session = await sessions().open(conversation_id, source)
+    return session.follow(0)
+
+
+@bp.get("/v1/stream")
+async def replay() -> Any:
+    conversation_id = _conversation_id()
+    offset = _offset(request.args.get("from"))
+    session = sessions().get(conversation_id)
+    if session is None:
+        raise errors.not_found("Stream not found or expired")
+    try:
+        session.check_offset(offset)
+    except OffsetDropped as exc:
+        raise errors.invalid_request(f"'from' {exc}: those bytes were dropped from the buffer") from exc
+    response = Response(session.follow(offset), headers=sse.SSE_HEADERS)
+    response.timeout = None  # follows a live generation for as long as it runs
+    return response
+
+
+@bp.delete("/v1/stream")
+async def stop() -> Any:
+    await sessions().delete(_conversation_id())
+    return "", 204
+
+
+@bp.post("/v1/streams/lookup")
+async def lookup() -> Any:
+    body = await request.get_json(force=True, silent=True)
+    ids = body.get("conversation_ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise errors.invalid_request('the body must be JSON: {"conversation_ids": [string, ...]}')
+    return [info.as_dict() for info in sessions().lookup(ids)]
+
+
+def _conversation_id() -> str:
+    conversation_id = request.args.get("conv_id")
+    if not conversation_id:
+        raise errors.invalid_request("missing query parameter 'conv_id'")
+    return conversation_id
+
+
+def _offset(value: str | None) -> int:
+    if value is None or value == "":
+        return 0
+    if not _DIGITS.fullmatch(value):
+        raise errors.invalid_request(f"'from' must be a non-negative byte offset, got {value!r}")
+    return int(value)

@@ -1,0 +1,291 @@
+"""Resumable stream sessions: a generation's SSE bytes kept by conversation id, replayable from any offset.
+
+A session owns a producer task that drives the SSE byte source (the chat stream, and through it the engine
+request) into a ring buffer. HTTP responses are only readers of that buffer, so a client that goes away
+does not stop the generation; cancelling the producer (DELETE, replacement, shutdown) does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import structlog
+
+from server import errors, sse
+
+log = structlog.get_logger("server")
+
+CONVERSATION_HEADER = "X-Conversation-Id"
+# Finished sessions are also expired on access, so the sweep only bounds how long their memory lingers.
+GC_INTERVAL_MAX = 60.0
+CANCEL_WAIT = 2.0
+
+
+class OffsetDropped(Exception):
+    """The asked offset lies in the part of the ring buffer already overwritten."""
+
+    def __init__(self, offset: int, start: int) -> None:
+        super().__init__(f"offset {offset} is below the oldest byte still buffered ({start})")
+        self.offset = offset
+        self.start = start
+
+
+class ByteRing:
+    """The last `limit` bytes of an append-only byte stream, addressed by absolute offsets.
+
+    The storage grows on demand up to `limit` and then wraps, so an append costs its own length (no
+    front deletions that move the whole buffer) and a short stream never holds a full `limit` of memory.
+    Logical offset o lives at physical index o % limit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("the ring buffer limit must be >= 1 byte")
+        self.limit = limit
+        self._buf = bytearray()
+        self.end = 0  # total bytes ever appended
+
+    @property
+    def start(self) -> int:
+        """The oldest offset still readable."""
+        return max(0, self.end - self.limit)
+
+    @property
+    def retained(self) -> int:
+        return len(self._buf)
+
+    def append(self, data: bytes) -> None:
+        if not data:
+            return
+        if len(data) >= self.limit:
+            self._replace_with_tail(data)
+            return
+        pos = self.end % self.limit
+        if len(self._buf) < self.limit:  # still growing: pos == len(self._buf)
+            room = self.limit - len(self._buf)
+            self._buf += data[:room]
+            rest = data[room:]
+            self._buf[: len(rest)] = rest
+        else:
+            first = min(len(data), self.limit - pos)
+            self._buf[pos : pos + first] = data[:first]
+            self._buf[: len(data) - first] = data[first:]
+        self.end += len(data)
+
+    def _replace_with_tail(self, data: bytes) -> None:
+        self.end += len(data)
+        tail = data[-self.limit :]
+        split = self.start % self.limit
+        self._buf = bytearray(self.limit)
+        self._buf[split:] = tail[: self.limit - split]
+        self._buf[:split] = tail[self.limit - split :]
+
+    def read(self, offset: int) -> bytes:
+        """The bytes from `offset` to the end (empty when `offset` is at or past the end)."""
+        if offset < self.start:
+            raise OffsetDropped(offset, self.start)
+        if offset >= self.end:
+            return b""
+        length = self.end - offset
+        pos = offset % self.limit
+        if pos + length <= len(self._buf):
+            return bytes(self._buf[pos : pos + length])
+        return bytes(self._buf[pos:]) + bytes(self._buf[: length - (len(self._buf) - pos)])
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    buffer_size: int = 4 * 1024 * 1024
+    ttl: float = 300.0
+    max_sessions: int = 256
+
+    @property
+    def gc_interval(self) -> float:
+        return max(0.1, min(GC_INTERVAL_MAX, self.ttl / 2))
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """What /v1/streams/lookup reports about one session."""
+
+    conversation_id: str
+    is_done: bool
+    total_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(eq=False)
+class Session:
+    conversation_id: str
+    buffer: ByteRing
+    clock: Callable[[], float] = time.monotonic
+    finished_at: float | None = None
+    _producer: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    # Replaced on every change; readers wait on the one they saw, so no wake-up is ever missed.
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+
+    @property
+    def is_done(self) -> bool:
+        return self.finished_at is not None
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(self.conversation_id, self.is_done, self.buffer.end)
+
+    def start(self, source: AsyncIterator[bytes]) -> None:
+        self._producer = asyncio.get_running_loop().create_task(
+            self._pump(source), name=f"stream-session:{self.conversation_id}"
+        )
+
+    async def _pump(self, source: AsyncIterator[bytes]) -> None:
+        try:
+            async for chunk in source:
+                self._append(chunk)
+        except asyncio.CancelledError:
+            log.info("stream.session_cancelled", conversation_id=self.conversation_id)
+            raise
+        except Exception as exc:
+            log.exception("stream.session_failed", conversation_id=self.conversation_id, error=str(exc))
+            self._append(sse.error_event(errors.APIError(500, str(exc), "server_error").body()))
+        finally:
+            # Closing the source runs its cleanup now (cancelling the engine request, freeing the slot).
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            self._finish()
+
+    def _append(self, chunk: bytes) -> None:
+        self.buffer.append(chunk)
+        self._notify()
+
+    def _finish(self) -> None:
+        if self.finished_at is None:
+            self.finished_at = self.clock()
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def cancel(self) -> None:
+        """Stop the generation and wait (briefly) until its request is cancelled in the engine."""
+        task = self._producer
+        if task is None or task.done():
+            self._finish()
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_WAIT)
+        # A task cancelled before its first step never runs _pump's cleanup: readers must still end.
+        self._finish()
+
+    def check_offset(self, offset: int) -> None:
+        if offset < self.buffer.start:
+            raise OffsetDropped(offset, self.buffer.start)
+
+    async def follow(self, offset: int = 0) -> AsyncIterator[bytes]:
+        """Bytes from `offset` on (an offset past the end waits for it), as they arrive, until the session
+        is done. A reader that falls behind the ring (its bytes were overwritten before it read them) is
+        ended, never handed a gap: its client resumes by offset, or learns with a 400 that it cannot."""
+        pos = offset
+        while True:
+            changed = self._changed
+            try:
+                chunk = self.buffer.read(pos)
+            except OffsetDropped as exc:
+                log.warning("stream.reader_overrun", conversation_id=self.conversation_id, offset=exc.offset)
+                return
+            if chunk:
+                pos += len(chunk)
+                yield chunk
+                continue
+            if self.is_done:
+                return
+            await changed.wait()
+
+    def expired(self, ttl: float) -> bool:
+        return self.finished_at is not None and self.clock() - self.finished_at >= ttl
+
+
+class SessionStore:
+    """All sessions by conversation id: bounded in count, per-session bytes, and lifetime once done."""
+
+    def __init__(self, limits: SessionLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+        self._gc: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def retained_bytes(self) -> int:
+        return sum(s.buffer.retained for s in self._sessions.values())
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start_gc(self) -> None:
+        self._gc = asyncio.get_running_loop().create_task(self._gc_loop(), name="stream-session-gc")
+
+    async def _gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.gc_interval)
+            self.sweep()
+
+    async def close(self) -> None:
+        """Stop the sweeper and every producer (server shutdown)."""
+        if self._gc is not None:
+            self._gc.cancel()
+            await asyncio.wait({self._gc}, timeout=CANCEL_WAIT)
+            self._gc = None
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.cancel() for s in sessions))
+
+    # -- sessions -----------------------------------------------------------------------------------
+    async def open(self, conversation_id: str, source: AsyncIterator[bytes]) -> Session:
+        """A new session driving `source`; one already under this id is cancelled and replaced."""
+        # A loop, not an if: a concurrent open of the same id may have slipped in while we awaited.
+        while (old := self._sessions.pop(conversation_id, None)) is not None:
+            await old.cancel()
+        self._make_room(conversation_id)
+        session = Session(conversation_id, ByteRing(self.limits.buffer_size), self._clock)
+        self._sessions[conversation_id] = session
+        session.start(source)
+        return session
+
+    def _make_room(self, conversation_id: str) -> None:
+        self.sweep()
+        while len(self._sessions) >= self.limits.max_sessions:
+            finished = [s for s in self._sessions.values() if s.is_done]
+            if not finished:
+                cap = self.limits.max_sessions
+                log.warning("stream.session_cap", conversation_id=conversation_id, cap=cap)
+                raise errors.unavailable(f"too many live stream sessions (the cap is {cap})")
+            oldest = min(finished, key=lambda s: s.finished_at or 0.0)
+            del self._sessions[oldest.conversation_id]
+
+    def get(self, conversation_id: str) -> Session | None:
+        session = self._sessions.get(conversation_id)
+        if session is not None and session.expired(self.limits.ttl):
+            del self._sessions[conversation_id]
+            return None
+        return session
+
+    async def delete(self, conversation_id: str) -> None:
+        session = self._sessions.pop(conversation_id, None)
+        if session is not None:
+            await session.cancel()
+
+    def lookup(self, conversation_ids: list[str]) -> list[SessionInfo]:
+        found = (self.get(cid) for cid in dict.fromkeys(conversation_ids))
+        return [s.info() for s in found if s is not None]
+
+    def sweep(self) -> None:
+        for cid in [cid for cid, s in self._sessions.items() if s.expired(self.limits.ttl)]:
+            del self._sessions[cid]

@@ -1,0 +1,418 @@
+"""MCP transport, registry, config and manager against real fixture server processes (no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.mcp import McpManager, McpServerConfig
+from server.mcp.config import McpConfigError, load_mcp_servers, parse_mcp_servers
+from server.mcp.registry import ToolRegistry, result_text
+from server.mcp.transport import LineFramer, RpcError, RpcTimeout, SpawnError, StdioTransport, TransportClosed
+
+pytestmark = pytest.mark.anyio
+
+FIXTURES = Path(__file__).resolve().parent / "mcp_servers"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def fixture(name: str, *args: str, **extra: Any) -> McpServerConfig:
+    server = extra.pop("server", name)
+    return McpServerConfig(
+        name=server, command=sys.executable, args=(str(FIXTURES / f"{name}.py"), *args), **extra
+    )
+
+
+async def started(config: McpServerConfig, **kwargs: Any) -> StdioTransport:
+    transport = await StdioTransport.spawn(config, **kwargs)
+    await transport.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}}, timeout_s=10)
+    await transport.notify("notifications/initialized")
+    return transport
+
+
+async def call(transport: StdioTransport, tool: str, timeout_s: float = 10, **arguments: Any) -> Any:
+    return await transport.request("tools/call", {"name": tool, "arguments": arguments}, timeout_s=timeout_s)
+
+
+def text_of(result: Any) -> str:
+    text, error = result_text(result)
+    assert error is None, error
+    return text or ""
+
+
+def process_state(pid: int) -> str | None:
+    """The /proc state letter of a process (Z for a zombie), or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+async def gone(pid: int, within_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while process_state(pid) is not None:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)  # and let the loop hear about it
+    return True
+
+
+# -- framing ---------------------------------------------------------------------------------------
+def test_framer_splits_joins_and_resyncs_after_an_oversized_line() -> None:
+    framer = LineFramer(max_line=32)
+    assert framer.feed(b'{"a":1}\n{"b":2}\r\n\n  \n{"c"') == [b'{"a":1}', b'{"b":2}']
+    assert framer.feed(b":3") == []
+    assert framer.feed(b"}\n") == [b'{"c":3}']
+    assert framer.feed(b"x" * 40) == [] and framer.dropped == 1
+    assert framer.feed(b"still the long line\n{}\n") == [b"{}"]
+
+
+# -- config ----------------------------------------------------------------------------------------
+def test_config_reads_cursor_style_servers(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text('{"mcpServers": {"a": {"command": "x", "args": ["-v"], "env": {"K": "V"}, "cwd": "/tmp",'
+                    ' "timeout_ms": 1500, "type": "stdio"}}}')  # fmt: skip
+    (a, b) = load_mcp_servers(path, '{"mcpServers": {"b": {"command": "y"}}}')
+    assert (a.name, a.command, a.args, a.env, a.cwd, a.timeout_s) == (
+        "a",
+        "x",
+        ("-v",),
+        {"K": "V"},
+        "/tmp",
+        1.5,
+    )
+    assert (b.name, b.timeout_ms, b.args, b.env, b.cwd) == ("b", 30_000, (), {}, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ("[]", "mcpServers"),
+        ('{"servers": {}}', "mcpServers"),
+        ('{"mcpServers": {"a": "python"}}', "mcpServers.a must be an object"),
+        ('{"mcpServers": {"a": {"args": []}}}', "mcpServers.a.command"),
+        ('{"mcpServers": {"a": {"command": ""}}}', "mcpServers.a.command"),
+        ('{"mcpServers": {"a": {"command": "x", "args": "-v"}}}', "mcpServers.a.args"),
+        ('{"mcpServers": {"a": {"command": "x", "args": [1]}}}', "mcpServers.a.args"),
+        ('{"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}', "mcpServers.a.env"),
+        ('{"mcpServers": {"a": {"command": "x", "timeout_ms": 0}}}', "mcpServers.a.timeout_ms"),
+        ('{"mcpServers": {"a": {"url": "http://localhost:1234/mcp"}}}', "only stdio servers"),
+    ],
+)
+def test_config_defects_are_named(text: str, message: str) -> None:
+    with pytest.raises(McpConfigError, match=message):
+        parse_mcp_servers(text)
+
+
+def test_config_missing_file_and_duplicate_names(tmp_path: Path) -> None:
+    with pytest.raises(McpConfigError, match="cannot read"):
+        load_mcp_servers(tmp_path / "nope.json", None)
+    path = tmp_path / "mcp.json"
+    path.write_text('{"mcpServers": {"a": {"command": "x"}}}')
+    with pytest.raises(McpConfigError, match="'a' is defined twice"):
+        load_mcp_servers(path, '{"mcpServers": {"a": {"command": "y"}}}')
+
+
+# -- registry --------------------------------------------------------------------------------------
+def test_registry_names_tools_and_never_overwrites_on_collision() -> None:
+    registry = ToolRegistry()
+    first = {"name": "y_add", "description": "from x", "annotations": {"readOnlyHint": True, "title": "Add"}}
+    assert registry.add_server("x", [first, {"name": "has space"}, {"description": "no name"}]) == 1
+    assert registry.add_server("x_y", [{"name": "add", "description": "from x_y"}, {"name": "sub"}]) == 1
+    assert [t.name for t in registry.all()] == ["x_y_add", "x_y_sub"]
+    assert registry.get("x_y_add").server == "x"  # type: ignore[union-attr]
+    entry = registry.get("x_y_add").to_json()  # type: ignore[union-attr]
+    assert entry == {
+        "tool": "x_y_add",
+        "display_name": "Add",
+        "type": "mcp",
+        "permissions": {"write": False},
+        "definition": {
+            "type": "function",
+            "function": {
+                "name": "x_y_add",
+                "description": "from x",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        },
+    }
+    assert registry.get("x_y_sub").to_json()["permissions"] == {"write": True}  # type: ignore[union-attr]
+
+
+def test_result_text_joins_text_content_and_reports_tool_errors() -> None:
+    content = [{"type": "text", "text": "a"}, {"type": "image", "data": "..."}, {"type": "text", "text": "b"}]
+    assert result_text({"content": content}) == ("a\n[image content not shown]\nb", None)
+    assert result_text({"content": [{"type": "text", "text": "bad"}], "isError": True}) == (None, "bad")
+    assert result_text({"content": [], "structuredContent": {"x": 1}}) == ('{"x": 1}', None)
+    assert result_text("nonsense")[1] is not None
+
+
+# -- transport -------------------------------------------------------------------------------------
+async def test_notification_and_reply_in_one_write_split_replies_and_id_zero() -> None:
+    transport = await started(fixture("framing"))  # its initialize reply (id 0) shares a write with a note
+    try:
+        assert text_of(await call(transport, "notify_then_reply", text="one write")) == "one write"
+        assert text_of(await call(transport, "split_reply", text="x" * 300)) == "x" * 300
+        assert text_of(await call(transport, "ping_first", text="after ping")) == "after ping"
+        methods = [m["method"] for m in transport.unsolicited]
+        assert methods == ["notifications/message", "notifications/message"]
+    finally:
+        await transport.close()
+
+
+async def test_garbage_lines_are_skipped_and_the_notification_queue_is_bounded() -> None:
+    transport = await started(fixture("garbage"), max_unsolicited=50)
+    try:
+        # Junk, a stale id, the id "0" and `true` all come before each real reply: none may be taken for it.
+        assert text_of(await call(transport, "add", a=2, b=3)) == "5"
+        assert text_of(await call(transport, "echo", text="still fine")) == "still fine"
+        assert len(transport.unsolicited) == 50 and transport.unsolicited_dropped > 5000
+        assert any("about to answer" in line for line in transport.stderr_tail)
+    finally:
+        await transport.close()
+
+
+async def test_ten_concurrent_calls_are_matched_to_their_replies() -> None:
+    transport = await started(fixture("echo"))
+    try:
+        delays = [0.45, 0.05, 0.3, 0.0, 0.4, 0.1, 0.25, 0.15, 0.35, 0.2]  # replies come back out of order
+        calls = [call(transport, "echo", text=f"call-{i}", delay=d) for i, d in enumerate(delays)]
+        results = await asyncio.gather(*calls)
+        assert [text_of(r) for r in results] == [f"call-{i}" for i in range(10)]
+    finally:
+        await transport.close()
+
+
+async def test_timeout_answers_the_caller_and_keeps_the_server() -> None:
+    transport = await started(fixture("slow"))
+    try:
+        pid = transport.pid
+        with pytest.raises(RpcTimeout):
+            await call(transport, "sleep", timeout_s=0.3, seconds=0.8)
+        assert transport.alive and text_of(await call(transport, "echo", text="next")) == "next"
+        await asyncio.sleep(0.8)  # the late reply to the timed-out call arrives now and is dropped
+        assert text_of(await call(transport, "pid")) == str(pid) and transport.alive
+    finally:
+        await transport.close()
+
+
+async def test_a_tool_level_jsonrpc_error_is_raised_as_rpc_error() -> None:
+    transport = await started(fixture("echo"))
+    try:
+        with pytest.raises(RpcError, match="no tool"):
+            await call(transport, "does_not_exist")
+    finally:
+        await transport.close()
+
+
+async def test_crash_after_reply_delivers_the_reply_and_reaps_the_child() -> None:
+    transport = await started(fixture("crash"))
+    pid = transport.pid
+    assert pid is not None
+    assert text_of(await call(transport, "crash")) == "goodbye"
+    assert await gone(pid), f"child {pid} left as {process_state(pid)}"
+    assert not transport.alive and transport.returncode == 3
+    with pytest.raises(TransportClosed, match="exited with code 3"):
+        await call(transport, "echo", text="anyone?")
+    await transport.close()
+
+
+async def test_a_child_that_closes_its_stdin_is_stopped_and_reaped() -> None:
+    transport = await started(fixture("echo"))
+    pid = transport.pid
+    assert pid is not None
+    assert text_of(await call(transport, "close_stdin")) == "stdin closed"  # still read after stdin broke
+    with pytest.raises(TransportClosed):
+        await call(transport, "echo", text="hello?", timeout_s=2)
+    assert not transport.alive
+    assert await gone(pid), "a deaf child is stopped and reaped"
+    await transport.close()
+
+
+async def test_a_child_dying_mid_write_fails_the_call_not_llamba() -> None:
+    transport = await started(fixture("crash"))
+    try:
+        assert text_of(await call(transport, "deafen_then_die")) == "deaf"
+        begin = time.monotonic()
+        # 4 MiB cannot fit in the pipe: the write is still pending when the child exits (EPIPE).
+        with pytest.raises(TransportClosed):
+            await call(transport, "echo", timeout_s=10, text="x" * (4 << 20))
+        assert time.monotonic() - begin < 3.0
+        assert not transport.alive and transport.pid is not None and await gone(transport.pid)
+    finally:
+        await transport.close()
+
+
+async def test_a_chatty_stderr_never_blocks_the_server() -> None:
+    transport = await started(fixture("echo"))
+    try:
+        assert (
+            text_of(await call(transport, "stderr_flood", kib=4096)) == "flooded"
+        )  # 4 MiB, pipe holds 64 KiB
+        assert text_of(await call(transport, "echo", text="after")) == "after"
+    finally:
+        await transport.close()
+
+
+async def test_missing_command_and_bad_cwd_fail_to_spawn() -> None:
+    with pytest.raises(SpawnError, match="not found on PATH"):
+        await StdioTransport.spawn(McpServerConfig(name="x", command="no-such-mcp-server-binary"))
+    with pytest.raises(SpawnError, match="cannot start"):
+        await StdioTransport.spawn(fixture("echo", cwd="/no/such/dir"))
+
+
+async def test_grandchild_holding_the_pipes_blocks_neither_start_nor_close() -> None:
+    # The server exits at once but its grandchild keeps stdout open: no EOF will ever come.
+    begin = time.monotonic()
+    with pytest.raises(TransportClosed, match="exited with code 0"):
+        await started(fixture("grandchild", "--exit-at-start"))
+    assert time.monotonic() - begin < 5.0  # not the 10 s initialize timeout: the exit was noticed
+
+    transport = await started(fixture("grandchild"))
+    grandchild = int(text_of(await call(transport, "grandchild_pid")))
+    begin = time.monotonic()
+    await transport.close()
+    assert time.monotonic() - begin < 2.0
+    assert await gone(grandchild), "the grandchild in the server's process group is killed too"
+
+
+async def test_a_grandchild_that_left_the_process_group_cannot_block_close() -> None:
+    transport = await started(fixture("grandchild", "--escape"))
+    grandchild = int(text_of(await call(transport, "grandchild_pid")))
+    try:
+        begin = time.monotonic()
+        await transport.close()
+        assert time.monotonic() - begin < 2.0
+        assert process_state(grandchild) not in (None, "Z")  # out of reach, and yet we returned
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+# -- manager ---------------------------------------------------------------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_warm_up_skips_every_kind_of_broken_server_and_keeps_the_rest(tmp_path: Path) -> None:
+    configs = [
+        fixture(
+            "echo", "--rename", "add=y_add", server="x", env={"FIXTURE_ENV": "from config"}, cwd=str(tmp_path)
+        ),
+        fixture("echo", server="x_y"),  # its x_y_add collides with x's y_add: skipped, not overwritten
+        McpServerConfig(name="missing", command="no-such-mcp-server-binary"),
+        fixture("crash", "--die-at-start", server="dies"),
+        fixture("slow", "--hang-init", server="hangs"),
+        fixture("grandchild", "--exit-at-start", server="orphan"),
+        fixture("empty"),
+    ]
+    manager = McpManager(configs, warmup_timeout_s=1.5)
+    begin = time.monotonic()
+    manager.start()
+    await manager.wait_ready()
+    try:
+        assert time.monotonic() - begin < 5.0
+        names = {t.name for t in manager.tools()}
+        assert {"x_echo", "x_y_add", "x_y_echo", "x_y_pid"} <= names
+        assert not any(n.split("_")[0] in ("missing", "dies", "hangs", "orphan", "empty") for n in names)
+        assert manager.tool("x_y_add").server == "x"  # type: ignore[union-attr]
+        env = await manager.call(manager.tool("x_env"), {"name": "FIXTURE_ENV"})  # type: ignore[arg-type]
+        assert env.to_json() == {"plain_text_response": "from config"}
+        path = await manager.call(manager.tool("x_env"), {"name": "PATH"})  # type: ignore[arg-type]
+        assert path.text == os.environ["PATH"]  # merged over the parent's environment
+        cwd = await manager.call(manager.tool("x_cwd"), {})  # type: ignore[arg-type]
+        assert cwd.text == str(tmp_path)
+        failed = await manager.call(manager.tool("x_fail"), {})  # type: ignore[arg-type]
+        assert failed.to_json() == {"error": "it went wrong"}
+    finally:
+        await manager.stop()
+
+
+async def test_manager_timeout_then_next_call_succeeds() -> None:
+    manager = McpManager([fixture("slow", timeout_ms=300)])
+    manager.start()
+    await manager.wait_ready()
+    try:
+        slow, echo = manager.tool("slow_sleep"), manager.tool("slow_echo")
+        assert slow is not None and echo is not None
+        timed_out = await manager.call(slow, {"seconds": 2})
+        assert timed_out.error is not None and "timed out after 300 ms" in timed_out.error
+        assert (await manager.call(echo, {"text": "ok"})).to_json() == {"plain_text_response": "ok"}
+    finally:
+        await manager.stop()
+
+
+async def test_crash_respawn_cooldown_and_no_zombies() -> None:
+    clock = FakeClock()
+    manager = McpManager([fixture("crash", restart_cooldown_ms=5000)], clock=clock)
+    manager.start()
+    await manager.wait_ready()
+    crash, pid_tool = manager.tool("crash_crash"), manager.tool("crash_pid")
+    assert crash is not None and pid_tool is not None
+    pids = []
+    try:
+        for _ in range(4):
+            pids.append(int((await manager.call(pid_tool, {})).text or 0))
+            assert (await manager.call(crash, {})).text == "goodbye"
+            await gone(pids[-1])
+            # Within the cooldown since the last spawn: refused, no respawn.
+            refused = await manager.call(pid_tool, {})
+            assert refused.error is not None and "may be restarted in 5.0 s" in refused.error
+            clock.now += 5.0  # cooldown over: the next call respawns
+        pids.append(int((await manager.call(pid_tool, {})).text or 0))
+        assert len(set(pids)) == 5, "each call after a crash ran in a fresh process"
+        for pid in pids[:-1]:
+            assert process_state(pid) is None, f"pid {pid} is {process_state(pid)} (zombie?)"
+    finally:
+        await manager.stop()
+    assert await gone(pids[-1])
+
+
+async def test_concurrent_calls_to_a_crashed_server_respawn_it_once() -> None:
+    manager = McpManager([fixture("crash", restart_cooldown_ms=0)])
+    manager.start()
+    await manager.wait_ready()
+    try:
+        crash, pid_tool = manager.tool("crash_crash"), manager.tool("crash_pid")
+        assert crash is not None and pid_tool is not None
+        await manager.call(crash, {})
+        await asyncio.sleep(0.3)
+        results = await asyncio.gather(*(manager.call(pid_tool, {}) for _ in range(5)))
+        assert len({r.text for r in results}) == 1 and results[0].error is None
+    finally:
+        await manager.stop()
+
+
+async def test_stop_during_a_slow_call_is_prompt() -> None:
+    manager = McpManager([fixture("slow"), fixture("grandchild")])
+    manager.start()
+    await manager.wait_ready()
+    slow = manager.tool("slow_sleep")
+    assert slow is not None
+    pending = asyncio.create_task(manager.call(slow, {"seconds": 60}))
+    await asyncio.sleep(0.3)
+    begin = time.monotonic()
+    await manager.stop()
+    result = await asyncio.wait_for(pending, 1)
+    assert time.monotonic() - begin < 2.0
+    assert result.error is not None and "shutting down" in result.error
+    after = await manager.call(slow, {"seconds": 0})
+    assert after.error is not None and "shutting down" in after.error
