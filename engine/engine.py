@@ -1,13 +1,14 @@
 """The Engine: owns the model, KV cache and scheduler, and runs the step loop in its own thread.
 
-Its public surface (`submit`, `cancel`, `stats`, `start`, `stop`) is thread-safe; everything else runs
-on the engine thread, the only thread that calls the (parallel) kernels. Events reach asyncio through
-`loop.call_soon_threadsafe`, so the event loop never blocks and never polls.
+Its public surface (`submit`, `cancel`, `control`, `stats`, `start`, `stop`) is thread-safe; everything
+else runs on the engine thread, the only thread that calls the (parallel) kernels. Events reach asyncio
+through `loop.call_soon_threadsafe`, so the event loop never blocks and never polls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import threading
 import time
@@ -18,6 +19,7 @@ import structlog
 
 from engine.batch import Batch
 from engine.llm import LLM
+from engine.reasoning import CONTROL_ACTIONS, ControlResult
 from engine.request import GenerationRequest, TokenEvent
 from engine.scheduler import Scheduler
 
@@ -54,6 +56,9 @@ class RequestHandle:
     def cancel(self) -> None:
         if not self.finished:
             self.engine.cancel(self.request_id)
+
+    def control(self, action: str) -> concurrent.futures.Future[ControlResult]:
+        return self.engine.control(self.request_id, action)
 
 
 class Engine:
@@ -101,6 +106,28 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         self._command(lambda: self.scheduler.cancel(request_id))
+
+    def control(self, request_id: str, action: str) -> concurrent.futures.Future[ControlResult]:
+        """Act on a running request (CONTROL_ACTIONS) at the next step; the future holds the outcome.
+
+        It is a concurrent future, resolved on the engine thread: asyncio callers wrap it
+        (`asyncio.wrap_future`) and never block the loop.
+        """
+        if action not in CONTROL_ACTIONS:
+            raise ValueError(f"unknown control action {action!r}; known: {', '.join(CONTROL_ACTIONS)}")
+        future: concurrent.futures.Future[ControlResult] = concurrent.futures.Future()
+        if self._thread is None or not self._thread.is_alive():
+            future.set_result(ControlResult(False, "the engine is not running"))
+            return future
+
+        def run() -> None:
+            try:
+                future.set_result(self.scheduler.control(request_id, action))
+            except Exception as exc:  # a failed control must reach its caller, not kill the thread
+                future.set_exception(exc)
+
+        self._command(run)
+        return future
 
     def stats(self) -> list[dict]:
         """A snapshot of the slots (read without locking: fields are replaced atomically)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.reasoning import ReasoningSpec
 from engine.sampling import SamplingParams
 
 
@@ -17,6 +18,7 @@ class GenerationRequest:
     id_slot: int = -1  # -1: the engine chooses
     cache_prompt: bool = True
     request_id: str = ""
+    reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class TokenEvent:
     """One generated token (token is None on a final event that carries no new token)."""
 
     text: str  # text now safe to emit (UTF-8 complete, not part of a possible stop string); may be ""
+    reasoning_text: str = ""  # the same, for text inside a reasoning block (`text` is then the answer)
     token: int | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()

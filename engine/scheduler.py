@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.batch import Batch
 from engine.kv import KVCache
+from engine.reasoning import ControlResult, ReasoningState, Split
 from engine.request import GenerationRequest, Timings, TokenEvent
 from engine.sampling import Sampler
 from engine.stop import StopMatcher
@@ -38,6 +39,9 @@ class Sequence:
     n_generated: int = 0
     t_start: float = field(default_factory=time.perf_counter)
     t_prompt_done: float = 0.0
+    reasoning: ReasoningState | None = None
+    # Tokens to feed instead of sampling (a reasoning block's forced end), taken one per step.
+    forced: deque[int] = field(default_factory=deque)
 
     @property
     def generating(self) -> bool:
@@ -76,6 +80,7 @@ class Scheduler:
         self.slots = [Slot(i) for i in range(kv.n_seq)]
         self.waiting: deque[tuple[GenerationRequest, Emit]] = deque()
         self._next_task = 0
+        self._end_on_start: set[str] = set()  # reasoning_end asked for before the request got a slot
 
     @property
     def n_ctx_slot(self) -> int:
@@ -123,7 +128,7 @@ class Scheduler:
         sampler = Sampler(request.sampling, self.tokenizer.n_vocab)
         for token in prompt:
             sampler.accept(token)
-        slot.seq = Sequence(
+        seq = slot.seq = Sequence(
             request,
             emit,
             sampler,
@@ -131,7 +136,11 @@ class Scheduler:
             StopMatcher(list(request.stop)),
             pending=prompt[reuse:],
             n_cached=reuse,
+            reasoning=self._reasoning_state(request),
         )
+        if request.request_id in self._end_on_start:
+            self._end_on_start.discard(request.request_id)
+            self._end_reasoning(seq)
         slot.id_task = self._next_task
         self._next_task += 1
 
@@ -172,7 +181,7 @@ class Scheduler:
 
     def _advance(self, slot: Slot, seq: Sequence, logits: np.ndarray) -> None:
         request = seq.request
-        token = seq.sampler.sample(logits)
+        token, forced = self._next_token(seq, logits)
         seq.sampler.accept(token)
         seq.n_generated += 1
         n_probs = request.sampling.n_probs
@@ -187,8 +196,10 @@ class Scheduler:
             finish = "length"
         if finish and stop_word is None:
             text += seq.stopper.push(seq.decoder.flush())[0] + seq.stopper.flush()
+        split = self._split(seq, text, forced, finish is not None)
         event = TokenEvent(
-            text=text,
+            text=split.content,
+            reasoning_text=split.reasoning,
             token=token,
             logprob=logprob,
             top_logprobs=top,
@@ -204,6 +215,27 @@ class Scheduler:
             self._release(slot)
         else:
             seq.pending = [token]
+
+    @staticmethod
+    def _next_token(seq: Sequence, logits: np.ndarray) -> tuple[int, bool]:
+        """The token to feed next and whether it was forced rather than sampled."""
+        if seq.reasoning is not None and not seq.forced:
+            seq.forced.extend(seq.reasoning.budget_tokens())
+        if seq.forced:
+            return seq.forced.popleft(), True
+        return seq.sampler.sample(logits), False
+
+    @staticmethod
+    def _split(seq: Sequence, text: str, forced: bool, final: bool) -> Split:
+        if seq.reasoning is None:
+            return Split(content=text)
+        split = seq.reasoning.push(text, forced)
+        return split + seq.reasoning.flush() if final else split
+
+    def _reasoning_state(self, request: GenerationRequest) -> ReasoningState | None:
+        if request.reasoning is None:
+            return None
+        return ReasoningState(request.reasoning, lambda text: self.tokenizer.encode(text, False, True))
 
     def _out_of_budget(self, slot: Slot, seq: Sequence) -> bool:
         n_predict = seq.request.n_predict
@@ -224,8 +256,38 @@ class Scheduler:
         slot.seq = None
         slot.last_used = time.perf_counter()
 
+    # -- control ---------------------------------------------------------------------------------
+    def control(self, request_id: str, action: str) -> ControlResult:
+        """Act on a running request (only `reasoning_end` exists): its reasoning block ends next step."""
+        if action != "reasoning_end":
+            return ControlResult(False, f"unknown action {action!r}")
+        for slot in self.slots:
+            if slot.seq is not None and slot.seq.request.request_id == request_id:
+                return self._end_reasoning(slot.seq)
+        for request, _ in self.waiting:
+            if request.request_id == request_id:
+                return self._end_on_admission(request)
+        return ControlResult(False, f"no running completion with id {request_id!r}")
+
+    def _end_reasoning(self, seq: Sequence) -> ControlResult:
+        if seq.reasoning is None:
+            return ControlResult(False, "the completion was not started with reasoning_control")
+        result, tokens = seq.reasoning.end_now()
+        seq.forced.extend(tokens)
+        return result
+
+    def _end_on_admission(self, request: GenerationRequest) -> ControlResult:
+        spec = request.reasoning
+        if spec is None or not spec.controllable:
+            return ControlResult(False, "the completion was not started with reasoning_control")
+        if not spec.starts_open:
+            return ControlResult(False, "the completion is not in a reasoning block")
+        self._end_on_start.add(request.request_id)
+        return ControlResult(True)
+
     # -- cancellation ----------------------------------------------------------------------------
     def cancel(self, request_id: str, reason: str = "cancelled") -> None:
+        self._end_on_start.discard(request_id)
         for slot in self.slots:
             if slot.seq is not None and slot.seq.request.request_id == request_id:
                 self._finish_early(slot.seq, reason, slot.id)

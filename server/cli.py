@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from engine.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
 # Flags llama-server has that Llamba accepts but does not act on (yet): (flag, takes a value).
@@ -18,8 +19,6 @@ IGNORED_FLAGS: dict[str, bool] = {
     "--mlock": False,
     "--no-mmap": False,
     "--numa": True,
-    "-ngl": True,
-    "--n-gpu-layers": True,
     "--cache-type-k": True,
     "-ctk": True,
     "--cache-type-v": True,
@@ -57,6 +56,10 @@ class Settings(BaseModel):
     frequency_penalty: float = 0.0
     jinja: bool = True
     chat_template: str | None = None
+    reasoning_format: str = "auto"  # none | deepseek | auto (deepseek when the template has a thinking block)
+    reasoning: str = "auto"  # on | off | auto: enable_thinking for the template (off also closes the block)
+    reasoning_budget: int = -1  # model tokens in a reasoning block: -1 unlimited, 0 closes it at once
+    reasoning_budget_message: str = ""
     slots: bool = True
     metrics: bool = False
     webui: bool = True
@@ -67,6 +70,7 @@ class Settings(BaseModel):
     cont_batching: bool = True
     slot_similarity: float = 0.1
     device: str = "cpu"
+    n_gpu_layers: int = -1  # 0 keeps the model on the CPU; any other value offloads all of it
     stream_buffer_size: int = 4 * 1024 * 1024
     stream_ttl: float = 300.0
     stream_max_sessions: int = 256
@@ -84,6 +88,18 @@ class Settings(BaseModel):
 
 def _env(name: str) -> str | None:
     return os.environ.get(f"LLAMA_ARG_{name}")
+
+
+class _ListDevices(argparse.Action):
+    """llama-server's --list-devices: the GPUs the CUDA backend can use, then exit 0."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from engine.backend import list_devices
+
+        print("Available devices:")
+        for line in list_devices():
+            print(line)
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-jinja", dest="jinja", action="store_false")
     add("--chat-template", default=_env("CHAT_TEMPLATE"))
     add("--chat-template-file", default=_env("CHAT_TEMPLATE_FILE"))
+    add("--reasoning-format", choices=REASONING_FORMATS, default=_env("THINK") or "auto")
+    add("-rea", "--reasoning", choices=REASONING_MODES, default=_env("REASONING") or "auto")
+    add("--reasoning-budget", type=int, default=int(_env("THINK_BUDGET") or -1))
+    add("--reasoning-budget-message", default=_env("THINK_BUDGET_MESSAGE") or "")
     add("--slots", dest="slots", action="store_true", default=True)
     add("--no-slots", dest="slots", action="store_false")
     add("--metrics", action="store_true", default=bool(_env("ENDPOINT_METRICS")))
@@ -127,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
     add("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
     add("--slot-prompt-similarity", "-sps", type=float, default=0.1)
-    add("--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu"])
+    add("--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu", "cuda"])
+    add("-ngl", "--n-gpu-layers", type=int, default=int(_env("N_GPU_LAYERS") or -1), help="0: the CPU")
+    add("--list-devices", action=_ListDevices, nargs=0, help="print the available GPUs and exit")
     # Resumable stream sessions (X-Conversation-Id): ring buffer bytes each, seconds kept once done, count.
     add("--stream-buffer-size", type=int, default=int(_env("STREAM_BUFFER_SIZE") or 4 * 1024 * 1024))
     add("--stream-ttl", type=float, default=float(_env("STREAM_TTL") or 300.0))
@@ -167,6 +189,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("stream-buffer-size", args.stream_buffer_size, 1),
         ("stream-ttl", args.stream_ttl, 0),
         ("stream-max-sessions", args.stream_max_sessions, 1),
+        ("reasoning-budget", args.reasoning_budget, -1),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -187,6 +210,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     values["cors_origins"] = _cors_origins(args.cors_origins)
     if args.log_prompts_dir:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
+    if args.n_gpu_layers == 0:
+        values["device"] = "cpu"
     return Settings(**values), ignored
 
 

@@ -107,9 +107,38 @@ class ChatCompletionRequest(GenerationFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning (llama-server's names; thinking_* are what some clients send). None: the server default.
+    reasoning_format: Literal["none", "deepseek", "auto"] | None = None
+    reasoning_budget_tokens: int | None = Field(default=None, ge=-1)
+    thinking_budget_tokens: int | None = Field(default=None, ge=-1)
+    reasoning_budget_message: str | None = None
+    thinking_budget_message: str | None = None
+    reasoning_control: bool = False
 
     def n_probs(self) -> int:
         return (self.top_logprobs or 1) if self.logprobs else 0
+
+    def reasoning_budget(self, server_default: int) -> int:
+        for value in (self.reasoning_budget_tokens, self.thinking_budget_tokens):
+            if value is not None:
+                return value
+        return server_default
+
+    def budget_message(self, server_default: str) -> str:
+        for value in (self.reasoning_budget_message, self.thinking_budget_message):
+            if value is not None:
+                return value
+        return server_default
+
+
+class ControlRequest(BaseModel):
+    """/v1/chat/completions/control: act on a running chat completion by its id."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(min_length=1)
+    action: str = Field(min_length=1)
+    model: str | None = None  # routes the call in router mode; ignored by a single-model server
 
 
 class CompletionRequest(GenerationFields):

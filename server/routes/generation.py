@@ -38,6 +38,7 @@ class Outcome:
     """Everything a finished generation produced, for non-streaming replies."""
 
     text: str = ""
+    reasoning: str = ""  # the reasoning block's text, when the request splits it out
     tokens: list[int] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
     final: TokenEvent | None = None
@@ -67,6 +68,7 @@ async def collect(service: ModelService, request: GenerationRequest) -> Outcome:
     out = Outcome()
     async for event in events_of(service, request):
         out.text += event.text
+        out.reasoning += event.reasoning_text
         if event.token is not None:
             out.tokens.append(event.token)
             out.events.append(event)

@@ -7,6 +7,7 @@ from typing import Any
 
 from quart import Blueprint, current_app, request
 
+from engine.reasoning import ReasoningTags, detect_tags
 from engine.request import TokenEvent
 from server import errors, sse
 from server.routes.generation import build_request, collect, events_of, piece_info, stop_type
@@ -51,6 +52,8 @@ async def props() -> Any:
                 "repeat_last_n": params.repeat_last_n,
                 "presence_penalty": params.presence_penalty,
                 "frequency_penalty": params.frequency_penalty,
+                "reasoning_format": svc.settings.reasoning_format,
+                "reasoning_budget_tokens": svc.settings.reasoning_budget,
             },
         },
         "total_slots": len(engine.scheduler.slots),
@@ -61,6 +64,23 @@ async def props() -> Any:
         "build_info": "llamba",
         "backend": llm.backend.name,
         "webui": svc.settings.webui,
+        "reasoning": reasoning_props(svc),
+    }
+
+
+def reasoning_props(svc: ModelService) -> dict[str, Any]:
+    """The reasoning settings and what the template says about thinking (its tags, if it has a block)."""
+    s = svc.settings
+    found = detect_tags(svc.template.source) if svc.template else None
+    tags = found or ReasoningTags()
+    return {
+        "format": s.reasoning_format,
+        "mode": s.reasoning,
+        "budget": s.reasoning_budget,
+        "budget_message": s.reasoning_budget_message,
+        "template_has_thinking": found is not None,
+        "start_tag": tags.start,
+        "end_tags": list(tags.ends),
     }
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from quart import Blueprint, Response, current_app, request
 
+from engine.reasoning import ReasoningSpec, resolve_spec
 from engine.request import TokenEvent
 from server import sse
 from server.routes.generation import build_request, collect, events_of, openai_logprobs, usage
@@ -41,12 +43,14 @@ async def chat_completions() -> Any:
     body = ChatCompletionRequest.model_validate(await request.get_json(force=True))
     svc.require_ready()
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    prompt_text = svc.render_chat(messages, body.tools, **(body.chat_template_kwargs or {}))
+    template_kwargs = thinking_kwargs(svc.settings.reasoning) | (body.chat_template_kwargs or {})
+    prompt_text = svc.render_chat(messages, body.tools, **template_kwargs)
     tokens = await svc.tokenize_prompt(prompt_text)
     svc.check_context(len(tokens))
-    completion_id = svc.new_id("chatcmpl")
+    completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
     svc.log_prompt(completion_id, prompt_text)
     gen = build_request(svc, body, tokens, body.n_probs(), completion_id)
+    gen = replace(gen, reasoning=reasoning_spec(svc, body, prompt_text))
     created = int(time.time())
     head = base_fields(svc, "chat.completion.chunk", completion_id, created)
     if body.stream:
@@ -62,7 +66,11 @@ async def chat_completions() -> Any:
             {
                 "index": 0,
                 "finish_reason": out.finish_reason,
-                "message": {"role": "assistant", "content": out.text},
+                "message": {
+                    "role": "assistant",
+                    "content": out.text,
+                    **({"reasoning_content": out.reasoning} if out.reasoning else {}),
+                },
                 **(
                     {"logprobs": {"content": openai_logprobs(svc.llm.tokenizer, out.events)}}
                     if body.logprobs
@@ -75,8 +83,32 @@ async def chat_completions() -> Any:
     if out.timings:
         reply["timings"] = out.timings.as_dict()
     if body.verbose:
-        reply["__verbose"] = {"prompt": prompt_text, "content": out.text, "tokens": out.tokens}
+        reply["__verbose"] = {
+            "prompt": prompt_text,
+            "content": out.text,
+            "reasoning_content": out.reasoning,
+            "tokens": out.tokens,
+        }
     return reply
+
+
+def thinking_kwargs(mode: str) -> dict[str, Any]:
+    """Template variables for --reasoning: on/off set enable_thinking; auto keeps the template's default."""
+    return {"on": {"enable_thinking": True}, "off": {"enable_thinking": False}}.get(mode, {})
+
+
+def reasoning_spec(svc: ModelService, body: ChatCompletionRequest, prompt_text: str) -> ReasoningSpec | None:
+    s = svc.settings
+    # --reasoning off: a template that opens the block anyway gets it closed at once.
+    budget = 0 if s.reasoning == "off" else body.reasoning_budget(s.reasoning_budget)
+    return resolve_spec(
+        body.reasoning_format or s.reasoning_format,
+        svc.template.source if svc.template else "",
+        prompt_text,
+        budget,
+        body.budget_message(s.reasoning_budget_message),
+        body.reasoning_control,
+    )
 
 
 async def chat_stream(
@@ -93,7 +125,11 @@ async def chat_stream(
         extra = {}
         if body.logprobs and event.logprob is not None:
             extra["logprobs"] = {"content": openai_logprobs(svc.llm.tokenizer, [event])}
-        if event.text or extra:
+        # Reasoning and answer go in separate chunks (reasoning first: it came first); the logprobs ride
+        # on the last one. No delta ever carries an empty string.
+        if event.reasoning_text:
+            yield chunk({"reasoning_content": event.reasoning_text}, **({} if event.text else extra))
+        if event.text or (extra and not event.reasoning_text):
             yield chunk({"content": event.text} if event.text else {}, **extra)
         if event.finish_reason is not None:
             final = event
