@@ -7,7 +7,7 @@ PORT    ?= 8080
 PYTEST_ARGS ?=
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/llamba/numba
 
-.PHONY: serve test test-all models bench lint format clean
+.PHONY: serve test test-all models browser bench cuda-check lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,17 +21,41 @@ models: $(STAMP)
 serve: models
 	$(BIN)/llamba-server --port $(PORT)
 
+# Headless Chromium for the web UI tests: Debian's package (Playwright never downloads a browser). Best effort:
+# where it cannot be installed, those tests skip and say why; the rest of the suite runs.
+CHROMIUM := /usr/bin/chromium
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the web UI tests"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	      || echo "note: apt-get could not install chromium: the web UI browser tests will skip"; \
+	  else \
+	    echo "note: $(CHROMIUM) is missing (as root: apt-get install chromium): the web UI browser tests will skip"; \
+	  fi; \
+	fi
+
 # The CI suite: everything but tests marked slow.
-test: models
+test: models browser
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: models
+test-all: models browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: models
 	$(BIN)/llamba-bench -p 512 -n 128 -t 2
 	$(BIN)/llamba-bench -p 512 -n 128 -t 2 -m gemma3
 	$(BIN)/llamba-bench-serve --concurrency 1,4,16
+
+# Compile every CUDA kernel for compute capability 9.0 (H100/H200) with NVVM: no GPU needed. The cuda
+# extra (numba-cuda with the CUDA 13 toolkit wheels, ~0.5 GB) is installed here only, not by `make test`.
+CUDA_STAMP := $(VENV)/.cuda-installed
+$(CUDA_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,cuda]'
+	touch $(CUDA_STAMP)
+
+cuda-check: $(CUDA_STAMP)
+	$(BIN)/python -m engine.cuda.check --cc 9.0
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

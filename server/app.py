@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 from server import errors
 from server.cli import Settings
 from server.mcp import McpManager
-from server.routes import metrics, native, openai, slots, stream, tools
+from server.routes import control, metrics, native, openai, slots, stream, tools, webui
 from server.service import ModelService
 from server.sessions import SessionLimits, SessionStore
 
@@ -33,7 +33,7 @@ def create_app(settings: Settings) -> Quart:
     limits = SessionLimits(settings.stream_buffer_size, settings.stream_ttl, settings.stream_max_sessions)
     sessions = SessionStore(limits)
     app.extensions["llamba.sessions"] = sessions
-    for bp in (openai.bp, native.bp, slots.bp, metrics.bp, stream.bp):
+    for bp in (openai.bp, control.bp, native.bp, slots.bp, metrics.bp, stream.bp, webui.bp):
         app.register_blueprint(bp)
     _install_auth(app, settings)
     _install_cors(app, settings)

@@ -1,0 +1,92 @@
+// The server's HTTP API, with the API key when one is set, and an SSE splitter that counts bytes.
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+export class Api {
+  constructor(settings) {
+    this.settings = settings;
+  }
+
+  headers(extra = {}) {
+    const key = this.settings.get("apiKey");
+    return key ? { Authorization: `Bearer ${key}`, ...extra } : extra;
+  }
+
+  async json(path, options = {}) {
+    const response = await fetch(path, { ...options, headers: this.headers(options.headers) });
+    if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
+    return response.json();
+  }
+
+  props() {
+    return this.json("/props");
+  }
+
+  /** Start a streamed chat completion as the resumable session `key`. Resolves to the raw Response. */
+  chat(body, key, signal) {
+    return fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: this.headers({ "Content-Type": "application/json", "X-Conversation-Id": key }),
+      body: JSON.stringify(body),
+      signal,
+    });
+  }
+
+  /** Reattach to session `key` from byte `offset`: 200 (bytes follow), 503 (loading) or 404 (gone). */
+  stream(key, offset, signal) {
+    const query = new URLSearchParams({ conv_id: key, from: String(offset) });
+    return fetch(`/v1/stream?${query}`, { headers: this.headers(), signal, cache: "no-store" });
+  }
+
+  stop(key) {
+    const query = new URLSearchParams({ conv_id: key });
+    return fetch(`/v1/stream?${query}`, { method: "DELETE", headers: this.headers() });
+  }
+
+  control(id, action) {
+    return this.json("/v1/chat/completions/control", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ id, action }),
+    });
+  }
+}
+
+export async function errorMessage(response) {
+  const text = await response.text().catch(() => "");
+  try {
+    const body = JSON.parse(text);
+    return body.error?.message || body.message || text || `HTTP ${response.status}`;
+  } catch {
+    return text.slice(0, 300) || `HTTP ${response.status}`;
+  }
+}
+
+/** Splits an SSE byte stream into whole events ("...\n\n"), each with its exact length in bytes. */
+export class SseSplitter {
+  constructor() {
+    this.pending = new Uint8Array(0);
+    this.decoder = new TextDecoder();
+  }
+
+  /** Feed bytes; returns the complete events now available as [{text, bytes}]. */
+  push(chunk) {
+    const joined = new Uint8Array(this.pending.length + chunk.length);
+    joined.set(this.pending);
+    joined.set(chunk, this.pending.length);
+    const events = [];
+    let start = 0;
+    for (let i = 1; i < joined.length; i += 1) {
+      if (joined[i] === 10 && joined[i - 1] === 10 && i - 1 >= start) {
+        events.push({ text: this.decoder.decode(joined.subarray(start, i + 1)), bytes: i + 1 - start });
+        start = i + 1;
+      }
+    }
+    this.pending = joined.slice(start);
+    return events;
+  }
+}

@@ -1,0 +1,286 @@
+// Streams: send a message, follow the answer, stop it, skip its thinking, and resume it after a reload.
+//
+// Every answer streams as the resumable session "<conversation>::<model>". The message keeps
+// `stream = {key, offset, completionId}`, saved before the request is sent and then together with the text,
+// so `offset` (bytes of whole SSE events applied) always matches the saved text: resuming asks for
+// `GET /v1/stream?from=offset` and appends what follows, never a byte twice.
+import { SseSplitter, errorMessage } from "./api.js";
+import { newId, sleep } from "./dom.js";
+
+const SAVE_EVERY_MS = 250;
+const RETRY_MS = 2000;
+
+/** Statuses a message shows: streaming, resuming, loading (server busy loading), stopped, lost, error. */
+export const LIVE_STATUSES = new Set(["streaming", "resuming", "loading"]);
+
+export class Chat {
+  constructor({ store, api, settings, onUpdate }) {
+    this.store = store;
+    this.api = api;
+    this.settings = settings;
+    this.onUpdate = onUpdate; // (conversation, message) after every visible change
+    this.runs = new Map(); // conversation id -> the run streaming into it
+  }
+
+  isBusy(conversationId) {
+    return this.runs.has(conversationId);
+  }
+
+  /** True while the answer streams its reasoning and no answer text has come yet. */
+  isThinking(conversationId) {
+    const run = this.runs.get(conversationId);
+    return Boolean(run && !run.skipRequested && run.message.reasoning && !run.message.content);
+  }
+
+  async send(conversation, text, model) {
+    const user = { id: newId(), role: "user", content: text, createdAt: Date.now() };
+    const history = this.#history(conversation, user);
+    const key = `${conversation.id}::${model}`;
+    const reply = {
+      id: newId(),
+      role: "assistant",
+      content: "",
+      reasoning: "",
+      status: "streaming",
+      model,
+      createdAt: Date.now(),
+      stream: { key, offset: 0, completionId: null },
+    };
+    conversation.messages.push(user, reply);
+    conversation.updatedAt = Date.now();
+    const run = this.#begin(conversation, reply);
+    await this.store.put(conversation); // the stream state is on disk before the request leaves
+    const body = {
+      model,
+      messages: history,
+      stream: true,
+      reasoning_control: true,
+      ...this.settings.sampling(),
+    };
+    let response;
+    try {
+      response = await this.api.chat(body, key, run.abort.signal);
+    } catch (err) {
+      if (!run.stopped) await this.#resume(run); // the server may have it: ask the session
+      return;
+    }
+    if (!response.ok) {
+      this.#finish(run, "error", await errorMessage(response));
+      return;
+    }
+    await this.#follow(run, response);
+  }
+
+  /** Stop: end the session on the server (frees the slot), then drop our request; keep the partial text. */
+  async stop(conversationId) {
+    const run = this.runs.get(conversationId);
+    if (!run) return;
+    run.stopped = true;
+    try {
+      await this.api.stop(run.message.stream.key);
+    } catch {
+      /* offline: the session ends by itself when its TTL runs out */
+    }
+    run.abort.abort();
+    this.#finish(run, "stopped");
+  }
+
+  /** Ask the server to end the reasoning now; the answer follows in the same stream. */
+  async skipThinking(conversationId) {
+    const run = this.runs.get(conversationId);
+    const id = run?.message.stream?.completionId;
+    if (!id) return;
+    run.skipRequested = true;
+    this.onUpdate(run.conversation, run.message);
+    try {
+      await this.api.control(id, "reasoning_end");
+    } catch (err) {
+      run.skipRequested = false;
+      this.onUpdate(run.conversation, run.message);
+      throw err;
+    }
+  }
+
+  /** Resume every saved stream that is not followed yet (at start-up and when the tab is shown again). */
+  resumeAll() {
+    for (const { conversation, message } of this.store.pendingStreams()) {
+      if (this.runs.has(conversation.id)) continue;
+      const run = this.#begin(conversation, message);
+      this.#resume(run);
+    }
+  }
+
+  // -- internals ---------------------------------------------------------------------------------------
+  #history(conversation, user) {
+    const messages = [];
+    const system = (this.settings.get("systemPrompt") || "").trim();
+    if (system) messages.push({ role: "system", content: system });
+    for (const m of [...conversation.messages, user]) {
+      if ((m.role === "user" || m.role === "assistant") && m.content)
+        messages.push({ role: m.role, content: m.content });
+    }
+    return messages;
+  }
+
+  #begin(conversation, message) {
+    const run = { conversation, message, abort: new AbortController(), stopped: false, finished: false };
+    run.skipRequested = false;
+    run.saveTimer = null;
+    this.runs.set(conversation.id, run);
+    return run;
+  }
+
+  /** Read a 200 response to its end. Then: [DONE] finishes; anything else resumes from the offset. */
+  async #follow(run, response) {
+    this.#setStatus(run, "streaming");
+    const outcome = await this.#read(run, response);
+    if (run.stopped || run.finished) return;
+    if (outcome.done) this.#finish(run, run.message.error ? "error" : "done");
+    else await this.#resume(run, outcome.empty);
+  }
+
+  /** #consume, with a failed read (network gone) reported as neither done nor a clean empty end. */
+  async #read(run, response) {
+    try {
+      const { done, bytes } = await this.#consume(run, response);
+      return { done, empty: !done && bytes === 0 };
+    } catch {
+      return { done: false, empty: false };
+    }
+  }
+
+  async #consume(run, response) {
+    const reader = response.body.getReader();
+    const splitter = new SseSplitter();
+    let bytes = 0;
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done || run.stopped) return { done: false, bytes };
+      for (const event of splitter.push(value)) {
+        if (run.stopped) return { done: false, bytes };
+        run.message.stream.offset += event.bytes;
+        bytes += event.bytes;
+        if (this.#apply(run, event.text)) return { done: true, bytes };
+      }
+      this.#saveSoon(run);
+      this.onUpdate(run.conversation, run.message);
+    }
+  }
+
+  /** Apply one SSE event to the message; true on [DONE]. */
+  #apply(run, text) {
+    const message = run.message;
+    for (const line of text.split("\n")) {
+      if (line.startsWith("error:")) {
+        message.error = parseError(line.slice(6)) || "The server reported an error.";
+        continue;
+      }
+      if (!line.startsWith("data:")) continue;
+      const data = line.slice(5).trim();
+      if (data === "[DONE]") return true;
+      let payload;
+      try {
+        payload = JSON.parse(data);
+      } catch {
+        continue;
+      }
+      this.#applyChunk(run, payload);
+    }
+    return false;
+  }
+
+  #applyChunk(run, payload) {
+    const message = run.message;
+    if (payload.error) message.error = payload.error.message || String(payload.error);
+    if (payload.id && !message.stream.completionId) message.stream.completionId = payload.id;
+    if (payload.timings) message.timings = payload.timings;
+    const choice = payload.choices?.[0];
+    const delta = choice?.delta || {};
+    if (delta.reasoning_content) {
+      message.thinkingStartedAt ??= Date.now();
+      message.reasoning = (message.reasoning || "") + delta.reasoning_content;
+    }
+    if (delta.content) {
+      this.#endThinking(message);
+      message.content += delta.content;
+    }
+    if (choice?.finish_reason) message.finishReason = choice.finish_reason;
+  }
+
+  #endThinking(message) {
+    if (message.thinkingStartedAt && message.thinkingMs === undefined) {
+      message.thinkingMs = Date.now() - message.thinkingStartedAt;
+    }
+  }
+
+  /** Probe the session until it can be followed (200), retrying every 2 s on 503 or no network.
+   * A session stopped elsewhere ends without [DONE]: two clean, empty follows in a row mean just that. */
+  async #resume(run, lastFollowWasEmpty = false) {
+    let emptyBefore = lastFollowWasEmpty;
+    while (!run.stopped && !run.finished) {
+      this.#setStatus(run, run.message.status === "loading" ? "loading" : "resuming");
+      let response;
+      try {
+        response = await this.api.stream(run.message.stream.key, run.message.stream.offset, run.abort.signal);
+      } catch {
+        if (run.stopped) return;
+        await sleep(RETRY_MS);
+        continue;
+      }
+      if (response.status === 200) {
+        this.#setStatus(run, "streaming");
+        const outcome = await this.#read(run, response);
+        if (run.stopped || run.finished) return;
+        if (outcome.done) return this.#finish(run, run.message.error ? "error" : "done");
+        if (outcome.empty && emptyBefore) return this.#finish(run, "stopped");
+        emptyBefore = outcome.empty;
+        continue;
+      }
+      if (response.status === 503) {
+        this.#setStatus(run, "loading");
+        await sleep(RETRY_MS);
+        continue;
+      }
+      const reason = response.status === 404 ? "" : await errorMessage(response);
+      return this.#finish(run, "lost", reason);
+    }
+  }
+
+  #setStatus(run, status) {
+    if (run.message.status === status) return;
+    run.message.status = status;
+    this.onUpdate(run.conversation, run.message);
+  }
+
+  #saveSoon(run) {
+    if (run.saveTimer) return;
+    run.saveTimer = setTimeout(() => {
+      run.saveTimer = null;
+      if (!run.finished) this.store.put(run.conversation);
+    }, SAVE_EVERY_MS);
+  }
+
+  #finish(run, status, error = "") {
+    if (run.finished) return;
+    run.finished = true;
+    clearTimeout(run.saveTimer);
+    const message = run.message;
+    this.#endThinking(message);
+    message.status = status;
+    if (error) message.error = error;
+    delete message.stream;
+    run.conversation.updatedAt = Date.now();
+    if (this.runs.get(run.conversation.id) === run) this.runs.delete(run.conversation.id);
+    this.store.put(run.conversation);
+    this.onUpdate(run.conversation, message);
+  }
+}
+
+function parseError(text) {
+  try {
+    const body = JSON.parse(text);
+    return body.error?.message || body.message || "";
+  } catch {
+    return text.trim();
+  }
+}

@@ -1,0 +1,337 @@
+// Start-up and wiring: settings, the server's /props, conversations, the composer, the sidebar, dialogs.
+import { Api, ApiError } from "./api.js";
+import { Chat, LIVE_STATUSES } from "./chat.js";
+import { $, newId, sleep } from "./dom.js";
+import { decorate } from "./icons.js";
+import { Settings } from "./settings.js";
+import { openStore } from "./store.js";
+import { download, exportJson, parseImport } from "./transfer.js";
+import { SettingsDialog } from "./view/settings-dialog.js";
+import { Sidebar } from "./view/sidebar.js";
+import { Thread } from "./view/thread.js";
+import { toast } from "./view/toast.js";
+
+const PHONE = matchMedia("(max-width: 760px)");
+
+class App {
+  constructor(store) {
+    this.store = store;
+    this.settings = new Settings();
+    this.api = new Api(this.settings);
+    this.model = null;
+    this.current = null; // the open conversation, or null for a new chat not sent yet
+    this.chat = new Chat({
+      store,
+      api: this.api,
+      settings: this.settings,
+      onUpdate: (c, m) => this.#onUpdate(c, m),
+    });
+    this.thread = new Thread({
+      scroller: $("#messages"),
+      root: $("#thread"),
+      chat: this.chat,
+      onSkip: (id) =>
+        this.chat.skipThinking(id).catch((err) => toast(`Skip thinking failed: ${err.message}`, "error")),
+      onSuggestion: (text) => this.#fill(text),
+    });
+    this.sidebar = new Sidebar({
+      list: $("#conversation-list"),
+      empty: $("#empty-list"),
+      search: $("#search"),
+      store,
+      chat: this.chat,
+      onSelect: (id) => this.open(id),
+      onRename: (id, title) => this.rename(id, title),
+      onDelete: (id) => this.remove(id),
+    });
+    this.settingsDialog = new SettingsDialog({
+      dialog: $("#settings-dialog"),
+      form: $("#settings-form"),
+      fields: $("#settings-fields"),
+      notice: $("#settings-notice"),
+      settings: this.settings,
+      onSaved: () => this.#settingsSaved(),
+    });
+    this.input = $("#message");
+  }
+
+  start() {
+    decorate();
+    this.settings.applyTheme();
+    matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => this.settings.applyTheme());
+    this.#wireComposer();
+    this.#wireChrome();
+    this.open(idFromHash(), { replace: true });
+    this.chat.resumeAll();
+    document.addEventListener(
+      "visibilitychange",
+      () => document.visibilityState === "visible" && this.chat.resumeAll(),
+    );
+    this.loadProps();
+  }
+
+  // -- the server ------------------------------------------------------------------------------------
+  async loadProps() {
+    for (;;) {
+      try {
+        const props = await this.api.props();
+        this.model = props.model_alias || "default";
+        this.settings.setServerDefaults(props.default_generation_settings?.params || {});
+        $("#model-name").textContent = this.model;
+        this.#banner("");
+        if (!this.current?.messages.length) this.thread.show(this.current, this.model);
+        return;
+      } catch (err) {
+        if (err instanceof ApiError && err.status === 401) {
+          this.#banner("This server needs an API key: open Settings to enter it.");
+          if (!$("#settings-dialog").open) this.settingsDialog.open("This server needs an API key.");
+          return;
+        }
+        this.#banner(
+          err instanceof ApiError && err.status === 503
+            ? "Loading the model…"
+            : "Cannot reach the server; retrying…",
+        );
+        await sleep(2000);
+      }
+    }
+  }
+
+  #banner(text) {
+    const banner = $("#banner");
+    banner.hidden = !text;
+    banner.textContent = text;
+  }
+
+  // -- conversations ---------------------------------------------------------------------------------
+  open(id, { replace = false } = {}) {
+    const conversation = id ? this.store.get(id) : null;
+    this.current = conversation;
+    const hash = conversation ? `#/c/${encodeURIComponent(conversation.id)}` : "#/";
+    if (location.hash !== hash) history[replace ? "replaceState" : "pushState"](null, "", hash);
+    $("#chat-title").textContent = conversation?.title || "New chat";
+    document.title = conversation ? `${conversation.title} · Llamba` : "Llamba";
+    this.thread.show(conversation, this.model);
+    this.sidebar.render(conversation?.id || null);
+    this.#syncComposer();
+    this.#closeSidebar();
+  }
+
+  newChat() {
+    this.open(null);
+    this.input.focus();
+  }
+
+  async rename(id, title) {
+    const conversation = this.store.get(id);
+    if (!conversation) return;
+    conversation.title = title;
+    await this.store.put(conversation);
+    if (this.current === conversation) {
+      $("#chat-title").textContent = title;
+      document.title = `${title} · Llamba`;
+    }
+  }
+
+  async remove(id) {
+    const conversation = this.store.get(id);
+    if (!conversation || !confirm(`Delete “${conversation.title}”? This cannot be undone.`)) return;
+    await this.chat.stop(id);
+    await this.store.delete(id);
+    if (this.current === conversation) this.open(null);
+    else this.sidebar.render();
+    toast("Conversation deleted");
+  }
+
+  async send() {
+    const text = this.input.value.trim();
+    if (!text || (this.current && this.chat.isBusy(this.current.id))) return;
+    let conversation = this.current;
+    if (!conversation) {
+      const now = Date.now();
+      conversation = { id: newId(), title: titleFrom(text), createdAt: now, updatedAt: now, messages: [] };
+      this.store.items.set(conversation.id, conversation);
+      this.open(conversation.id);
+    }
+    this.input.value = "";
+    this.#autosize();
+    const sending = this.chat.send(conversation, text, this.model || "default");
+    this.thread.show(conversation, this.model);
+    this.sidebar.render();
+    this.#syncComposer();
+    await sending;
+  }
+
+  #onUpdate(conversation, message) {
+    this.thread.update(conversation, message);
+    if (!LIVE_STATUSES.has(message.status)) {
+      this.sidebar.render();
+      if (conversation === this.current) this.#announce(message);
+    }
+    if (conversation === this.current) this.#syncComposer();
+  }
+
+  #announce(message) {
+    const text = {
+      done: "Answer complete.",
+      stopped: "Answer stopped.",
+      lost: "The answer was lost.",
+      error: "The answer failed.",
+    };
+    if (text[message.status]) $("#announcer").textContent = text[message.status];
+  }
+
+  // -- composer --------------------------------------------------------------------------------------
+  #wireComposer() {
+    $("#composer").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.send();
+    });
+    this.input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        this.send();
+      } else if (event.key === "Escape" && this.current && this.chat.isBusy(this.current.id)) {
+        this.chat.stop(this.current.id);
+      }
+    });
+    this.input.addEventListener("input", () => {
+      this.#autosize();
+      this.#syncComposer();
+    });
+    $("#stop").addEventListener("click", () => this.current && this.chat.stop(this.current.id));
+  }
+
+  #syncComposer() {
+    const busy = Boolean(this.current && this.chat.isBusy(this.current.id));
+    const send = $("#send");
+    const stop = $("#stop");
+    const hadFocus = document.activeElement === (busy ? send : stop);
+    send.hidden = busy;
+    stop.hidden = !busy;
+    send.disabled = !this.input.value.trim();
+    if (hadFocus) (busy ? stop : this.input).focus();
+  }
+
+  #autosize() {
+    this.input.style.height = "auto";
+    this.input.style.height = `${Math.min(this.input.scrollHeight, 240)}px`;
+  }
+
+  #fill(text) {
+    this.input.value = text;
+    this.#autosize();
+    this.#syncComposer();
+    this.input.focus();
+  }
+
+  // -- sidebar, settings, import/export, keys ---------------------------------------------------------
+  #wireChrome() {
+    $("#new-chat").addEventListener("click", () => this.newChat());
+    $("#open-settings").addEventListener("click", () => this.settingsDialog.open());
+    $("#export").addEventListener("click", () => this.#export());
+    $("#import").addEventListener("click", () => $("#import-file").click());
+    $("#import-file").addEventListener("change", (event) => this.#import(event.target));
+    $("#open-sidebar").addEventListener("click", () => this.#openSidebar());
+    $("#close-sidebar").addEventListener("click", () => this.#closeSidebar());
+    $("#backdrop").addEventListener("click", () => this.#closeSidebar());
+    window.addEventListener(
+      "hashchange",
+      () => location.hash.startsWith("#/") && this.open(idFromHash(), { replace: true }),
+    );
+    $(".skip-link").addEventListener("click", (event) => {
+      event.preventDefault();
+      this.input.focus();
+    });
+    document.addEventListener("keydown", (event) => this.#shortcut(event));
+  }
+
+  #shortcut(event) {
+    const mod = event.ctrlKey || event.metaKey;
+    if (mod && event.shiftKey && event.key.toLowerCase() === "o") {
+      event.preventDefault();
+      this.newChat();
+    } else if (mod && event.key.toLowerCase() === "k") {
+      event.preventDefault();
+      this.#openSidebar();
+      $("#search").focus();
+    } else if (event.key === "Escape" && document.body.classList.contains("sidebar-open")) {
+      this.#closeSidebar();
+      $("#open-sidebar").focus();
+    }
+  }
+
+  #openSidebar() {
+    if (!PHONE.matches) return;
+    document.body.classList.add("sidebar-open");
+    $("#backdrop").hidden = false;
+    $("#open-sidebar").setAttribute("aria-expanded", "true");
+    $("#new-chat").focus();
+  }
+
+  #closeSidebar() {
+    document.body.classList.remove("sidebar-open");
+    $("#backdrop").hidden = true;
+    $("#open-sidebar").setAttribute("aria-expanded", "false");
+  }
+
+  #settingsSaved() {
+    this.settings.applyTheme();
+    toast("Settings saved");
+    if (!this.model) this.loadProps();
+  }
+
+  #export() {
+    const conversations = this.store.list();
+    const day = new Date().toISOString().slice(0, 10);
+    download(exportJson(conversations), `llamba-conversations-${day}.json`);
+    toast(`Exported ${conversations.length} conversation${conversations.length === 1 ? "" : "s"}`);
+  }
+
+  async #import(fileInput) {
+    const file = fileInput.files?.[0];
+    fileInput.value = "";
+    if (!file) return;
+    try {
+      const conversations = parseImport(await file.text());
+      for (const conversation of conversations) {
+        if (this.chat.isBusy(conversation.id)) continue; // never overwrite an answer being written
+        await this.store.put(conversation);
+      }
+      this.sidebar.render();
+      if (this.current) this.open(this.current.id, { replace: true });
+      toast(`Imported ${conversations.length} conversation${conversations.length === 1 ? "" : "s"}`);
+    } catch (err) {
+      toast(`Import failed: ${err.message}`, "error", 6000);
+    }
+  }
+}
+
+function idFromHash() {
+  const m = /^#\/c\/(.+)$/.exec(location.hash);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
+function titleFrom(text) {
+  const line = text.split("\n")[0].trim();
+  if (line.length <= 48) return line;
+  const cut = line.slice(0, 48);
+  return `${cut.slice(0, cut.lastIndexOf(" ") > 24 ? cut.lastIndexOf(" ") : 48)}…`;
+}
+
+async function main() {
+  let store;
+  try {
+    store = await openStore();
+  } catch (err) {
+    document.getElementById("banner").hidden = false;
+    document.getElementById("banner").textContent =
+      `Conversations cannot be stored in this browser: ${err.message}`;
+    return;
+  }
+  const app = new App(store);
+  window.llamba = app; // for the console (and tests): the app's state, read-only by convention
+  app.start();
+}
+
+main();

@@ -1,0 +1,77 @@
+// Export and import of conversations as JSON: {"format": "llamba.conversations", "version": 1, ...}.
+import { h, newId } from "./dom.js";
+
+export const FORMAT = "llamba.conversations";
+
+export function exportJson(conversations) {
+  const data = {
+    format: FORMAT,
+    version: 1,
+    exportedAt: new Date().toISOString(),
+    conversations: conversations.map((c) => ({
+      ...c,
+      messages: c.messages.map(({ stream, ...message }) => message),
+    })),
+  };
+  return JSON.stringify(data, null, 2);
+}
+
+export function download(text, filename) {
+  const url = URL.createObjectURL(new Blob([text], { type: "application/json" }));
+  const a = h("a", { href: url, download: filename, class: "sr-only" });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+/** Parse an export (or a bare array of conversations): only known fields of the right type are kept. */
+export function parseImport(text) {
+  const data = JSON.parse(text);
+  const list = Array.isArray(data)
+    ? data
+    : data && Array.isArray(data.conversations)
+      ? data.conversations
+      : null;
+  if (!list) throw new Error('not a conversations export: expected {"conversations": [...]}');
+  return list.map(cleanConversation).filter(Boolean);
+}
+
+const str = (v, fallback = "") => (typeof v === "string" ? v : fallback);
+const num = (v, fallback) => (Number.isFinite(v) ? v : fallback);
+
+function cleanConversation(raw) {
+  if (!raw || typeof raw !== "object" || !Array.isArray(raw.messages)) return null;
+  const now = Date.now();
+  const messages = raw.messages.map(cleanMessage).filter(Boolean);
+  return {
+    id: str(raw.id) || newId(),
+    title: str(raw.title).slice(0, 200) || "Imported chat",
+    createdAt: num(raw.createdAt, now),
+    updatedAt: num(raw.updatedAt, now),
+    messages,
+  };
+}
+
+function cleanMessage(raw) {
+  if (!raw || typeof raw !== "object" || !["user", "assistant", "system"].includes(raw.role)) return null;
+  const message = {
+    id: str(raw.id) || newId(),
+    role: raw.role,
+    content: str(raw.content),
+    createdAt: num(raw.createdAt, Date.now()),
+  };
+  if (raw.reasoning) message.reasoning = str(raw.reasoning);
+  if (raw.thinkingMs) message.thinkingMs = num(raw.thinkingMs, undefined);
+  if (raw.status)
+    message.status = ["streaming", "resuming", "loading"].includes(raw.status) ? "lost" : str(raw.status);
+  if (raw.error) message.error = str(raw.error);
+  if (raw.timings && typeof raw.timings === "object") message.timings = cleanTimings(raw.timings);
+  return message;
+}
+
+function cleanTimings(raw) {
+  const out = {};
+  for (const [k, v] of Object.entries(raw)) if (Number.isFinite(v)) out[k] = v;
+  return out;
+}

@@ -1,0 +1,264 @@
+// The open conversation: its messages, the thinking block, status and stats; redrawn per animation frame.
+import { copyText, h } from "../dom.js";
+import { icon } from "../icons.js";
+import { renderMarkdown } from "../markdown.js";
+
+const STATUS_TEXT = {
+  streaming: "Streaming",
+  resuming: "Resuming…",
+  loading: "Server loading…",
+  stopped: "Stopped",
+  lost: "Lost: partial answer kept",
+  error: "Error",
+};
+
+const SUGGESTIONS = [
+  "Explain what a KV cache is, in three sentences.",
+  "Write a haiku about a llama in the Andes.",
+  "Show a Python function that checks whether a word is a palindrome.",
+];
+
+export class Thread {
+  /** `chat` answers isBusy/isThinking; `onSkip(conversationId)` runs the Skip thinking button. */
+  constructor({ scroller, root, chat, onSkip, onSuggestion }) {
+    this.scroller = scroller;
+    this.root = root;
+    this.chat = chat;
+    this.onSkip = onSkip;
+    this.onSuggestion = onSuggestion;
+    this.conversation = null;
+    this.views = new Map(); // message id -> MessageView
+    this.dirty = new Set();
+    this.frame = 0;
+    root.addEventListener("click", (event) => this.#onClick(event));
+  }
+
+  show(conversation, model) {
+    this.conversation = conversation;
+    this.views.clear();
+    this.dirty.clear();
+    const messages = conversation?.messages || [];
+    if (!messages.length) {
+      this.root.replaceChildren(this.#welcome(model));
+      return;
+    }
+    this.root.replaceChildren(...messages.map((m) => this.#viewOf(m).el));
+    for (const view of this.views.values()) view.render(this.#state(view.message));
+    this.scrollToEnd();
+  }
+
+  /** A message changed: redraw it on the next frame (appending it if it is new). */
+  update(conversation, message) {
+    if (conversation !== this.conversation) return;
+    if (!this.views.has(message.id)) {
+      this.show(conversation);
+      return;
+    }
+    this.dirty.add(message.id);
+    this.frame ||= requestAnimationFrame(() => this.#flush());
+  }
+
+  scrollToEnd() {
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+  }
+
+  #flush() {
+    this.frame = 0;
+    const pinned = this.scroller.scrollHeight - this.scroller.scrollTop - this.scroller.clientHeight < 120;
+    for (const id of this.dirty) {
+      const view = this.views.get(id);
+      if (view) view.render(this.#state(view.message));
+    }
+    this.dirty.clear();
+    if (pinned) this.scrollToEnd();
+  }
+
+  #state(message) {
+    const id = this.conversation?.id;
+    const last = this.conversation?.messages.at(-1) === message;
+    return { live: last && this.chat.isBusy(id), thinking: last && this.chat.isThinking(id) };
+  }
+
+  #viewOf(message) {
+    const view =
+      message.role === "user"
+        ? new UserView(message)
+        : new AssistantView(message, () => this.onSkip(this.conversation.id));
+    this.views.set(message.id, view);
+    return view;
+  }
+
+  #welcome(model) {
+    const chips = SUGGESTIONS.map((text) =>
+      h("button", { type: "button", class: "suggestion", onclick: () => this.onSuggestion(text) }, text),
+    );
+    return h(
+      "div",
+      { class: "welcome" },
+      h("img", { src: "/assets/favicon.svg", alt: "", width: 56, height: 56, class: "welcome-logo" }),
+      h("h2", {}, "How can I help you today?"),
+      h(
+        "p",
+        { class: "welcome-sub" },
+        model ? `You are chatting with ${model}, served by Llamba.` : "Llamba is starting…",
+      ),
+      h("div", { class: "suggestions" }, chips),
+    );
+  }
+
+  async #onClick(event) {
+    const button = event.target.closest("button.copy-code, button.copy-message");
+    if (!button) return;
+    const text = button.classList.contains("copy-code")
+      ? button.closest(".code-block").querySelector("code").textContent
+      : this.views.get(button.closest(".msg").dataset.id)?.message.content || "";
+    if (await copyText(text)) flash(button);
+  }
+}
+
+function flash(button) {
+  const label = button.getAttribute("aria-label");
+  button.classList.add("copied");
+  button.setAttribute("aria-label", "Copied");
+  setTimeout(() => {
+    button.classList.remove("copied");
+    button.setAttribute("aria-label", label);
+  }, 1500);
+}
+
+class UserView {
+  constructor(message) {
+    this.message = message;
+    this.bubble = h("div", { class: "bubble" });
+    this.el = h(
+      "article",
+      { class: "msg user", dataset: { id: message.id }, "aria-label": "You" },
+      this.bubble,
+    );
+  }
+
+  render() {
+    this.bubble.textContent = this.message.content;
+  }
+}
+
+class AssistantView {
+  constructor(message, onSkip) {
+    this.message = message;
+    this.status = h("span", { class: "status", hidden: true });
+    this.summaryLabel = h("span", { class: "thinking-label" });
+    this.reasoning = h("div", { class: "thinking-body" });
+    this.details = h(
+      "details",
+      { class: "thinking" },
+      h("summary", {}, icon("bulb", 16), this.summaryLabel),
+      this.reasoning,
+    );
+    // A toggle that does not match what render() asked for is the user's: from then on the block is theirs.
+    this.details.addEventListener("toggle", () => {
+      if (this.details.open !== this.autoOpen) this.userToggled = true;
+    });
+    this.skip = h(
+      "button",
+      { type: "button", class: "button small skip", hidden: true, onclick: onSkip },
+      icon("skip", 14),
+      "Skip thinking",
+    );
+    this.thinking = h("div", { class: "thinking-wrap", hidden: true }, this.details, this.skip);
+    this.content = h("div", { class: "content markdown" });
+    this.typing = h(
+      "div",
+      { class: "typing", hidden: true, "aria-hidden": "true" },
+      h("span"),
+      h("span"),
+      h("span"),
+    );
+    this.error = h("p", { class: "msg-error", hidden: true });
+    this.stats = h("span", { class: "stats" });
+    const copy = h(
+      "button",
+      { type: "button", class: "icon-button small copy-message", "aria-label": "Copy message" },
+      icon("copy", 15),
+    );
+    this.foot = h("div", { class: "msg-foot" }, this.stats, copy);
+    const meta = h(
+      "div",
+      { class: "msg-meta" },
+      h("span", { class: "who" }, message.model || "Assistant"),
+      this.status,
+    );
+    const main = h(
+      "div",
+      { class: "msg-main" },
+      meta,
+      this.thinking,
+      this.content,
+      this.typing,
+      this.error,
+      this.foot,
+    );
+    const avatar = h("div", { class: "avatar", "aria-hidden": "true" }, icon("sparkle", 16));
+    this.el = h(
+      "article",
+      { class: "msg assistant", dataset: { id: message.id }, "aria-label": "Assistant" },
+      avatar,
+      main,
+    );
+    this.renderedText = null;
+    this.userToggled = false;
+    this.autoOpen = false;
+  }
+
+  render({ live, thinking }) {
+    const m = this.message;
+    this.#renderThinking(m, live, thinking);
+    if (this.renderedText !== m.content) {
+      this.content.replaceChildren(renderMarkdown(m.content));
+      this.renderedText = m.content;
+    }
+    const status =
+      m.status && STATUS_TEXT[m.status] && !(m.status === "streaming" && !live) ? m.status : null;
+    this.status.hidden = !status;
+    this.status.className = `status status-${status}`;
+    this.status.textContent = status ? STATUS_TEXT[status] : "";
+    this.el.dataset.status = m.status || "done";
+    this.typing.hidden = !(live && !m.content && !m.reasoning);
+    this.error.hidden = !m.error;
+    this.error.textContent = m.error || "";
+    this.stats.textContent = statsText(m.timings);
+    this.stats.title = statsTitle(m.timings);
+    this.foot.hidden = live || (!m.content && !m.timings);
+  }
+
+  #renderThinking(m, live, thinking) {
+    this.thinking.hidden = !m.reasoning;
+    if (!m.reasoning) return;
+    this.reasoning.textContent = m.reasoning;
+    this.el.classList.toggle("is-thinking", thinking);
+    this.skip.hidden = !thinking;
+    const seconds = m.thinkingMs !== undefined ? (m.thinkingMs / 1000).toFixed(1) : null;
+    this.summaryLabel.textContent =
+      thinking || (live && !m.content) ? "Thinking…" : seconds ? `Thought for ${seconds} s` : "Thoughts";
+    if (!this.userToggled) {
+      this.autoOpen = thinking;
+      this.details.open = thinking;
+    }
+  }
+}
+
+function statsText(t) {
+  if (!t || !t.predicted_n) return "";
+  const parts = [`${t.predicted_n} tokens`, `${(t.predicted_per_second || 0).toFixed(1)} tok/s`];
+  if (t.prompt_ms !== undefined) parts.push(`${formatMs(t.prompt_ms)} to first token`);
+  return parts.join(" · ");
+}
+
+function statsTitle(t) {
+  if (!t) return "";
+  const prompt = (t.prompt_n || 0) + (t.cache_n || 0);
+  return `Prompt: ${prompt} tokens (${t.cache_n || 0} cached), ${(t.prompt_per_second || 0).toFixed(1)} tok/s`;
+}
+
+function formatMs(ms) {
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${Math.round(ms)} ms`;
+}
