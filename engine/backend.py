@@ -6,6 +6,42 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import structlog
+
+log = structlog.get_logger("engine")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+# numpy versions of the array and sampling hooks (the CPU backend's).
+
+
+def _empty(shape: Any, dtype: Any = np.float32) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+def _zeros(shape: Any, dtype: Any = np.float32) -> np.ndarray:
+    return np.zeros(shape, dtype)
+
+
+def _take_rows(x: np.ndarray, rows: Any) -> np.ndarray:
+    return x[np.asarray(rows)]
+
+
+def _split_cols(x: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    return [np.ascontiguousarray(p) for p in np.split(x, np.cumsum(sizes)[:-1], axis=1)]
+
+
+def _argmax(x: np.ndarray) -> np.ndarray:
+    return np.argmax(x, axis=1).astype(np.int32)
+
+
+def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids = np.argsort(-x, axis=1, kind="stable")[:, :k].astype(np.int32)
+    top = x.max(axis=1, keepdims=True)
+    lse = (top[:, 0] + np.log(np.exp(x - top).sum(axis=1))).astype(np.float32)
+    return ids, np.take_along_axis(x, ids, 1), lse
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -21,6 +57,17 @@ class Backend:
     gelu_mul: Callable[..., None]
     add_inplace: Callable[..., None]
     scale_inplace: Callable[..., None]
+    # Array hooks: where activations, norm weights and the KV cache live. The defaults are numpy; the
+    # CUDA backend's return device arrays, so a model that allocates through them stays on the GPU.
+    empty: Callable[..., Any] = _empty
+    zeros: Callable[..., Any] = _zeros
+    upload: Callable[[Any], Any] = np.asarray  # host array -> backend array (norm weights, indices)
+    download: Callable[[Any], np.ndarray] = np.asarray  # backend array -> host (logits, picks)
+    take_rows: Callable[[Any, Any], Any] = _take_rows
+    split_cols: Callable[[Any, list[int]], list[Any]] = _split_cols
+    # Sampling where the logits are: argmax(logits) -> ids; top_k(logits, k) -> (ids, logits, lse).
+    argmax: Callable[[Any], np.ndarray] = _argmax
+    top_k: Callable[[Any, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = _top_k
 
 
 def cpu_backend(n_threads: int | None = None) -> Backend:
@@ -47,7 +94,69 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
     )
 
 
-def select_backend(device: str = "cpu", n_threads: int | None = None) -> Backend:
-    if device in ("cpu", "auto"):
+def cuda_backend() -> Backend:
+    """The numba-cuda kernels: weights uploaded once at pack time, arrays allocated on the device."""
+    from engine.cuda import arrays, matmul, ops, sampling
+
+    return Backend(
+        name="CUDA",
+        pack_weight=matmul.pack_weight,
+        matmul=matmul.matmul,
+        get_rows=matmul.get_rows,
+        rmsnorm=ops.rmsnorm,
+        rope=ops.rope,
+        store_kv=ops.store_kv,
+        attention=ops.attention,
+        silu_mul=ops.silu_mul,
+        gelu_mul=ops.gelu_mul,
+        add_inplace=ops.add_inplace,
+        scale_inplace=ops.scale_inplace,
+        empty=arrays.empty,
+        zeros=arrays.zeros,
+        upload=arrays.upload,
+        download=arrays.download,
+        take_rows=arrays.take_rows,
+        split_cols=arrays.split_cols,
+        argmax=sampling.argmax,
+        top_k=sampling.top_k,
+    )
+
+
+def cuda_unavailable() -> str | None:
+    """Why the CUDA backend cannot run here, or None when it can (a GPU, or the simulator)."""
+    try:
+        from numba import cuda
+    except Exception as exc:  # numba built without CUDA support, a broken install
+        return f"numba.cuda cannot be imported ({exc})"
+    try:
+        if not cuda.is_available():
+            return "no CUDA GPU or driver found"
+        from engine.cuda.devices import nvvm_missing
+
+        return nvvm_missing()
+    except Exception as exc:
+        return f"CUDA initialisation failed ({exc})"
+
+
+def select_backend(device: str = "cpu", n_threads: int | None = None, n_gpu_layers: int = -1) -> Backend:
+    """`device` auto|cpu|cuda; auto and cuda fall back to the CPU, with one log line, where CUDA cannot
+    run. n_gpu_layers 0 means the CPU; any other value offloads the whole model (no partial offload)."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device '{device}' (available: {', '.join(DEVICES)})")
+    if device == "cpu" or n_gpu_layers == 0:
         return cpu_backend(n_threads)
-    raise ValueError(f"unknown device '{device}' (available: cpu)")
+    reason = cuda_unavailable()
+    if reason is None:
+        return cuda_backend()
+    log.warning("cuda_unavailable_using_cpu", device=device, reason=reason, backend="CPU")
+    return cpu_backend(n_threads)
+
+
+def list_devices() -> list[str]:
+    """`--list-devices` lines: one per GPU, '  <name>: <description> (<total> MiB, <free> MiB free)'."""
+    if cuda_unavailable() is not None:
+        return ["  (none)"]
+    from engine.cuda.devices import gpus
+
+    lines = [f"  {g.name}: {g.description} ({g.total_mib} MiB, {g.free_mib} MiB free)" for g in gpus()]
+    return lines or ["  (none)"]

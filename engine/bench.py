@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -64,7 +65,6 @@ UNSUPPORTED_OPTIONS = (
     ("-mg", "--main-gpu"),
     ("-nkvo", "--no-kv-offload"),
     ("-fa", "--flash-attn"),
-    ("-dev", "--device"),
     ("--list-devices",),
     ("-lm", "--load-mode"),
     ("-lzm", "--lazy-mode"),
@@ -114,6 +114,7 @@ class BenchParams:
     progress: bool = False
     verbose: bool = False
     threads_given: bool = False
+    device: str = "cpu"  # auto | cpu | cuda (engine.backend.select_backend)
 
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?")
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     lists.add_argument("-ub", "--ubatch-size", **ints, help="physical batch size (default: 512)")
     lists.add_argument("-t", "--threads", **ints, help="threads (default: the CPUs available)")
     lists.add_argument("--batch-seqs", **ints, help="sequences decoded together in tg tests (default: 1)")
+    p.add_argument("-dev", "--device", choices=("auto", "cpu", "cuda"), default="cpu", help="default: cpu")
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N", help="repetitions (default: 5)")
     p.add_argument("-o", "--output", choices=(*FORMATS, "none"), default="md", help="stdout format")
     p.add_argument("-oe", "--output-err", choices=(*FORMATS, "none"), default="none", help="stderr format")
@@ -241,6 +243,7 @@ def parse_args(argv: list[str] | None = None) -> BenchParams:
         progress=a.progress,
         verbose=a.verbose,
         threads_given=a.threads is not None,
+        device=a.device,
     )
     for name, values in (
         ("-b", params.n_batch),
@@ -801,10 +804,10 @@ def copy_sequence(kv: KVCache, src: int, dst: int, n: int) -> None:
 Loader = Callable[[str | None, int], "LLM"]
 
 
-def load_llm(model: str | None, n_threads: int) -> LLM:
+def load_llm(model: str | None, n_threads: int, device: str = "cpu") -> LLM:
     from engine.llm import LLM  # imported here so --help and argument errors do not pay for the engine
 
-    return LLM.load(model, n_threads=n_threads)
+    return LLM.load(model, device=device, n_threads=n_threads)
 
 
 def _by_model(tests: list[Instance]) -> Iterator[tuple[str | None, list[Instance]]]:
@@ -886,7 +889,8 @@ def log_first_token(
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     params = parse_args(argv)
-    return run(params, sys.stdout, sys.stderr, started=started)
+    load = functools.partial(load_llm, device=params.device)
+    return run(params, sys.stdout, sys.stderr, load=load, started=started)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,268 @@
+"""The CUDA backend as a whole: selection and fallback, the CLI flags, and a full forward pass of tiny
+random llama and gemma3 models through the CUDA kernels compared with the CPU backend.
+
+Runs in numba's CUDA simulator without a GPU (see tests/test_cuda_kernels.py for how it is switched on).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+if "numba.cuda" not in sys.modules:
+    from numba.core import config
+
+    config.reload_config()
+
+try:
+    from numba import cuda
+except ImportError as exc:  # a numba without its built-in CUDA target, and no numba-cuda
+    pytest.skip(f"numba.cuda unavailable ({exc}): pip install numba-cuda", allow_module_level=True)
+
+if not (cuda.is_available() or os.environ["NUMBA_ENABLE_CUDASIM"] == "1"):
+    pytest.skip("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)", allow_module_level=True)
+
+from engine import backend as backends  # noqa: E402
+from engine.batch import Batch  # noqa: E402
+from engine.cuda import arrays  # noqa: E402
+from engine.cuda import matmul as gpu_matmul  # noqa: E402
+from engine.cuda import ops as gpu  # noqa: E402
+from engine.gguf import Tensor  # noqa: E402
+from engine.models import load_model  # noqa: E402
+from engine.quant import BLOCK_LAYOUTS, QType  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Small blocks under the simulator, as in test_cuda_kernels."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        yield
+        return
+    monkeypatch.setattr(arrays, "MAX_BLOCKS", 2)  # blocks stride over several jobs each
+    monkeypatch.setattr(arrays, "THREADS", 64)
+    monkeypatch.setattr(gpu, "ROW_THREADS", 32)
+    monkeypatch.setattr(gpu, "ELEM_THREADS", 64)
+    monkeypatch.setattr(gpu_matmul, "SPLITS", {1: 2, 8: 2})
+    monkeypatch.setattr(gpu_matmul, "ROWS_THREADS", 32)
+    # The simulator's launcher polls its threads in a loop; switching the GIL more often than the 5 ms
+    # default lets the kernel threads run (measured 2-3x faster on the whole-model test).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(2e-4)
+    yield
+    sys.setswitchinterval(interval)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Selection and the command line.
+
+
+def test_selection() -> None:
+    assert backends.select_backend("cpu").name == "CPU"
+    assert backends.select_backend("cuda", n_gpu_layers=0).name == "CPU"  # -ngl 0: the CPU
+    assert backends.select_backend("cuda").name == "CUDA"  # a GPU, or the simulator here
+    with pytest.raises(ValueError, match="unknown device"):
+        backends.select_backend("tpu")
+
+
+def test_fallback_to_cpu_logs_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(backends, "cuda_unavailable", lambda: "no CUDA GPU or driver found")
+    monkeypatch.setattr(backends.log, "warning", lambda event, **kw: events.append((event, kw)))
+    assert backends.select_backend("auto").name == "CPU"
+    assert events == [
+        (
+            "cuda_unavailable_using_cpu",
+            {"device": "auto", "reason": "no CUDA GPU or driver found", "backend": "CPU"},
+        )
+    ]
+
+
+def run_cli(*args: str, sim: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": sim}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.skipif(cuda.is_available() and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="has a GPU")
+def test_list_devices_without_a_gpu() -> None:
+    proc = run_cli("-m", "server", "--list-devices", sim="0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["Available devices:", "  (none)"]
+
+
+def test_list_devices_names_each_gpu() -> None:
+    proc = run_cli("-m", "server", "--list-devices", sim="1")  # the simulator's one device
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "Available devices:"
+    assert lines[1].startswith("  CUDA0: ") and lines[1].endswith(" MiB free)")
+
+
+def test_server_flags() -> None:
+    from server.cli import parse_settings
+
+    settings, ignored = parse_settings(["--device", "cuda", "-ngl", "99"])
+    assert (settings.device, settings.n_gpu_layers, ignored) == ("cuda", 99, [])
+    settings, _ = parse_settings(["--device", "cuda", "--n-gpu-layers", "0"])
+    assert settings.device == "cpu"  # no layer on the GPU: the CPU backend
+
+
+def test_bench_device_flag() -> None:
+    from engine.bench import parse_args
+
+    assert parse_args([]).device == "cpu"
+    assert parse_args(["--device", "cuda"]).device == "cuda"
+    assert parse_args(["-dev", "auto"]).device == "auto"
+
+
+# ---------------------------------------------------------------------------------------------------
+# A whole model: tiny random weights in the real models' formats, CPU and CUDA backends side by side.
+
+
+@dataclass
+class FakeGGUF:
+    """What the model classes read from a GGUFFile: metadata and tensors."""
+
+    metadata: dict[str, Any]
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    path: Path = Path("tiny.gguf")
+
+    def arch_value(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.metadata['general.architecture']}.{key}", default)
+
+    def require_architecture(self) -> str:
+        return str(self.metadata["general.architecture"])
+
+    @property
+    def n_params(self) -> int:
+        return sum(int(np.prod(t.shape)) for t in self.tensors.values())
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors.values())
+
+    def add(self, name: str, qtype: QType, shape: tuple[int, ...], scale: float = 0.02) -> None:
+        if qtype == QType.F32:
+            data = (1.0 + RNG.standard_normal(shape) * 0.1).astype(np.float32)  # norm weights near 1
+        else:
+            data = random_rows(qtype, *shape, scale=scale)
+        self.tensors[name] = Tensor(name, int(qtype), shape, data)
+
+
+def random_rows(qtype: QType, rows: int, cols: int, scale: float) -> np.ndarray:
+    layout = BLOCK_LAYOUTS[qtype]
+    nb = cols // layout.block_size
+    raw = RNG.integers(0, 256, (rows, nb, layout.type_size), dtype=np.uint8)
+    at = 208 if qtype == QType.Q6_K else 0
+    d = (RNG.uniform(0.5, 1.5, (rows, nb)) * scale / (8 if qtype in (QType.Q4_K, QType.Q6_K) else 1)).astype(
+        np.float16
+    )
+    raw[..., at : at + 2] = d.view(np.uint8).reshape(rows, nb, 2)
+    if qtype in (QType.Q4_1, QType.Q4_K):
+        m = (-RNG.uniform(0.5, 1.5, (rows, nb)) * scale * 4).astype(np.float16)
+        raw[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, -1)
+
+
+def tiny_llama() -> FakeGGUF:
+    """SmolLM2's formats (Q4_1 layers, Q8_0 tied embeddings), 2 layers, GQA 4 heads on 2."""
+    n_embd, n_ff, n_head, n_kv, hd, vocab = 64, 128, 4, 2, 16, 80
+    g = FakeGGUF(
+        {
+            "general.architecture": "llama",
+            "llama.embedding_length": n_embd,
+            "llama.feed_forward_length": n_ff,
+            "llama.attention.head_count": n_head,
+            "llama.attention.head_count_kv": n_kv,
+            "llama.block_count": 2,
+            "llama.context_length": 64,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5,
+            "llama.rope.freq_base": 10000.0,
+            "tokenizer.ggml.tokens": [f"t{i}" for i in range(vocab)],
+        }
+    )
+    g.add("token_embd.weight", QType.Q8_0, (vocab, n_embd), scale=0.05)
+    g.add("output_norm.weight", QType.F32, (n_embd,))
+    for il in range(2):
+        p = f"blk.{il}."
+        g.add(p + "attn_norm.weight", QType.F32, (n_embd,))
+        g.add(p + "ffn_norm.weight", QType.F32, (n_embd,))
+        g.add(p + "attn_q.weight", QType.Q4_1, (n_head * hd, n_embd))
+        g.add(p + "attn_k.weight", QType.Q4_1, (n_kv * hd, n_embd))
+        g.add(p + "attn_v.weight", QType.Q4_1, (n_kv * hd, n_embd))
+        g.add(p + "attn_output.weight", QType.Q4_1, (n_embd, n_head * hd))
+        g.add(p + "ffn_gate.weight", QType.Q4_1, (n_ff, n_embd))
+        g.add(p + "ffn_up.weight", QType.Q4_1, (n_ff, n_embd))
+        g.add(p + "ffn_down.weight", QType.Q4_1, (n_embd, n_ff))
+    return g
+
+
+def tiny_gemma3() -> FakeGGUF:
+    """Gemma 3's formats (Q4_K, Q5_0, Q6_K, Q8_0), q/k norms, post-norms, a sliding-window layer of 4
+    cells and a global one; mixed formats in one projection (q Q4_K, k/v Q5_0)."""
+    n_embd, n_ff, n_head, hd, vocab = 256, 256, 2, 32, 64
+    g = FakeGGUF(
+        {
+            "general.architecture": "gemma3",
+            "gemma3.embedding_length": n_embd,
+            "gemma3.feed_forward_length": n_ff,
+            "gemma3.attention.head_count": n_head,
+            "gemma3.attention.head_count_kv": 1,
+            "gemma3.attention.key_length": hd,
+            "gemma3.block_count": 1,
+            "gemma3.context_length": 64,
+            "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+            "gemma3.rope.freq_base": 1e6,
+            "gemma3.attention.sliding_window": 4,
+            "tokenizer.ggml.tokens": [f"t{i}" for i in range(vocab)],
+        }
+    )
+    g.add("token_embd.weight", QType.Q8_0, (vocab, n_embd), scale=0.02)
+    g.add("output_norm.weight", QType.F32, (n_embd,))
+    p = "blk.0."
+    for name, size in (("attn_norm", n_embd), ("ffn_norm", n_embd), ("attn_q_norm", hd), ("attn_k_norm", hd)):
+        g.add(p + name + ".weight", QType.F32, (size,))
+    g.add(p + "post_attention_norm.weight", QType.F32, (n_embd,))
+    g.add(p + "post_ffw_norm.weight", QType.F32, (n_embd,))
+    g.add(p + "attn_q.weight", QType.Q4_K, (n_head * hd, n_embd))
+    g.add(p + "attn_k.weight", QType.Q5_0, (hd, n_embd))
+    g.add(p + "attn_v.weight", QType.Q5_0, (hd, n_embd))
+    g.add(p + "attn_output.weight", QType.Q5_0, (n_embd, n_head * hd))
+    g.add(p + "ffn_gate.weight", QType.Q4_K, (n_ff, n_embd))
+    g.add(p + "ffn_up.weight", QType.Q4_K, (n_ff, n_embd))
+    g.add(p + "ffn_down.weight", QType.Q6_K, (n_embd, n_ff))
+    return g
+
+
+def run_steps(model: Any) -> list[np.ndarray]:
+    """A prompt of two sequences prefilled together (6 cells past gemma's window), then a decode step
+    of both: the logits of every step, as host arrays."""
+    kv = model.new_cache(2, 16)
+    prompt = Batch.from_sequences([(0, 0, [1, 5, 9, 2, 7, 3], False), (1, 0, [4, 4, 8], True)])
+    decode = Batch.from_sequences([(0, 6, [11], False), (1, 3, [6], False)])
+    return [np.asarray(model.forward(batch, kv)) for batch in (prompt, decode)]
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3], ids=["llama", "gemma3"])
+def test_whole_model_forward_matches_cpu(make: Any) -> None:
+    g = make()
+    cpu_steps = run_steps(load_model(g, backends.cpu_backend()))
+    gpu_steps = run_steps(load_model(g, backends.cuda_backend()))
+    for want, got in zip(cpu_steps, gpu_steps, strict=True):
+        assert got.shape == want.shape
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < 3e-2, f"logits differ by {err:.3g} of their range"  # the CPU's int8 activations
+        assert np.abs(want).max() > 0.1  # the random model produces real signal

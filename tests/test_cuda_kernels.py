@@ -1,0 +1,291 @@
+"""Every CUDA kernel against its CPU twin (and a numpy reference), on small shapes.
+
+Without a GPU the kernels run in numba's CUDA simulator: NUMBA_ENABLE_CUDASIM is set and numba's
+config re-read before `numba.cuda` is first imported (the CPU tests import numba, never numba.cuda).
+With NUMBA_ENABLE_CUDASIM=0 and a GPU present (scripts/gpu-check.sh) the same tests run on the GPU.
+The simulator runs one Python thread per CUDA thread, so shapes and block sizes are kept small.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+if "numba.cuda" not in sys.modules:
+    from numba.core import config
+
+    config.reload_config()
+
+try:
+    from numba import cuda
+except ImportError as exc:  # a numba without its built-in CUDA target, and no numba-cuda
+    pytest.skip(f"numba.cuda unavailable ({exc}): pip install numba-cuda", allow_module_level=True)
+
+if not (cuda.is_available() or os.environ["NUMBA_ENABLE_CUDASIM"] == "1"):
+    pytest.skip("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)", allow_module_level=True)
+
+from engine import quant  # noqa: E402
+from engine.cpu import matmul as cpu_matmul  # noqa: E402
+from engine.cpu import ops as cpu  # noqa: E402
+from engine.cuda import arrays, sampling  # noqa: E402
+from engine.cuda import matmul as gpu_matmul  # noqa: E402
+from engine.cuda import ops as gpu  # noqa: E402
+from engine.quant import BLOCK_LAYOUTS, QType  # noqa: E402
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fewer threads per block under the simulator (each is a Python thread); the code paths are the
+    same, as every kernel loops over blockDim and strides over its jobs. test_matmul_default_launch
+    keeps the real launch shape."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        yield
+        return
+    monkeypatch.setattr(arrays, "MAX_BLOCKS", 3)  # blocks stride over several jobs each
+    monkeypatch.setattr(arrays, "THREADS", 64)
+    monkeypatch.setattr(gpu, "ROW_THREADS", 32)
+    monkeypatch.setattr(gpu, "ELEM_THREADS", 64)
+    monkeypatch.setattr(gpu_matmul, "SPLITS", {1: 2, 8: 2})
+    monkeypatch.setattr(gpu_matmul, "ROWS_THREADS", 32)
+    monkeypatch.setattr(sampling, "THREADS", 32)
+    # The simulator's launcher polls its threads in a loop; switching the GIL more often than the 5 ms
+    # default lets the kernel threads run (measured 2-3x faster on the whole-model test).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(2e-4)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def close(got: np.ndarray, want: np.ndarray, tol: float) -> None:
+    """Max error relative to the largest reference magnitude: robust to values near zero."""
+    scale = max(float(np.abs(want).max()), 1e-6)
+    err = float(np.abs(got.astype(np.float64) - want).max()) / scale
+    assert err <= tol, f"relative error {err:.3g} > {tol}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Element-wise, normalization, RoPE, KV and attention: device arrays in, results compared with the
+# CPU kernel run on the same inputs.
+
+
+def test_rmsnorm_matches_cpu() -> None:
+    x, w = rand(5, 96), rand(96)
+    want = np.empty_like(x)
+    cpu.rmsnorm(x, w, 1e-5, want)
+    out = arrays.empty(x.shape)
+    gpu.rmsnorm(cuda.to_device(x), cuda.to_device(w), 1e-5, out)
+    close(out.copy_to_host(), want, 1e-6)
+
+
+def test_rmsnorm_in_place_on_host_arrays() -> None:
+    """Host arrays work too (uploaded, written back), also with out aliasing x (Gemma's head norms)."""
+    x, w = rand(4, 64), rand(64)
+    want = np.empty_like(x)
+    cpu.rmsnorm(x, w, 1e-6, want)
+    gpu.rmsnorm(x, w, 1e-6, x)
+    close(x, want, 1e-6)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_matches_cpu(neox: bool) -> None:
+    x = rand(5, 3, 32)
+    positions = np.array([0, 1, 7, 100, 3000], dtype=np.int32)
+    want = x.copy()
+    cpu.rope(want, positions, 10000.0, neox)
+    dx = cuda.to_device(x)
+    gpu.rope(dx, cuda.to_device(positions), 10000.0, neox)
+    close(dx.copy_to_host(), want, 2e-5)
+
+
+def test_store_kv_matches_cpu() -> None:
+    k, v = rand(3, 2, 8), rand(3, 2, 8)
+    seq_ids = np.array([0, 2, 2], dtype=np.int32)
+    positions = np.array([4, 0, 1], dtype=np.int32)
+    kc, vc = np.zeros((3, 2, 6, 8), np.float32), np.zeros((3, 2, 6, 8), np.float32)
+    cpu.store_kv(k, v, seq_ids, positions, kc, vc)
+    dkc, dvc = arrays.zeros(kc.shape), arrays.zeros(vc.shape)
+    gpu.store_kv(cuda.to_device(k), cuda.to_device(v), seq_ids, positions, dkc, dvc)
+    np.testing.assert_array_equal(dkc.copy_to_host(), kc)
+    np.testing.assert_array_equal(dvc.copy_to_host(), vc)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_attention_gqa_multi_sequence_matches_cpu(window: int) -> None:
+    """Two sequences, 4 query heads on 2 kv heads, contexts longer than one block of keys (32 threads
+    under the simulator), so the online softmax crosses chunks; with a sliding window of 3."""
+    n_seq, n_kv, n_ctx, dim = 2, 2, 70, 16
+    kc, vc = rand(n_seq, n_kv, n_ctx, dim), rand(n_seq, n_kv, n_ctx, dim)
+    q = rand(4, 4, dim)
+    seq_ids = np.array([0, 0, 1, 1], dtype=np.int32)
+    positions = np.array([0, 33, 5, 69], dtype=np.int32)
+    want = np.empty_like(q)
+    cpu.attention(q, kc, vc, seq_ids, positions, window, 0.25, want)
+    out = arrays.empty(q.shape)
+    gpu.attention(
+        cuda.to_device(q), cuda.to_device(kc), cuda.to_device(vc), seq_ids, positions, window, 0.25, out
+    )
+    close(out.copy_to_host(), want, 1e-5)
+
+
+def test_activations_match_cpu() -> None:
+    gate, up = rand(3, 40), rand(3, 40)
+    for cpu_fn, gpu_fn in ((cpu.silu_mul, gpu.silu_mul), (cpu.gelu_mul, gpu.gelu_mul)):
+        want = np.empty_like(gate)
+        cpu_fn(gate, up, want)
+        dgate = cuda.to_device(gate)
+        gpu_fn(dgate, cuda.to_device(up), dgate)  # in place, as the models call it
+        close(dgate.copy_to_host(), want, 1e-6)
+
+
+def test_residual_add_and_scale_match_cpu() -> None:
+    x, y = rand(3, 50), rand(3, 50)
+    want = x.copy()
+    cpu.add_inplace(want, y)
+    cpu.scale_inplace(want, 1.5)
+    dx = cuda.to_device(x)
+    gpu.add_inplace(dx, cuda.to_device(y))
+    gpu.scale_inplace(dx, 1.5)
+    close(dx.copy_to_host(), want, 1e-7)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Quantized matmul and get_rows for every block format.
+
+
+def random_weight(qtype: QType, rows: int, cols: int) -> np.ndarray:
+    """Stored GGUF rows of `qtype` with random quants and small, finite f16 scales."""
+    if qtype == QType.F32:
+        return rand(rows, cols)
+    if qtype == QType.F16:
+        return rand(rows, cols).astype(np.float16)
+    layout = BLOCK_LAYOUTS[qtype]
+    nb = cols // layout.block_size
+    raw = RNG.integers(0, 256, (rows, nb, layout.type_size), dtype=np.uint8)
+
+    def f16(offset: int, low: float, high: float) -> None:
+        values = RNG.uniform(low, high, (rows, nb)).astype(np.float16)
+        raw[..., offset : offset + 2] = values.view(np.uint8).reshape(rows, nb, 2)
+
+    scale_at = 208 if qtype == QType.Q6_K else 0
+    f16(scale_at, 0.001, 0.02)
+    if qtype in (QType.Q4_1, QType.Q4_K):
+        f16(2, -0.05, 0.05)  # the block minimum / dmin
+    return raw.reshape(rows, -1)
+
+
+FORMATS = list(QType)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[q.name for q in FORMATS])
+def test_matmul_matches_reference_and_cpu(qtype: QType) -> None:
+    """40 rows (a partial second group of 32), 512 columns (two K-quant super-blocks); one decode token
+    and a batch of 9 (a full and a partial 8-token tile)."""
+    rows, cols = 40, 512
+    data = random_weight(qtype, rows, cols)
+    w_ref = quant.dequantize(data, qtype, (rows, cols)).astype(np.float64)
+    w_gpu = gpu_matmul.pack_weight(data, qtype, (rows, cols))
+    w_cpu = quant.pack_weight(data, qtype, (rows, cols))
+    for n_tok in (1, 9):
+        x = rand(n_tok, cols)
+        want = x.astype(np.float64) @ w_ref.T
+        out = arrays.empty((n_tok, rows))
+        gpu_matmul.matmul(cuda.to_device(x), w_gpu, out)
+        got = out.copy_to_host()
+        close(got, want, 1e-5)
+        cpu_out = np.empty((n_tok, rows), np.float32)
+        cpu_matmul.matmul(x, w_cpu, cpu_out)
+        close(got, cpu_out, 2e-2)  # the CPU rounds activations to int8 for the 4-6 bit formats
+
+
+def test_matmul_default_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real launch shape (8 and 4 K slices) once, with more blocks than slices."""
+    monkeypatch.setattr(gpu_matmul, "SPLITS", {1: 8, 8: 4})
+    rows, cols = 32, 32 * 12
+    data = random_weight(QType.Q4_1, rows, cols)
+    w_ref = quant.dequantize(data, QType.Q4_1, (rows, cols)).astype(np.float64)
+    w_gpu = gpu_matmul.pack_weight(data, QType.Q4_1, (rows, cols))
+    for n_tok in (1, 3):
+        x = rand(n_tok, cols)
+        out = np.empty((n_tok, rows), np.float32)
+        gpu_matmul.matmul(x, w_gpu, out)  # host arrays: uploaded and written back
+        close(out, x.astype(np.float64) @ w_ref.T, 1e-5)
+
+
+def test_matmul_float_with_ragged_columns() -> None:
+    """F32 rows whose length is no multiple of 32: the last block of columns is partial."""
+    rows, cols = 8, 45
+    data = rand(rows, cols)
+    x = rand(2, cols)
+    out = np.empty((2, rows), np.float32)
+    gpu_matmul.matmul(x, gpu_matmul.pack_weight(data, QType.F32, (rows, cols)), out)
+    close(out, x.astype(np.float64) @ data.T.astype(np.float64), 1e-6)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[q.name for q in FORMATS])
+def test_get_rows_matches_cpu(qtype: QType) -> None:
+    rows, cols = 40, 512
+    data = random_weight(qtype, rows, cols)
+    ids = np.array([0, 39, 5, 33], dtype=np.int32)
+    want = np.empty((len(ids), cols), np.float32)
+    cpu_matmul.get_rows(quant.pack_weight(data, qtype, (rows, cols)), ids, want)
+    out = arrays.empty(want.shape)
+    gpu_matmul.get_rows(gpu_matmul.pack_weight(data, qtype, (rows, cols)), ids, out)
+    np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_weights_stay_quantized_on_the_device() -> None:
+    data = random_weight(QType.Q4_0, 64, 256)
+    w = gpu_matmul.pack_weight(data, QType.Q4_0, (64, 256))
+    assert w.qs.dtype == np.uint8 and w.qs.shape == (2, 8 * 16 * 32)
+    assert w.d.dtype == np.float16
+    assert w.nbytes == quant.pack_weight(data, QType.Q4_0, (64, 256)).nbytes
+
+
+# ---------------------------------------------------------------------------------------------------
+# Array hooks and sampling.
+
+
+def test_array_hooks() -> None:
+    x = rand(4, 10)
+    dx = arrays.upload(x)
+    np.testing.assert_array_equal(arrays.download(arrays.take_rows(dx, np.array([3, 0]))), x[[3, 0]])
+    parts = arrays.split_cols(dx, [2, 3, 5])
+    for got, want in zip(parts, np.split(x, [2, 5], axis=1), strict=True):
+        np.testing.assert_array_equal(arrays.download(got), want)
+    assert not arrays.download(arrays.zeros((3, 70))).any()
+
+
+def test_softmax_matches_numpy() -> None:
+    x = rand(3, 100) * 4
+    out = np.empty_like(x)
+    sampling.softmax(x, out)
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    close(out, e / e.sum(1, keepdims=True), 1e-6)
+
+
+def test_argmax_first_maximum() -> None:
+    x = rand(4, 300)
+    x[1, 7] = x[1, 250] = 99.0  # a tie: the lower id wins, as np.argmax
+    np.testing.assert_array_equal(sampling.argmax(cuda.to_device(x)), np.argmax(x, axis=1))
+
+
+def test_top_k_ids_values_and_logsumexp() -> None:
+    x = np.round(rand(3, 500) * 2, 1)  # rounded: many ties, resolved to the lower id
+    k = 10
+    ids, vals, lse = sampling.top_k(x, k)
+    want = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(ids, want)
+    np.testing.assert_array_equal(vals, np.take_along_axis(x, want, 1))
+    ref = np.log(np.exp(x.astype(np.float64)).sum(1))
+    np.testing.assert_allclose(lse, ref, rtol=1e-5)
