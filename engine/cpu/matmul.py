@@ -1,0 +1,694 @@
+"""Quantized matrix multiplication and embedding lookup on the CPU: out[T, N] = x[T, K] @ W.T.
+
+Weights come repacked by engine.quant.pack_weight: groups of 32 rows, each field row-interleaved, so
+the 32 rows of a group sit in the lanes of one vector. For every weight position a kernel loads the
+32 rows' quants, unpacks them once, and multiplies them by the broadcast activation of each token of
+a tile of up to 8 tokens, keeping 32 per-row sums per token in vector registers: no horizontal sums.
+Each weight byte is read from memory once per call (decode, T small, is bound by that) and decoded
+once per tile of 8 tokens (prefill, bound by arithmetic).
+
+Integer path (Q4_0, Q4_1, Q4_K, Q5_0, Q6_K): the activations are quantized once per call to int8
+values (held as int16 so one load broadcasts them) with one scale per 32-block, as llama.cpp's q8
+blocks; the inner loop multiplies and adds int16 lanes (vpmullw/vpaddw, 32 rows per instruction).
+Half a block's products always fit int16; the weight and activation scales are applied per half
+block in float, the block minimum (Q4_1, Q4_K, Q4_0's -8) once per block through the activation sum.
+
+Float path (Q8_0, F16, F32): the weights are converted to float per position (once per token tile)
+and multiplied by the unquantized activations with FMAs. For int8 weights this measured faster than
+the int16 path (two int8 products already overflow int16) and it adds no activation rounding.
+
+One compiled signature per type: the tile sizes (8, 4, 2, 1 tokens) are inlined into the kernel with
+constant loop bounds, and the parallel loop runs over row groups only. The comments in the tile
+code say which loop shapes LLVM vectorizes and which it does not (measured, not guessed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from engine.quant import QK, ROWS, PackedWeight, QType
+
+# fastmath without "reassoc": with it LLVM turned acc += (w * d) * x into a multiply and an FMA per
+# token ((w * x) * d) instead of one FMA, 1.35x slower on Q8_0. The lanes need no reassociation.
+_KERNEL = {"cache": True, "nogil": True, "fastmath": {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}}
+F0 = np.float32(0.0)
+
+# The scale/min rule of the 4-bit tiles; each kind has its own kernel with the kind as a constant.
+KIND_Q4_0, KIND_Q4_1, KIND_Q4_K = 0, 1, 2
+PARALLEL_QUANTIZE_TOKENS = 32  # below this the activations are quantized on the calling thread
+
+
+# ---------------------------------------------------------------------------------------------------
+# LLVM-level helpers Numba does not offer on the CPU. They live in this file because Numba's cache
+# checks only the timestamp of the file that defines a kernel, not of the files it calls into.
+#
+# - f16_to_f32: Numba has no float16 arrays on the CPU, so f16 scales travel as uint16 bits and are
+#   converted with integer shifts, a bit cast and one multiply, which vectorize.
+# - stack tiles: fixed-size scratch on the stack. `np.zeros` in a kernel is a heap allocation LLVM
+#   cannot see through, so sums written to it stay in memory; an alloca indexed by constants (after
+#   unrolling) is promoted to vector registers.
+
+
+@intrinsic
+def _bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+    """The float32 whose bit pattern is the low 32 bits of the integer `bits`."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else args[0]
+        return builder.bitcast(low, ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _f32_to_bits(typingctx, value):  # type: ignore[no-untyped-def]
+    """The bit pattern of the float32 `value` as an int32."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(value), codegen
+
+
+_F16_REBIAS = np.float32(2.0**112)  # exponent bias 15 -> 127 by a multiply, exact for subnormals too
+
+
+@njit(**_KERNEL)
+def f16_to_f32(bits: np.uint16) -> np.float32:
+    """float32 value of the IEEE half whose bits are the uint16 `bits` (inf/NaN not preserved).
+
+    Integer shifts and a multiply, not LLVM's `half` type: vectors of `half` are scalarized on x86
+    without AVX512-FP16 (one insert per lane), while this form vectorizes like any int/float code.
+    """
+    h = np.int64(bits)
+    magnitude = _bits_to_f32((h & 0x7FFF) << 13) * _F16_REBIAS
+    return _bits_to_f32(np.int64(_f32_to_bits(magnitude)) | ((h & 0x8000) << 16))
+
+
+def _alloca_intrinsic(dtype: types.Number):  # type: ignore[no-untyped-def]
+    @intrinsic
+    def alloca(typingctx, count):  # type: ignore[no-untyped-def]
+        if not isinstance(count, types.IntegerLiteral):
+            return None
+        n = count.literal_value
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            return cgutils.alloca_once(builder, context.get_value_type(dtype), size=n)
+
+        return types.CPointer(dtype)(count), codegen
+
+    return alloca
+
+
+_alloca_i16 = _alloca_intrinsic(types.int16)
+_alloca_f32 = _alloca_intrinsic(types.float32)
+
+
+@njit(inline="always")
+def stack_tile_i16() -> np.ndarray:
+    return carray(_alloca_i16(256), (8, 32))
+
+
+@njit(inline="always")
+def stack_tile_f32() -> np.ndarray:
+    return carray(_alloca_f32(256), (8, 32))
+
+
+def to_f32(v):  # type: ignore[no-untyped-def]
+    """float32 of a weight element: a float, or f16 bits stored as uint16."""
+    raise NotImplementedError("only callable from compiled code")
+
+
+@overload(to_f32, inline="always")
+def _to_f32(v):  # type: ignore[no-untyped-def]
+    if isinstance(v, types.Integer) and v.bitwidth == 16:
+        return lambda v: f16_to_f32(v)
+    return lambda v: np.float32(v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activations: per 32-block, int8 values (stored as int16), the scale and the sum of the block.
+
+
+@njit(**_KERNEL)
+def _quantize_row(x: np.ndarray, t: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+    for b in range(xd.shape[1]):
+        amax = F0
+        for i in range(QK):
+            amax = max(amax, abs(x[t, b * QK + i]))
+        scale = amax / np.float32(127.0)
+        inv = np.float32(127.0) / amax if amax > F0 else F0
+        total = 0
+        for i in range(QK):
+            q = np.int16(np.rint(x[t, b * QK + i] * inv))
+            xq[t, b * QK + i] = q
+            total += np.int32(q)
+        xd[t, b] = scale
+        # The sum of the quantized values, not of x: the block-minimum term then rounds like the
+        # quant term, so w = d*q + m sees x's rounding through w itself, not through the larger d*q.
+        xs[t, b] = scale * np.float32(total)
+
+
+@njit(**_KERNEL)
+def _quantize_serial(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+    for t in range(x.shape[0]):
+        _quantize_row(x, t, xq, xd, xs)
+
+
+@njit(parallel=True, **_KERNEL)
+def _quantize_parallel(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+    for t in prange(x.shape[0]):
+        _quantize_row(x, t, xq, xd, xs)
+
+
+@njit(**_KERNEL)
+def _quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n_tok, k = x.shape
+    xq = np.empty((n_tok, k), np.int16)
+    xd = np.empty((n_tok, k // QK), np.float32)
+    xs = np.empty((n_tok, k // QK), np.float32)
+    if n_tok >= PARALLEL_QUANTIZE_TOKENS:
+        _quantize_parallel(x, xq, xd, xs)
+    else:
+        _quantize_serial(x, xq, xd, xs)
+    return xq, xd, xs
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(xq int16 (T, K), scale (T, K/32), block sums scale * sum(xq) (T, K/32)): what the kernels see."""
+    return _quantize(np.ascontiguousarray(x, dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shared tile plumbing. What LLVM vectorizes well here (measured): lane loops over slices of the packed
+# arrays with the per-lane expression written inline (scale conversions included; LLVM hoists them out
+# of the token loop), and as few stack arrays as possible: an intermediate (32,) stack array of
+# converted weights or scales made the loops 3-10x slower.
+#
+# inline="always" (Numba IR inlining) is kept for what must be a constant inside the loops (tile size,
+# shift, kind) and for the stack allocas; small helpers are plain functions that LLVM inlines. IR
+# inlining deep-copies the callee's IR at every call site: it made up half of the compile time.
+
+
+@njit(**_KERNEL)
+def _lanes(a: np.ndarray, g: int, pos: int) -> np.ndarray:
+    """The 32 row lanes of position `pos` of group g, as a slice indexed from 0."""
+    return a[g, pos * ROWS : pos * ROWS + ROWS]
+
+
+@njit(**_KERNEL)
+def _zero_tile(acc: np.ndarray, n_tok: int) -> None:
+    for t in range(n_tok):
+        for r in range(ROWS):
+            acc[t, r] = 0
+
+
+@njit(**_KERNEL)
+def _store_tile(acc: np.ndarray, out: np.ndarray, g: int, t0: int, n_tok: int) -> None:
+    n_valid = min(ROWS, out.shape[1] - g * ROWS)
+    for t in range(n_tok):
+        dst = out[t0 + t, g * ROWS : g * ROWS + n_valid]
+        if n_valid == ROWS:
+            for r in range(ROWS):
+                dst[r] = acc[t, r]
+        else:
+            for r in range(n_valid):
+                dst[r] = acc[t, r]
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4-bit: Q4_0, Q4_1, Q4_K. Block b, position j: byte qs[g, (b*16 + j)*32 + r] holds weights j, j + 16.
+# Half a block (8 positions x 2 nibbles) is 16 products of at most 15 * 127 per lane: fits int16.
+
+
+@njit(inline="always")
+def _q4_add_half(acc, s16, d, sc, kind, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """acc += scale * xd * s16 for half a block; the scale of Q4_K is d(super-block) * sc(block)."""
+    if kind == KIND_Q4_K:
+        dq, scq = _lanes(d, g, b >> 3), _lanes(sc, g, b)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] += f16_to_f32(dq[r]) * np.float32(scq[r]) * xdt * np.float32(s16[t, r])
+    else:
+        dq = _lanes(d, g, b)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s16[t, r])
+
+
+@njit(inline="always")
+def _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """acc += (block minimum) * sum(x of the block): -8d for Q4_0, m for Q4_1, -dmin * mn for Q4_K."""
+    if kind == KIND_Q4_0:
+        dq = _lanes(d, g, b)
+        for t in range(n_tok):
+            xst = xs[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] -= np.float32(8.0) * f16_to_f32(dq[r]) * xst
+    elif kind == KIND_Q4_1:
+        mq = _lanes(m, g, b)
+        for t in range(n_tok):
+            xst = xs[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] += f16_to_f32(mq[r]) * xst
+    else:
+        mq, mnq = _lanes(m, g, b >> 3), _lanes(mn, g, b)
+        for t in range(n_tok):
+            xst = xs[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] -= f16_to_f32(mq[r]) * np.float32(mnq[r]) * xst
+
+
+@njit(inline="always")
+def _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    acc = stack_tile_f32()
+    s16 = stack_tile_i16()
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        for half in range(2):
+            _zero_tile(s16, n_tok)
+            for jj in range(8):
+                j = half * 8 + jj
+                wq = _lanes(qs, g, b * 16 + j)
+                for t in range(n_tok):
+                    xlo = xq[t0 + t, b * QK + j]
+                    xhi = xq[t0 + t, b * QK + j + 16]
+                    for r in range(ROWS):
+                        v = wq[r]
+                        s16[t, r] += np.int16(v & 15) * xlo + np.int16(v >> 4) * xhi
+            _q4_add_half(acc, s16, d, sc, kind, g, b, xd, t0, n_tok)
+        _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q4_group(qs, d, m, sc, mn, kind, xq, xd, xs, out, g) -> None:  # type: ignore[no-untyped-def]
+    """Every token tile of row group g (the largest tiles first)."""
+    n_tok = xq.shape[0]
+    t0 = 0
+    while t0 < n_tok:
+        left = n_tok - t0
+        if left >= 8:
+            _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, 8)
+            t0 += 8
+        elif left >= 4:
+            _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, 4)
+            t0 += 4
+        elif left >= 2:
+            _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, 2)
+            t0 += 2
+        else:
+            _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, 1)
+            t0 += 1
+
+
+# One kernel per kind, so the kind is a constant in the tiles (a runtime kind halved Q4_K's speed at
+# T = 1), and each compiles only when a model uses it.
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4_0(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x)
+    for g in prange(qs.shape[0]):
+        _q4_group(qs, d, d, d, d, KIND_Q4_0, xq, xd, xs, out, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4_1(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x)
+    for g in prange(qs.shape[0]):
+        _q4_group(qs, d, m, d, d, KIND_Q4_1, xq, xd, xs, out, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4_k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x)
+    for g in prange(qs.shape[0]):
+        _q4_group(qs, d, m, sc, mn, KIND_Q4_K, xq, xd, xs, out, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Q5_0: low nibbles as the 4-bit layout; fifth bits of positions (j, j + 16) in qh byte j // 4 of the
+# block, bits 2 * (j % 4) and 2 * (j % 4) + 1. Weights are q - 16: half a block is 16 products of at
+# most 16 * 127 per lane, which fits int16.
+
+
+@njit(inline="always")
+def _q5_position(s16, qs, wh, shift, xq, g, b, j, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """s16 += weights (j, j + 16) of block b times their activations. Callers pass `shift` as a
+    literal: with a variable shift LLVM cannot narrow the lanes and computes in int64 (4x slower)."""
+    wq = _lanes(qs, g, b * 16 + j)
+    for t in range(n_tok):
+        xlo = xq[t0 + t, b * QK + j]
+        xhi = xq[t0 + t, b * QK + j + 16]
+        for r in range(ROWS):
+            v = wq[r]
+            h = wh[r] >> shift
+            lo = np.int16((v & 15) | ((h & 1) << 4)) - np.int16(16)
+            hi = np.int16((v >> 4) | ((h & 2) << 3)) - np.int16(16)
+            s16[t, r] += lo * xlo + hi * xhi
+
+
+@njit(inline="always")
+def _q5_tile(qs, qh, d, xq, xd, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    acc = stack_tile_f32()
+    s16 = stack_tile_i16()
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        dq = _lanes(d, g, b)
+        for half in range(2):
+            _zero_tile(s16, n_tok)
+            for c in range(2 * half, 2 * half + 2):
+                wh = _lanes(qh, g, b * 4 + c)
+                _q5_position(s16, qs, wh, 0, xq, g, b, 4 * c, t0, n_tok)
+                _q5_position(s16, qs, wh, 2, xq, g, b, 4 * c + 1, t0, n_tok)
+                _q5_position(s16, qs, wh, 4, xq, g, b, 4 * c + 2, t0, n_tok)
+                _q5_position(s16, qs, wh, 6, xq, g, b, 4 * c + 3, t0, n_tok)
+            for t in range(n_tok):
+                xdt = xd[t0 + t, b]
+                for r in range(ROWS):
+                    acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s16[t, r])
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q5_group(qs, qh, d, xq, xd, out, g) -> None:  # type: ignore[no-untyped-def]
+    n_tok = xq.shape[0]
+    t0 = 0
+    while t0 < n_tok:
+        left = n_tok - t0
+        if left >= 8:
+            _q5_tile(qs, qh, d, xq, xd, out, g, t0, 8)
+            t0 += 8
+        elif left >= 4:
+            _q5_tile(qs, qh, d, xq, xd, out, g, t0, 4)
+            t0 += 4
+        elif left >= 2:
+            _q5_tile(qs, qh, d, xq, xd, out, g, t0, 2)
+            t0 += 2
+        else:
+            _q5_tile(qs, qh, d, xq, xd, out, g, t0, 1)
+            t0 += 1
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q5(x, qs, qh, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x)
+    for g in prange(qs.shape[0]):
+        _q5_group(qs, qh, d, xq, xd, out, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Q6_K: low nibbles as the 4-bit layout; top two bits of positions (j, j + 16) in qh byte j // 2 of
+# the block, bits 4 * (j % 2) + (0..1, 2..3). Positions j (< 16) and j + 16 lie in different
+# 16-weight sub-blocks, so they keep separate sums; 8 products of at most 32 * 127 fit int16.
+
+
+@njit(inline="always")
+def _q6k_position(slo, shi, qs, wh, shift, xq, g, b, j, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """slo, shi += weights j, j + 16 of block b times their activations; `shift` a literal (see Q5_0)."""
+    wq = _lanes(qs, g, b * 16 + j)
+    for t in range(n_tok):
+        xlo = xq[t0 + t, b * QK + j]
+        xhi = xq[t0 + t, b * QK + j + 16]
+        for r in range(ROWS):
+            v = np.int16(wq[r])
+            h = np.int16(wh[r] >> shift)
+            lo = np.int16(np.int16(v & 15) | np.int16((h & 3) << 4))
+            hi = np.int16(np.int16(v >> 4) | np.int16((h & 12) << 2))
+            slo[t, r] += np.int16(lo - 32) * xlo
+            shi[t, r] += np.int16(hi - 32) * xhi
+
+
+@njit(inline="always")
+def _q6k_tile(qs, qh, sc, d, xq, xd, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    acc = stack_tile_f32()
+    slo = stack_tile_i16()
+    shi = stack_tile_i16()
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        dq = _lanes(d, g, b >> 3)
+        sclo, schi = _lanes(sc, g, 2 * b), _lanes(sc, g, 2 * b + 1)
+        for half in range(2):
+            _zero_tile(slo, n_tok)
+            _zero_tile(shi, n_tok)
+            for p in range(4 * half, 4 * half + 4):
+                wh = _lanes(qh, g, b * 8 + p)
+                _q6k_position(slo, shi, qs, wh, 0, xq, g, b, 2 * p, t0, n_tok)
+                _q6k_position(slo, shi, qs, wh, 4, xq, g, b, 2 * p + 1, t0, n_tok)
+            for t in range(n_tok):
+                xdt = xd[t0 + t, b]
+                for r in range(ROWS):
+                    lo = np.float32(sclo[r]) * np.float32(slo[t, r])
+                    hi = np.float32(schi[r]) * np.float32(shi[t, r])
+                    acc[t, r] += f16_to_f32(dq[r]) * xdt * (lo + hi)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q6k_group(qs, qh, sc, d, xq, xd, out, g) -> None:  # type: ignore[no-untyped-def]
+    n_tok = xq.shape[0]
+    t0 = 0
+    while t0 < n_tok:
+        left = n_tok - t0
+        if left >= 8:
+            _q6k_tile(qs, qh, sc, d, xq, xd, out, g, t0, 8)
+            t0 += 8
+        elif left >= 4:
+            _q6k_tile(qs, qh, sc, d, xq, xd, out, g, t0, 4)
+            t0 += 4
+        elif left >= 2:
+            _q6k_tile(qs, qh, sc, d, xq, xd, out, g, t0, 2)
+            t0 += 2
+        else:
+            _q6k_tile(qs, qh, sc, d, xq, xd, out, g, t0, 1)
+            t0 += 1
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x)
+    for g in prange(qs.shape[0]):
+        _q6k_group(qs, qh, sc, d, xq, xd, out, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Float path: Q8_0 (int8 quants times the block scale) and F16/F32, against unquantized activations.
+
+
+@njit(inline="always")
+def _q8_tile(qs, d, x, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    acc = stack_tile_f32()
+    _zero_tile(acc, n_tok)
+    for b in range(qs.shape[1] // (QK * ROWS)):
+        dq = _lanes(d, g, b)
+        for k in range(QK):
+            wq = _lanes(qs, g, b * QK + k)
+            for t in range(n_tok):
+                xk = x[t0 + t, b * QK + k]
+                for r in range(ROWS):
+                    acc[t, r] += (np.float32(wq[r]) * f16_to_f32(dq[r])) * xk
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q8_group(qs, d, x, out, g) -> None:  # type: ignore[no-untyped-def]
+    n_tok = x.shape[0]
+    t0 = 0
+    while t0 < n_tok:
+        left = n_tok - t0
+        if left >= 8:
+            _q8_tile(qs, d, x, out, g, t0, 8)
+            t0 += 8
+        elif left >= 4:
+            _q8_tile(qs, d, x, out, g, t0, 4)
+            t0 += 4
+        elif left >= 2:
+            _q8_tile(qs, d, x, out, g, t0, 2)
+            t0 += 2
+        else:
+            _q8_tile(qs, d, x, out, g, t0, 1)
+            t0 += 1
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q8(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
+    for g in prange(qs.shape[0]):
+        _q8_group(qs, d, x, out, g)
+
+
+@njit(inline="always")
+def _float_tile(f, x, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    acc = stack_tile_f32()
+    _zero_tile(acc, n_tok)
+    n_cols = x.shape[1]
+    # Two positions per step: with one, the lane loop is small enough for LLVM to unroll it fully
+    # before vectorizing, and it then vectorizes the position loop with gathers instead (20x slower).
+    for k in range(0, n_cols - 1, 2):
+        w0, w1 = _lanes(f, g, k), _lanes(f, g, k + 1)
+        for t in range(n_tok):
+            x0, x1 = x[t0 + t, k], x[t0 + t, k + 1]
+            for r in range(ROWS):
+                acc[t, r] += to_f32(w0[r]) * x0 + to_f32(w1[r]) * x1
+    if n_cols % 2:
+        w0 = _lanes(f, g, n_cols - 1)
+        for t in range(n_tok):
+            x0 = x[t0 + t, n_cols - 1]
+            for r in range(ROWS):
+                acc[t, r] += to_f32(w0[r]) * x0
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _float_group(f, x, out, g) -> None:  # type: ignore[no-untyped-def]
+    n_tok = x.shape[0]
+    t0 = 0
+    while t0 < n_tok:
+        left = n_tok - t0
+        if left >= 8:
+            _float_tile(f, x, out, g, t0, 8)
+            t0 += 8
+        elif left >= 4:
+            _float_tile(f, x, out, g, t0, 4)
+            t0 += 4
+        else:
+            _float_tile(f, x, out, g, t0, 1)
+            t0 += 1
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_float(x, f, out) -> None:  # type: ignore[no-untyped-def]
+    for g in prange(f.shape[0]):
+        _float_group(f, x, out, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# get_rows: dequantize whole rows out of the interleaved layout (embedding lookup).
+
+
+@njit(**_KERNEL)
+def _rows_q4(ids, qs, d, m, sc, mn, kind, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            if kind == KIND_Q4_0:
+                scale = f16_to_f32(d[g, b * ROWS + r])
+                low = np.float32(-8.0) * scale
+            elif kind == KIND_Q4_1:
+                scale = f16_to_f32(d[g, b * ROWS + r])
+                low = f16_to_f32(m[g, b * ROWS + r])
+            else:
+                scale = f16_to_f32(d[g, (b >> 3) * ROWS + r]) * np.float32(sc[g, b * ROWS + r])
+                low = -f16_to_f32(m[g, (b >> 3) * ROWS + r]) * np.float32(mn[g, b * ROWS + r])
+            for j in range(16):
+                v = qs[g, (b * 16 + j) * ROWS + r]
+                out[i, b * QK + j] = scale * np.float32(v & 15) + low
+                out[i, b * QK + j + 16] = scale * np.float32(v >> 4) + low
+
+
+@njit(**_KERNEL)
+def _rows_q5(ids, qs, qh, d, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            dv = f16_to_f32(d[g, b * ROWS + r])
+            for j in range(16):
+                v = qs[g, (b * 16 + j) * ROWS + r]
+                h = qh[g, (b * 4 + (j >> 2)) * ROWS + r] >> (2 * (j & 3))
+                out[i, b * QK + j] = dv * np.float32(np.int32((v & 15) | ((h & 1) << 4)) - 16)
+                out[i, b * QK + j + 16] = dv * np.float32(np.int32((v >> 4) | ((h & 2) << 3)) - 16)
+
+
+@njit(**_KERNEL)
+def _rows_q6k(ids, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            ds = f16_to_f32(d[g, (b >> 3) * ROWS + r])
+            dlo = ds * np.float32(sc[g, (2 * b) * ROWS + r])
+            dhi = ds * np.float32(sc[g, (2 * b + 1) * ROWS + r])
+            for j in range(16):
+                v = qs[g, (b * 16 + j) * ROWS + r]
+                h = qh[g, (b * 8 + (j >> 1)) * ROWS + r] >> (4 * (j & 1))
+                out[i, b * QK + j] = dlo * np.float32(np.int32((v & 15) | ((h & 3) << 4)) - 32)
+                out[i, b * QK + j + 16] = dhi * np.float32(np.int32((v >> 4) | ((h & 12) << 2)) - 32)
+
+
+@njit(**_KERNEL)
+def _rows_q8(ids, qs, d, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            dv = f16_to_f32(d[g, b * ROWS + r])
+            for k in range(QK):
+                out[i, b * QK + k] = dv * np.float32(qs[g, (b * QK + k) * ROWS + r])
+
+
+@njit(**_KERNEL)
+def _rows_float(ids, f, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for k in range(out.shape[1]):
+            out[i, k] = to_f32(f[g, k * ROWS + r])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Python entry points: a dictionary lookup and one call into compiled code.
+
+
+def _check(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    if x.dtype != np.float32 or out.dtype != np.float32:
+        raise TypeError("matmul works on float32 arrays")
+    if not (x.flags.c_contiguous and out.flags.c_contiguous):
+        raise ValueError("matmul needs C-contiguous x and out")
+    if x.ndim != 2 or x.shape[1] != w.n_cols or out.shape != (x.shape[0], w.n_rows):
+        raise ValueError(f"matmul shapes: x {x.shape}, weight ({w.n_rows}, {w.n_cols}), out {out.shape}")
+
+
+def matmul(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    """out[T, N] = x[T, K] @ W.T in float32; x and out C-contiguous."""
+    _check(x, w, out)
+    _MATMUL[w.qtype](x, w, out)
+
+
+def get_rows(w: PackedWeight, ids: np.ndarray, out: np.ndarray) -> None:
+    """Embedding lookup: out[i] = dequantized row ids[i] of W (ids int32, out float32 (len(ids), K))."""
+    if out.dtype != np.float32 or not out.flags.c_contiguous or out.shape != (len(ids), w.n_cols):
+        raise ValueError(f"get_rows: out must be float32 C-contiguous ({len(ids)}, {w.n_cols})")
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    if ids.size and (ids.min() < 0 or ids.max() >= w.n_rows):
+        raise IndexError(f"get_rows: ids out of range [0, {w.n_rows})")
+    _GET_ROWS[w.qtype](w, ids, out)
+
+
+_MATMUL = {
+    QType.Q4_0: lambda x, w, out: _matmul_q4_0(x, w.qs, w.d, out),
+    QType.Q4_1: lambda x, w, out: _matmul_q4_1(x, w.qs, w.d, w.m, out),
+    QType.Q4_K: lambda x, w, out: _matmul_q4_k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
+    QType.Q5_0: lambda x, w, out: _matmul_q5(x, w.qs, w.qh, w.d, out),
+    QType.Q6_K: lambda x, w, out: _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out),
+    QType.Q8_0: lambda x, w, out: _matmul_q8(x, w.qs, w.d, out),
+    QType.F32: lambda x, w, out: _matmul_float(x, w.f, out),
+    QType.F16: lambda x, w, out: _matmul_float(x, w.f, out),
+}
+
+_GET_ROWS = {
+    QType.Q4_0: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_0, out),
+    QType.Q4_1: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_1, out),
+    QType.Q4_K: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_K, out),
+    QType.Q5_0: lambda w, ids, out: _rows_q5(ids, w.qs, w.qh, w.d, out),
+    QType.Q6_K: lambda w, ids, out: _rows_q6k(ids, w.qs, w.qh, w.sc, w.d, out),
+    QType.Q8_0: lambda w, ids, out: _rows_q8(ids, w.qs, w.d, out),
+    QType.F32: lambda w, ids, out: _rows_float(ids, w.f, out),
+    QType.F16: lambda w, ids, out: _rows_float(ids, w.f, out),
+}

@@ -1,0 +1,358 @@
+"""GGML block formats: layouts, numpy reference dequantization, and the repacking the CPU kernels read.
+
+Stored layouts (ggml-common.h), per block of `block_size` weights along a row:
+
+    Q4_0  32 w, 18 B: f16 d | 16 B nibbles          w = d * (q - 8)
+    Q4_1  32 w, 20 B: f16 d | f16 m | 16 B nibbles   w = d * q + m
+    Q5_0  32 w, 22 B: f16 d | u32 high bits | 16 B    w = d * (q - 16), q = nibble | high bit << 4
+    Q8_0  32 w, 34 B: f16 d | 32 x int8               w = d * q
+    Q4_K 256 w, 144 B: f16 d | f16 dmin | 12 B six-bit (scale, min) x 8 | 128 B nibbles
+                      w = d * sc[s] * q - dmin * mn[s] for sub-block s of 32
+    Q6_K 256 w, 210 B: 128 B low nibbles | 64 B two-bit highs | int8 scale x 16 | f16 d
+                      w = d * sc[s] * (q - 32) for sub-block s of 16
+
+In the 32-blocks, byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
+
+`pack_weight` rearranges a matrix for the kernels in engine/cpu/matmul.py. Rows are taken in groups of
+ROWS (32, zero-padded at the end) and every field is stored "row-interleaved": for one group, one block
+and one position inside the block, the values of the 32 rows are contiguous. A kernel then loads the
+same weight position of 32 rows as one vector, multiplies it by one broadcast activation and keeps 32
+per-row sums in vector lanes: no horizontal reductions, and each weight byte is read once per call.
+The bit budget of every format is kept (only Q4_K grows, by 3%: its six-bit scales and mins get a byte
+each), so decode, which is bound by bytes read, reads what llama.cpp reads. The 4/5/6-bit quants keep
+ggml's nibble pairing (j, j + 16); the fifth and sixth bits are regrouped so that the bit a kernel
+needs for position j sits at a shift known when the kernel is compiled (see PackedWeight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+ROWS = 32  # rows per interleaved group: 32 lanes of int16 fill one 512-bit register
+QK = 32  # weights per block (and per activation-quantization block)
+QK_K = 256  # weights per K-quant super-block
+
+
+class QType(IntEnum):
+    """The ggml type numbers of the supported tensor types."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q8_0 = 8
+    Q4_K = 12
+    Q6_K = 14
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    block_size: int  # weights per block
+    type_size: int  # bytes per block
+
+
+BLOCK_LAYOUTS: dict[QType, BlockLayout] = {
+    QType.F32: BlockLayout(1, 4),
+    QType.F16: BlockLayout(1, 2),
+    QType.Q4_0: BlockLayout(32, 18),
+    QType.Q4_1: BlockLayout(32, 20),
+    QType.Q5_0: BlockLayout(32, 22),
+    QType.Q8_0: BlockLayout(32, 34),
+    QType.Q4_K: BlockLayout(256, 144),
+    QType.Q6_K: BlockLayout(256, 210),
+}
+
+
+class UnsupportedTensorTypeError(ValueError):
+    pass
+
+
+def qtype_of(qtype: int) -> QType:
+    """The QType for a ggml type number; UnsupportedTensorTypeError names any other type."""
+    try:
+        return QType(qtype)
+    except ValueError:
+        pass
+    try:
+        from gguf import GGMLQuantizationType
+
+        name = GGMLQuantizationType(qtype).name
+    except ValueError:
+        name = "unknown"
+    supported = ", ".join(t.name for t in QType)
+    raise UnsupportedTensorTypeError(
+        f"tensor type {name} (ggml type {qtype}) is not supported (supported: {supported})"
+    )
+
+
+def row_bytes(qtype: int, n_cols: int) -> int:
+    layout = BLOCK_LAYOUTS[qtype_of(qtype)]
+    if n_cols % layout.block_size:
+        raise ValueError(f"{QType(qtype).name} rows need a multiple of {layout.block_size} columns")
+    return n_cols // layout.block_size * layout.type_size
+
+
+# ---------------------------------------------------------------------------------------------------
+# Block decoding shared by dequantize and pack_weight. Each returns the integer quants of every weight
+# (rows, cols) and the scales in float32 or as raw f16 bits, so the packer copies bits unchanged.
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    """f16 fields (2 consecutive bytes on the last axis) -> uint16 bits with the last axis dropped."""
+    return np.ascontiguousarray(raw).view(np.uint16)[..., 0]
+
+
+def _as_f32(bits: np.ndarray) -> np.ndarray:
+    return bits.view(np.float16).astype(np.float32)
+
+
+def _blocks(data: np.ndarray, qtype: QType, shape: tuple[int, int]) -> np.ndarray:
+    """The raw bytes as (rows, blocks per row, bytes per block)."""
+    rows, cols = shape
+    layout = BLOCK_LAYOUTS[qtype]
+    raw = np.asarray(data).view(np.uint8).reshape(rows, -1)
+    if raw.shape[1] != row_bytes(qtype, cols):
+        raise ValueError(f"{qtype.name} {shape}: expected {row_bytes(qtype, cols)} bytes per row")
+    return raw.reshape(rows, cols // layout.block_size, layout.type_size)
+
+
+def _nibbles32(qs: np.ndarray) -> np.ndarray:
+    """(..., 16) bytes of 32-blocks -> (..., 32) quants: byte j holds weights j (low) and j + 16 (high)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _q5_high_bits(qh: np.ndarray) -> np.ndarray:
+    """(..., 4) bytes of a little-endian u32 -> (..., 32) bits, bit j for weight j."""
+    return np.unpackbits(qh, axis=-1, bitorder="little")
+
+
+def _q4_k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(..., 12) bytes -> six-bit (scale, min) per sub-block, each (..., 8) uint8."""
+    lo, hi, both = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = np.concatenate([lo & 0x3F, (both & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([hi & 0x3F, (both >> 4) | ((hi >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _q4_k_quants(qs: np.ndarray) -> np.ndarray:
+    """(..., 128) bytes -> (..., 256) quants: each 32-byte chunk holds sub-block 2c low, 2c + 1 high."""
+    chunks = qs.reshape(*qs.shape[:-1], 4, 1, 32)
+    return ((chunks >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F).reshape(*qs.shape[:-1], 256)
+
+
+def _q6_k_quants(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
+    """(..., 128) low and (..., 64) high bytes -> (..., 256) unsigned six-bit quants (0..63)."""
+    lead = ql.shape[:-1]
+    low = (ql.reshape(*lead, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F
+    high = (qh.reshape(*lead, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03
+    return low.reshape(*lead, 256) | (high.reshape(*lead, 256) << 4)
+
+
+def dequantize(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> np.ndarray:
+    """Reference dequantization of a (rows, cols) matrix -> float32 (rows, cols)."""
+    qt = qtype_of(qtype)
+    rows, cols = shape
+    if qt == QType.F32:
+        return np.asarray(data).view(np.float32).reshape(rows, cols).copy()
+    if qt == QType.F16:
+        return np.asarray(data).view(np.float16).reshape(rows, cols).astype(np.float32)
+    b = _blocks(data, qt, shape)
+    if qt == QType.Q4_0:
+        w = (_nibbles32(b[..., 2:]).astype(np.float32) - 8) * _as_f32(_f16(b[..., 0:2]))[..., None]
+    elif qt == QType.Q4_1:
+        d, m = _as_f32(_f16(b[..., 0:2]))[..., None], _as_f32(_f16(b[..., 2:4]))[..., None]
+        w = _nibbles32(b[..., 4:]).astype(np.float32) * d + m
+    elif qt == QType.Q5_0:
+        q = _nibbles32(b[..., 6:]) | (_q5_high_bits(b[..., 2:6]) << 4)
+        w = (q.astype(np.float32) - 16) * _as_f32(_f16(b[..., 0:2]))[..., None]
+    elif qt == QType.Q8_0:
+        w = b[..., 2:].view(np.int8).astype(np.float32) * _as_f32(_f16(b[..., 0:2]))[..., None]
+    elif qt == QType.Q4_K:
+        d, dmin = _as_f32(_f16(b[..., 0:2]))[..., None], _as_f32(_f16(b[..., 2:4]))[..., None]
+        sc, mn = _q4_k_scales(b[..., 4:16])
+        q = _q4_k_quants(b[..., 16:]).reshape(rows, -1, 8, 32).astype(np.float32)
+        w = (d * sc)[..., None] * q - (dmin * mn)[..., None]
+    else:  # Q6_K
+        q = _q6_k_quants(b[..., 0:128], b[..., 128:192]).astype(np.float32) - 32
+        scale = _as_f32(_f16(b[..., 208:210]))[..., None] * b[..., 192:208].view(np.int8)
+        w = q.reshape(rows, -1, 16, 16) * scale[..., None]
+    return w.reshape(rows, cols).astype(np.float32, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Repacking for the kernels.
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight matrix (n_rows = output features N, n_cols = input features K), repacked at load.
+
+    Every array is 2-D, C-contiguous, shaped (n_groups, per-group length): group g holds rows
+    32g .. 32g + 31 and the last axis runs (block, position in block, row of the group). Fields a type
+    does not use are (n_groups, 0). With nb = n_cols / 32 and ns = n_cols / 256:
+
+        F32   f  float32 (g, K * 32): weight k of the 32 rows
+        F16   f  uint16 f16 bits, as F32
+        Q4_0  qs uint8 (g, nb * 16 * 32): byte j of block b = ggml's byte (weights j, j + 16)
+              d  uint16 f16 (g, nb * 32)
+        Q4_1  qs, d as Q4_0; m uint16 f16 (g, nb * 32) the block minimum
+        Q5_0  qs, d as Q4_0 (low four bits); qh uint8 (g, nb * 4 * 32): byte c of block b holds the
+              fifth bits of weights (4c + i, 4c + i + 16) in bits (2i, 2i + 1), i = 0..3
+        Q8_0  qs int8 (g, nb * 32 * 32) weight k of block b; d as Q4_0
+        Q4_K  qs as Q4_0 per 32-sub-block (re-paired from ggml's 64-weight chunks)
+              sc, mn uint8 (g, nb * 32) six-bit scale and min per sub-block
+              d, m uint16 f16 (g, ns * 32) super-block scale and dmin
+        Q6_K  qs low four bits as Q4_0 per 32-block
+              qh uint8 (g, nb * 8 * 32): byte p of block b holds the two top bits of weights
+              2p, 2p + 16, 2p + 1, 2p + 17 in bits 0-1, 2-3, 4-5, 6-7
+              sc int8 (g, nb * 2 * 32) scale per 16 weights; d uint16 f16 (g, ns * 32)
+    """
+
+    qtype: int
+    n_rows: int
+    n_cols: int
+    qs: np.ndarray
+    qh: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+    sc: np.ndarray
+    mn: np.ndarray
+    f: np.ndarray
+
+    @property
+    def n_groups(self) -> int:
+        return self.qs.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a matmul reads (padding rows included)."""
+        return sum(a.nbytes for a in (self.qs, self.qh, self.d, self.m, self.sc, self.mn, self.f))
+
+
+def _interleave(fields: np.ndarray, n_groups: int) -> np.ndarray:
+    """(rows, *per-row dims) -> (groups, *per-row dims, 32 rows) flattened per group, zero-padded."""
+    rows = fields.shape[0]
+    if rows != n_groups * ROWS:
+        padded = np.zeros((n_groups * ROWS, *fields.shape[1:]), fields.dtype)
+        padded[:rows] = fields
+        fields = padded
+    grouped = fields.reshape(n_groups, ROWS, *fields.shape[1:])
+    moved = np.moveaxis(grouped, 1, -1)
+    return np.ascontiguousarray(moved).reshape(n_groups, -1)
+
+
+def _pair_nibbles(q: np.ndarray) -> np.ndarray:
+    """(..., 32) quants of a 32-block -> (..., 16) bytes, byte j = q[j] | q[j + 16] << 4."""
+    return (q[..., :16] & 0x0F) | (q[..., 16:] << 4)
+
+
+def _pack_q5_high(bits: np.ndarray) -> np.ndarray:
+    """(..., 32) fifth bits -> (..., 4) bytes laid out as PackedWeight documents for Q5_0."""
+    lo = bits[..., :16].reshape(*bits.shape[:-1], 4, 4)  # [c, i] = weight 4c + i
+    hi = bits[..., 16:].reshape(*bits.shape[:-1], 4, 4)
+    shift = 2 * np.arange(4, dtype=np.uint8)
+    return ((lo << shift) | (hi << (shift + 1))).sum(axis=-1, dtype=np.uint8)
+
+
+def _pack_q6_high(high: np.ndarray) -> np.ndarray:
+    """(..., 32) two-bit tops of a 32-block -> (..., 8) bytes laid out as documented for Q6_K."""
+    lo, hi = high[..., :16], high[..., 16:]
+    return lo[..., 0::2] | (hi[..., 0::2] << 2) | (lo[..., 1::2] << 4) | (hi[..., 1::2] << 6)
+
+
+def pack_weight(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> PackedWeight:
+    """Repack stored rows (any (rows, bytes per row) array of one type, e.g. q|k|v concatenated)."""
+    qt = qtype_of(qtype)
+    rows, cols = shape
+    n_groups = -(-rows // ROWS)
+    empty_u8 = np.zeros((n_groups, 0), np.uint8)
+    empty_u16 = np.zeros((n_groups, 0), np.uint16)
+    parts: dict[str, np.ndarray] = {}
+    if qt in (QType.F32, QType.F16):
+        dtype = np.float32 if qt == QType.F32 else np.uint16
+        parts["f"] = _interleave(np.asarray(data).view(dtype).reshape(rows, cols), n_groups)
+    else:
+        b = _blocks(data, qt, shape)
+        parts.update(_PACKERS[qt](b, n_groups))
+    return PackedWeight(
+        qtype=int(qt),
+        n_rows=rows,
+        n_cols=cols,
+        qs=parts.get("qs", empty_u8),
+        qh=parts.get("qh", empty_u8),
+        d=parts.get("d", empty_u16),
+        m=parts.get("m", empty_u16),
+        sc=parts.get("sc", empty_u8),
+        mn=parts.get("mn", empty_u8),
+        f=parts.get("f", np.zeros((n_groups, 0), np.float32)),
+    )
+
+
+def _pack_q4_0(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    return {"qs": _interleave(b[..., 2:], n_groups), "d": _interleave(_f16(b[..., 0:2]), n_groups)}
+
+
+def _pack_q4_1(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    return {
+        "qs": _interleave(b[..., 4:], n_groups),
+        "d": _interleave(_f16(b[..., 0:2]), n_groups),
+        "m": _interleave(_f16(b[..., 2:4]), n_groups),
+    }
+
+
+def _pack_q5_0(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    return {
+        "qs": _interleave(b[..., 6:], n_groups),
+        "qh": _interleave(_pack_q5_high(_q5_high_bits(b[..., 2:6])), n_groups),
+        "d": _interleave(_f16(b[..., 0:2]), n_groups),
+    }
+
+
+def _pack_q8_0(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    return {
+        "qs": _interleave(b[..., 2:].view(np.int8), n_groups),
+        "d": _interleave(_f16(b[..., 0:2]), n_groups),
+    }
+
+
+def _pack_q4_k(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    rows = b.shape[0]
+    # ggml pairs weights l and l + 32 of a 64-chunk in one byte; re-pair them as (j, j + 16) per 32-block.
+    chunks = b[..., 16:].reshape(rows, -1, 4, 2, 16)  # (row, super-block, chunk, half, 16 bytes)
+    first, second = chunks[..., 0, :], chunks[..., 1, :]
+    even = (first & 0x0F) | (second << 4)  # sub-block 2c: low nibbles
+    odd = (first >> 4) | (second & 0xF0)  # sub-block 2c + 1: high nibbles
+    qs = np.stack([even, odd], axis=-2).reshape(rows, -1, 16)
+    sc, mn = _q4_k_scales(b[..., 4:16])
+    return {
+        "qs": _interleave(qs, n_groups),
+        "sc": _interleave(sc.reshape(rows, -1), n_groups),
+        "mn": _interleave(mn.reshape(rows, -1), n_groups),
+        "d": _interleave(_f16(b[..., 0:2]), n_groups),
+        "m": _interleave(_f16(b[..., 2:4]), n_groups),
+    }
+
+
+def _pack_q6_k(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    rows = b.shape[0]
+    q = _q6_k_quants(b[..., 0:128], b[..., 128:192]).reshape(rows, -1, 32)
+    return {
+        "qs": _interleave(_pair_nibbles(q & 0x0F), n_groups),
+        "qh": _interleave(_pack_q6_high(q >> 4), n_groups),
+        "sc": _interleave(b[..., 192:208].view(np.int8).reshape(rows, -1), n_groups),
+        "d": _interleave(_f16(b[..., 208:210]), n_groups),
+    }
+
+
+_PACKERS = {
+    QType.Q4_0: _pack_q4_0,
+    QType.Q4_1: _pack_q4_1,
+    QType.Q5_0: _pack_q5_0,
+    QType.Q8_0: _pack_q8_0,
+    QType.Q4_K: _pack_q4_k,
+    QType.Q6_K: _pack_q6_k,
+}

@@ -1,0 +1,173 @@
+"""The CPU matmul and get_rows kernels against numpy references, for every supported weight type.
+
+Two references: x @ W.T in float (the integer kernels quantize x to int8 per 32-block, so they match it
+to about 1e-2 of the output RMS), and the same product with x replaced by its int8 quantization, which
+the integer kernels must match to float rounding (this one catches int16 overflow and layout slips).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import quant
+from engine.cpu import matmul as mm
+from engine.gguf import GGUFFile
+from engine.quant import QType
+from tests.test_quant import random_blocks
+
+RNG = np.random.default_rng(1)
+INTEGER_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q4_K, QType.Q6_K}
+
+
+def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref**2)))
+
+
+def rel_max(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(got - ref).max() / np.sqrt(np.mean(ref**2)))
+
+
+def quantized_x(x: np.ndarray) -> np.ndarray:
+    """x as the integer kernels see it: int8 values times the block scale."""
+    xq, xd, _ = mm.quantize_activations(x)
+    return (xq.reshape(len(x), -1, quant.QK) * xd[..., None]).reshape(x.shape).astype(np.float32)
+
+
+def run_matmul(w: quant.PackedWeight, x: np.ndarray) -> np.ndarray:
+    out = np.full((len(x), w.n_rows), np.nan, np.float32)
+    mm.matmul(x, w, out)
+    return out
+
+
+def check(qtype: int, w: quant.PackedWeight, weights: np.ndarray, x: np.ndarray, tol: float = 1e-2) -> None:
+    got = run_matmul(w, x)
+    assert np.isfinite(got).all()
+    ref = x @ weights.T
+    if qtype in INTEGER_PATH:
+        assert rel_rms(got, ref) < tol
+        assert rel_max(got, ref) < 10 * tol  # the largest of thousands of outputs: heavy-tailed
+        exact = quantized_x(x) @ weights.T
+        assert rel_max(got, exact) < 1e-4
+    else:
+        assert rel_max(got, ref) < 1e-4
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 13, 64])
+@pytest.mark.parametrize("qtype", list(QType), ids=lambda q: q.name)
+def test_matmul_random(qtype: QType, n_tok: int) -> None:
+    rows, cols = (70, 512) if n_tok != 13 else (33, 768)
+    data = random_blocks(qtype, rows, cols)
+    w = quant.pack_weight(data, qtype, (rows, cols))
+    weights = quant.dequantize(data, qtype, (rows, cols))
+    check(qtype, w, weights, RNG.standard_normal((n_tok, cols)).astype(np.float32))
+
+
+def test_float_odd_width() -> None:
+    weights = RNG.standard_normal((40, 37)).astype(np.float32)
+    x = RNG.standard_normal((5, 37)).astype(np.float32)
+    check(QType.F32, quant.pack_weight(weights, QType.F32, weights.shape), weights, x)
+
+
+def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
+    """Every quant at the value whose int16 products are largest: nibble 15 where the kernel sums
+    unsigned nibbles (Q4_0, Q4_1, Q4_K), the most negative centred value where it sums q - 16 (Q5_0)
+    or q - 32 (Q6_K): all bits clear."""
+    layout = quant.BLOCK_LAYOUTS[qtype]
+    raw = np.zeros((rows, cols // layout.block_size, layout.type_size), np.uint8)
+    scale = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    if qtype == QType.Q4_K:
+        raw[..., 0:2] = scale
+        raw[..., 4:16] = 0x3F  # six-bit scales and mins of 63
+        raw[..., 16:] = 0xFF
+    elif qtype == QType.Q6_K:
+        raw[..., 208:210] = scale
+        raw[..., 192:208] = 127
+    else:
+        raw[..., 0:2] = scale
+        if qtype == QType.Q4_0:
+            raw[..., 2:] = 0xFF
+        elif qtype == QType.Q4_1:
+            raw[..., 4:] = 0xFF
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("qtype", sorted(INTEGER_PATH), ids=lambda q: QType(q).name)
+def test_int16_sums_do_not_overflow(qtype: QType, sign: float) -> None:
+    rows, cols = 32, 512
+    data = _extreme_blocks(qtype, rows, cols)
+    weights = quant.dequantize(data, qtype, (rows, cols))
+    x = np.full((2, cols), sign, np.float32)  # every activation quantizes to +-127
+    got = run_matmul(quant.pack_weight(data, qtype, (rows, cols)), x)
+    np.testing.assert_allclose(got, x @ weights.T, rtol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", list(QType), ids=lambda q: q.name)
+def test_get_rows_random(qtype: QType) -> None:
+    rows, cols = 70, 512
+    data = random_blocks(qtype, rows, cols)
+    w = quant.pack_weight(data, qtype, (rows, cols))
+    ids = np.array([0, 69, 31, 32, 5, 5], np.int32)
+    out = np.empty((len(ids), cols), np.float32)
+    mm.get_rows(w, ids, out)
+    np.testing.assert_array_equal(out, quant.dequantize(data, qtype, (rows, cols))[ids])
+
+
+def test_concatenated_rows_pack_as_one() -> None:
+    """q|k|v (or gate|up) rows concatenated before packing give the concatenated outputs."""
+    parts = [random_blocks(QType.Q4_1, n, 256) for n in (64, 16, 16)]
+    x = RNG.standard_normal((3, 256)).astype(np.float32)
+    fused = run_matmul(quant.pack_weight(np.concatenate(parts), QType.Q4_1, (96, 256)), x)
+    single = [run_matmul(quant.pack_weight(p, QType.Q4_1, (len(p), 256)), x) for p in parts]
+    np.testing.assert_array_equal(fused, np.concatenate(single, axis=1))
+
+
+def test_argument_checks() -> None:
+    w = quant.pack_weight(random_blocks(QType.Q8_0, 32, 64), QType.Q8_0, (32, 64))
+    with pytest.raises(ValueError, match="shapes"):
+        mm.matmul(np.zeros((2, 32), np.float32), w, np.zeros((2, 32), np.float32))
+    with pytest.raises(TypeError):
+        mm.matmul(np.zeros((2, 64)), w, np.zeros((2, 32), np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        mm.matmul(np.zeros((64, 2), np.float32).T, w, np.zeros((2, 32), np.float32))
+    with pytest.raises(IndexError):
+        mm.get_rows(w, np.array([32], np.int32), np.zeros((1, 64), np.float32))
+
+
+def _real_matrices(gguf_file: GGUFFile, max_rows: int = 2048) -> list:  # type: ignore[type-arg]
+    """One matrix of every type in the file (the head cut to max_rows rows)."""
+    seen: dict[str, object] = {}
+    for t in gguf_file.tensors.values():
+        if len(t.shape) == 2 and t.type_name not in seen:
+            seen[t.type_name] = t
+    return [
+        (t.name, t.ggml_type, t.data[:max_rows], (min(t.shape[0], max_rows), t.shape[1]))
+        for t in seen.values()
+    ]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("model", ["smollm2_gguf", "gemma3_gguf"])
+@pytest.mark.parametrize("n_tok", [1, 3, 64])
+def test_matmul_real_tensors(model: str, n_tok: int, request: pytest.FixtureRequest) -> None:
+    for name, qtype, data, shape in _real_matrices(request.getfixturevalue(model)):
+        w = quant.pack_weight(data, qtype, shape)
+        weights = quant.dequantize(data, qtype, shape)
+        # Activations shaped like a model's: mostly small, a few large channels. An outlier sets its
+        # block's int8 scale, so the rest of the block rounds coarser: twice the tolerance.
+        x = RNG.standard_normal((n_tok, shape[1])).astype(np.float32)
+        x[:, :: max(1, shape[1] // 8)] *= 8
+        try:
+            check(qtype, w, weights, x, tol=2e-2)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+def test_get_rows_real_embeddings(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile) -> None:
+    for f in (smollm2_gguf, gemma3_gguf):
+        t = f.tensors["token_embd.weight"]
+        w = quant.pack_weight(t.data, t.ggml_type, t.shape)
+        ids = np.array([0, 1, 2, t.shape[0] - 1, 12345], np.int32)
+        out = np.empty((len(ids), t.shape[1]), np.float32)
+        mm.get_rows(w, ids, out)
+        np.testing.assert_array_equal(out, quant.dequantize(t.data[ids], t.ggml_type, (len(ids), t.shape[1])))

@@ -1,0 +1,110 @@
+"""Block formats: the numpy reference dequantization against gguf-py, and the kernel repacking."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from engine import quant
+from engine.gguf import GGUFFile
+from engine.quant import QType
+
+RNG = np.random.default_rng(0)
+QUANTIZED = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K]
+# Byte offsets of the f16 scale fields per block, set to sane values in random K-quant blocks.
+_F16_FIELDS = {QType.Q4_K: (0, 2), QType.Q6_K: (208,)}
+
+
+def random_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
+    """Stored bytes (rows, bytes per row) of a random matrix of the type."""
+    if qtype == QType.F32:
+        return RNG.standard_normal((rows, cols)).astype(np.float32)
+    if qtype == QType.F16:
+        return RNG.standard_normal((rows, cols)).astype(np.float16)
+    if qtype in _F16_FIELDS:  # gguf-py cannot quantize K-quants: random bits, finite scales
+        layout = quant.BLOCK_LAYOUTS[qtype]
+        raw = RNG.integers(0, 256, (rows, cols // layout.block_size, layout.type_size), dtype=np.uint8)
+        for offset in _F16_FIELDS[qtype]:
+            scale = (RNG.random((rows, raw.shape[1])) * 0.02).astype(np.float16)
+            raw[..., offset : offset + 2] = scale.view(np.uint8).reshape(rows, -1, 2)
+        return raw.reshape(rows, -1)
+    weights = RNG.standard_normal((rows, cols)).astype(np.float32)
+    return gguf_quants.quantize(weights, GGMLQuantizationType(int(qtype)))
+
+
+def gguf_reference(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> np.ndarray:
+    return gguf_quants.dequantize(np.asarray(data), GGMLQuantizationType(qtype)).reshape(shape)
+
+
+@pytest.mark.parametrize("qtype", list(QType), ids=lambda q: q.name)
+def test_dequantize_random_blocks(qtype: QType) -> None:
+    shape = (7, 512)
+    data = random_blocks(qtype, *shape)
+    got = quant.dequantize(data, qtype, shape)
+    assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_array_equal(got, gguf_reference(data, qtype, shape))
+
+
+def _first_of_each_type(gguf_file: GGUFFile) -> dict[str, object]:
+    seen: dict[str, object] = {}
+    for t in gguf_file.tensors.values():
+        if len(t.shape) == 2 and t.type_name not in seen:
+            seen[t.type_name] = t
+    return seen
+
+
+@pytest.mark.parametrize("model", ["smollm2_gguf", "gemma3_gguf"])
+def test_dequantize_real_tensors(model: str, request: pytest.FixtureRequest) -> None:
+    tensors = _first_of_each_type(request.getfixturevalue(model))
+    assert tensors
+    for t in tensors.values():
+        rows = t.data[:40]  # type: ignore[attr-defined]
+        shape = (40, t.shape[1])  # type: ignore[attr-defined]
+        got = quant.dequantize(rows, t.ggml_type, shape)  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(got, gguf_reference(rows, t.ggml_type, shape), err_msg=t.name)  # type: ignore[attr-defined]
+
+
+def test_model_types_are_covered(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile) -> None:
+    for f in (smollm2_gguf, gemma3_gguf):
+        for t in f.tensors.values():
+            quant.qtype_of(t.ggml_type)
+
+
+def test_unsupported_type_is_named() -> None:
+    with pytest.raises(quant.UnsupportedTensorTypeError, match="Q5_K"):
+        quant.qtype_of(int(GGMLQuantizationType.Q5_K))
+    with pytest.raises(quant.UnsupportedTensorTypeError, match="IQ4_XS"):
+        quant.pack_weight(np.zeros((1, 136), np.uint8), int(GGMLQuantizationType.IQ4_XS), (1, 256))
+    with pytest.raises(quant.UnsupportedTensorTypeError, match="unknown"):
+        quant.dequantize(np.zeros((1, 4), np.uint8), 999, (1, 4))
+
+
+def test_wrong_row_size_is_rejected() -> None:
+    with pytest.raises(ValueError, match="bytes per row"):
+        quant.dequantize(np.zeros((2, 40), np.uint8), QType.Q4_0, (2, 64))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        quant.row_bytes(QType.Q4_K, 640)
+
+
+@pytest.mark.parametrize("qtype", list(QType), ids=lambda q: q.name)
+def test_pack_layout(qtype: QType) -> None:
+    rows, cols = 70, 512  # 70 rows: three groups, the last one padded
+    w = quant.pack_weight(random_blocks(qtype, rows, cols), qtype, (rows, cols))
+    assert (w.qtype, w.n_rows, w.n_cols, w.n_groups) == (int(qtype), rows, cols, 3)
+    for a in (w.qs, w.qh, w.d, w.m, w.sc, w.mn, w.f):
+        assert a.ndim == 2 and a.shape[0] == 3 and a.flags.c_contiguous
+    # The packed bytes hold what the stored ones do, bar the six-bit K-quant scales spread to a byte each.
+    stored = quant.row_bytes(qtype, cols) * 96
+    assert stored <= w.nbytes <= stored * 1.05
+
+
+def test_pack_is_fast(smollm2_gguf: GGUFFile) -> None:
+    start = time.perf_counter()
+    for t in smollm2_gguf.tensors.values():
+        if len(t.shape) == 2:
+            quant.pack_weight(t.data, t.ggml_type, t.shape)
+    assert time.perf_counter() - start < 3.0  # 0.2 s on the development machine
