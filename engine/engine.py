@@ -82,10 +82,18 @@ class Engine:
 
     # -- thread-safe public surface ----------------------------------------------------------------
     def start(self, warm_up: bool = True) -> None:
-        if warm_up:
-            self._warm_up()
-        self._thread = threading.Thread(target=self._run, name="llamba-engine", daemon=True)
+        """Start the engine thread; returns once it is ready for requests (kernels compiled or loaded).
+
+        The warm-up runs on the engine thread itself: OpenMP gives every thread that enters a parallel
+        region its own worker team, and with two teams on two cores libgomp throttles its spinning
+        (measured: decode 4.7 -> 12 ms a step).
+        """
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(warm_up, ready), name="llamba-engine", daemon=True
+        )
         self._thread.start()
+        ready.wait()
 
     def stop(self, timeout: float = 2.0) -> None:
         with self._cond:
@@ -152,7 +160,12 @@ class Engine:
             self._commands.append(fn)
             self._cond.notify()
 
-    def _run(self) -> None:
+    def _run(self, warm_up: bool, ready: threading.Event) -> None:
+        try:
+            if warm_up:
+                self._warm_up()
+        finally:
+            ready.set()
         while True:
             with self._cond:
                 while not self._commands and not self._stopping and not self.scheduler.has_work():

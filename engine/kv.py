@@ -15,8 +15,12 @@ class KVCache:
 
     def __init__(self, n_layer: int, n_seq: int, n_ctx: int, n_kv_heads: int, head_dim: int) -> None:
         shape = (n_layer, n_seq, n_kv_heads, n_ctx, head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        # Written once up front, like llama.cpp clears its KV buffer: pages the OS would otherwise fault in
+        # lazily, one by one inside the decode loop, cost ~2.5 ms a step on a fresh cache.
+        self.k = np.empty(shape, dtype=np.float32)
+        self.v = np.empty(shape, dtype=np.float32)
+        self.k.fill(0.0)
+        self.v.fill(0.0)
         self.lengths = np.zeros(n_seq, dtype=np.int64)
 
     @property
