@@ -21,7 +21,11 @@ def _empty(shape: Any, dtype: Any = np.float32) -> np.ndarray:
 
 
 def _zeros(shape: Any, dtype: Any = np.float32) -> np.ndarray:
-    return np.zeros(shape, dtype)
+    # Written once up front (as llama.cpp clears its KV buffer): pages the OS would otherwise fault in
+    # lazily, one by one inside the decode loop, cost ~2.5 ms a step on a fresh cache.
+    out = np.empty(shape, dtype)
+    out.fill(0)
+    return out
 
 
 def _take_rows(x: np.ndarray, rows: Any) -> np.ndarray:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 
@@ -13,14 +16,18 @@ class KVCache:
     positions per kv head.
     """
 
-    def __init__(self, n_layer: int, n_seq: int, n_ctx: int, n_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        n_layer: int,
+        n_seq: int,
+        n_ctx: int,
+        n_kv_heads: int,
+        head_dim: int,
+        zeros: Callable[..., Any] = np.zeros,  # the backend's allocator: the cache lives where it computes
+    ) -> None:
         shape = (n_layer, n_seq, n_kv_heads, n_ctx, head_dim)
-        # Written once up front, like llama.cpp clears its KV buffer: pages the OS would otherwise fault in
-        # lazily, one by one inside the decode loop, cost ~2.5 ms a step on a fresh cache.
-        self.k = np.empty(shape, dtype=np.float32)
-        self.v = np.empty(shape, dtype=np.float32)
-        self.k.fill(0.0)
-        self.v.fill(0.0)
+        self.k = zeros(shape, np.float32)
+        self.v = zeros(shape, np.float32)
         self.lengths = np.zeros(n_seq, dtype=np.int64)
 
     @property

@@ -21,7 +21,7 @@ class Gemma3Layer(LlamaLayer):
         p = f"blk.{il}."
 
         def weight(name: str) -> np.ndarray:
-            return np.asarray(g.tensors[p + name].data, dtype=np.float32)
+            return backend.upload(np.asarray(g.tensors[p + name].data, dtype=np.float32))
 
         self.q_norm = weight("attn_q_norm.weight")
         self.k_norm = weight("attn_k_norm.weight")
@@ -39,7 +39,7 @@ class Gemma3Model(LlamaModel):
 
     def head_norm(self, x: np.ndarray, weight: np.ndarray) -> None:
         """RMSNorm of each head of x[T, heads, head_dim], in place."""
-        flat = x.reshape(-1, x.shape[2])
+        flat = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
         self.backend.rmsnorm(flat, weight, self.hp.rms_eps, flat)
 
     def attention_block(self, il: int, layer: Gemma3Layer, x: np.ndarray, batch: Batch, kv: KVCache) -> None:

@@ -32,15 +32,14 @@ class Projection:
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         n_tok = x.shape[0]
         if len(self.weights) == 1:
-            out = np.empty((n_tok, sum(self.sizes)), dtype=np.float32)
+            out = self.backend.empty((n_tok, sum(self.sizes)))
             self.backend.matmul(x, self.weights[0], out)
             if len(self.sizes) == 1:
                 return [out]
-            bounds = np.cumsum(self.sizes)[:-1]
-            return [np.ascontiguousarray(part) for part in np.split(out, bounds, axis=1)]
+            return self.backend.split_cols(out, self.sizes)
         outs = []
         for w, size in zip(self.weights, self.sizes, strict=True):
-            out = np.empty((n_tok, size), dtype=np.float32)
+            out = self.backend.empty((n_tok, size))
             self.backend.matmul(x, w, out)
             outs.append(out)
         return outs
@@ -50,8 +49,8 @@ class LlamaLayer:
     def __init__(self, backend: Backend, g: GGUFFile, il: int) -> None:
         t = g.tensors
         p = f"blk.{il}."
-        self.attn_norm = np.asarray(t[p + "attn_norm.weight"].data, dtype=np.float32)
-        self.ffn_norm = np.asarray(t[p + "ffn_norm.weight"].data, dtype=np.float32)
+        self.attn_norm = backend.upload(np.asarray(t[p + "attn_norm.weight"].data, dtype=np.float32))
+        self.ffn_norm = backend.upload(np.asarray(t[p + "ffn_norm.weight"].data, dtype=np.float32))
         self.qkv = Projection(
             backend, [t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]]
         )
@@ -76,37 +75,42 @@ class LlamaModel:
         self.output = (
             self.token_embd if head is embd else backend.pack_weight(head.data, head.ggml_type, head.shape)
         )
-        self.output_norm = np.asarray(t["output_norm.weight"].data, dtype=np.float32)
+        self.output_norm = backend.upload(np.asarray(t["output_norm.weight"].data, dtype=np.float32))
         self.layers = [self.layer_class(backend, g, il) for il in range(self.hp.n_layer)]
 
     def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
         hp = self.hp
-        return KVCache(hp.n_layer, n_seq, n_ctx, hp.n_kv_head, hp.head_dim)
+        return KVCache(hp.n_layer, n_seq, n_ctx, hp.n_kv_head, hp.head_dim, self.backend.zeros)
 
     def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
         """Logits float32 [len(batch.output_rows), n_vocab] after running every token of the batch."""
         kv.check_batch(batch.seq_ids, batch.positions)
-        x = self.embed(batch.tokens)
+        be = self.backend
+        # The batch's indices go to the backend once per step, not once per kernel.
+        on_device = Batch(
+            be.upload(batch.tokens), be.upload(batch.positions), be.upload(batch.seq_ids), batch.output_rows
+        )
+        x = self.embed(on_device.tokens)
         for il, layer in enumerate(self.layers):
-            self.attention_block(il, layer, x, batch, kv)
+            self.attention_block(il, layer, x, on_device, kv)
             self.ffn_block(layer, x)
         kv.commit(batch.seq_ids, batch.positions)
-        return self.logits(x[batch.output_rows])
+        return be.download(self.logits(be.take_rows(x, batch.output_rows)))
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        x = np.empty((len(tokens), self.hp.n_embd), dtype=np.float32)
+        x = self.backend.empty((len(tokens), self.hp.n_embd))
         self.backend.get_rows(self.token_embd, tokens, x)
         return x
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        h = np.empty_like(x)
+        h = self.backend.empty(x.shape)
         self.backend.rmsnorm(x, self.output_norm, self.hp.rms_eps, h)
-        out = np.empty((x.shape[0], self.hp.n_vocab), dtype=np.float32)
+        out = self.backend.empty((x.shape[0], self.hp.n_vocab))
         self.backend.matmul(h, self.output, out)
         return out
 
     def norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        out = np.empty_like(x)
+        out = self.backend.empty(x.shape)
         self.backend.rmsnorm(x, weight, self.hp.rms_eps, out)
         return out
 
@@ -126,10 +130,10 @@ class LlamaModel:
         """Store k/v in the cache, attend, and return the heads concatenated: [T, n_head * head_dim]."""
         hp, be = self.hp, self.backend
         be.store_kv(k, v, batch.seq_ids, batch.positions, kv.k[il], kv.v[il])
-        out = np.empty_like(q)
+        out = be.empty(q.shape)
         window = hp.sliding_window if hp.swa_layers[il] else 0
         be.attention(q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, window, hp.attn_scale, out)
-        return out.reshape(q.shape[0], -1)
+        return out.reshape(q.shape[0], q.shape[1] * q.shape[2])
 
     def attention_block(self, il: int, layer: LlamaLayer, x: np.ndarray, batch: Batch, kv: KVCache) -> None:
         q, k, v = self.qkv_heads(layer, self.norm(x, layer.attn_norm))
