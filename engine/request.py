@@ -18,6 +18,8 @@ class GenerationRequest:
     id_slot: int = -1  # -1: the engine chooses
     cache_prompt: bool = True
     request_id: str = ""
+    timings_per_token: bool = False  # timings on every event, not only the last
+    return_progress: bool = False  # an event after every prompt chunk, with `progress`
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
 
 
@@ -46,6 +48,24 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """llama-server's `prompt_progress`: how much of the prompt is processed."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "total": self.total,
+            "cache": self.cache,
+            "processed": self.processed,
+            "time_ms": self.time_ms,
+        }
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """One generated token (token is None on a final event that carries no new token)."""
 
@@ -61,3 +81,4 @@ class TokenEvent:
     n_generated: int = 0
     id_slot: int = -1
     error: str | None = None
+    progress: PromptProgress | None = None  # set on prompt-progress events (no token, no text)

@@ -17,7 +17,7 @@ import numpy as np
 from engine.batch import Batch
 from engine.kv import KVCache
 from engine.reasoning import ControlResult, ReasoningState, Split
-from engine.request import GenerationRequest, Timings, TokenEvent
+from engine.request import GenerationRequest, PromptProgress, Timings, TokenEvent
 from engine.sampling import Sampler
 from engine.stop import StopMatcher
 from engine.tokenizer import IncrementalDecoder, Tokenizer
@@ -79,6 +79,7 @@ class Scheduler:
         self.slot_similarity = slot_similarity
         self.slots = [Slot(i) for i in range(kv.n_seq)]
         self.waiting: deque[tuple[GenerationRequest, Emit]] = deque()
+        self._prefilling: list[Slot] = []  # slots with a prompt chunk in the batch in flight
         self._next_task = 0
         self._end_on_start: set[str] = set()  # reasoning_end asked for before the request got a slot
 
@@ -151,6 +152,7 @@ class Scheduler:
         active.sort(key=lambda s: (not s.seq.generating, s.seq.t_start))  # type: ignore[union-attr]
         budget = self.n_ubatch
         parts, outputs = [], []
+        self._prefilling = [s for s in active if not s.seq.generating]  # type: ignore[union-attr]
         for slot in active:
             seq = slot.seq
             assert seq is not None
@@ -172,12 +174,24 @@ class Scheduler:
     def apply(self, logits: np.ndarray, outputs: list[Slot]) -> None:
         """Sample the next token of every slot that got logits, emit it, and finish what is done."""
         now = time.perf_counter()
+        self._report_progress(now)
         for row, slot in zip(logits, outputs, strict=True):
             seq = slot.seq
             assert seq is not None
             if not seq.generating:
                 seq.t_prompt_done = now
             self._advance(slot, seq, row)
+
+    def _report_progress(self, now: float) -> None:
+        """One progress event per prompt chunk just processed, for requests that asked for them."""
+        for slot in self._prefilling:
+            seq = slot.seq
+            if seq is None or not seq.request.return_progress:
+                continue
+            total = len(seq.request.prompt_tokens)
+            processed = total - len(seq.pending)
+            progress = PromptProgress(total, seq.n_cached, processed, 1e3 * (now - seq.t_start))
+            seq.emit(TokenEvent(text="", progress=progress, n_prompt=total, id_slot=slot.id))
 
     def _advance(self, slot: Slot, seq: Sequence, logits: np.ndarray) -> None:
         request = seq.request
@@ -205,7 +219,7 @@ class Scheduler:
             top_logprobs=top,
             finish_reason=finish,
             stop_word=stop_word,
-            timings=self._timings(seq) if finish else None,
+            timings=self._timings(seq) if finish or request.timings_per_token else None,
             n_prompt=len(request.prompt_tokens),
             n_generated=seq.n_generated,
             id_slot=slot.id,

@@ -147,3 +147,23 @@ def test_bad_cli_values_exit_non_zero_with_a_reason(args: list[str]) -> None:
     )
     assert result.returncode != 0
     assert "error" in result.stderr.lower()
+
+
+def test_progress_and_timings_per_token(server) -> None:  # type: ignore[no-untyped-def]
+    body = chat_body(
+        "Say something.", max_tokens=4, stream=True, return_progress=True, timings_per_token=True
+    )
+    body["cache_prompt"] = False
+    chunks = []
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    assert progress and progress[-1]["processed"] == progress[-1]["total"] > 0
+    first_content = next(
+        i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content")
+    )
+    assert all("prompt_progress" not in c for c in chunks[first_content:])
+    assert all("timings" in c for c in chunks[first_content:] if c["choices"])
+    assert chunks[first_content]["timings"]["predicted_n"] == 1

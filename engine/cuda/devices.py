@@ -23,7 +23,9 @@ def gpus() -> list[Gpu]:
     for i, dev in enumerate(cuda.gpus):
         with dev:
             free, total = cuda.current_context().get_memory_info()
-            name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
+            # numba's built-in simulator has no get_current_device (numba-cuda's has)
+            current = getattr(cuda, "get_current_device", None)
+            name = getattr(current(), "name", "CUDA simulator") if current else "CUDA simulator"
         description = name.decode() if isinstance(name, bytes) else str(name)
         found.append(Gpu(f"CUDA{i}", description, _mib(total), _mib(free)))
     return found

@@ -30,6 +30,8 @@ def build_request(
         id_slot=body.id_slot,
         cache_prompt=body.cache_prompt,
         request_id=request_id,
+        timings_per_token=body.timings_per_token,
+        return_progress=body.return_progress,
     )
 
 

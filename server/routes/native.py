@@ -135,6 +135,9 @@ async def native_stream(
     svc: ModelService, body: CompletionRequest, gen: Any, n_prompt: int
 ) -> AsyncIterator[bytes]:
     async for event in events_of(svc, gen):
+        if event.progress is not None:
+            yield sse.event({"prompt_progress": event.progress.as_dict()})
+            continue
         chunk: dict[str, Any] = {
             "content": event.text,
             "tokens": [] if event.token is None else [event.token],

@@ -114,14 +114,20 @@ def reasoning_spec(svc: ModelService, body: ChatCompletionRequest, prompt_text: 
 async def chat_stream(
     svc: ModelService, body: ChatCompletionRequest, gen: Any, head: dict[str, Any], n_prompt: int
 ) -> AsyncIterator[bytes]:
+    timings: dict[str, Any] = {}
+
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        return sse.event(
-            {**head, "choices": [{"index": 0, "finish_reason": finish, "delta": delta, **extra}]}
-        )
+        choice = {"index": 0, "finish_reason": finish, "delta": delta, **extra}
+        return sse.event({**head, "choices": [choice], **timings})
 
     yield chunk({"role": "assistant", "content": None})
     final: TokenEvent | None = None
     async for event in events_of(svc, gen):
+        if event.progress is not None:
+            yield sse.event({**head, "choices": [], "prompt_progress": event.progress.as_dict()})
+            continue
+        if event.timings is not None and body.timings_per_token:
+            timings = {"timings": event.timings.as_dict()}
         extra = {}
         if body.logprobs and event.logprob is not None:
             extra["logprobs"] = {"content": openai_logprobs(svc.llm.tokenizer, [event])}
