@@ -85,17 +85,25 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
     return Backend(
         name="CPU",
         pack_weight=quant.pack_weight,
-        matmul=matmul.matmul,
-        get_rows=matmul.get_rows,
-        rmsnorm=ops.rmsnorm,
-        rope=ops.rope,
-        store_kv=ops.store_kv,
-        attention=ops.attention,
-        silu_mul=ops.silu_mul,
-        gelu_mul=ops.gelu_mul,
-        add_inplace=ops.add_inplace,
-        scale_inplace=ops.scale_inplace,
+        **_kernels(matmul, ops),
     )
+
+
+# The kernels every backend takes by name from its `ops` module (matmul/get_rows come from `matmul`).
+_OP_NAMES = (
+    "rmsnorm",
+    "rope",
+    "store_kv",
+    "attention",
+    "silu_mul",
+    "gelu_mul",
+    "add_inplace",
+    "scale_inplace",
+)
+
+
+def _kernels(matmul: Any, ops: Any) -> dict[str, Any]:
+    return {"matmul": matmul.matmul, "get_rows": matmul.get_rows} | {n: getattr(ops, n) for n in _OP_NAMES}
 
 
 def cuda_backend() -> Backend:
@@ -105,16 +113,7 @@ def cuda_backend() -> Backend:
     return Backend(
         name="CUDA",
         pack_weight=matmul.pack_weight,
-        matmul=matmul.matmul,
-        get_rows=matmul.get_rows,
-        rmsnorm=ops.rmsnorm,
-        rope=ops.rope,
-        store_kv=ops.store_kv,
-        attention=ops.attention,
-        silu_mul=ops.silu_mul,
-        gelu_mul=ops.gelu_mul,
-        add_inplace=ops.add_inplace,
-        scale_inplace=ops.scale_inplace,
+        **_kernels(matmul, ops),
         empty=arrays.empty,
         zeros=arrays.zeros,
         upload=arrays.upload,

@@ -9,7 +9,7 @@ from typing import Any
 from engine.request import GenerationRequest, Timings, TokenEvent
 from engine.tokenizer import Tokenizer
 from server import errors
-from server.schemas import GenerationFields
+from server.schemas import CompletionRequest, GenerationFields
 from server.service import ModelService
 
 
@@ -33,6 +33,15 @@ def build_request(
         timings_per_token=body.timings_per_token,
         return_progress=body.return_progress,
     )
+
+
+async def completion_request(service: ModelService, raw: Any) -> tuple[CompletionRequest, list[int]]:
+    """A validated completion body and its prompt tokens, checked against the context (400 otherwise)."""
+    body = CompletionRequest.model_validate(raw)
+    service.require_ready()
+    tokens = await service.tokenize_prompt(body.prompt)
+    service.check_context(len(tokens))
+    return body, tokens
 
 
 @dataclass

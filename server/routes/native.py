@@ -10,7 +10,14 @@ from quart import Blueprint, current_app, request
 from engine.reasoning import ReasoningTags, detect_tags
 from engine.request import TokenEvent
 from server import errors, sse
-from server.routes.generation import build_request, collect, events_of, piece_info, stop_type
+from server.routes.generation import (
+    build_request,
+    collect,
+    completion_request,
+    events_of,
+    openai_logprobs,
+    stop_type,
+)
 from server.routes.openai import sse_response
 from server.schemas import ApplyTemplateRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from server.service import ModelService
@@ -85,18 +92,6 @@ def reasoning_props(svc: ModelService) -> dict[str, Any]:
 
 
 # -- native completion -----------------------------------------------------------------------------
-def completion_probabilities(svc: ModelService, events: list[TokenEvent]) -> list[dict[str, Any]]:
-    tok = svc.llm.tokenizer  # type: ignore[union-attr]
-    out = []
-    for ev in events:
-        if ev.token is None or ev.logprob is None:
-            continue
-        entry = piece_info(tok, ev.token, ev.logprob)
-        entry["top_logprobs"] = [piece_info(tok, t, lp) for t, lp in ev.top_logprobs]
-        out.append(entry)
-    return out
-
-
 def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> dict[str, Any]:
     t = final.timings if final else None
     return {
@@ -117,17 +112,14 @@ def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> 
 @bp.post("/completions")
 async def completion() -> Any:
     svc = service()
-    body = CompletionRequest.model_validate(await request.get_json(force=True))
-    svc.require_ready()
-    tokens = await svc.tokenize_prompt(body.prompt)
-    svc.check_context(len(tokens))
+    body, tokens = await completion_request(svc, await request.get_json(force=True))
     gen = build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"))
     if body.stream:
         return sse_response(native_stream(svc, body, gen, len(tokens)))
     out = await collect(svc, gen)
     reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
     if body.n_probs:
-        reply["completion_probabilities"] = completion_probabilities(svc, out.events)
+        reply["completion_probabilities"] = openai_logprobs(svc.llm.tokenizer, out.events)
     return reply
 
 
@@ -143,7 +135,7 @@ async def native_stream(
             "tokens": [] if event.token is None else [event.token],
         }
         if body.n_probs:
-            chunk["completion_probabilities"] = completion_probabilities(svc, [event])
+            chunk["completion_probabilities"] = openai_logprobs(svc.llm.tokenizer, [event])
         if event.finish_reason is None:
             chunk |= {"stop": False, "id_slot": event.id_slot}
             yield sse.event(chunk)

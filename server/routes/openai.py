@@ -12,9 +12,16 @@ from quart import Blueprint, Response, current_app, request
 from engine.reasoning import ReasoningSpec, resolve_spec
 from engine.request import TokenEvent
 from server import sse
-from server.routes.generation import build_request, collect, events_of, openai_logprobs, usage
+from server.routes.generation import (
+    build_request,
+    collect,
+    completion_request,
+    events_of,
+    openai_logprobs,
+    usage,
+)
 from server.routes.stream import resumable
-from server.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from server.schemas import ChatCompletionRequest, GenerationFields
 from server.service import ModelService
 from server.sessions import CONVERSATION_HEADER
 
@@ -162,10 +169,7 @@ def sse_response(body: AsyncIterator[bytes]) -> Response:
 @bp.post("/v1/completions")
 async def completions() -> Any:
     svc = service()
-    body = CompletionRequest.model_validate(await request.get_json(force=True))
-    svc.require_ready()
-    tokens = await svc.tokenize_prompt(body.prompt)
-    svc.check_context(len(tokens))
+    body, tokens = await completion_request(svc, await request.get_json(force=True))
     completion_id = svc.new_id("cmpl")
     n_probs = body.logprobs or 0
     gen = build_request(svc, body, tokens, n_probs, completion_id)
