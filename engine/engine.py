@@ -14,14 +14,18 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import structlog
 
 from engine.batch import Batch
 from engine.llm import LLM
+from engine.prompt_cache import PromptCache, mib_to_bytes
 from engine.reasoning import CONTROL_ACTIONS, ControlResult
 from engine.request import GenerationRequest, TokenEvent
 from engine.scheduler import Scheduler
+from engine.slot_files import ModelIdentity, SlotBusyError, SlotFileError, SlotState, read_slot, write_slot
 
 log = structlog.get_logger("engine")
 
@@ -32,6 +36,7 @@ class EngineConfig:
     n_ctx: int = 4096  # total; each slot gets n_ctx / n_slots
     n_ubatch: int = 512  # tokens per step (prefill chunks + decode tokens)
     slot_similarity: float = 0.1
+    cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
 
 
 class RequestHandle:
@@ -67,7 +72,10 @@ class Engine:
         self.config = config
         n_ctx_slot = max(1, config.n_ctx // config.n_slots)
         self.kv = llm.new_cache(config.n_slots, n_ctx_slot)
-        self.scheduler = Scheduler(self.kv, llm.tokenizer, config.n_ubatch, config.slot_similarity)
+        self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
+        self.scheduler = Scheduler(
+            self.kv, llm.tokenizer, config.n_ubatch, config.slot_similarity, self.prompt_cache
+        )
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
         self._thread: threading.Thread | None = None
@@ -137,6 +145,27 @@ class Engine:
         self._command(run)
         return future
 
+    def slot_action(
+        self, slot_id: int, action: str, path: Path | None = None
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """save/restore/erase a slot's cache (`path`: the slot file) at the next step, on the engine thread.
+
+        The future raises SlotFileError for a file that can't be used, SlotBusyError for a busy slot.
+        """
+        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        if self._thread is None or not self._thread.is_alive():
+            future.set_exception(RuntimeError("the engine is not running"))
+            return future
+
+        def run() -> None:
+            try:
+                future.set_result(self._slot_action(slot_id, action, path))
+            except Exception as exc:  # a failed action must reach its caller, not kill the thread
+                future.set_exception(exc)
+
+        self._command(run)
+        return future
+
     def stats(self) -> list[dict]:
         """A snapshot of the slots (read without locking: fields are replaced atomically)."""
         return [
@@ -159,6 +188,48 @@ class Engine:
         with self._cond:
             self._commands.append(fn)
             self._cond.notify()
+
+    def _slot_action(self, slot_id: int, action: str, path: Path | None) -> dict[str, Any]:
+        slot = self.scheduler.slots[slot_id]
+        if slot.busy:
+            raise SlotBusyError("Slot is busy")
+        start = time.perf_counter()
+        if action == "erase":
+            n_erased = len(slot.tokens)
+            slot.tokens = []
+            self.kv.clear(slot.id)
+            return {"id_slot": slot_id, "n_erased": n_erased}
+        assert path is not None
+        if action == "save":
+            n = min(len(slot.tokens), int(self.kv.lengths[slot.id]))
+            k, v = self.kv.read_cells(slot.id, n)
+            n_written = write_slot(path, self._identity, SlotState(slot.tokens[:n], k, v))
+            ms = 1e3 * (time.perf_counter() - start)
+            return {
+                "id_slot": slot_id,
+                "filename": path.name,
+                "n_saved": n,
+                "n_written": n_written,
+                "timings": {"save_ms": ms},
+            }
+        if action == "restore":
+            # Read and check everything first: a bad file raises before the slot is touched.
+            state, n_read = read_slot(path, self._identity, self.n_ctx_slot)
+            self.kv.write_cells(slot.id, state.k, state.v)
+            slot.tokens = state.tokens
+            ms = 1e3 * (time.perf_counter() - start)
+            return {
+                "id_slot": slot_id,
+                "filename": path.name,
+                "n_restored": len(state.tokens),
+                "n_read": n_read,
+                "timings": {"restore_ms": ms},
+            }
+        raise SlotFileError(f"Invalid action {action!r}")
+
+    @property
+    def _identity(self) -> ModelIdentity:
+        return ModelIdentity.of(tuple(self.kv.k.shape), self.llm.tokenizer.n_vocab, self.llm.path.name)
 
     def _run(self, warm_up: bool, ready: threading.Event) -> None:
         try:

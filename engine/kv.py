@@ -49,6 +49,16 @@ class KVCache:
     def clear(self, seq_id: int) -> None:
         self.lengths[seq_id] = 0
 
+    def read_cells(self, seq_id: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the first n cells of `seq_id`, each [n_layer, n_kv_heads, n, head_dim]."""
+        return _to_host(self.k, seq_id, n), _to_host(self.v, seq_id, n)
+
+    def write_cells(self, seq_id: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Replace `seq_id`'s cells with k/v ([n_layer, n_kv_heads, n, head_dim]); its length becomes n."""
+        _from_host(self.k, seq_id, k)
+        _from_host(self.v, seq_id, v)
+        self.lengths[seq_id] = k.shape[2]
+
     def check_batch(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
         """Reject a batch that writes outside the cache or leaves a gap in a sequence."""
         if len(seq_ids) == 0:
@@ -66,3 +76,21 @@ class KVCache:
         """Record that the batch's tokens are now cached."""
         for s in np.unique(seq_ids):
             self.lengths[s] = max(int(self.lengths[s]), int(positions[seq_ids == s].max()) + 1)
+
+
+def _to_host(cache: Any, seq_id: int, n: int) -> np.ndarray:
+    if isinstance(cache, np.ndarray):
+        return np.ascontiguousarray(cache[:, seq_id, :, :n])
+    # A device array: cache[layer, seq] is contiguous, so it copies in one transfer per layer.
+    return np.stack([cache[i, seq_id].copy_to_host()[:, :n] for i in range(cache.shape[0])])
+
+
+def _from_host(cache: Any, seq_id: int, cells: np.ndarray) -> None:
+    n = cells.shape[2]
+    if isinstance(cache, np.ndarray):
+        cache[:, seq_id, :, :n] = cells
+        return
+    for i in range(cache.shape[0]):
+        layer = cache[i, seq_id].copy_to_host()
+        layer[:, :n] = cells[i]
+        cache[i, seq_id].copy_to_device(layer)

@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.batch import Batch
 from engine.kv import KVCache
+from engine.prompt_cache import PromptCache
 from engine.reasoning import ControlResult, ReasoningState, Split
 from engine.request import GenerationRequest, PromptProgress, Timings, TokenEvent
 from engine.sampling import Sampler
@@ -23,6 +24,11 @@ from engine.stop import StopMatcher
 from engine.tokenizer import IncrementalDecoder, Tokenizer
 
 Emit = Callable[[TokenEvent], None]
+
+# A conversation's next turn discards at most a re-tokenized tail of the slot's cells; a request that
+# discards more is another conversation (or an edit), so the slot's state goes to the host cache first.
+# (A share-of-the-slot rule would never save conversations that share a long system prompt.)
+SAVE_TAIL = 4
 
 
 @dataclass
@@ -71,9 +77,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 class Scheduler:
     def __init__(
-        self, kv: KVCache, tokenizer: Tokenizer, n_ubatch: int, slot_similarity: float = 0.1
+        self,
+        kv: KVCache,
+        tokenizer: Tokenizer,
+        n_ubatch: int,
+        slot_similarity: float = 0.1,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.kv = kv
+        self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
         self.tokenizer = tokenizer
         self.n_ubatch = n_ubatch
         self.slot_similarity = slot_similarity
@@ -123,6 +135,10 @@ class Scheduler:
     def _start(self, slot: Slot, request: GenerationRequest, emit: Emit) -> None:
         prompt = request.prompt_tokens
         reuse = common_prefix(slot.tokens, prompt) if request.cache_prompt else 0
+        if self.prompt_cache is not None:
+            self._save_replaced(slot, reuse)
+            if request.cache_prompt:
+                reuse = self._load_cached(slot, prompt, reuse)
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
         self.kv.truncate(slot.id, reuse)
         slot.tokens = prompt[:reuse]
@@ -144,6 +160,23 @@ class Scheduler:
             self._end_reasoning(seq)
         slot.id_task = self._next_task
         self._next_task += 1
+
+    def _save_replaced(self, slot: Slot, reuse: int) -> None:
+        """Keep the slot's state in the host cache when this request discards more than a tail of it."""
+        held = min(len(slot.tokens), int(self.kv.lengths[slot.id]))
+        if held - reuse > SAVE_TAIL and self.prompt_cache is not None:
+            k, v = self.kv.read_cells(slot.id, held)
+            self.prompt_cache.save(slot.tokens[:held], k, v)
+
+    def _load_cached(self, slot: Slot, prompt: list[int], reuse: int) -> int:
+        """Load the host cache's best prefix of `prompt` into the slot if it beats the slot's own."""
+        hit = self.prompt_cache.best(prompt) if self.prompt_cache is not None else None
+        if hit is None or hit.n_keep <= reuse:
+            return reuse
+        n = hit.n_keep
+        self.kv.write_cells(slot.id, hit.entry.k[:, :, :n], hit.entry.v[:, :, :n])
+        slot.tokens = list(hit.entry.tokens[:n])
+        return n
 
     # -- one step ----------------------------------------------------------------------------------
     def build_batch(self) -> tuple[Batch, list[Slot]] | None:

@@ -67,6 +67,8 @@ class Settings(BaseModel):
     verbose: bool = False
     log_format: str = "text"
     log_prompts_dir: Path | None = None
+    slot_save_path: Path | None = None  # where POST /slots/<id>?action=save|restore puts slot files
+    cache_ram: int = 8192  # MiB of host prompt cache: 0 off, -1 no limit
     cont_batching: bool = True
     slot_similarity: float = 0.1
     device: str = "cpu"
@@ -144,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("-v", "--verbose", action="store_true")
     add("--log-format", choices=["text", "json"], default="text")
     add("--log-prompts-dir", default=None)
+    add(
+        "-cram",
+        "--cache-ram",
+        type=int,
+        default=int(_env("CACHE_RAM") or 8192),
+        help="MiB; 0 off, -1 no limit",
+    )
+    add("--slot-save-path", default=_env("SLOT_SAVE_PATH"), help="directory for slot save/restore files")
     add("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
     add("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
     add("--slot-prompt-similarity", "-sps", type=float, default=0.1)
@@ -190,6 +200,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("stream-ttl", args.stream_ttl, 0),
         ("stream-max-sessions", args.stream_max_sessions, 1),
         ("reasoning-budget", args.reasoning_budget, -1),
+        ("cache-ram", args.cache_ram, -1),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -210,6 +221,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     values["cors_origins"] = _cors_origins(args.cors_origins)
     if args.log_prompts_dir:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
+    values["slot_save_path"] = Path(args.slot_save_path) if args.slot_save_path else None
     if args.n_gpu_layers == 0:
         values["device"] = "cpu"
     return Settings(**values), ignored

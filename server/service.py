@@ -79,7 +79,14 @@ class ModelService:
         llm = LLM.load(s.model, device=s.device, n_threads=s.threads)
         template = ChatTemplate.from_gguf_metadata(llm.gguf.metadata, s.chat_template)
         engine = Engine(
-            llm, EngineConfig(s.parallel, s.ctx_size, min(s.ubatch_size, s.batch_size), s.slot_similarity)
+            llm,
+            EngineConfig(
+                n_slots=s.parallel,
+                n_ctx=s.ctx_size,
+                n_ubatch=min(s.ubatch_size, s.batch_size),
+                slot_similarity=s.slot_similarity,
+                cache_ram_mib=s.cache_ram,
+            ),
         )
         engine.start()
         self.llm, self.template, self.engine = llm, template, engine

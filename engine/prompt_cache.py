@@ -1,0 +1,99 @@
+"""The host prompt cache (`--cache-ram`): slot states kept in RAM after another conversation took the slot.
+
+Chat clients resend the whole conversation every turn; with more conversations than slots, a slot's
+cells are overwritten in between. Saving them here first lets the conversation's next turn load its
+prefix back and process only what is new. Entries are evicted least recently used first, so the bytes
+held never exceed the limit.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_KEEP = 0.25  # llama-server skips an entry when less than this share of its tokens would be kept
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    tokens: tuple[int, ...]
+    k: np.ndarray  # float32 [n_layer, n_kv_heads, n_tokens, head_dim], host memory
+    v: np.ndarray
+
+    @property
+    def n_bytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + 8 * len(self.tokens)
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    entry: CacheEntry
+    n_keep: int  # tokens of the entry that match the prompt
+
+
+def mib_to_bytes(cache_ram_mib: int) -> int | None:
+    """--cache-ram in MiB -> a byte limit; -1 (any negative) is None, no limit; 0 turns the cache off."""
+    return None if cache_ram_mib < 0 else cache_ram_mib * 1024 * 1024
+
+
+class PromptCache:
+    def __init__(self, limit_bytes: int | None) -> None:
+        self.limit_bytes = limit_bytes
+        self._entries: OrderedDict[tuple[int, ...], CacheEntry] = OrderedDict()  # oldest use first
+        self.n_bytes = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit_bytes is None or self.limit_bytes > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def save(self, tokens: list[int], k: np.ndarray, v: np.ndarray) -> bool:
+        """Keep a slot's state; False when it is empty, covered by an entry already, or over the limit."""
+        entry = CacheEntry(tuple(tokens), k, v)
+        if not tokens or not self._fits(entry.n_bytes):
+            return False
+        if any(_is_prefix(entry.tokens, old) for old in self._entries):
+            return False  # an entry already holds these cells and more
+        for old in [t for t in self._entries if _is_prefix(t, entry.tokens)]:
+            self._remove(old)  # the new entry extends it: the old one is redundant
+        self._entries[entry.tokens] = entry
+        self.n_bytes += entry.n_bytes
+        self._evict()
+        return True
+
+    def best(self, prompt: list[int]) -> CacheHit | None:
+        """The entry sharing the longest prefix with `prompt`, if it keeps at least MIN_KEEP of its tokens."""
+        best: CacheHit | None = None
+        for entry in self._entries.values():
+            n = _common_prefix(entry.tokens, prompt)
+            if n >= MIN_KEEP * len(entry.tokens) and n > 0 and (best is None or n > best.n_keep):
+                best = CacheHit(entry, n)
+        if best is not None:
+            self._entries.move_to_end(best.entry.tokens)
+        return best
+
+    def _fits(self, n_bytes: int) -> bool:
+        return self.limit_bytes is None or n_bytes <= self.limit_bytes
+
+    def _evict(self) -> None:
+        while self.limit_bytes is not None and self.n_bytes > self.limit_bytes:
+            self._remove(next(iter(self._entries)))
+
+    def _remove(self, tokens: tuple[int, ...]) -> None:
+        self.n_bytes -= self._entries.pop(tokens).n_bytes
+
+
+def _is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) <= len(b) and b[: len(a)] == a
+
+
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
