@@ -37,6 +37,8 @@ class EngineConfig:
     n_ubatch: int = 512  # tokens per step (prefill chunks + decode tokens)
     slot_similarity: float = 0.1
     cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
+    context_shift: bool = False  # when a slot fills during generation, drop half of its context
+    n_keep: int = 0  # tokens kept at the start by a context shift
 
 
 class RequestHandle:
@@ -74,7 +76,13 @@ class Engine:
         self.kv = llm.new_cache(config.n_slots, n_ctx_slot)
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
         self.scheduler = Scheduler(
-            self.kv, llm.tokenizer, config.n_ubatch, config.slot_similarity, self.prompt_cache
+            self.kv,
+            llm.tokenizer,
+            config.n_ubatch,
+            config.slot_similarity,
+            self.prompt_cache,
+            shift_kv=self._shift_kv if config.context_shift else None,
+            n_keep=config.n_keep,
         )
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
@@ -83,6 +91,9 @@ class Engine:
         self._ids = itertools.count()
         self.n_steps = 0
         self.n_tokens_processed = 0
+
+    def _shift_kv(self, seq: int, start: int, end: int, delta: int) -> None:
+        self.llm.model.shift_kv(self.kv, seq, start, end, delta)
 
     @property
     def n_ctx_slot(self) -> int:

@@ -20,6 +20,7 @@ class GenerationRequest:
     request_id: str = ""
     timings_per_token: bool = False  # timings on every event, not only the last
     return_progress: bool = False  # an event after every prompt chunk, with `progress`
+    truncated: bool = False  # the prompt was cut to fit the context (context shift)
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
 
 
@@ -82,3 +83,4 @@ class TokenEvent:
     id_slot: int = -1
     error: str | None = None
     progress: PromptProgress | None = None  # set on prompt-progress events (no token, no text)
+    truncated: bool = False  # on the final event: the context was shifted or the prompt cut

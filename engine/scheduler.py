@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.batch import Batch
+from engine.context_shift import discard_count
 from engine.kv import KVCache
 from engine.prompt_cache import PromptCache
 from engine.reasoning import ControlResult, ReasoningState, Split
@@ -24,6 +25,7 @@ from engine.stop import StopMatcher
 from engine.tokenizer import IncrementalDecoder, Tokenizer
 
 Emit = Callable[[TokenEvent], None]
+ShiftKV = Callable[[int, int, int, int], None]
 
 # A conversation's next turn discards at most a re-tokenized tail of the slot's cells; a request that
 # discards more is another conversation (or an edit), so the slot's state goes to the host cache first.
@@ -45,6 +47,7 @@ class Sequence:
     n_generated: int = 0
     t_start: float = field(default_factory=time.perf_counter)
     t_prompt_done: float = 0.0
+    truncated: bool = False  # the prompt was cut or the context shifted
     reasoning: ReasoningState | None = None
     # Tokens to feed instead of sampling (a reasoning block's forced end), taken one per step.
     forced: deque[int] = field(default_factory=deque)
@@ -83,7 +86,12 @@ class Scheduler:
         n_ubatch: int,
         slot_similarity: float = 0.1,
         prompt_cache: PromptCache | None = None,
+        shift_kv: ShiftKV | None = None,
+        n_keep: int = 0,
     ) -> None:
+        # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
+        self.shift_kv = shift_kv
+        self.n_keep = n_keep
         self.kv = kv
         self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
         self.tokenizer = tokenizer
@@ -154,6 +162,7 @@ class Scheduler:
             pending=prompt[reuse:],
             n_cached=reuse,
             reasoning=self._reasoning_state(request),
+            truncated=request.truncated,
         )
         if request.request_id in self._end_on_start:
             self._end_on_start.discard(request.request_id)
@@ -256,6 +265,7 @@ class Scheduler:
             n_prompt=len(request.prompt_tokens),
             n_generated=seq.n_generated,
             id_slot=slot.id,
+            truncated=seq.truncated,
         )
         seq.emit(event)
         if finish:
@@ -285,8 +295,26 @@ class Scheduler:
         return ReasoningState(request.reasoning, lambda text: self.tokenizer.encode(text, False, True))
 
     def _out_of_budget(self, slot: Slot, seq: Sequence) -> bool:
+        """Whether generation must stop for length; a full context is first shifted when that is on."""
         n_predict = seq.request.n_predict
-        return (0 <= n_predict <= seq.n_generated) or len(slot.tokens) + 1 >= self.n_ctx_slot
+        if 0 <= n_predict <= seq.n_generated:
+            return True
+        if len(slot.tokens) + 1 < self.n_ctx_slot:
+            return False
+        if self.shift_kv is None:
+            return True
+        self._shift_context(slot, seq)
+        return False
+
+    def _shift_context(self, slot: Slot, seq: Sequence) -> None:
+        n_past = len(slot.tokens)
+        n_keep = min(self.n_keep, n_past - 2)
+        n_discard = discard_count(n_past, n_keep)
+        assert self.shift_kv is not None
+        self.shift_kv(slot.id, n_keep + n_discard, n_past, -n_discard)
+        slot.tokens = slot.tokens[:n_keep] + slot.tokens[n_keep + n_discard :]
+        self.kv.truncate(slot.id, len(slot.tokens))
+        seq.truncated = True
 
     def _timings(self, seq: Sequence) -> Timings:
         now = time.perf_counter()

@@ -25,7 +25,6 @@ IGNORED_FLAGS: dict[str, bool] = {
     "-ctv": True,
     "--threads-batch": True,
     "-tb": True,
-    "--keep": True,
     "--poll": True,
     "--prio": True,
 }
@@ -72,6 +71,8 @@ class Settings(BaseModel):
     cont_batching: bool = True
     slot_similarity: float = 0.1
     device: str = "cpu"
+    context_shift: bool = False
+    keep: int = 0
     n_gpu_layers: int = -1  # 0 keeps the model on the CPU; any other value offloads all of it
     stream_buffer_size: int = 4 * 1024 * 1024
     stream_ttl: float = 300.0
@@ -157,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
     add("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
     add("--slot-prompt-similarity", "-sps", type=float, default=0.1)
+    add("--context-shift", dest="context_shift", action="store_true", default=bool(_env("CONTEXT_SHIFT")))
+    add("--no-context-shift", dest="context_shift", action="store_false")
+    add("--keep", type=int, default=int(_env("KEEP") or 0), help="tokens kept by a context shift (-1: all)")
     add("--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu", "cuda"])
     add("-ngl", "--n-gpu-layers", type=int, default=int(_env("N_GPU_LAYERS") or -1), help="0: the CPU")
     add("--list-devices", action=_ListDevices, nargs=0, help="print the available GPUs and exit")

@@ -14,6 +14,7 @@ import anyio
 import structlog
 
 from engine.chat import ChatTemplate, ChatTemplateError
+from engine.context_shift import truncate_prompt
 from engine.engine import Engine, EngineConfig, RequestHandle
 from engine.llm import LLM
 from engine.request import GenerationRequest, TokenEvent
@@ -86,6 +87,8 @@ class ModelService:
                 n_ubatch=min(s.ubatch_size, s.batch_size),
                 slot_similarity=s.slot_similarity,
                 cache_ram_mib=s.cache_ram,
+                context_shift=s.context_shift,
+                n_keep=s.keep,
             ),
         )
         engine.start()
@@ -128,12 +131,16 @@ class ModelService:
             tokens = [tok.bos_id, *tokens]
         return tokens
 
-    def check_context(self, n_prompt: int) -> None:
+    def fit_prompt(self, tokens: list[int]) -> tuple[list[int], bool]:
+        """The prompt as it will run, and whether it was cut: too long is 400, or cut with context shift."""
         _, engine = self.require_ready()
-        if n_prompt == 0:
+        if not tokens:
             raise errors.invalid_request("the prompt is empty")
-        if n_prompt >= engine.n_ctx_slot:
-            raise errors.exceed_context(n_prompt, engine.n_ctx_slot)
+        if len(tokens) < engine.n_ctx_slot:
+            return tokens, False
+        if not self.settings.context_shift:
+            raise errors.exceed_context(len(tokens), engine.n_ctx_slot)
+        return truncate_prompt(tokens, engine.n_ctx_slot, self.settings.keep), True
 
     def default_sampling(self) -> SamplingParams:
         s = self.settings

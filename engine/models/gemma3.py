@@ -47,7 +47,7 @@ class Gemma3Model(LlamaModel):
         q, k, v = self.qkv_heads(layer, self.norm(x, layer.attn_norm))
         self.head_norm(q, layer.q_norm)
         self.head_norm(k, layer.k_norm)
-        base = hp.rope_base_swa if hp.swa_layers[il] else hp.rope_base
+        base = self.rope_base(il)
         self.backend.rope(q, batch.positions, base, hp.rope_neox)
         self.backend.rope(k, batch.positions, base, hp.rope_neox)
         (o,) = layer.attn_out(self.attend(il, q, k, v, batch, kv))

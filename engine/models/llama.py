@@ -11,6 +11,7 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.batch import Batch
+from engine.context_shift import shift_cells
 from engine.gguf import GGUFFile, Tensor
 from engine.kv import KVCache
 from engine.models.hparams import HParams
@@ -77,6 +78,20 @@ class LlamaModel:
         )
         self.output_norm = backend.upload(np.asarray(t["output_norm.weight"].data, dtype=np.float32))
         self.layers = [self.layer_class(backend, g, il) for il in range(self.hp.n_layer)]
+
+    def rope_base(self, il: int) -> float:
+        """RoPE base of layer il (sliding-window layers have their own)."""
+        hp = self.hp
+        return hp.rope_base_swa if hp.swa_layers[il] else hp.rope_base
+
+    def shift_kv(self, kv: KVCache, seq: int, start: int, end: int, delta: int) -> None:
+        """Move a sequence's cached cells [start, end) by delta positions (context shift), every layer."""
+        for il in range(self.hp.n_layer):
+
+            def rotate(keys: np.ndarray, positions: np.ndarray, il: int = il) -> None:
+                self.backend.rope(keys, positions, self.rope_base(il), self.hp.rope_neox)
+
+            shift_cells(kv.k[il][seq], kv.v[il][seq], start, end, delta, rotate)
 
     def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
         hp = self.hp

@@ -14,7 +14,12 @@ from server.service import ModelService
 
 
 def build_request(
-    service: ModelService, body: GenerationFields, prompt_tokens: list[int], n_probs: int, request_id: str
+    service: ModelService,
+    body: GenerationFields,
+    prompt_tokens: list[int],
+    n_probs: int,
+    request_id: str,
+    truncated: bool = False,
 ) -> GenerationRequest:
     llm, _ = service.require_ready()
     try:
@@ -32,16 +37,16 @@ def build_request(
         request_id=request_id,
         timings_per_token=body.timings_per_token,
         return_progress=body.return_progress,
+        truncated=truncated,
     )
 
 
-async def completion_request(service: ModelService, raw: Any) -> tuple[CompletionRequest, list[int]]:
-    """A validated completion body and its prompt tokens, checked against the context (400 otherwise)."""
+async def completion_request(service: ModelService, raw: Any) -> tuple[CompletionRequest, list[int], bool]:
+    """A validated completion body, its prompt tokens fitted to the context, and whether they were cut."""
     body = CompletionRequest.model_validate(raw)
     service.require_ready()
-    tokens = await service.tokenize_prompt(body.prompt)
-    service.check_context(len(tokens))
-    return body, tokens
+    tokens, truncated = service.fit_prompt(await service.tokenize_prompt(body.prompt))
+    return body, tokens, truncated
 
 
 @dataclass

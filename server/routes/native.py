@@ -102,7 +102,7 @@ def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> 
         "tokens_predicted": t.predicted_n if t else 0,
         "tokens_evaluated": n_prompt,
         "tokens_cached": t.cache_n if t else 0,
-        "truncated": False,
+        "truncated": final.truncated if final else False,
         "id_slot": final.id_slot if final else -1,
         "timings": t.as_dict() if t else {},
     }
@@ -112,8 +112,8 @@ def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> 
 @bp.post("/completions")
 async def completion() -> Any:
     svc = service()
-    body, tokens = await completion_request(svc, await request.get_json(force=True))
-    gen = build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"))
+    body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
+    gen = build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
     if body.stream:
         return sse_response(native_stream(svc, body, gen, len(tokens)))
     out = await collect(svc, gen)

@@ -53,10 +53,10 @@ async def chat_completions() -> Any:
     template_kwargs = thinking_kwargs(svc.settings.reasoning) | (body.chat_template_kwargs or {})
     prompt_text = svc.render_chat(messages, body.tools, **template_kwargs)
     tokens = await svc.tokenize_prompt(prompt_text)
-    svc.check_context(len(tokens))
+    tokens, truncated = svc.fit_prompt(tokens)
     completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
     svc.log_prompt(completion_id, prompt_text)
-    gen = build_request(svc, body, tokens, body.n_probs(), completion_id)
+    gen = build_request(svc, body, tokens, body.n_probs(), completion_id, truncated)
     gen = replace(gen, reasoning=reasoning_spec(svc, body, prompt_text))
     created = int(time.time())
     head = base_fields(svc, "chat.completion.chunk", completion_id, created)
@@ -169,10 +169,10 @@ def sse_response(body: AsyncIterator[bytes]) -> Response:
 @bp.post("/v1/completions")
 async def completions() -> Any:
     svc = service()
-    body, tokens = await completion_request(svc, await request.get_json(force=True))
+    body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
     completion_id = svc.new_id("cmpl")
     n_probs = body.logprobs or 0
-    gen = build_request(svc, body, tokens, n_probs, completion_id)
+    gen = build_request(svc, body, tokens, n_probs, completion_id, truncated)
     created = int(time.time())
     head = base_fields(svc, "text_completion", completion_id, created)
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
