@@ -14,6 +14,11 @@ from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
 # Flags llama-server has that Llamba accepts but does not act on (yet): (flag, takes a value).
 IGNORED_FLAGS: dict[str, bool] = {
+    # Context checkpoints: Llamba's KV cache keeps every position, sliding-window layers included, so
+    # any cached prefix can be reused by truncation and no checkpoint is ever needed.
+    "--ctx-checkpoints": True,
+    "--swa-checkpoints": True,
+    "--checkpoint-min-step": True,
     "--flash-attn": True,
     "-fa": True,
     "--mlock": False,
