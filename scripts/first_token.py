@@ -1,7 +1,7 @@
 """Seconds from process start to the first generated token (cold or warm JIT cache).
 
-    NUMBA_CACHE_DIR=$(mktemp -d) python scripts/first_token.py smollm2   # cold
-    python scripts/first_token.py smollm2                                # warm
+NUMBA_CACHE_DIR=$(mktemp -d) python scripts/first_token.py smollm2   # cold
+python scripts/first_token.py smollm2                                # warm
 """
 
 import time
