@@ -532,6 +532,8 @@ def push(page: Any, delta: dict[str, Any] | None = None, **extra: Any) -> None:
         choice = {"index": 0, "finish_reason": extra.pop("finish_reason", None), "delta": delta or {}}
         chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "choices": [choice], **extra}
         text = "data: " + json.dumps(chunk) + "\n\n"
+    # The page calls fetch a moment after Send: wait until the scripted stream exists.
+    page.wait_for_function("() => typeof window.__scripted.push === 'function'")
     page.evaluate("(t) => window.__scripted.push(t)", text)
 
 
