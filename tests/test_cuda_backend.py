@@ -17,28 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-if "numba.cuda" not in sys.modules:
-    from numba.core import config
+from tests.cuda_sim import cuda  # before engine.cuda: it sets up the simulator
 
-    config.reload_config()
-
-try:
-    from numba import cuda
-except ImportError as exc:  # a numba without its built-in CUDA target, and no numba-cuda
-    pytest.skip(f"numba.cuda unavailable ({exc}): pip install numba-cuda", allow_module_level=True)
-
-if not (cuda.is_available() or os.environ["NUMBA_ENABLE_CUDASIM"] == "1"):
-    pytest.skip("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)", allow_module_level=True)
-
-from engine import backend as backends  # noqa: E402
-from engine.batch import Batch  # noqa: E402
-from engine.cuda import arrays  # noqa: E402
-from engine.cuda import matmul as gpu_matmul  # noqa: E402
-from engine.cuda import ops as gpu  # noqa: E402
-from engine.gguf import Tensor  # noqa: E402
-from engine.models import load_model  # noqa: E402
-from engine.quant import BLOCK_LAYOUTS, QType  # noqa: E402
+# isort: split
+from engine import backend as backends
+from engine.batch import Batch
+from engine.cuda import arrays
+from engine.cuda import matmul as gpu_matmul
+from engine.cuda import ops as gpu
+from engine.gguf import Tensor
+from engine.models import load_model
+from engine.quant import BLOCK_LAYOUTS, QType
 
 ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(11)

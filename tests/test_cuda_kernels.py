@@ -15,27 +15,16 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-if "numba.cuda" not in sys.modules:
-    from numba.core import config
+from tests.cuda_sim import cuda  # before engine.cuda: it sets up the simulator
 
-    config.reload_config()
-
-try:
-    from numba import cuda
-except ImportError as exc:  # a numba without its built-in CUDA target, and no numba-cuda
-    pytest.skip(f"numba.cuda unavailable ({exc}): pip install numba-cuda", allow_module_level=True)
-
-if not (cuda.is_available() or os.environ["NUMBA_ENABLE_CUDASIM"] == "1"):
-    pytest.skip("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)", allow_module_level=True)
-
-from engine import quant  # noqa: E402
-from engine.cpu import matmul as cpu_matmul  # noqa: E402
-from engine.cpu import ops as cpu  # noqa: E402
-from engine.cuda import arrays, sampling  # noqa: E402
-from engine.cuda import matmul as gpu_matmul  # noqa: E402
-from engine.cuda import ops as gpu  # noqa: E402
-from engine.quant import BLOCK_LAYOUTS, QType  # noqa: E402
+# isort: split
+from engine import quant
+from engine.cpu import matmul as cpu_matmul
+from engine.cpu import ops as cpu
+from engine.cuda import arrays, sampling
+from engine.cuda import matmul as gpu_matmul
+from engine.cuda import ops as gpu
+from engine.quant import BLOCK_LAYOUTS, QType
 
 RNG = np.random.default_rng(7)
 
