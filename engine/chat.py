@@ -149,16 +149,21 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        with_starts: bool = True,
         **extra: Any,
     ) -> RenderedPrompt:
-        """Render messages; `extra` (e.g. enable_thinking) becomes template variables too."""
+        """Render messages; `extra` (e.g. enable_thinking) becomes template variables too.
+
+        Message starts cost one render per message (O(n^2) for a long chat): `with_starts=False` skips
+        them where only the text is needed.
+        """
         normalised = normalise_messages(messages)
         # llama.cpp always defines enable_thinking (default true); callers override it via `extra`.
         context = {"enable_thinking": True, **extra, **self._special_context()}
         if tools:
             context["tools"] = tools  # llama.cpp leaves `tools` undefined when there are none
         text = self._strip_special(self._render(normalised, add_generation_prompt, context))
-        starts = self._message_starts(normalised, context, text)
+        starts = self._message_starts(normalised, context, text) if with_starts else []
         return RenderedPrompt(text=text, message_starts=starts)
 
     # -- internals -----------------------------------------------------------------------------------

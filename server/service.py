@@ -113,7 +113,9 @@ class ModelService:
         if self.template is None:
             raise errors.unavailable()
         try:
-            return self.template.render(messages, add_generation_prompt=True, tools=tools, **kwargs).text
+            return self.template.render(
+                messages, add_generation_prompt=True, tools=tools, with_starts=False, **kwargs
+            ).text
         except (ChatTemplateError, ValueError) as exc:
             raise errors.invalid_request(str(exc)) from exc
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -26,4 +27,28 @@ except ImportError as exc:  # a numba without its built-in CUDA target, and no n
 if not (cuda.is_available() or os.environ["NUMBA_ENABLE_CUDASIM"] == "1"):
     pytest.skip("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)", allow_module_level=True)
 
-__all__ = ["cuda"]
+__all__ = ["cuda", "small_launches"]
+
+
+@pytest.fixture(autouse=True)
+def small_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fewer threads and blocks under the simulator (each CUDA thread is a Python thread). The code paths
+    are the same: every kernel loops over blockDim and strides over its jobs."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        yield
+        return
+    from engine.cuda import arrays, matmul, ops, sampling
+
+    monkeypatch.setattr(arrays, "MAX_BLOCKS", 3)  # blocks stride over several jobs each
+    monkeypatch.setattr(arrays, "THREADS", 64)
+    monkeypatch.setattr(ops, "ROW_THREADS", 32)
+    monkeypatch.setattr(ops, "ELEM_THREADS", 64)
+    monkeypatch.setattr(matmul, "SPLITS", {1: 2, 8: 2})
+    monkeypatch.setattr(matmul, "ROWS_THREADS", 32)
+    monkeypatch.setattr(sampling, "THREADS", 32)
+    # The simulator's launcher polls its threads in a loop; switching the GIL more often than the 5 ms
+    # default lets the kernel threads run (measured 2-3x faster on the whole-model test).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(2e-4)
+    yield
+    sys.setswitchinterval(interval)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,40 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.cuda_sim import cuda  # before engine.cuda: it sets up the simulator
+from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simulator; autouse fixture)
 
 # isort: split
 from engine import backend as backends
 from engine.batch import Batch
-from engine.cuda import arrays
-from engine.cuda import matmul as gpu_matmul
-from engine.cuda import ops as gpu
 from engine.gguf import Tensor
 from engine.models import load_model
 from engine.quant import BLOCK_LAYOUTS, QType
 
 ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(11)
-
-
-@pytest.fixture(autouse=True)
-def small_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Small blocks under the simulator, as in test_cuda_kernels."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        yield
-        return
-    monkeypatch.setattr(arrays, "MAX_BLOCKS", 2)  # blocks stride over several jobs each
-    monkeypatch.setattr(arrays, "THREADS", 64)
-    monkeypatch.setattr(gpu, "ROW_THREADS", 32)
-    monkeypatch.setattr(gpu, "ELEM_THREADS", 64)
-    monkeypatch.setattr(gpu_matmul, "SPLITS", {1: 2, 8: 2})
-    monkeypatch.setattr(gpu_matmul, "ROWS_THREADS", 32)
-    # The simulator's launcher polls its threads in a loop; switching the GIL more often than the 5 ms
-    # default lets the kernel threads run (measured 2-3x faster on the whole-model test).
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(2e-4)
-    yield
-    sys.setswitchinterval(interval)
 
 
 # ---------------------------------------------------------------------------------------------------

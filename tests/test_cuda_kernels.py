@@ -8,14 +8,10 @@ The simulator runs one Python thread per CUDA thread, so shapes and block sizes 
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
-from tests.cuda_sim import cuda  # before engine.cuda: it sets up the simulator
+from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simulator; autouse fixture)
 
 # isort: split
 from engine import quant
@@ -27,29 +23,6 @@ from engine.cuda import ops as gpu
 from engine.quant import BLOCK_LAYOUTS, QType
 
 RNG = np.random.default_rng(7)
-
-
-@pytest.fixture(autouse=True)
-def small_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fewer threads per block under the simulator (each is a Python thread); the code paths are the
-    same, as every kernel loops over blockDim and strides over its jobs. test_matmul_default_launch
-    keeps the real launch shape."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        yield
-        return
-    monkeypatch.setattr(arrays, "MAX_BLOCKS", 3)  # blocks stride over several jobs each
-    monkeypatch.setattr(arrays, "THREADS", 64)
-    monkeypatch.setattr(gpu, "ROW_THREADS", 32)
-    monkeypatch.setattr(gpu, "ELEM_THREADS", 64)
-    monkeypatch.setattr(gpu_matmul, "SPLITS", {1: 2, 8: 2})
-    monkeypatch.setattr(gpu_matmul, "ROWS_THREADS", 32)
-    monkeypatch.setattr(sampling, "THREADS", 32)
-    # The simulator's launcher polls its threads in a loop; switching the GIL more often than the 5 ms
-    # default lets the kernel threads run (measured 2-3x faster on the whole-model test).
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(2e-4)
-    yield
-    sys.setswitchinterval(interval)
 
 
 def rand(*shape: int) -> np.ndarray:
