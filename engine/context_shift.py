@@ -28,7 +28,7 @@ def shift_cells(k: np.ndarray, v: np.ndarray, start: int, end: int, delta: int, 
 
     `rotate(keys[n, heads, dim], positions[n])` applies RoPE in place; it rotates the moved keys by delta.
     """
-    keys = np.ascontiguousarray(k[:, start:end, :].transpose(1, 0, 2))
+    keys = np.ascontiguousarray(k[:, start:end, :].transpose(1, 0, 2), dtype=np.float32)  # RoPE works in f32
     rotate(keys, np.full(end - start, delta, dtype=np.int32))
     k[:, start + delta : end + delta, :] = keys.transpose(1, 0, 2)
     v[:, start + delta : end + delta, :] = v[:, start:end, :].copy()

@@ -9,7 +9,7 @@ import numpy as np
 
 
 class KVCache:
-    """Keys/values as float32 [n_layer, n_seq, n_kv_heads, n_ctx, head_dim].
+    """Keys/values as float16 (llama.cpp's default cache type) [n_layer, n_seq, n_kv_heads, n_ctx, head_dim].
 
     A sequence's cell i holds position i, so a prefix is reused by keeping the first n cells and a
     sequence is truncated by lowering its length. The attention kernel reads one contiguous run of
@@ -26,8 +26,8 @@ class KVCache:
         zeros: Callable[..., Any] = np.zeros,  # the backend's allocator: the cache lives where it computes
     ) -> None:
         shape = (n_layer, n_seq, n_kv_heads, n_ctx, head_dim)
-        self.k = zeros(shape, np.float32)
-        self.v = zeros(shape, np.float32)
+        self.k = zeros(shape, np.float16)
+        self.v = zeros(shape, np.float16)
         self.lengths = np.zeros(n_seq, dtype=np.int64)
 
     @property

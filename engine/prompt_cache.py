@@ -19,7 +19,7 @@ MIN_KEEP = 0.25  # llama-server skips an entry when less than this share of its 
 @dataclass(frozen=True)
 class CacheEntry:
     tokens: tuple[int, ...]
-    k: np.ndarray  # float32 [n_layer, n_kv_heads, n_tokens, head_dim], host memory
+    k: np.ndarray  # float16 [n_layer, n_kv_heads, n_tokens, head_dim], host memory
     v: np.ndarray
 
     @property

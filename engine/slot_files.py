@@ -1,7 +1,7 @@
 """Slot files: one slot's cached tokens and K/V cells on disk (`--slot-save-path`).
 
 Layout (little endian): a fixed header, then n_tokens int32 token ids, then the K cells and the V cells,
-each float32 [n_layer, n_kv_heads, n_tokens, head_dim]. The header names the model the cells belong to,
+each float16 [n_layer, n_kv_heads, n_tokens, head_dim]. The header names the model the cells belong to,
 so a file from another model is refused instead of silently poisoning the slot.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"LLMBSLOT"
-VERSION = 1
+VERSION = 2  # 2: cells are float16 (1 held float32)
 _HEADER = struct.Struct("<8sIIIII16sI")  # magic, version, n_layer, n_kv_heads, head_dim, n_vocab, model, n
 
 
@@ -45,7 +45,7 @@ class ModelIdentity:
 @dataclass(frozen=True)
 class SlotState:
     tokens: list[int]
-    k: np.ndarray  # float32 [n_layer, n_kv_heads, n_tokens, head_dim]
+    k: np.ndarray  # float16 [n_layer, n_kv_heads, n_tokens, head_dim]
     v: np.ndarray
 
 
@@ -74,8 +74,8 @@ def write_slot(path: Path, identity: ModelIdentity, state: SlotState) -> int:
     parts = [
         header,
         np.asarray(state.tokens, dtype="<i4").tobytes(),
-        np.ascontiguousarray(state.k, dtype="<f4").tobytes(),
-        np.ascontiguousarray(state.v, dtype="<f4").tobytes(),
+        np.ascontiguousarray(state.k, dtype="<f2").tobytes(),
+        np.ascontiguousarray(state.v, dtype="<f2").tobytes(),
     ]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(b"".join(parts))
@@ -104,13 +104,13 @@ def read_slot(path: Path, identity: ModelIdentity, n_ctx: int) -> tuple[SlotStat
     if n > n_ctx:
         raise SlotFileError(f"failed to restore slot: {n} tokens do not fit the slot's {n_ctx} cells")
     cells = n_layer * n_kv * n * head_dim
-    if len(data) != _HEADER.size + 4 * n + 2 * 4 * cells:
+    if len(data) != _HEADER.size + 4 * n + 2 * 2 * cells:
         raise SlotFileError(f"failed to restore slot: {path.name!r} is truncated or corrupt")
     off = _HEADER.size
     tokens = np.frombuffer(data, "<i4", n, off)
     if n and (tokens.min() < 0 or tokens.max() >= n_vocab):
         raise SlotFileError(f"failed to restore slot: {path.name!r} holds invalid token ids")
     shape = (n_layer, n_kv, n, head_dim)
-    k = np.frombuffer(data, "<f4", cells, off + 4 * n).reshape(shape)
-    v = np.frombuffer(data, "<f4", cells, off + 4 * n + 4 * cells).reshape(shape)
+    k = np.frombuffer(data, "<f2", cells, off + 4 * n).reshape(shape)
+    v = np.frombuffer(data, "<f2", cells, off + 4 * n + 2 * cells).reshape(shape)
     return SlotState([int(t) for t in tokens], k, v), len(data)

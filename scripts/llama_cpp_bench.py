@@ -5,7 +5,8 @@ Run it with a Python that has llama-cpp-python (built from PyPI, in its own venv
     /tmp/llcpp/bin/python scripts/llama_cpp_bench.py -m ~/.cache/llamba/models/X.gguf -p 512 -n 128 -t 2
 It follows llama-bench's method: random tokens (BOS first when the model adds it), pp = one prompt of p
 tokens in n_batch chunks, tg = n single-token decodes, the KV cache cleared before each repetition,
-one warm-up run, t/s as mean ± stddev over -r repetitions.
+one warm-up run, t/s as mean ± stddev over -r repetitions. With -d N every test first fills the cache
+with N tokens (not timed), as llama-bench's -d does.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def main() -> None:
     p.add_argument("-t", type=int, default=2)
     p.add_argument("-r", type=int, default=5)
     p.add_argument("-b", type=int, default=512)
+    p.add_argument("-d", type=int, default=0, help="context depth before each test")
     args = p.parse_args()
     llm = llama_cpp.Llama(
         args.model,
-        n_ctx=args.p + args.n + 16,
+        n_ctx=args.d + args.p + args.n + 16,
         n_batch=args.b,
         n_ubatch=args.b,
         n_threads=args.t,
@@ -48,22 +50,32 @@ def main() -> None:
     if llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true":
         prompt[0] = llm.token_bos()
 
-    def pp() -> None:
+    depth = [rng.randrange(vocab) for _ in range(args.d)]
+
+    def fill() -> None:
         llm.reset()
         llm._ctx.kv_cache_clear()
+        if depth:
+            llm.eval(depth)
+
+    def pp() -> None:
         llm.eval(prompt)
 
     def tg() -> None:
-        llm.reset()
-        llm._ctx.kv_cache_clear()
         for _ in range(args.n):
             llm.eval([llm.token_bos()])
 
+    suffix = f" @ d{args.d}" if args.d else ""
     for name, fn, n in (("pp", pp, args.p), ("tg", tg, args.n)):
-        fn()  # warm-up
-        rates = [n / timed(fn) for _ in range(args.r)]
-        print(f"llama.cpp {name}{n}: {statistics.mean(rates):.2f} ± {statistics.stdev(rates):.2f} t/s")
-
+        if n == 0:
+            continue
+        rates = []
+        for rep in range(args.r + 1):  # the first is the warm-up
+            fill()
+            seconds = timed(fn)
+            if rep:
+                rates.append(n / seconds)
+        print(f"llama.cpp {name}{n}{suffix}: {statistics.mean(rates):.2f} ± {statistics.stdev(rates):.2f} t/s")
 
 if __name__ == "__main__":
     main()

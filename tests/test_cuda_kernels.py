@@ -74,9 +74,9 @@ def test_store_kv_matches_cpu() -> None:
     k, v = rand(3, 2, 8), rand(3, 2, 8)
     seq_ids = np.array([0, 2, 2], dtype=np.int32)
     positions = np.array([4, 0, 1], dtype=np.int32)
-    kc, vc = np.zeros((3, 2, 6, 8), np.float32), np.zeros((3, 2, 6, 8), np.float32)
+    kc, vc = np.zeros((3, 2, 6, 8), np.float16), np.zeros((3, 2, 6, 8), np.float16)
     cpu.store_kv(k, v, seq_ids, positions, kc, vc)
-    dkc, dvc = arrays.zeros(kc.shape), arrays.zeros(vc.shape)
+    dkc, dvc = arrays.zeros(kc.shape, np.float16), arrays.zeros(vc.shape, np.float16)
     gpu.store_kv(cuda.to_device(k), cuda.to_device(v), seq_ids, positions, dkc, dvc)
     np.testing.assert_array_equal(dkc.copy_to_host(), kc)
     np.testing.assert_array_equal(dvc.copy_to_host(), vc)
@@ -87,7 +87,8 @@ def test_attention_gqa_multi_sequence_matches_cpu(window: int) -> None:
     """Two sequences, 4 query heads on 2 kv heads, contexts longer than one block of keys (32 threads
     under the simulator), so the online softmax crosses chunks; with a sliding window of 3."""
     n_seq, n_kv, n_ctx, dim = 2, 2, 70, 16
-    kc, vc = rand(n_seq, n_kv, n_ctx, dim), rand(n_seq, n_kv, n_ctx, dim)
+    kc = rand(n_seq, n_kv, n_ctx, dim).astype(np.float16)
+    vc = rand(n_seq, n_kv, n_ctx, dim).astype(np.float16)
     q = rand(4, 4, dim)
     seq_ids = np.array([0, 0, 1, 1], dtype=np.int32)
     positions = np.array([0, 33, 5, 69], dtype=np.int32)

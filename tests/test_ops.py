@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from numba import njit
+
 from engine.cpu import ops
+from engine.cpu.f16 import float_to_half, half_to_float
 
 RNG = np.random.default_rng(0)
 
@@ -63,27 +66,78 @@ def attention_reference(q, k_cache, v_cache, seq_ids, positions, window, scale):
     return out
 
 
-@pytest.mark.parametrize("window", [0, 4])
+@pytest.mark.parametrize("window", [0, 4, 300])
 def test_attention_gqa_multi_sequence(window: int) -> None:
-    n_seq, n_kv, n_ctx, dim, n_heads = 3, 2, 16, 32, 6
-    k_cache, v_cache = rand(n_seq, n_kv, n_ctx, dim), rand(n_seq, n_kv, n_ctx, dim)
-    seq_ids = np.array([0, 0, 0, 2, 1, 1], dtype=np.int32)
-    positions = np.array([0, 1, 2, 9, 5, 15], dtype=np.int32)
+    # n_ctx beyond ops.KEY_CHUNK: long contexts are split into chunks and merged.
+    n_seq, n_kv, n_ctx, dim, n_heads = 3, 2, 700, 32, 6
+    k_cache = rand(n_seq, n_kv, n_ctx, dim).astype(np.float16)
+    v_cache = rand(n_seq, n_kv, n_ctx, dim).astype(np.float16)
+    seq_ids = np.array([0, 0, 0, 2, 1, 1, 1], dtype=np.int32)
+    positions = np.array([0, 1, 2, 9, 5, 255, 699], dtype=np.int32)
     q = rand(len(seq_ids), n_heads, dim)
     out = np.empty_like(q)
     ops.attention(q, k_cache, v_cache, seq_ids, positions, window, 0.125, out)
-    ref = attention_reference(q, k_cache, v_cache, seq_ids, positions, window, 0.125)
+    ref = attention_reference(
+        q, k_cache.astype(np.float32), v_cache.astype(np.float32), seq_ids, positions, window, 0.125
+    )
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_store_kv() -> None:
+def test_attention_result_does_not_depend_on_the_batch() -> None:
+    """A token's output is bitwise the same alone or in a batch (decode == prefill, batched == solo)."""
+    k_cache = rand(2, 1, 600, 16).astype(np.float16)
+    v_cache = rand(2, 1, 600, 16).astype(np.float16)
+    seq_ids = np.array([0, 0, 1, 1], dtype=np.int32)
+    positions = np.array([3, 599, 100, 520], dtype=np.int32)
+    q = rand(4, 2, 16)
+    together = np.empty_like(q)
+    ops.attention(q, k_cache, v_cache, seq_ids, positions, 0, 0.25, together)
+    for t in range(4):
+        alone = np.empty_like(q[t : t + 1])
+        ops.attention(
+            q[t : t + 1], k_cache, v_cache, seq_ids[t : t + 1], positions[t : t + 1], 0, 0.25, alone
+        )
+        np.testing.assert_array_equal(alone[0], together[t])
+
+
+def test_store_kv_rounds_to_float16() -> None:
     k, v = rand(3, 2, 8), rand(3, 2, 8)
-    k_cache, v_cache = np.zeros((2, 2, 10, 8), np.float32), np.zeros((2, 2, 10, 8), np.float32)
+    k_cache, v_cache = np.zeros((2, 2, 10, 8), np.float16), np.zeros((2, 2, 10, 8), np.float16)
     seq_ids, positions = np.array([1, 1, 0], np.int32), np.array([4, 5, 0], np.int32)
     ops.store_kv(k, v, seq_ids, positions, k_cache, v_cache)
     for t in range(3):
-        np.testing.assert_array_equal(k_cache[seq_ids[t], :, positions[t]], k[t])
-        np.testing.assert_array_equal(v_cache[seq_ids[t], :, positions[t]], v[t])
+        np.testing.assert_array_equal(k_cache[seq_ids[t], :, positions[t]], k[t].astype(np.float16))
+        np.testing.assert_array_equal(v_cache[seq_ids[t], :, positions[t]], v[t].astype(np.float16))
+
+
+@njit
+def _halves_to_floats(bits: np.ndarray) -> np.ndarray:
+    out = np.empty(bits.size, np.float32)
+    for i in range(bits.size):
+        out[i] = half_to_float(bits[i])
+    return out
+
+
+@njit
+def _floats_to_halves(x: np.ndarray) -> np.ndarray:
+    out = np.empty(x.size, np.uint16)
+    for i in range(x.size):
+        out[i] = float_to_half(x[i])
+    return out
+
+
+def test_half_conversions_match_numpy() -> None:
+    """Every finite half reads back exactly; float32 -> half rounds as numpy does, ties included."""
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    halves = bits.view(np.float16)
+    finite = np.isfinite(halves)
+    np.testing.assert_array_equal(_halves_to_floats(bits)[finite], halves[finite].astype(np.float32))
+    values = np.sort(halves[finite].astype(np.float32))
+    ties = values[:-1] + np.diff(values) / 2
+    x = np.concatenate([values, ties, rand(10000) * 1e5, rand(10000) * 1e-6]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(_floats_to_halves(x), expected)
 
 
 def test_activations() -> None:

@@ -30,8 +30,8 @@ PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 def small_state(n: int = 5) -> SlotState:
     rng = np.random.default_rng(0)
-    k = rng.standard_normal((2, 4, n, 8)).astype(np.float32)
-    v = rng.standard_normal((2, 4, n, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 4, n, 8)).astype(np.float16)
+    v = rng.standard_normal((2, 4, n, 8)).astype(np.float16)
     return SlotState(list(range(1, n + 1)), k, v)
 
 
@@ -85,7 +85,7 @@ def test_foreign_model_and_oversized_files_are_refused(tmp_path: Path) -> None:
 # -- the cache's cells ---------------------------------------------------------------------------------
 def test_kv_cells_round_trip_touches_only_their_sequence() -> None:
     kv = KVCache(2, 3, 8, 2, 4)
-    k = np.random.default_rng(1).standard_normal((2, 2, 5, 4)).astype(np.float32)
+    k = np.random.default_rng(1).standard_normal((2, 2, 5, 4)).astype(np.float16)
     kv.write_cells(1, k, 2 * k)
     got_k, got_v = kv.read_cells(1, 5)
     assert np.array_equal(got_k, k) and np.array_equal(got_v, 2 * k)
@@ -98,7 +98,7 @@ from numba import cuda
 import numpy as np
 from engine.kv import KVCache
 kv = KVCache(2, 3, 8, 2, 4, lambda shape, dtype: cuda.to_device(np.zeros(shape, dtype)))
-k = np.random.default_rng(1).standard_normal((2, 2, 5, 4)).astype(np.float32)
+k = np.random.default_rng(1).standard_normal((2, 2, 5, 4)).astype(np.float16)
 kv.write_cells(1, k, 2 * k)
 got_k, got_v = kv.read_cells(1, 5)
 assert np.array_equal(got_k, k) and np.array_equal(got_v, 2 * k)

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 from numba import cuda, float32
+from numba.types import float16
 
 from engine.cuda.arrays import blocks, device, elem_blocks, ids, write_back
 
@@ -99,7 +100,7 @@ def _rope_py(x, positions, theta_scale, neox):  # type: ignore[no-untyped-def]
 
 
 def _store_kv_py(k, v, seq_ids, positions, k_cache, v_cache):  # type: ignore[no-untyped-def]
-    """A block per token: k/v[T, n_kv, dim] -> caches [n_seq, n_kv, n_ctx, dim] at the token's cell."""
+    """A block per token: k/v[T, n_kv, dim] -> float16 caches [n_seq, n_kv, n_ctx, dim] at the token's cell."""
     dim = k.shape[2]
     for t in range(cuda.blockIdx.x, k.shape[0], cuda.gridDim.x):
         s = seq_ids[t]
@@ -107,8 +108,8 @@ def _store_kv_py(k, v, seq_ids, positions, k_cache, v_cache):  # type: ignore[no
         for job in range(cuda.threadIdx.x, k.shape[1] * dim, cuda.blockDim.x):
             h = job // dim
             i = job - h * dim
-            k_cache[s, h, p, i] = k[t, h, i]
-            v_cache[s, h, p, i] = v[t, h, i]
+            k_cache[s, h, p, i] = float16(k[t, h, i])
+            v_cache[s, h, p, i] = float16(v[t, h, i])
 
 
 def _attention_py(q, k_cache, v_cache, seq_ids, positions, window, scale, out):  # type: ignore[no-untyped-def]
@@ -154,7 +155,7 @@ def _attend_one(q, k_cache, v_cache, seq_ids, positions, window, scale, out, job
         if j < end:
             dot = float32(0.0)
             for i in range(dim):
-                dot += q_sm[i] * k_cache[s, kv_h, j, i]
+                dot += q_sm[i] * float32(k_cache[s, kv_h, j, i])
             score = dot * scale
         red[tid] = score
         new_max = max(run_max, block_max(red, tid, n))
@@ -170,7 +171,7 @@ def _attend_one(q, k_cache, v_cache, seq_ids, positions, window, scale, out, job
         for i in range(tid, dim, n):
             a = acc_sm[i] * corr
             for jj in range(n_valid):
-                a += p_sm[jj] * v_cache[s, kv_h, c0 + jj, i]
+                a += p_sm[jj] * float32(v_cache[s, kv_h, c0 + jj, i])
             acc_sm[i] = a
         run_max = new_max
         cuda.syncthreads()  # p_sm is refilled by the next chunk
