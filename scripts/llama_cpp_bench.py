@@ -75,7 +75,9 @@ def main() -> None:
             seconds = timed(fn)
             if rep:
                 rates.append(n / seconds)
-        print(f"llama.cpp {name}{n}{suffix}: {statistics.mean(rates):.2f} ± {statistics.stdev(rates):.2f} t/s")
+        mean, spread = statistics.mean(rates), statistics.stdev(rates)
+        print(f"llama.cpp {name}{n}{suffix}: {mean:.2f} ± {spread:.2f} t/s")
+
 
 if __name__ == "__main__":
     main()

@@ -45,4 +45,3 @@ def half_to_float(h: np.uint16) -> np.float32:
 def float_to_half(x: np.float32) -> np.uint16:
     """Half-precision bits of x, rounded to nearest even (overflow gives inf, as numpy's astype)."""
     return _float_to_half_bits(np.float32(x))
-

@@ -100,7 +100,7 @@ def _rope_py(x, positions, theta_scale, neox):  # type: ignore[no-untyped-def]
 
 
 def _store_kv_py(k, v, seq_ids, positions, k_cache, v_cache):  # type: ignore[no-untyped-def]
-    """A block per token: k/v[T, n_kv, dim] -> float16 caches [n_seq, n_kv, n_ctx, dim] at the token's cell."""
+    """A block per token: k/v[T, n_kv, dim] -> float16 caches [n_seq, n_kv, n_ctx, dim], the token's cell."""
     dim = k.shape[2]
     for t in range(cuda.blockIdx.x, k.shape[0], cuda.gridDim.x):
         s = seq_ids[t]
