@@ -1,0 +1,274 @@
+"""Attention over the float16 KV cache on the CPU, and the store that fills it.
+
+Work is split into jobs of (query tile, chunk of cells, kv head):
+- a chunk is KEY_CHUNK cells of one sequence, so a single decoding sequence at a long context still
+  keeps every thread busy (partial results are merged per token, flash-decoding style);
+- a query tile is up to QUERY_TILE consecutive tokens of one sequence (a prefill), which share every
+  key and value row read, as do the query heads of a kv head (grouped-query attention).
+A token's result never depends on the batch it is in: chunks are anchored at its own first visible
+cell, and cells are scored four at a time in groups anchored there too, whatever the tile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from engine.cpu.f16 import float_to_half, half_to_float
+from engine.cpu.vecmath import exp
+
+_KERNEL = {"cache": True, "nogil": True, "fastmath": True, "error_model": "numpy"}
+F0 = np.float32(0.0)
+KEY_CHUNK = 256
+QUERY_TILE = 8
+
+
+def store_kv(
+    k: np.ndarray,
+    v: np.ndarray,
+    seq_ids: np.ndarray,
+    positions: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+) -> None:
+    """Write k/v[T, n_kv_heads, head_dim] into the float16 caches [n_seq, n_kv_heads, n_ctx, head_dim]."""
+    _store_kv(k, v, seq_ids, positions, k_cache.view(np.uint16), v_cache.view(np.uint16))
+
+
+def attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    seq_ids: np.ndarray,
+    positions: np.ndarray,
+    window: int,
+    scale: float,
+    out: np.ndarray,
+) -> None:
+    """Causal attention of q[T, n_heads, head_dim] over the float16 cached keys/values of each token.
+
+    Token t attends to cache cells 0..positions[t] of its sequence (the batch's own k/v are already
+    stored). With window > 0 only the last `window` positions are visible (sliding-window layers).
+    Grouped-query: query head h reads kv head h // (n_heads / n_kv_heads).
+    """
+    _attention(q, k_cache.view(np.uint16), v_cache.view(np.uint16), seq_ids, positions, window, scale, out)
+
+
+@njit(**_KERNEL)
+def _store_kv(
+    k: np.ndarray,
+    v: np.ndarray,
+    seq_ids: np.ndarray,
+    positions: np.ndarray,
+    k_bits: np.ndarray,
+    v_bits: np.ndarray,
+) -> None:
+    n_tok, n_kv, dim = k.shape
+    for t in range(n_tok):
+        for h in range(n_kv):
+            for i in range(dim):
+                k_bits[seq_ids[t], h, positions[t], i] = float_to_half(k[t, h, i])
+                v_bits[seq_ids[t], h, positions[t], i] = float_to_half(v[t, h, i])
+
+
+@njit(parallel=True, **_KERNEL)
+def _attention(
+    q: np.ndarray,
+    k_bits: np.ndarray,
+    v_bits: np.ndarray,
+    seq_ids: np.ndarray,
+    positions: np.ndarray,
+    window: int,
+    scale: float,
+    out: np.ndarray,
+) -> None:
+    n_tok, n_heads, dim = q.shape
+    n_kv = k_bits.shape[1]
+    group = n_heads // n_kv
+    first = np.empty(n_tok, np.int64)  # token t sees cells first[t] .. positions[t]
+    chunk_start = np.zeros(n_tok + 1, np.int64)  # token t's partial results: rows chunk_start[t] ..
+    for t in range(n_tok):
+        first[t] = max(0, positions[t] + 1 - window) if window > 0 else 0
+        chunk_start[t + 1] = chunk_start[t] + _n_chunks(first[t], positions[t])
+    tile_start = _query_tiles(seq_ids, positions, first)
+    # jobs: for each tile, one per chunk of its last token (the longest) and kv head
+    n_tiles = len(tile_start) - 1
+    job_start = np.zeros(n_tiles + 1, np.int64)
+    for i in range(n_tiles):
+        last = tile_start[i + 1] - 1
+        job_start[i + 1] = job_start[i] + _n_chunks(first[last], positions[last]) * n_kv
+    part_max = np.empty((chunk_start[n_tok], n_heads), np.float32)
+    part_sum = np.empty((chunk_start[n_tok], n_heads), np.float32)
+    part_out = np.empty((chunk_start[n_tok], n_heads, dim), np.float32)
+    for job in prange(job_start[n_tiles]):
+        i = np.searchsorted(job_start, job, side="right") - 1
+        chunk = (job - job_start[i]) // n_kv
+        kv_h = job - job_start[i] - chunk * n_kv
+        t0, t1 = tile_start[i], tile_start[i + 1]
+        lo = first[t0] + chunk * KEY_CHUNK
+        h0 = kv_h * group
+        _attend_chunk(
+            np.ascontiguousarray(q[t0:t1, h0 : h0 + group]),
+            positions[t0:t1],
+            k_bits[seq_ids[t0], kv_h],
+            v_bits[seq_ids[t0], kv_h],
+            lo,
+            scale,
+            part_max[:, h0 : h0 + group],
+            part_sum[:, h0 : h0 + group],
+            part_out[:, h0 : h0 + group],
+            chunk_start[t0:t1] + chunk,
+            chunk_start[t0 + 1 : t1 + 1],
+        )
+    for job in prange(n_tok * n_heads):
+        t = job // n_heads
+        h = job - t * n_heads
+        r0, r1 = chunk_start[t], chunk_start[t + 1]
+        _merge_chunks(part_max[r0:r1, h], part_sum[r0:r1, h], part_out[r0:r1, h], out[t, h])
+
+
+@njit(inline="always", **_KERNEL)
+def _n_chunks(first: int, position: int) -> int:
+    return (position + 1 - first + KEY_CHUNK - 1) // KEY_CHUNK
+
+
+@njit(**_KERNEL)
+def _query_tiles(seq_ids: np.ndarray, positions: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Tile boundaries: runs of up to QUERY_TILE consecutive tokens of one sequence, positions rising,
+    that see the same first cell (so their chunks line up)."""
+    n_tok = len(seq_ids)
+    starts = np.empty(n_tok + 1, np.int64)
+    n = 0
+    for t in range(n_tok):
+        s0 = starts[n - 1] if n else -1
+        joins = (
+            n > 0
+            and t - s0 < QUERY_TILE
+            and seq_ids[t] == seq_ids[t - 1]
+            and positions[t] > positions[t - 1]
+            and first[t] == first[s0]
+        )
+        if not joins:
+            starts[n] = t
+            n += 1
+    starts[n] = n_tok
+    return starts[: n + 1]
+
+
+@njit(**_KERNEL)
+def _attend_chunk(
+    q: np.ndarray,
+    positions: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    lo: int,
+    scale: float,
+    part_max: np.ndarray,
+    part_sum: np.ndarray,
+    part_out: np.ndarray,
+    rows: np.ndarray,
+    row_ends: np.ndarray,
+) -> None:
+    """Cells lo .. lo + KEY_CHUNK for the tile's tokens q[tt] (each up to its own position) and query
+    heads q[tt, g]: per (token, head) the max score, the sum of exp(score - max) and the unnormalised
+    output, written to partial-result row rows[tt] (skipped when that row is past the token's own).
+
+    Cells go four at a time, each four read once for the whole tile: one pass over the head dimension
+    serves four dot products (or four value rows), which keeps the work in vector registers. A group
+    of four may reach past a token's position (those cells get weight 0), never past the cache.
+    """
+    n_q, group, dim = q.shape
+    n = min(KEY_CHUNK, positions[n_q - 1] + 1 - lo)
+    n_cells = keys.shape[0]
+    grouped = 0  # cells j < grouped go in groups of four: every group that starts below n and fits
+    while grouped < n and lo + grouped + 4 <= n_cells:
+        grouped += 4
+    scores = np.empty((n_q, group, grouped + 4), np.float32)
+    for j in range(0, grouped, 4):
+        for tt in range(n_q):
+            for g in range(group):
+                s = scores[tt, g]
+                s[j], s[j + 1], s[j + 2], s[j + 3] = _dot4(q[tt, g], keys, lo + j)
+    for j in range(grouped, n):
+        for tt in range(n_q):
+            for g in range(group):
+                acc = F0
+                for i in range(dim):
+                    acc += q[tt, g, i] * half_to_float(keys[lo + j, i])
+                scores[tt, g, j] = acc
+    sc = np.float32(scale)
+    m_out = np.empty((n_q, group), np.float32)
+    s_out = np.empty((n_q, group), np.float32)
+    for tt in range(n_q):
+        n_t = max(0, min(n, positions[tt] + 1 - lo))
+        for g in range(group):
+            s = scores[tt, g]
+            best = np.float32(-np.inf)
+            for j in range(n_t):
+                s[j] *= sc
+                best = max(best, s[j])
+            total = F0
+            for j in range(n_t):
+                s[j] = exp(s[j] - best)
+                total += s[j]
+            s[n_t : max(grouped, n)] = F0
+            m_out[tt, g] = best
+            s_out[tt, g] = total
+    o_out = np.zeros((n_q, group, dim), np.float32)
+    for j in range(0, grouped, 4):
+        for tt in range(n_q):
+            for g in range(group):
+                _add_rows4(o_out[tt, g], scores[tt, g, j : j + 4], values, lo + j)
+    for j in range(grouped, n):
+        for tt in range(n_q):
+            for g in range(group):
+                p = scores[tt, g, j]
+                for i in range(dim):
+                    o_out[tt, g, i] += p * half_to_float(values[lo + j, i])
+    for tt in range(n_q):
+        if rows[tt] < row_ends[tt]:
+            part_max[rows[tt]] = m_out[tt]
+            part_sum[rows[tt]] = s_out[tt]
+            part_out[rows[tt]] = o_out[tt]
+
+
+@njit(inline="always", **_KERNEL)
+def _dot4(q: np.ndarray, cells: np.ndarray, c: int) -> tuple[float, float, float, float]:
+    """q . cells[c + k] for k = 0..3 (cells hold half-precision bits)."""
+    a0, a1, a2, a3 = F0, F0, F0, F0
+    for i in range(q.shape[0]):
+        qi = q[i]
+        a0 += qi * half_to_float(cells[c, i])
+        a1 += qi * half_to_float(cells[c + 1, i])
+        a2 += qi * half_to_float(cells[c + 2, i])
+        a3 += qi * half_to_float(cells[c + 3, i])
+    return a0, a1, a2, a3
+
+
+@njit(inline="always", **_KERNEL)
+def _add_rows4(out: np.ndarray, p: np.ndarray, cells: np.ndarray, c: int) -> None:
+    """out += sum_k p[k] * cells[c + k] for k = 0..3 (cells hold half-precision bits)."""
+    p0, p1, p2, p3 = p[0], p[1], p[2], p[3]
+    for i in range(out.shape[0]):
+        out[i] += (
+            p0 * half_to_float(cells[c, i])
+            + p1 * half_to_float(cells[c + 1, i])
+            + p2 * half_to_float(cells[c + 2, i])
+            + p3 * half_to_float(cells[c + 3, i])
+        )
+
+
+@njit(**_KERNEL)
+def _merge_chunks(part_max: np.ndarray, part_sum: np.ndarray, part_out: np.ndarray, out: np.ndarray) -> None:
+    """out = the normalised attention output from its chunks' (max, sum, unnormalised output)."""
+    best = part_max.max()
+    total = F0
+    out[:] = F0
+    for c in range(part_max.shape[0]):
+        w = exp(part_max[c] - best)
+        total += part_sum[c] * w
+        for i in range(out.shape[0]):
+            out[i] += part_out[c, i] * w
+    inv = np.float32(1.0) / total
+    for i in range(out.shape[0]):
+        out[i] *= inv
