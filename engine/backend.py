@@ -33,7 +33,12 @@ def _take_rows(x: np.ndarray, rows: Any) -> np.ndarray:
 
 
 def _split_cols(x: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
-    return [np.ascontiguousarray(p) for p in np.split(x, np.cumsum(sizes)[:-1], axis=1)]
+    # Plain slicing: np.split costs ~10 us a call, a few hundred microseconds a decode step.
+    parts, start = [], 0
+    for n in sizes:
+        parts.append(np.ascontiguousarray(x[:, start : start + n]))
+        start += n
+    return parts
 
 
 def _argmax(x: np.ndarray) -> np.ndarray:

@@ -117,12 +117,19 @@ def _attention(
             part_max[:, h0 : h0 + group],
             part_sum[:, h0 : h0 + group],
             part_out[:, h0 : h0 + group],
-            chunk_start[t0:t1] + chunk,
+            chunk_start[t0:t1],
+            chunk,
             chunk_start[t0 + 1 : t1 + 1],
+            out[t0:t1, h0 : h0 + group],
         )
-    for job in prange(n_tok * n_heads):
-        t = job // n_heads
-        h = job - t * n_heads
+    # Tokens whose cells fit one chunk were finished above; merge the others' chunks. (A second
+    # parallel region costs microseconds that short decode steps notice: skip it when it has no work.)
+    long_tokens = np.nonzero(chunk_start[1:] - chunk_start[:-1] > 1)[0]
+    if len(long_tokens) == 0:
+        return
+    for job in prange(len(long_tokens) * n_heads):
+        t = long_tokens[job // n_heads]
+        h = job % n_heads
         r0, r1 = chunk_start[t], chunk_start[t + 1]
         _merge_chunks(part_max[r0:r1, h], part_sum[r0:r1, h], part_out[r0:r1, h], out[t, h])
 
@@ -166,12 +173,15 @@ def _attend_chunk(
     part_max: np.ndarray,
     part_sum: np.ndarray,
     part_out: np.ndarray,
-    rows: np.ndarray,
+    first_rows: np.ndarray,
+    chunk: int,
     row_ends: np.ndarray,
+    out: np.ndarray,
 ) -> None:
-    """Cells lo .. lo + KEY_CHUNK for the tile's tokens q[tt] (each up to its own position) and query
-    heads q[tt, g]: per (token, head) the max score, the sum of exp(score - max) and the unnormalised
-    output, written to partial-result row rows[tt] (skipped when that row is past the token's own).
+    """Chunk `chunk` (cells lo .. lo + KEY_CHUNK) for the tile's tokens q[tt], each up to its own
+    position, and query heads q[tt, g]. A token whose cells all fit this one chunk gets its final
+    output in out[tt]; otherwise the chunk's per-head max score, sum of exp(score - max) and
+    unnormalised output go to partial-result row first_rows[tt] + chunk (if the token has that row).
 
     Cells go four at a time, each four read once for the whole tile: one pass over the head dimension
     serves four dot products (or four value rows), which keeps the work in vector registers. A group
@@ -226,10 +236,16 @@ def _attend_chunk(
                 for i in range(dim):
                     o_out[tt, g, i] += p * half_to_float(values[lo + j, i])
     for tt in range(n_q):
-        if rows[tt] < row_ends[tt]:
-            part_max[rows[tt]] = m_out[tt]
-            part_sum[rows[tt]] = s_out[tt]
-            part_out[rows[tt]] = o_out[tt]
+        row = first_rows[tt] + chunk
+        if chunk == 0 and row_ends[tt] - first_rows[tt] == 1:  # its only chunk: the final output
+            for g in range(group):
+                inv = np.float32(1.0) / s_out[tt, g]
+                for i in range(dim):
+                    out[tt, g, i] = o_out[tt, g, i] * inv
+        elif row < row_ends[tt]:
+            part_max[row] = m_out[tt]
+            part_sum[row] = s_out[tt]
+            part_out[row] = o_out[tt]
 
 
 @njit(inline="always", **_KERNEL)
