@@ -13,3 +13,30 @@ os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "llamba" /
 os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc keep the step's big buffers once freed instead of unmapping them.
+
+    A forward pass allocates megabytes of activations. By default glibc serves each such block with a
+    fresh mmap and unmaps it on free, so every step page-faults its buffers back in; its threshold adapts
+    only after several steps (pp512 measured 950 t/s for the first few passes, 1320 after). Fixing the
+    thresholds makes every pass run like a warm one. Blocks over 32 MiB (glibc's cap) are still mapped.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 * 2**20)
+    mallopt(m_trim_threshold, 1024 * 2**20)
+
+
+_keep_freed_memory()

@@ -47,10 +47,9 @@ def main() -> None:
     vocab = llm.n_vocab()
     rng = random.Random(0)
     prompt = [rng.randrange(vocab) for _ in range(args.p)]
-    if llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true":
-        prompt[0] = llm.token_bos()
-
     depth = [rng.randrange(vocab) for _ in range(args.d)]
+    if llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true":
+        (depth or prompt or [0])[0] = llm.token_bos()
 
     def fill() -> None:
         llm.reset()
