@@ -1,0 +1,34 @@
+"""Fidelity figures against llama.cpp: teacher-forced agreement on the golden files and perplexity.
+
+    .venv/bin/python scripts/fidelity.py [smollm2] [gemma3]
+
+The same measures tests/test_model.py asserts bounds on, printed as numbers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
+
+from engine.llm import LLM  # noqa: E402
+from engine.perplexity import perplexity  # noqa: E402
+from tests.conftest import load_golden  # noqa: E402
+from tests.test_model import GPL3, LLAMA_CPP_PPL, teacher_forced_agreement  # noqa: E402
+
+
+def main() -> None:
+    for name in sys.argv[1:] or ["smollm2", "gemma3"]:
+        llm = LLM.load(name)
+        rate, gap, misses = teacher_forced_agreement(llm, load_golden(name))
+        tokens = llm.tokenizer.encode(GPL3.read_text(), add_special=True, parse_special=False)
+        *_, final = perplexity(llm, tokens, n_ctx=512, n_chunks=8)
+        print(
+            f"{name}: top-token agreement {rate:.1%}, median |dlogprob| {gap:.4f}, confident misses {misses}"
+        )
+        print(f"{name}: PPL {final.ppl:.4f} (llama.cpp {LLAMA_CPP_PPL[name]})")
+
+
+if __name__ == "__main__":
+    main()
