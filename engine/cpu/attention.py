@@ -71,7 +71,14 @@ def _store_kv(
                 v_bits[seq_ids[t], h, positions[t], i] = float_to_half(v[t, h, i])
 
 
-@njit(parallel=True, **_KERNEL)
+# A call with at most SERIAL_JOBS jobs and fewer multiply-adds than SERIAL_WORK (cells x query heads x
+# head_dim, summed over its tokens) runs on the calling thread: a parallel region costs ~7 us, more
+# than one sequence's whole decode attention at a short context.
+SERIAL_JOBS = 8
+SERIAL_WORK = 200_000
+
+
+@njit(**_KERNEL)
 def _attention(
     q: np.ndarray,
     k_bits: np.ndarray,
@@ -84,12 +91,13 @@ def _attention(
 ) -> None:
     n_tok, n_heads, dim = q.shape
     n_kv = k_bits.shape[1]
-    group = n_heads // n_kv
     first = np.empty(n_tok, np.int64)  # token t sees cells first[t] .. positions[t]
     chunk_start = np.zeros(n_tok + 1, np.int64)  # token t's partial results: rows chunk_start[t] ..
+    work = 0
     for t in range(n_tok):
         first[t] = max(0, positions[t] + 1 - window) if window > 0 else 0
         chunk_start[t + 1] = chunk_start[t] + _n_chunks(first[t], positions[t])
+        work += (positions[t] + 1 - first[t]) * n_heads * dim
     tile_start = _query_tiles(seq_ids, positions, first)
     # jobs: for each tile, one per chunk of its last token (the longest) and kv head
     n_tiles = len(tile_start) - 1
@@ -100,38 +108,66 @@ def _attention(
     part_max = np.empty((chunk_start[n_tok], n_heads), np.float32)
     part_sum = np.empty((chunk_start[n_tok], n_heads), np.float32)
     part_out = np.empty((chunk_start[n_tok], n_heads, dim), np.float32)
-    for job in prange(job_start[n_tiles]):
-        i = np.searchsorted(job_start, job, side="right") - 1
-        chunk = (job - job_start[i]) // n_kv
-        kv_h = job - job_start[i] - chunk * n_kv
-        t0, t1 = tile_start[i], tile_start[i + 1]
-        lo = first[t0] + chunk * KEY_CHUNK
-        h0 = kv_h * group
-        _attend_chunk(
-            np.ascontiguousarray(q[t0:t1, h0 : h0 + group]),
-            positions[t0:t1],
-            k_bits[seq_ids[t0], kv_h],
-            v_bits[seq_ids[t0], kv_h],
-            lo,
-            scale,
-            part_max[:, h0 : h0 + group],
-            part_sum[:, h0 : h0 + group],
-            part_out[:, h0 : h0 + group],
-            chunk_start[t0:t1],
-            chunk,
-            chunk_start[t0 + 1 : t1 + 1],
-            out[t0:t1, h0 : h0 + group],
-        )
-    # Tokens whose cells fit one chunk were finished above; merge the others' chunks. (A second
-    # parallel region costs microseconds that short decode steps notice: skip it when it has no work.)
+    parts = (part_max, part_sum, part_out)
+    plan = (first, chunk_start, tile_start, job_start)
+    # Tokens whose cells fit one chunk are finished by their job; the others' chunks are merged after.
     long_tokens = np.nonzero(chunk_start[1:] - chunk_start[:-1] > 1)[0]
-    if len(long_tokens) == 0:
-        return
-    for job in prange(len(long_tokens) * n_heads):
-        t = long_tokens[job // n_heads]
-        h = job % n_heads
-        r0, r1 = chunk_start[t], chunk_start[t + 1]
-        _merge_chunks(part_max[r0:r1, h], part_sum[r0:r1, h], part_out[r0:r1, h], out[t, h])
+    if work < SERIAL_WORK and job_start[n_tiles] <= SERIAL_JOBS:
+        for job in range(job_start[n_tiles]):
+            _run_job(job, plan, q, k_bits, v_bits, seq_ids, positions, scale, parts, out)
+        for job in range(len(long_tokens) * n_heads):
+            _merge_job(job, long_tokens, chunk_start, parts, out)
+    else:
+        _run_parallel(plan, long_tokens, q, k_bits, v_bits, seq_ids, positions, scale, parts, out)
+
+
+@njit(parallel=True, **_KERNEL)
+def _run_parallel(plan, long_tokens, q, k_bits, v_bits, seq_ids, positions, scale, parts, out) -> None:  # type: ignore[no-untyped-def]
+    job_start = plan[3]
+    for job in prange(job_start[len(job_start) - 1]):
+        _run_job(job, plan, q, k_bits, v_bits, seq_ids, positions, scale, parts, out)
+    for job in prange(len(long_tokens) * q.shape[1]):
+        _merge_job(job, long_tokens, plan[1], parts, out)
+
+
+@njit(**_KERNEL)
+def _run_job(job, plan, q, k_bits, v_bits, seq_ids, positions, scale, parts, out) -> None:  # type: ignore[no-untyped-def]
+    """Job `job`: one chunk of one kv head for one query tile."""
+    first, chunk_start, tile_start, job_start = plan
+    part_max, part_sum, part_out = parts
+    n_kv = k_bits.shape[1]
+    group = q.shape[1] // n_kv
+    i = np.searchsorted(job_start, job, side="right") - 1
+    chunk = (job - job_start[i]) // n_kv
+    kv_h = job - job_start[i] - chunk * n_kv
+    t0, t1 = tile_start[i], tile_start[i + 1]
+    h0 = kv_h * group
+    _attend_chunk(
+        np.ascontiguousarray(q[t0:t1, h0 : h0 + group]),  # contiguous: 2x faster dot products
+        positions[t0:t1],
+        k_bits[seq_ids[t0], kv_h],
+        v_bits[seq_ids[t0], kv_h],
+        first[t0] + chunk * KEY_CHUNK,
+        scale,
+        part_max[:, h0 : h0 + group],
+        part_sum[:, h0 : h0 + group],
+        part_out[:, h0 : h0 + group],
+        chunk_start[t0:t1],
+        chunk,
+        chunk_start[t0 + 1 : t1 + 1],
+        out[t0:t1, h0 : h0 + group],
+    )
+
+
+@njit(**_KERNEL)
+def _merge_job(job, long_tokens, chunk_start, parts, out) -> None:  # type: ignore[no-untyped-def]
+    """Merge job `job`: one query head of one token whose cells span several chunks."""
+    n_heads = out.shape[1]
+    t = long_tokens[job // n_heads]
+    h = job % n_heads
+    r0, r1 = chunk_start[t], chunk_start[t + 1]
+    part_max, part_sum, part_out = parts
+    _merge_chunks(part_max[r0:r1, h], part_sum[r0:r1, h], part_out[r0:r1, h], out[t, h])
 
 
 @njit(inline="always", **_KERNEL)
