@@ -4,6 +4,9 @@ Cody-Waite reduction x = n ln2 + r with |r| <= ln2 / 2, a degree-6 Taylor polyno
 put straight into the float's exponent bits. Relative error stays within a few float32 ulp over the
 range that matters (the softmax's x <= 0 and the activations); below -87 the result is 0, as e^x
 underflows there anyway.
+
+Numba's cache checks the timestamp of a kernel's own file only: after editing this module, clear the
+JIT cache (`rm -rf ~/.cache/llamba/numba`) or the kernels that inline it keep the old code.
 """
 
 from __future__ import annotations
