@@ -171,3 +171,19 @@ def test_get_rows_real_embeddings(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile)
         out = np.empty((len(ids), t.shape[1]), np.float32)
         mm.get_rows(w, ids, out)
         np.testing.assert_array_equal(out, quant.dequantize(t.data[ids], t.ggml_type, (len(ids), t.shape[1])))
+
+
+@pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_1, QType.Q4_K], ids=lambda q: q.name)
+def test_vnni_path_is_bitwise_the_int16_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of 4+ tokens take vpdpwssd; their outputs must not differ from the int16 kernels' by a bit
+    (a token's logits may not depend on the batch), extreme blocks included."""
+    rows, cols = 70, 512
+    for data in (random_blocks(qtype, rows, cols), _extreme_blocks(qtype, rows, cols)):
+        w = quant.pack_weight(data, qtype, (rows, cols))
+        x = RNG.standard_normal((21, cols)).astype(np.float32)
+        x[:3] = np.sign(x[:3])  # rows whose activations all quantize to +-127
+        monkeypatch.setattr(mm, "HAS_VNNI", True)
+        vnni = run_matmul(w, x)
+        monkeypatch.setattr(mm, "HAS_VNNI", False)
+        np.testing.assert_array_equal(vnni, run_matmul(w, x))

@@ -25,6 +25,7 @@ code say which loop shapes LLVM vectorizes and which it does not (measured, not 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.core import cgutils
@@ -109,7 +110,48 @@ def _alloca_intrinsic(dtype: types.Number):  # type: ignore[no-untyped-def]
 
 
 _alloca_i16 = _alloca_intrinsic(types.int16)
+_alloca_i32 = _alloca_intrinsic(types.int32)
 _alloca_f32 = _alloca_intrinsic(types.float32)
+
+# AVX-512 VNNI, which LLVM never produced from the int16 loops (nor from any loop shape tried): one
+# vpdpwssd multiplies 16 int32 lanes, each holding two int16 weights, by two broadcast int16
+# activations and adds both products to 16 int32 sums (32 multiply-adds an instruction, where
+# vpmullw + vpaddw do 32 in two). Written as LLVM IR in an intrinsic, on whole vectors.
+HAS_VNNI = bool(llvm_binding.get_host_cpu_features().get("avx512vnni", False))
+_V16I32 = ir.VectorType(ir.IntType(32), 16)
+
+
+_V16I8 = ir.VectorType(ir.IntType(8), 16)
+
+
+@intrinsic
+def _dot_nibbles16(typingctx, sums, sums_at, packed, packed_at, x_pair):  # type: ignore[no-untyped-def]
+    """sums[sums_at + i] += (b & 15) * lo(x_pair) + (b >> 4) * hi(x_pair) for the 16 bytes
+    b = packed[packed_at + i]: the nibbles widened to int16 pairs in registers, then vpdpwssd."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        def pointer(array_type, array, at, vector):  # type: ignore[no-untyped-def]
+            ary = context.make_array(array_type)(context, builder, array)
+            item = cgutils.get_item_pointer(context, builder, array_type, ary, [at], wraparound=False)
+            return builder.bitcast(item, vector.as_pointer())
+
+        acc_ptr = pointer(sig.args[0], args[0], args[1], _V16I32)
+        wide = builder.zext(builder.load(pointer(sig.args[2], args[2], args[3], _V16I8), align=1), _V16I32)
+        low = builder.and_(wide, ir.Constant(_V16I32, [15] * 16))
+        high = builder.lshr(wide, ir.Constant(_V16I32, [4] * 16))
+        high = builder.shl(high, ir.Constant(_V16I32, [16] * 16))
+        pairs = builder.or_(low, high)
+        x32 = context.cast(builder, args[4], sig.args[4], types.int32)
+        x = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
+        x = builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), ir.Constant(_V16I32, [0] * 16))
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
+        )
+        total = builder.call(fn, [builder.load(acc_ptr, align=4), pairs, x])
+        builder.store(total, acc_ptr, align=4)
+        return context.get_dummy_value()
+
+    return types.void(sums, sums_at, packed, packed_at, x_pair), codegen
 
 
 @njit(inline="always")
@@ -310,6 +352,92 @@ def _q4_group(qs, d, m, sc, mn, kind, xq, xd, xs, out, g) -> None:  # type: igno
         else:
             _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, 1)
             t0 += 1
+
+
+# The VNNI twin of _q4_tile for tiles of 4 and 8 tokens: each weight byte (positions j and j + 16 of
+# one row) becomes one int32 lane of two int16 nibbles, multiplied by the int32 pair of activations
+# (x[j], x[j + 16]). The half-block integer sums are the int16 path's exactly, then scaled the same
+# way, so a token's output does not depend on which path its tile took.
+
+
+@njit(inline="always")
+def _q4_tile_vnni(qs, d, m, sc, mn, kind, xp, xd, xs, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    acc = stack_tile_f32()
+    sums_ptr = _alloca_i32(256)
+    sums = carray(sums_ptr, (8, 32))
+    flat_sums = carray(sums_ptr, (256,))
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        for half in range(2):
+            for i in range(n_tok * ROWS):
+                flat_sums[i] = 0
+            for jj in range(8):
+                j = half * 8 + jj
+                wq = _lanes(qs, g, b * 16 + j)
+                for t in range(n_tok):
+                    x_pair = xp[t0 + t, b * 16 + j]
+                    _dot_nibbles16(flat_sums, t * ROWS, wq, 0, x_pair)
+                    _dot_nibbles16(flat_sums, t * ROWS + 16, wq, 16, x_pair)
+            _q4_add_half(acc, sums, d, sc, kind, g, b, xd, t0, n_tok)
+        _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q4_group_vnni(qs, d, m, sc, mn, kind, xq, xp, xd, xs, out, g) -> None:  # type: ignore[no-untyped-def]
+    n_tok = xq.shape[0]
+    t0 = 0
+    while t0 < n_tok:
+        left = n_tok - t0
+        if left >= 8:
+            _q4_tile_vnni(qs, d, m, sc, mn, kind, xp, xd, xs, out, g, t0, 8)
+            t0 += 8
+        elif left >= 4:
+            _q4_tile_vnni(qs, d, m, sc, mn, kind, xp, xd, xs, out, g, t0, 4)
+            t0 += 4
+        elif left >= 2:
+            _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, 2)
+            t0 += 2
+        else:
+            _q4_tile(qs, d, m, sc, mn, kind, xq, xd, xs, out, g, t0, 1)
+            t0 += 1
+
+
+@njit(**_KERNEL)
+def _activation_pairs(xq: np.ndarray) -> np.ndarray:
+    """int32 (x[j], x[j + 16]) of every block's positions j < 16: low half x[j], high half x[j + 16]."""
+    n_tok, k = xq.shape
+    xp = np.empty((n_tok, k // 2), np.int32)
+    for t in range(n_tok):
+        for b in range(k // QK):
+            for j in range(16):
+                lo = np.int32(xq[t, b * QK + j]) & 0xFFFF
+                xp[t, b * 16 + j] = lo | (np.int32(xq[t, b * QK + j + 16]) << 16)
+    return xp
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4_0_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x)
+    xp = _activation_pairs(xq)
+    for g in prange(qs.shape[0]):
+        _q4_group_vnni(qs, d, d, d, d, KIND_Q4_0, xq, xp, xd, xs, out, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4_1_vnni(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x)
+    xp = _activation_pairs(xq)
+    for g in prange(qs.shape[0]):
+        _q4_group_vnni(qs, d, m, d, d, KIND_Q4_1, xq, xp, xd, xs, out, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4_k_vnni(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x)
+    xp = _activation_pairs(xq)
+    for g in prange(qs.shape[0]):
+        _q4_group_vnni(qs, d, m, sc, mn, KIND_Q4_K, xq, xp, xd, xs, out, g)
 
 
 # One kernel per kind, so the kind is a constant in the tiles (a runtime kind halved Q4_K's speed at
@@ -671,10 +799,21 @@ def get_rows(w: PackedWeight, ids: np.ndarray, out: np.ndarray) -> None:
     _GET_ROWS[w.qtype](w, ids, out)
 
 
+# Tiles of 4 or more tokens take the VNNI kernels where the CPU has them (T = 1 is bound by memory,
+# and the int16 path keeps it compiling everywhere).
+VNNI_MIN_TOKENS = 4
+
+
+def _vnni(x: np.ndarray) -> bool:
+    return HAS_VNNI and x.shape[0] >= VNNI_MIN_TOKENS
+
+
 _MATMUL = {
-    QType.Q4_0: lambda x, w, out: _matmul_q4_0(x, w.qs, w.d, out),
-    QType.Q4_1: lambda x, w, out: _matmul_q4_1(x, w.qs, w.d, w.m, out),
-    QType.Q4_K: lambda x, w, out: _matmul_q4_k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
+    QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if _vnni(x) else _matmul_q4_0)(x, w.qs, w.d, out),
+    QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if _vnni(x) else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
+    QType.Q4_K: lambda x, w, out: (_matmul_q4_k_vnni if _vnni(x) else _matmul_q4_k)(
+        x, w.qs, w.d, w.m, w.sc, w.mn, out
+    ),
     QType.Q5_0: lambda x, w, out: _matmul_q5(x, w.qs, w.qh, w.d, out),
     QType.Q6_K: lambda x, w, out: _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out),
     QType.Q8_0: lambda x, w, out: _matmul_q8(x, w.qs, w.d, out),
