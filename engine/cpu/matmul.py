@@ -24,6 +24,8 @@ code say which loop shapes LLVM vectorizes and which it does not (measured, not 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
@@ -117,7 +119,10 @@ _alloca_f32 = _alloca_intrinsic(types.float32)
 # vpdpwssd multiplies 16 int32 lanes, each holding two int16 weights, by two broadcast int16
 # activations and adds both products to 16 int32 sums (32 multiply-adds an instruction, where
 # vpmullw + vpaddw do 32 in two). Written as LLVM IR in an intrinsic, on whole vectors.
-HAS_VNNI = bool(llvm_binding.get_host_cpu_features().get("avx512vnni", False))
+# LLAMBA_NO_VNNI=1 turns the VNNI kernels off (for comparisons; note that Q8_0 results then change).
+HAS_VNNI = bool(llvm_binding.get_host_cpu_features().get("avx512vnni", False)) and not os.environ.get(
+    "LLAMBA_NO_VNNI"
+)
 _V16I32 = ir.VectorType(ir.IntType(32), 16)
 
 
@@ -152,6 +157,35 @@ def _dot_nibbles16(typingctx, sums, sums_at, packed, packed_at, x_pair):  # type
         return context.get_dummy_value()
 
     return types.void(sums, sums_at, packed, packed_at, x_pair), codegen
+
+
+@intrinsic
+def _dot_int8_pairs16(typingctx, sums, sums_at, quants, first_at, second_at, x_pair):  # type: ignore[no-untyped-def]
+    """sums[sums_at + i] += quants[first_at + i] * lo(x_pair) + quants[second_at + i] * hi(x_pair), i < 16:
+    two int8 weight positions of 16 rows sign-extended into int16 pairs in registers, then vpdpwssd."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        def pointer(array_type, array, at, vector):  # type: ignore[no-untyped-def]
+            ary = context.make_array(array_type)(context, builder, array)
+            item = cgutils.get_item_pointer(context, builder, array_type, ary, [at], wraparound=False)
+            return builder.bitcast(item, vector.as_pointer())
+
+        acc_ptr = pointer(sig.args[0], args[0], args[1], _V16I32)
+        first = builder.sext(builder.load(pointer(sig.args[2], args[2], args[3], _V16I8), align=1), _V16I32)
+        second = builder.sext(builder.load(pointer(sig.args[2], args[2], args[4], _V16I8), align=1), _V16I32)
+        low = builder.and_(first, ir.Constant(_V16I32, [0xFFFF] * 16))
+        pairs = builder.or_(low, builder.shl(second, ir.Constant(_V16I32, [16] * 16)))
+        x32 = context.cast(builder, args[5], sig.args[5], types.int32)
+        x = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
+        x = builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), ir.Constant(_V16I32, [0] * 16))
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
+        )
+        total = builder.call(fn, [builder.load(acc_ptr, align=4), pairs, x])
+        builder.store(total, acc_ptr, align=4)
+        return context.get_dummy_value()
+
+    return types.void(sums, sums_at, quants, first_at, second_at, x_pair), codegen
 
 
 @njit(inline="always")
@@ -629,6 +663,74 @@ def _q8_tile(qs, d, x, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-de
     _store_tile(acc, out, g, t0, n_tok)
 
 
+# With VNNI, Q8_0 takes the integer path too, at every tile size (so a token's output never depends on
+# its batch): activations quantized per 32-block as for the other formats, adjacent positions (k, k+1)
+# paired into int16 lanes, int32 sums per block, then one scale per block. llama.cpp also multiplies
+# Q8_0 weights by int8 activations.
+
+
+@njit(inline="always")
+def _q8_tile_vnni(qs, d, xp, xd, out, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    acc = stack_tile_f32()
+    sums = carray(_alloca_i32(256), (256,))
+    qs_g = qs[g]
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        for i in range(n_tok * ROWS):
+            sums[i] = 0
+        for k in range(0, QK, 2):
+            first = (b * QK + k) * ROWS
+            for t in range(n_tok):
+                x_pair = xp[t0 + t, (b * QK + k) // 2]
+                _dot_int8_pairs16(sums, t * ROWS, qs_g, first, first + ROWS, x_pair)
+                _dot_int8_pairs16(sums, t * ROWS + 16, qs_g, first + 16, first + ROWS + 16, x_pair)
+        dq = _lanes(d, g, b)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(sums[t * ROWS + r])
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q8_group_vnni(qs, d, xp, xd, out, g) -> None:  # type: ignore[no-untyped-def]
+    n_tok = xp.shape[0]
+    t0 = 0
+    while t0 < n_tok:
+        left = n_tok - t0
+        if left >= 8:
+            _q8_tile_vnni(qs, d, xp, xd, out, g, t0, 8)
+            t0 += 8
+        elif left >= 4:
+            _q8_tile_vnni(qs, d, xp, xd, out, g, t0, 4)
+            t0 += 4
+        elif left >= 2:
+            _q8_tile_vnni(qs, d, xp, xd, out, g, t0, 2)
+            t0 += 2
+        else:
+            _q8_tile_vnni(qs, d, xp, xd, out, g, t0, 1)
+            t0 += 1
+
+
+@njit(**_KERNEL)
+def _adjacent_pairs(xq: np.ndarray) -> np.ndarray:
+    """int32 (x[2i], x[2i + 1]) of every row: low half x[2i], high half x[2i + 1]."""
+    n_tok, k = xq.shape
+    xp = np.empty((n_tok, k // 2), np.int32)
+    for t in range(n_tok):
+        for i in range(k // 2):
+            xp[t, i] = (np.int32(xq[t, 2 * i]) & 0xFFFF) | (np.int32(xq[t, 2 * i + 1]) << 16)
+    return xp
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q8_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x)
+    xp = _adjacent_pairs(xq)
+    for g in prange(qs.shape[0]):
+        _q8_group_vnni(qs, d, xp, xd, out, g)
+
+
 @njit(inline="always")
 def _q8_group(qs, d, x, out, g) -> None:  # type: ignore[no-untyped-def]
     n_tok = x.shape[0]
@@ -816,7 +918,7 @@ _MATMUL = {
     ),
     QType.Q5_0: lambda x, w, out: _matmul_q5(x, w.qs, w.qh, w.d, out),
     QType.Q6_K: lambda x, w, out: _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out),
-    QType.Q8_0: lambda x, w, out: _matmul_q8(x, w.qs, w.d, out),
+    QType.Q8_0: lambda x, w, out: (_matmul_q8_vnni if HAS_VNNI else _matmul_q8)(x, w.qs, w.d, out),
     QType.F32: lambda x, w, out: _matmul_float(x, w.f, out),
     QType.F16: lambda x, w, out: _matmul_float(x, w.f, out),
 }
