@@ -129,31 +129,49 @@ _V16I32 = ir.VectorType(ir.IntType(32), 16)
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
 
 
+def _vector_at(context, builder, array_type, array, at, vector):  # type: ignore[no-untyped-def]
+    """Pointer to array[at] as a pointer to `vector` (no bounds check: callers index inside)."""
+    ary = context.make_array(array_type)(context, builder, array)
+    item = cgutils.get_item_pointer(context, builder, array_type, ary, [at], wraparound=False)
+    return builder.bitcast(item, vector.as_pointer())
+
+
+def _load_bytes16(context, builder, sig, args, array: int, at: int, signed: bool):  # type: ignore[no-untyped-def]
+    """The 16 bytes args[array][args[at]:] widened to int32 lanes."""
+    raw = builder.load(_vector_at(context, builder, sig.args[array], args[array], args[at], _V16I8), align=1)
+    return (builder.sext if signed else builder.zext)(raw, _V16I32)
+
+
+def _splat(value: int):  # type: ignore[no-untyped-def]
+    return ir.Constant(_V16I32, [value] * 16)
+
+
+def _accumulate_pairs(context, builder, sig, args, pairs) -> None:  # type: ignore[no-untyped-def]
+    """sums[at : at + 16] += vpdpwssd(pairs, x_pair broadcast): sums, at = args[0:2], x_pair = args[-1]."""
+    acc_ptr = _vector_at(context, builder, sig.args[0], args[0], args[1], _V16I32)
+    x32 = context.cast(builder, args[-1], sig.args[-1], types.int32)
+    x = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
+    x = builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), _splat(0))
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
+    )
+    builder.store(builder.call(fn, [builder.load(acc_ptr, align=4), pairs, x]), acc_ptr, align=4)
+
+
+def _int16_pairs(builder, low, high):  # type: ignore[no-untyped-def]
+    """int32 lanes holding (low, high) as two int16."""
+    return builder.or_(builder.and_(low, _splat(0xFFFF)), builder.shl(high, _splat(16)))
+
+
 @intrinsic
 def _dot_nibbles16(typingctx, sums, sums_at, packed, packed_at, x_pair):  # type: ignore[no-untyped-def]
     """sums[sums_at + i] += (b & 15) * lo(x_pair) + (b >> 4) * hi(x_pair) for the 16 bytes
-    b = packed[packed_at + i]: the nibbles widened to int16 pairs in registers, then vpdpwssd."""
+    b = packed[packed_at + i] (lo/hi: the int16 halves of the int32 x_pair)."""
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        def pointer(array_type, array, at, vector):  # type: ignore[no-untyped-def]
-            ary = context.make_array(array_type)(context, builder, array)
-            item = cgutils.get_item_pointer(context, builder, array_type, ary, [at], wraparound=False)
-            return builder.bitcast(item, vector.as_pointer())
-
-        acc_ptr = pointer(sig.args[0], args[0], args[1], _V16I32)
-        wide = builder.zext(builder.load(pointer(sig.args[2], args[2], args[3], _V16I8), align=1), _V16I32)
-        low = builder.and_(wide, ir.Constant(_V16I32, [15] * 16))
-        high = builder.lshr(wide, ir.Constant(_V16I32, [4] * 16))
-        high = builder.shl(high, ir.Constant(_V16I32, [16] * 16))
-        pairs = builder.or_(low, high)
-        x32 = context.cast(builder, args[4], sig.args[4], types.int32)
-        x = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
-        x = builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), ir.Constant(_V16I32, [0] * 16))
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
-        )
-        total = builder.call(fn, [builder.load(acc_ptr, align=4), pairs, x])
-        builder.store(total, acc_ptr, align=4)
+        wide = _load_bytes16(context, builder, sig, args, 2, 3, signed=False)
+        low, high = builder.and_(wide, _splat(15)), builder.lshr(wide, _splat(4))
+        _accumulate_pairs(context, builder, sig, args, _int16_pairs(builder, low, high))
         return context.get_dummy_value()
 
     return types.void(sums, sums_at, packed, packed_at, x_pair), codegen
@@ -161,28 +179,12 @@ def _dot_nibbles16(typingctx, sums, sums_at, packed, packed_at, x_pair):  # type
 
 @intrinsic
 def _dot_int8_pairs16(typingctx, sums, sums_at, quants, first_at, second_at, x_pair):  # type: ignore[no-untyped-def]
-    """sums[sums_at + i] += quants[first_at + i] * lo(x_pair) + quants[second_at + i] * hi(x_pair), i < 16:
-    two int8 weight positions of 16 rows sign-extended into int16 pairs in registers, then vpdpwssd."""
+    """sums[sums_at + i] += quants[first_at + i] * lo(x_pair) + quants[second_at + i] * hi(x_pair), i < 16."""
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        def pointer(array_type, array, at, vector):  # type: ignore[no-untyped-def]
-            ary = context.make_array(array_type)(context, builder, array)
-            item = cgutils.get_item_pointer(context, builder, array_type, ary, [at], wraparound=False)
-            return builder.bitcast(item, vector.as_pointer())
-
-        acc_ptr = pointer(sig.args[0], args[0], args[1], _V16I32)
-        first = builder.sext(builder.load(pointer(sig.args[2], args[2], args[3], _V16I8), align=1), _V16I32)
-        second = builder.sext(builder.load(pointer(sig.args[2], args[2], args[4], _V16I8), align=1), _V16I32)
-        low = builder.and_(first, ir.Constant(_V16I32, [0xFFFF] * 16))
-        pairs = builder.or_(low, builder.shl(second, ir.Constant(_V16I32, [16] * 16)))
-        x32 = context.cast(builder, args[5], sig.args[5], types.int32)
-        x = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
-        x = builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), ir.Constant(_V16I32, [0] * 16))
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
-        )
-        total = builder.call(fn, [builder.load(acc_ptr, align=4), pairs, x])
-        builder.store(total, acc_ptr, align=4)
+        first = _load_bytes16(context, builder, sig, args, 2, 3, signed=True)
+        second = _load_bytes16(context, builder, sig, args, 2, 4, signed=True)
+        _accumulate_pairs(context, builder, sig, args, _int16_pairs(builder, first, second))
         return context.get_dummy_value()
 
     return types.void(sums, sums_at, quants, first_at, second_at, x_pair), codegen
