@@ -146,16 +146,26 @@ def _splat(value: int):  # type: ignore[no-untyped-def]
     return ir.Constant(_V16I32, [value] * 16)
 
 
+def _broadcast(builder, x32):  # type: ignore[no-untyped-def]
+    """An int32 in all 16 lanes."""
+    x = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), _splat(0))
+
+
+def _vpdpwssd(builder):  # type: ignore[no-untyped-def]
+    return cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
+    )
+
+
 def _accumulate_pairs(context, builder, sig, args, pairs) -> None:  # type: ignore[no-untyped-def]
     """sums[at : at + 16] += vpdpwssd(pairs, x_pair broadcast): sums, at = args[0:2], x_pair = args[-1]."""
     acc_ptr = _vector_at(context, builder, sig.args[0], args[0], args[1], _V16I32)
     x32 = context.cast(builder, args[-1], sig.args[-1], types.int32)
-    x = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
-    x = builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), _splat(0))
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
+    total = builder.call(
+        _vpdpwssd(builder), [builder.load(acc_ptr, align=4), pairs, _broadcast(builder, x32)]
     )
-    builder.store(builder.call(fn, [builder.load(acc_ptr, align=4), pairs, x]), acc_ptr, align=4)
+    builder.store(total, acc_ptr, align=4)
 
 
 def _int16_pairs(builder, low, high):  # type: ignore[no-untyped-def]
@@ -186,9 +196,7 @@ def _register_sums(n_tok: int, n_steps: int, weight_pairs, chains: int = 1):  # 
             i64 = ir.IntType(64)
             at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
             xp_array = context.make_array(xp_type)(context, builder, args[3])
-            dpwssd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
-            )
+            dpwssd = _vpdpwssd(builder)
             acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
             for step in range(n_steps):
                 weights = [
@@ -199,10 +207,7 @@ def _register_sums(n_tok: int, n_steps: int, weight_pairs, chains: int = 1):  # 
                     x_ptr = cgutils.get_item_pointer(
                         context, builder, xp_type, xp_array, index, wraparound=False
                     )
-                    x = builder.insert_element(
-                        ir.Constant(_V16I32, ir.Undefined), builder.load(x_ptr), _ZERO_I32
-                    )
-                    x = builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), _splat(0))
+                    x = _broadcast(builder, builder.load(x_ptr))
                     for lane in (0, 1):
                         chain = acc[t][lane]
                         chain[step % chains] = builder.call(dpwssd, [chain[step % chains], weights[lane], x])
@@ -232,7 +237,6 @@ def _int8_pairs(context, builder, packed_type, packed, at0, step: int, lane: int
     return _int16_pairs(builder, halves[0], halves[1])
 
 
-_ZERO_I32 = ir.Constant(ir.IntType(32), 0)
 # Half a 4-bit block (8 positions) per call, per tile size.
 _half_block_sums8 = _register_sums(8, 8, _nibble_pairs)
 _half_block_sums4 = _register_sums(4, 8, _nibble_pairs)
