@@ -24,14 +24,9 @@ def _keep_freed_memory() -> None:
     thresholds makes every pass run like a warm one. Blocks over 32 MiB (glibc's cap) are still mapped.
     """
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library already loaded into this process
     except (OSError, AttributeError):  # not glibc
         return
     m_trim_threshold, m_mmap_threshold = -1, -3

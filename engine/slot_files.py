@@ -16,6 +16,7 @@ import numpy as np
 
 MAGIC = b"LLMBSLOT"
 VERSION = 2  # 2: cells are float16 (1 held float32)
+CELL = np.dtype("<f2")
 _HEADER = struct.Struct("<8sIIIII16sI")  # magic, version, n_layer, n_kv_heads, head_dim, n_vocab, model, n
 
 
@@ -74,8 +75,8 @@ def write_slot(path: Path, identity: ModelIdentity, state: SlotState) -> int:
     parts = [
         header,
         np.asarray(state.tokens, dtype="<i4").tobytes(),
-        np.ascontiguousarray(state.k, dtype="<f2").tobytes(),
-        np.ascontiguousarray(state.v, dtype="<f2").tobytes(),
+        np.ascontiguousarray(state.k, dtype=CELL).tobytes(),
+        np.ascontiguousarray(state.v, dtype=CELL).tobytes(),
     ]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(b"".join(parts))
@@ -104,13 +105,13 @@ def read_slot(path: Path, identity: ModelIdentity, n_ctx: int) -> tuple[SlotStat
     if n > n_ctx:
         raise SlotFileError(f"failed to restore slot: {n} tokens do not fit the slot's {n_ctx} cells")
     cells = n_layer * n_kv * n * head_dim
-    if len(data) != _HEADER.size + 4 * n + 2 * 2 * cells:
+    if len(data) != _HEADER.size + 4 * n + 2 * CELL.itemsize * cells:
         raise SlotFileError(f"failed to restore slot: {path.name!r} is truncated or corrupt")
     off = _HEADER.size
     tokens = np.frombuffer(data, "<i4", n, off)
     if n and (tokens.min() < 0 or tokens.max() >= n_vocab):
         raise SlotFileError(f"failed to restore slot: {path.name!r} holds invalid token ids")
     shape = (n_layer, n_kv, n, head_dim)
-    k = np.frombuffer(data, "<f2", cells, off + 4 * n).reshape(shape)
-    v = np.frombuffer(data, "<f2", cells, off + 4 * n + 2 * cells).reshape(shape)
+    k = np.frombuffer(data, CELL, cells, off + 4 * n).reshape(shape)
+    v = np.frombuffer(data, CELL, cells, off + 4 * n + CELL.itemsize * cells).reshape(shape)
     return SlotState([int(t) for t in tokens], k, v), len(data)

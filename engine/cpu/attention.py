@@ -226,9 +226,8 @@ def _attend_chunk(
     n_q, group, dim = q.shape
     n = min(KEY_CHUNK, positions[n_q - 1] + 1 - lo)
     n_cells = keys.shape[0]
-    grouped = 0  # cells j < grouped go in groups of four: every group that starts below n and fits
-    while grouped < n and lo + grouped + 4 <= n_cells:
-        grouped += 4
+    # cells j < grouped go in groups of four: every group that starts below n and fits in the cache
+    grouped = 4 * min((n + 3) // 4, (n_cells - lo) // 4)
     scores = np.empty((n_q, group, grouped + 4), np.float32)
     for j in range(0, grouped, 4):
         for tt in range(n_q):

@@ -33,6 +33,7 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from engine.cpu.vecmath import bits_to_f32, f32_to_bits
 from engine.quant import QK, ROWS, PackedWeight, QType
 
 # fastmath without "reassoc": with it LLVM turned acc += (w * d) * x into a multiply and an FMA per
@@ -47,38 +48,14 @@ PARALLEL_QUANTIZE_TOKENS = 32  # below this the activations are quantized on the
 
 # ---------------------------------------------------------------------------------------------------
 # LLVM-level helpers Numba does not offer on the CPU. They live in this file because Numba's cache
-# checks only the timestamp of the file that defines a kernel, not of the files it calls into.
+# checks only the timestamp of the file that defines a kernel, not of the files it calls into (the
+# bit casts, plain LLVM instructions with nothing to edit, come from engine.cpu.vecmath).
 #
 # - f16_to_f32: Numba has no float16 arrays on the CPU, so f16 scales travel as uint16 bits and are
 #   converted with integer shifts, a bit cast and one multiply, which vectorize.
 # - stack tiles: fixed-size scratch on the stack. `np.zeros` in a kernel is a heap allocation LLVM
 #   cannot see through, so sums written to it stay in memory; an alloca indexed by constants (after
 #   unrolling) is promoted to vector registers.
-
-
-@intrinsic
-def _bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
-    """The float32 whose bit pattern is the low 32 bits of the integer `bits`."""
-    if not isinstance(bits, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else args[0]
-        return builder.bitcast(low, ir.FloatType())
-
-    return types.float32(bits), codegen
-
-
-@intrinsic
-def _f32_to_bits(typingctx, value):  # type: ignore[no-untyped-def]
-    """The bit pattern of the float32 `value` as an int32."""
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.int32(value), codegen
 
 
 _F16_REBIAS = np.float32(2.0**112)  # exponent bias 15 -> 127 by a multiply, exact for subnormals too
@@ -92,8 +69,8 @@ def f16_to_f32(bits: np.uint16) -> np.float32:
     without AVX512-FP16 (one insert per lane), while this form vectorizes like any int/float code.
     """
     h = np.int64(bits)
-    magnitude = _bits_to_f32((h & 0x7FFF) << 13) * _F16_REBIAS
-    return _bits_to_f32(np.int64(_f32_to_bits(magnitude)) | ((h & 0x8000) << 16))
+    magnitude = bits_to_f32((h & 0x7FFF) << 13) * _F16_REBIAS
+    return bits_to_f32(np.int64(f32_to_bits(magnitude)) | ((h & 0x8000) << 16))
 
 
 def _alloca_intrinsic(dtype: types.Number):  # type: ignore[no-untyped-def]
@@ -124,8 +101,6 @@ HAS_VNNI = bool(llvm_binding.get_host_cpu_features().get("avx512vnni", False)) a
     "LLAMBA_NO_VNNI"
 )
 _V16I32 = ir.VectorType(ir.IntType(32), 16)
-
-
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
 
 
@@ -136,9 +111,9 @@ def _vector_at(context, builder, array_type, array, at, vector):  # type: ignore
     return builder.bitcast(item, vector.as_pointer())
 
 
-def _load_bytes16(context, builder, sig, args, array: int, at: int, signed: bool):  # type: ignore[no-untyped-def]
-    """The 16 bytes args[array][args[at]:] widened to int32 lanes."""
-    raw = builder.load(_vector_at(context, builder, sig.args[array], args[array], args[at], _V16I8), align=1)
+def _widen_bytes16(context, builder, array_type, array, at, signed: bool):  # type: ignore[no-untyped-def]
+    """The 16 bytes array[at:] widened to int32 lanes."""
+    raw = builder.load(_vector_at(context, builder, array_type, array, at, _V16I8), align=1)
     return (builder.sext if signed else builder.zext)(raw, _V16I32)
 
 
@@ -176,9 +151,7 @@ def _int16_pairs(builder, low, high):  # type: ignore[no-untyped-def]
 def _nibble_pairs(context, builder, packed_type, packed, at0, step: int, lane: int):  # type: ignore[no-untyped-def]
     """4-bit layout, position j = step: the byte of each of 16 rows -> (low nibble, high nibble)."""
     at = builder.add(at0, ir.Constant(ir.IntType(64), step * ROWS + lane * 16))
-    wide = builder.zext(
-        builder.load(_vector_at(context, builder, packed_type, packed, at, _V16I8), align=1), _V16I32
-    )
+    wide = _widen_bytes16(context, builder, packed_type, packed, at, signed=False)
     return _int16_pairs(builder, builder.and_(wide, _splat(15)), builder.lshr(wide, _splat(4)))
 
 
@@ -229,12 +202,18 @@ def _register_sums(n_tok: int, n_steps: int, weight_pairs, chains: int = 1):  # 
 
 def _int8_pairs(context, builder, packed_type, packed, at0, step: int, lane: int):  # type: ignore[no-untyped-def]
     """Q8_0 layout, positions 2 * step and 2 * step + 1: the int8 quants of 16 rows, paired."""
-    halves = []
-    for k in range(2):
-        at = builder.add(at0, ir.Constant(ir.IntType(64), (2 * step + k) * ROWS + lane * 16))
-        raw = builder.load(_vector_at(context, builder, packed_type, packed, at, _V16I8), align=1)
-        halves.append(builder.sext(raw, _V16I32))
-    return _int16_pairs(builder, halves[0], halves[1])
+    first, second = (
+        _widen_bytes16(
+            context,
+            builder,
+            packed_type,
+            packed,
+            builder.add(at0, ir.Constant(ir.IntType(64), at)),
+            signed=True,
+        )
+        for at in ((2 * step) * ROWS + lane * 16, (2 * step + 1) * ROWS + lane * 16)
+    )
+    return _int16_pairs(builder, first, second)
 
 
 # Half a 4-bit block (8 positions) per call, per tile size.
@@ -251,8 +230,8 @@ def _dot_int8_pairs16(typingctx, sums, sums_at, quants, first_at, second_at, x_p
     """sums[sums_at + i] += quants[first_at + i] * lo(x_pair) + quants[second_at + i] * hi(x_pair), i < 16."""
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        first = _load_bytes16(context, builder, sig, args, 2, 3, signed=True)
-        second = _load_bytes16(context, builder, sig, args, 2, 4, signed=True)
+        first = _widen_bytes16(context, builder, sig.args[2], args[2], args[3], signed=True)
+        second = _widen_bytes16(context, builder, sig.args[2], args[2], args[4], signed=True)
         _accumulate_pairs(context, builder, sig, args, _int16_pairs(builder, first, second))
         return context.get_dummy_value()
 

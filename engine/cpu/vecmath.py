@@ -24,17 +24,28 @@ _MAX_X = np.float32(88.0)
 
 
 @intrinsic
-def _int_bits_to_float(typingctx, bits):  # type: ignore[no-untyped-def]
+def bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+    """The float32 whose bit pattern is the low 32 bits of the integer `bits`."""
     if not isinstance(bits, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        value = args[0]
-        if bits.bitwidth > 32:
-            value = builder.trunc(value, ir.IntType(32))
-        return builder.bitcast(value, ir.FloatType())
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else args[0]
+        return builder.bitcast(low, ir.FloatType())
 
     return types.float32(bits), codegen
+
+
+@intrinsic
+def f32_to_bits(typingctx, value):  # type: ignore[no-untyped-def]
+    """The bit pattern of the float32 `value` as an int32."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(value), codegen
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath=True)
@@ -50,5 +61,5 @@ def exp(x: np.float32) -> np.float32:
     p = p * r + np.float32(0.5)
     p = p * r + np.float32(1.0)
     p = p * r + np.float32(1.0)
-    scale = _int_bits_to_float((np.int32(n) + np.int32(127)) << np.int32(23))
+    scale = bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
     return p * scale if x > _MIN_X else np.float32(0.0)
