@@ -55,7 +55,7 @@ $(CUDA_STAMP): $(STAMP)
 	touch $(CUDA_STAMP)
 
 cuda-check: $(CUDA_STAMP)
-	$(BIN)/python -m engine.cuda.check --cc 9.0
+	$(BIN)/python -m cli.cuda_check --cc 9.0
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

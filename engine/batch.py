@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+
+# Which logits a part wants back: its last token's (the next-token distribution), every token's
+# (teacher forcing, perplexity), or none (a prompt chunk with more of the prompt still to come).
+WantLogits = Literal["last", "all", "none"]
+
+
+@dataclass(frozen=True)
+class BatchPart:
+    """`tokens` of sequence `seq_id` at consecutive positions from `start`."""
+
+    seq_id: int
+    start: int
+    tokens: Sequence[int]
+    want_logits: WantLogits = "last"
 
 
 @dataclass(frozen=True)
@@ -25,19 +40,21 @@ class Batch:
         return len(self.tokens)
 
     @classmethod
-    def from_sequences(cls, parts: Sequence[tuple[int, int, Sequence[int], bool]]) -> Batch:
-        """Build a batch from (seq_id, start_position, tokens, want_all_logits) parts.
-
-        Each part contributes its tokens at consecutive positions; its last token's logits are always
-        returned, every token's when want_all_logits (teacher forcing, perplexity).
-        """
-        tokens, positions, seq_ids, outputs = [], [], [], []
-        for seq_id, start, toks, want_all in parts:
-            base = len(tokens)
-            tokens.extend(toks)
-            positions.extend(range(start, start + len(toks)))
-            seq_ids.extend([seq_id] * len(toks))
-            outputs.extend(range(base, base + len(toks)) if want_all else [base + len(toks) - 1])
+    def of(cls, parts: Iterable[BatchPart]) -> Batch:
+        """The parts' tokens one after another; output rows in part order, as each part wants them."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        outputs: list[int] = []
+        for part in parts:
+            base, n = len(tokens), len(part.tokens)
+            tokens.extend(part.tokens)
+            positions.extend(range(part.start, part.start + n))
+            seq_ids.extend([part.seq_id] * n)
+            if part.want_logits == "all":
+                outputs.extend(range(base, base + n))
+            elif part.want_logits == "last":
+                outputs.append(base + n - 1)
         return cls(
             np.asarray(tokens, dtype=np.int32),
             np.asarray(positions, dtype=np.int32),

@@ -19,13 +19,13 @@ from typing import Any
 
 import structlog
 
-from engine.batch import Batch
+from engine.batch import Batch, BatchPart
 from engine.llm import LLM
 from engine.prompt_cache import PromptCache, mib_to_bytes
-from engine.reasoning import CONTROL_ACTIONS, ControlResult
 from engine.request import GenerationRequest, TokenEvent
 from engine.scheduler import Scheduler
 from engine.slot_files import ModelIdentity, SlotBusyError, SlotFileError, SlotState, read_slot, write_slot
+from engine.text.reasoning import CONTROL_ACTIONS, ControlResult
 
 log = structlog.get_logger("engine")
 
@@ -283,8 +283,6 @@ class Engine:
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel with a tiny batch, so no request pays the JIT."""
         start = time.perf_counter()
-        self.llm.model.forward(
-            Batch.from_sequences([(0, 0, [self.llm.tokenizer.bos_id] * 2, False)]), self.kv
-        )
+        self.llm.model.forward(Batch.of([BatchPart(0, 0, [self.llm.tokenizer.bos_id] * 2)]), self.kv)
         self.kv.clear(0)
         log.info("engine.warm", seconds=round(time.perf_counter() - start, 2))

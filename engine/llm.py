@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from engine.backend import Backend, select_backend
-from engine.batch import Batch
+from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile
 from engine.kv import KVCache
 from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 
 @dataclass
@@ -56,7 +56,7 @@ class LLM:
         logits = np.empty(0, dtype=np.float32)
         for i in range(0, len(tokens), n_batch):
             chunk = tokens[i : i + n_batch]
-            logits = self.model.forward(Batch.from_sequences([(seq_id, start + i, chunk, False)]), kv)[0]
+            logits = self.model.forward(Batch.of([BatchPart(seq_id, start + i, chunk)]), kv)[0]
         return logits
 
     def generate_greedy(self, prompts: list[list[int]], n_predict: int, n_ctx: int = 1024) -> list[list[int]]:
@@ -65,8 +65,8 @@ class LLM:
         last = [int(np.argmax(self.prefill(kv, s, p))) for s, p in enumerate(prompts)]
         outputs = [[t] for t in last]
         for _ in range(n_predict - 1):
-            parts = [(s, int(kv.lengths[s]), [outputs[s][-1]], False) for s in range(len(prompts))]
-            logits = self.model.forward(Batch.from_sequences(parts), kv)
+            parts = [BatchPart(s, int(kv.lengths[s]), [outputs[s][-1]]) for s in range(len(prompts))]
+            logits = self.model.forward(Batch.of(parts), kv)
             for s, row in enumerate(logits):
                 outputs[s].append(int(np.argmax(row)))
         return outputs

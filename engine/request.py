@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.reasoning import ReasoningSpec
 from engine.sampling import SamplingParams
+from engine.text.reasoning import ReasoningSpec
 
 
 @dataclass(frozen=True)

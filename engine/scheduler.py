@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.batch import Batch
+from engine.batch import Batch, BatchPart
 from engine.context_shift import discard_count
 from engine.kv import KVCache
 from engine.prompt_cache import PromptCache
-from engine.reasoning import ControlResult, ReasoningState, Split
 from engine.request import GenerationRequest, PromptProgress, Timings, TokenEvent
 from engine.sampling import Sampler
-from engine.stop import StopMatcher
-from engine.tokenizer import IncrementalDecoder, Tokenizer
+from engine.text.reasoning import ControlResult, ReasoningState, Split
+from engine.text.stop import StopMatcher
+from engine.text.tokenizer import IncrementalDecoder, Tokenizer
 
 Emit = Callable[[TokenEvent], None]
 ShiftKV = Callable[[int, int, int, int], None]
@@ -202,16 +202,14 @@ class Scheduler:
                 break
             chunk = seq.pending[:budget]
             budget -= len(chunk)
-            parts.append((slot.id, len(slot.tokens), chunk, False))
-            slot.tokens.extend(chunk)
             seq.pending = seq.pending[len(chunk) :]
+            parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none" if seq.pending else "last"))
+            slot.tokens.extend(chunk)
             if not seq.pending:
                 outputs.append(slot)
         if not parts:
             return None
-        batch = Batch.from_sequences(parts)
-        rows = [i for i, (slot_id, _, chunk, _) in enumerate(parts) if self.slots[slot_id] in outputs]
-        return Batch(batch.tokens, batch.positions, batch.seq_ids, batch.output_rows[rows]), outputs
+        return Batch.of(parts), outputs
 
     def apply(self, logits: np.ndarray, outputs: list[Slot]) -> None:
         """Sample the next token of every slot that got logits, emit it, and finish what is done."""

@@ -53,12 +53,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def compare(dump_dir: Path) -> None:
-    from engine.batch import Batch
+    from engine.batch import Batch, BatchPart
     from engine.llm import LLM
 
     tokens = json.loads((dump_dir / "tokens.json").read_text())
     llm = LLM.load("smollm2")
-    logits = llm.model.forward(Batch.from_sequences([(0, 0, tokens, True)]), llm.new_cache(1, len(tokens)))
+    logits = llm.model.forward(Batch.of([BatchPart(0, 0, tokens, "all")]), llm.new_cache(1, len(tokens)))
     runs = {
         "llama.cpp flash off": log_softmax(np.load(dump_dir / "flash_off.npy")),
         "llama.cpp flash on": log_softmax(np.load(dump_dir / "flash_on.npy")),

@@ -7,7 +7,7 @@
 #   1. the machine: nvidia-smi, and the devices as `llamba-server --list-devices` sees them
 #   2. numba-cuda with the toolkit wheels matching the driver (cu13 from driver 580 on, else cu12), unless
 #      the venv has it; the models (`llamba-models fetch` is a no-op when LLAMBA_MODELS_DIR holds them)
-#   3. every kernel compiled for the GPU's own compute capability (engine.cuda.check, as make cuda-check)
+#   3. every kernel compiled for the GPU's own compute capability (cli.cuda_check, as make cuda-check)
 #   4. the CUDA parity tests on the GPU (tests/test_cuda_*.py with NUMBA_ENABLE_CUDASIM=0)
 #   5. the engine's fidelity checks (tests/test_model.py) with every model loaded on the CUDA backend
 #   6. llamba-bench --device cuda -p 512 -n 128 --batch-seqs 1,64,256 on SmolLM2 and Gemma 3
@@ -89,7 +89,7 @@ fi
 run "Models" "$BIN/llamba-models" fetch smollm2 gemma3
 
 cc=$("$PY" -c "from numba import cuda; print('%d.%d' % cuda.get_current_device().compute_capability)" 2>/dev/null)
-run "Compile every kernel for compute capability ${cc:-9.0}" "$PY" -m engine.cuda.check --cc "${cc:-9.0}"
+run "Compile every kernel for compute capability ${cc:-9.0}" "$PY" -m cli.cuda_check --cc "${cc:-9.0}"
 run "CUDA parity tests on the GPU" "$PY" -m pytest -p no:cacheprovider -q tests/test_cuda_kernels.py tests/test_cuda_backend.py
 run "Fidelity checks with --device cuda" "$PY" "$FIDELITY" -q tests/test_model.py
 

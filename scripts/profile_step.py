@@ -23,7 +23,7 @@ import numpy as np
 
 import engine  # noqa: F401  (pins the threading environment before numba loads)
 from engine.backend import Backend, cpu_backend
-from engine.batch import Batch
+from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile
 from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
@@ -71,14 +71,14 @@ def run_workload(model: LlamaModel, prof: Profiler, name: str, steps: int) -> tu
     for s in range(n_seq):
         for start in range(0, depth, 512):
             chunk = rng.integers(0, model.hp.n_vocab, min(512, depth - start)).tolist()
-            model.forward(Batch.from_sequences([(s, start, chunk, False)]), kv)
+            model.forward(Batch.of([BatchPart(s, start, chunk)]), kv)
 
     def step() -> None:
         parts = []
         for s in range(n_seq):
             kv.truncate(s, depth)  # every step at the same depth
-            parts.append((s, depth, rng.integers(0, model.hp.n_vocab, n_tok).tolist(), False))
-        model.forward(Batch.from_sequences(parts), kv)
+            parts.append(BatchPart(s, depth, rng.integers(0, model.hp.n_vocab, n_tok).tolist()))
+        model.forward(Batch.of(parts), kv)
 
     step()  # warm-up (JIT cache load, page faults)
     prof.seconds.clear()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.reasoning import REASONING_FORMATS, REASONING_MODES
+from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
 # Flags llama-server has that Llamba accepts but does not act on (yet): (flag, takes a value).

@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 import structlog
 
-from engine.chat import ChatTemplate, ChatTemplateError
 from engine.context_shift import truncate_prompt
 from engine.engine import Engine, EngineConfig, RequestHandle
 from engine.llm import LLM
 from engine.request import GenerationRequest, TokenEvent
 from engine.sampling import SamplingParams
+from engine.text.chat import ChatTemplate, ChatTemplateError
 from server import errors
 from server.cli import Settings
 
@@ -46,12 +46,6 @@ class Counters:
         self.tokens_predicted_total += t.predicted_n
         self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
         self.prompt_tokens_cached_total += t.cache_n
-
-
-@dataclass(frozen=True)
-class PreparedPrompt:
-    tokens: list[int]
-    text: str | None = None
 
 
 class ModelService:
@@ -97,7 +91,7 @@ class ModelService:
 
     def stop(self) -> None:
         if self.engine is not None:
-            self.engine.stop()
+            self.engine.text.stop()
 
     @property
     def ready(self) -> bool:

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine import bench
+from cli import bench
+from cli.bench import BenchParams, BenchResult, Instance, ModelInfo, main, parse_args, parse_int_list, plan
 from engine.batch import Batch
-from engine.bench import BenchParams, BenchResult, Instance, ModelInfo, main, parse_args, parse_int_list, plan
 from engine.kv import KVCache
 
 # ---------------------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.chat import BUILTIN_TEMPLATES, ChatTemplate, ChatTemplateError, SpecialTokens
 from engine.gguf import GGUFFile
+from engine.text.chat import BUILTIN_TEMPLATES, ChatTemplate, ChatTemplateError, SpecialTokens
 from tests.conftest import load_golden
 
 GEMMA_CHAT = [

@@ -20,7 +20,7 @@ from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simu
 
 # isort: split
 from engine import backend as backends
-from engine.batch import Batch
+from engine.batch import Batch, BatchPart
 from engine.gguf import Tensor
 from engine.models import load_model
 from engine.quant import BLOCK_LAYOUTS, QType
@@ -86,7 +86,7 @@ def test_server_flags() -> None:
 
 
 def test_bench_device_flag() -> None:
-    from engine.bench import parse_args
+    from cli.bench import parse_args
 
     assert parse_args([]).device == "cpu"
     assert parse_args(["--device", "cuda"]).device == "cuda"
@@ -216,8 +216,8 @@ def run_steps(model: Any) -> list[np.ndarray]:
     """A prompt of two sequences prefilled together (6 cells past gemma's window), then a decode step
     of both: the logits of every step, as host arrays."""
     kv = model.new_cache(2, 16)
-    prompt = Batch.from_sequences([(0, 0, [1, 5, 9, 2, 7, 3], False), (1, 0, [4, 4, 8], True)])
-    decode = Batch.from_sequences([(0, 6, [11], False), (1, 3, [6], False)])
+    prompt = Batch.of([BatchPart(0, 0, [1, 5, 9, 2, 7, 3]), BatchPart(1, 0, [4, 4, 8], "all")])
+    decode = Batch.of([BatchPart(0, 6, [11]), BatchPart(1, 3, [6])])
     return [np.asarray(model.forward(batch, kv)) for batch in (prompt, decode)]
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.batch import Batch
+from cli.perplexity import perplexity
+from engine.batch import Batch, BatchPart
 from engine.llm import LLM
-from engine.perplexity import perplexity
 from tests.conftest import load_golden
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
@@ -29,7 +29,7 @@ def teacher_forced_agreement(llm: LLM, golden: dict) -> tuple[float, float, int]
     for case in golden["greedy"]:
         prompt, tokens = case["prompt_tokens"], case["tokens"]
         kv = llm.new_cache(1, len(prompt) + len(tokens))
-        logits = llm.model.forward(Batch.from_sequences([(0, 0, prompt + tokens, True)]), kv)
+        logits = llm.model.forward(Batch.of([BatchPart(0, 0, prompt + tokens, "all")]), kv)
         lp = log_softmax(logits[len(prompt) - 1 : -1])
         for i, token in enumerate(tokens):
             top = case["top_logprobs"][i]
@@ -67,13 +67,13 @@ def test_batched_decode_equals_separate_runs(smollm2_llm: LLM) -> None:
     kv = llm.new_cache(len(prompts), 128)
     batched: list[list[np.ndarray]] = [[] for _ in prompts]
     # One batch mixes every prompt's prefill; then every sequence decodes one token per step together.
-    logits = llm.model.forward(Batch.from_sequences([(s, 0, p, False) for s, p in enumerate(prompts)]), kv)
+    logits = llm.model.forward(Batch.of([BatchPart(s, 0, p) for s, p in enumerate(prompts)]), kv)
     next_tokens = [int(np.argmax(row)) for row in logits]
     for s, row in enumerate(logits):
         batched[s].append(row)
     for _ in range(steps):
-        parts = [(s, int(kv.lengths[s]), [next_tokens[s]], False) for s in range(len(prompts))]
-        logits = llm.model.forward(Batch.from_sequences(parts), kv)
+        parts = [BatchPart(s, int(kv.lengths[s]), [next_tokens[s]]) for s in range(len(prompts))]
+        logits = llm.model.forward(Batch.of(parts), kv)
         next_tokens = [int(np.argmax(row)) for row in logits]
         for s, row in enumerate(logits):
             batched[s].append(row)
@@ -82,7 +82,7 @@ def test_batched_decode_equals_separate_runs(smollm2_llm: LLM) -> None:
         tokens = list(prompt)
         for step in range(steps + 1):
             start = int(kv1.lengths[0])
-            row = llm.model.forward(Batch.from_sequences([(0, start, tokens[start:], False)]), kv1)[0]
+            row = llm.model.forward(Batch.of([BatchPart(0, start, tokens[start:])]), kv1)[0]
             np.testing.assert_allclose(row, batched[s][step], rtol=1e-3, atol=1e-3)
             tokens.append(int(np.argmax(row)))
 

@@ -85,7 +85,7 @@ def small_engine(smollm2_llm):  # type: ignore[no-untyped-def]
     engine = Engine(smollm2_llm, EngineConfig(n_slots=1, n_ctx=512, cache_ram_mib=2))
     engine.start()
     yield engine
-    engine.stop()
+    engine.text.stop()
 
 
 def test_engine_turn_after_another_conversation_reuses_the_cache(small_engine, smollm2_llm) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,10 @@ import pytest
 
 from engine.gguf import GGUFFile
 from engine.kv import KVCache
-from engine.reasoning import (
+from engine.request import GenerationRequest, TokenEvent
+from engine.sampling import SamplingParams
+from engine.scheduler import Scheduler
+from engine.text.reasoning import (
     ReasoningSpec,
     ReasoningSplitter,
     ReasoningState,
@@ -20,10 +23,7 @@ from engine.reasoning import (
     detect_tags,
     resolve_spec,
 )
-from engine.request import GenerationRequest, TokenEvent
-from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from server.cli import parse_settings
 
 TAGS = ReasoningTags()

@@ -13,7 +13,14 @@ import pytest
 import regex
 
 from engine.gguf import GGUFFile
-from engine.tokenizer import _GPT2_PATTERN, SPM_SPACE, IncrementalDecoder, Tokenizer, _BpeModel, _SpmModel
+from engine.text.tokenizer import (
+    _GPT2_PATTERN,
+    SPM_SPACE,
+    IncrementalDecoder,
+    Tokenizer,
+    _BpeModel,
+    _SpmModel,
+)
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
 MODELS = ("smollm2", "gemma3")

@@ -9,8 +9,6 @@ from engine.models.llama import LlamaModel
 
 ARCHITECTURES: dict[str, type[LlamaModel]] = {"llama": LlamaModel, "gemma3": Gemma3Model}
 
-Model = LlamaModel
-
 
 def load_model(g: GGUFFile, backend: Backend) -> LlamaModel:
     return ARCHITECTURES[g.require_architecture()](g, backend)

@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Blueprint, current_app, request
 
-from engine.reasoning import CONTROL_ACTIONS, ControlResult
+from engine.text.reasoning import CONTROL_ACTIONS, ControlResult
 from server import errors
 from server.schemas import ControlRequest
 from server.service import ModelService

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.request import GenerationRequest, Timings, TokenEvent
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from server import errors
 from server.schemas import CompletionRequest, GenerationFields
 from server.service import ModelService

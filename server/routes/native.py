@@ -7,8 +7,8 @@ from typing import Any
 
 from quart import Blueprint, current_app, request
 
-from engine.reasoning import ReasoningTags, detect_tags
 from engine.request import TokenEvent
+from engine.text.reasoning import ReasoningTags, detect_tags
 from server import errors, sse
 from server.routes.generation import (
     build_request,

@@ -9,8 +9,8 @@ from typing import Any
 
 from quart import Blueprint, Response, current_app, request
 
-from engine.reasoning import ReasoningSpec, resolve_spec
 from engine.request import TokenEvent
+from engine.text.reasoning import ReasoningSpec, resolve_spec
 from server import sse
 from server.routes.generation import (
     build_request,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.batch import Batch
+from engine.batch import Batch, BatchPart
 from engine.kv import KVCache
 from engine.llm import LLM
 
@@ -68,8 +68,8 @@ def _score_chunks(llm: LLM, kv: KVCache, chunks: list[list[int]], first: int) ->
         kv.clear(s)
         if llm.tokenizer.add_bos:
             chunk = [llm.tokenizer.bos_id, *chunk[1:]]
-        parts.append((s, 0, chunk, False))
-    batch = Batch.from_sequences(parts)
+        parts.append(BatchPart(s, 0, chunk))
+    batch = Batch.of(parts)
     # Only the scored half of each chunk needs logits: rows first .. n_ctx-2 predict tokens first+1 ..
     rows = np.concatenate([np.arange(first, n_ctx - 1) + s * n_ctx for s in range(len(chunks))])
     batch = Batch(batch.tokens, batch.positions, batch.seq_ids, rows.astype(np.int32))

@@ -6,7 +6,7 @@ memory (local memory means a register array spilled or not promoted) and, when n
 (it comes with the cu13 extra), the registers and spills ptxas reports for the target. Exits 1 if any
 kernel fails to compile.
 
-    python -m engine.cuda.check [--cc 9.0] [--ptx-dir DIR]
+    python -m cli.cuda_check [--cc 9.0] [--ptx-dir DIR]
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _target_device_functions(cc: tuple[int, ...]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.cuda.check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m cli.cuda_check", description=__doc__.splitlines()[0])
     p.add_argument("--cc", default="9.0", help="compute capability MAJOR.MINOR (default: 9.0, H100/H200)")
     p.add_argument("--ptx-dir", type=Path, help="also write each kernel's PTX here")
     args = p.parse_args(argv)

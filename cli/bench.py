@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from engine.batch import Batch
+from engine.batch import Batch, BatchPart
 from engine.model_files import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -730,9 +730,9 @@ class Runner:
                 copy_sequence(kv, 0, s, inst.n_depth)
         elif inst.n_seqs > 1:
             parts = [
-                (s, 0, self.random_tokens(SEQ_PROMPT_TOKENS).tolist(), False) for s in range(inst.n_seqs)
+                BatchPart(s, 0, self.random_tokens(SEQ_PROMPT_TOKENS).tolist()) for s in range(inst.n_seqs)
             ]
-            self.forward(Batch.from_sequences(parts), kv)
+            self.forward(Batch.of(parts), kv)
 
     def run(self, inst: Instance, index: int, total: int) -> list[int]:
         p = self.params
