@@ -1,4 +1,4 @@
-"""The bundled web UI: `/` and the static files under webui/, gzip-compressed and revalidated by ETag.
+"""The bundled web UI: `/` and the static files under server/webui/, gzip-compressed and revalidated by ETag.
 
 Files are read from disk on first use and kept in memory with their gzip form, keyed by (mtime, size), so
 an edited file is picked up on the next request. `--no-webui` turns every route here into a 404.
@@ -20,7 +20,8 @@ from server.service import ModelService
 
 bp = Blueprint("webui", __name__)
 
-WEBUI_DIR = Path(__file__).resolve().parents[2] / "webui"
+# Package data (pyproject), so an installed wheel serves the UI as the source tree does.
+WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
 COMPRESSIBLE = {".html", ".js", ".css", ".svg", ".json", ".txt", ".md"}
 MIN_GZIP_BYTES = 512
 TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".svg": "image/svg+xml"}
@@ -63,7 +64,7 @@ def _load(path: Path) -> Asset:
 
 
 def _resolve(relative: str) -> Path:
-    """The file under webui/ that `relative` names; 404 for anything else (no escaping the folder)."""
+    """The file under server/webui/ that `relative` names; 404 for anything else (no escaping the folder)."""
     root = WEBUI_DIR.resolve()
     path = (root / relative).resolve()
     if not path.is_relative_to(root) or not path.is_file() or any(p.startswith(".") for p in path.parts):
