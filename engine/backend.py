@@ -41,6 +41,26 @@ def _split_cols(x: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     return parts
 
 
+# KV cells ([n_layer, n_seq, n_kv_heads, n_ctx, head_dim] caches): host copies for the prompt cache and
+# slot files, and the float32 staging a context shift rotates keys in.
+
+
+def _read_cells(cache: np.ndarray, seq_id: int, n: int) -> np.ndarray:
+    return np.ascontiguousarray(cache[:, seq_id, :, :n])
+
+
+def _write_cells(cache: np.ndarray, seq_id: int, cells: np.ndarray) -> None:
+    cache[:, seq_id, :, : cells.shape[2]] = cells
+
+
+def _gather_cells(cells: np.ndarray, start: int, n: int) -> np.ndarray:
+    return np.ascontiguousarray(cells[:, start : start + n, :].transpose(1, 0, 2), dtype=np.float32)
+
+
+def _scatter_cells(x: np.ndarray, cells: np.ndarray, start: int) -> None:
+    cells[:, start : start + x.shape[0], :] = x.transpose(1, 0, 2)
+
+
 def _argmax(x: np.ndarray) -> np.ndarray:
     return np.argmax(x, axis=1).astype(np.int32)
 
@@ -77,6 +97,14 @@ class Backend:
     # Sampling where the logits are: argmax(logits) -> ids; top_k(logits, k) -> (ids, logits, lse).
     argmax: Callable[[Any], np.ndarray] = _argmax
     top_k: Callable[[Any, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = _top_k
+    # KV cells. read_cells(cache, seq, n) -> host [n_layer, n_kv_heads, n, head_dim] of the first n cells;
+    # write_cells(cache, seq, host cells) replaces them. gather_cells(cells, start, n) -> float32
+    # [n, n_kv_heads, head_dim] of one layer's sequence ([n_kv_heads, n_ctx, head_dim]), in the RoPE
+    # kernel's layout; scatter_cells(x, cells, start) writes such rows back as cells from `start` on.
+    read_cells: Callable[[Any, int, int], np.ndarray] = _read_cells
+    write_cells: Callable[[Any, int, np.ndarray], None] = _write_cells
+    gather_cells: Callable[[Any, int, int], Any] = _gather_cells
+    scatter_cells: Callable[[Any, Any, int], None] = _scatter_cells
 
 
 def cpu_backend(n_threads: int | None = None) -> Backend:
@@ -127,6 +155,10 @@ def cuda_backend() -> Backend:
         split_cols=arrays.split_cols,
         argmax=sampling.argmax,
         top_k=sampling.top_k,
+        read_cells=arrays.read_cells,
+        write_cells=arrays.write_cells,
+        gather_cells=arrays.gather_cells,
+        scatter_cells=arrays.scatter_cells,
     )
 
 

@@ -7,7 +7,15 @@ are rotated by the shift (rotations compose: R(p - d) = R(-d) R(p)); values just
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from engine.backend import Backend
+
+Rotate = Callable[[Any, Any], None]
 
 
 def truncate_prompt(tokens: list[int], n_ctx: int, n_keep: int) -> list[int]:
@@ -23,12 +31,16 @@ def discard_count(n_past: int, n_keep: int) -> int:
     return max(1, (n_past - n_keep) // 2)
 
 
-def shift_cells(k: np.ndarray, v: np.ndarray, start: int, end: int, delta: int, rotate) -> None:  # type: ignore[no-untyped-def]
+def shift_cells(backend: Backend, k: Any, v: Any, start: int, end: int, delta: int, rotate: Rotate) -> None:
     """Move cells [start, end) of one sequence's k/v [n_kv_heads, n_ctx, dim] by delta (< 0) positions.
 
-    `rotate(keys[n, heads, dim], positions[n])` applies RoPE in place; it rotates the moved keys by delta.
+    Both ranges are staged (float32, exact for float16 values) before any cell is written, so the move
+    is right however the source and destination overlap, on any backend. `rotate(keys, positions)`
+    applies RoPE in place to the staged keys [n, heads, dim]; they are rotated by delta.
     """
-    keys = np.ascontiguousarray(k[:, start:end, :].transpose(1, 0, 2), dtype=np.float32)  # RoPE works in f32
-    rotate(keys, np.full(end - start, delta, dtype=np.int32))
-    k[:, start + delta : end + delta, :] = keys.transpose(1, 0, 2)
-    v[:, start + delta : end + delta, :] = v[:, start:end, :].copy()
+    n = end - start
+    keys = backend.gather_cells(k, start, n)
+    values = backend.gather_cells(v, start, n)
+    rotate(keys, backend.upload(np.full(n, delta, dtype=np.int32)))
+    backend.scatter_cells(keys, k, start + delta)
+    backend.scatter_cells(values, v, start + delta)

@@ -1,33 +1,41 @@
-"""The Engine: owns the model, KV cache and scheduler, and runs the step loop in its own thread.
+"""The Engine: the engine thread and its command queue, around the model, KV cache and scheduler.
 
-Its public surface (`submit`, `cancel`, `control`, `stats`, `start`, `stop`) is thread-safe; everything
-else runs on the engine thread, the only thread that calls the (parallel) kernels. Events reach asyncio
-through `loop.call_soon_threadsafe`, so the event loop never blocks and never polls.
+Its public surface (`submit`, `cancel`, `call` and what is built on it, `snapshot`, `start`, `stop`) is
+thread-safe; everything else runs on the engine thread, the only thread that calls the (parallel)
+kernels. Events reach asyncio through `loop.call_soon_threadsafe`, so the event loop never blocks and
+never polls; the engine's state is published as an immutable snapshot after every step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import structlog
 
+from engine.api import ControlResult, EngineSnapshot, GenerationRequest
 from engine.batch import Batch, BatchPart
+from engine.handle import RequestHandle
 from engine.llm import LLM
 from engine.prompt_cache import PromptCache, mib_to_bytes
-from engine.request import GenerationRequest, TokenEvent
 from engine.scheduler import Scheduler
-from engine.slot_files import ModelIdentity, SlotBusyError, SlotFileError, SlotState, read_slot, write_slot
-from engine.text.reasoning import CONTROL_ACTIONS, ControlResult
+from engine.slot_files import ModelIdentity, slot_action
+from engine.slots import SlotPool
 
 log = structlog.get_logger("engine")
+T = TypeVar("T")
+
+
+class EngineStopped(RuntimeError):
+    """The engine thread is not running, so a call can't be answered."""
 
 
 @dataclass(frozen=True)
@@ -41,59 +49,24 @@ class EngineConfig:
     n_keep: int = 0  # tokens kept at the start by a context shift
 
 
-class RequestHandle:
-    """The asyncio side of one request: an async iterator of TokenEvents ending with a finish_reason."""
-
-    def __init__(self, engine: Engine, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine = engine
-        self.request_id = request_id
-        self._loop = loop
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self.finished = False
-
-    def push(self, event: TokenEvent) -> None:  # called on the engine thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-
-    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
-        while not self.finished:
-            event = await self._queue.get()
-            self.finished = event.finish_reason is not None
-            yield event
-
-    def cancel(self) -> None:
-        if not self.finished:
-            self.engine.cancel(self.request_id)
-
-    def control(self, action: str) -> concurrent.futures.Future[ControlResult]:
-        return self.engine.control(self.request_id, action)
-
-
 class Engine:
     def __init__(self, llm: LLM, config: EngineConfig) -> None:
         self.llm = llm
         self.config = config
-        n_ctx_slot = max(1, config.n_ctx // config.n_slots)
-        self.kv = llm.new_cache(config.n_slots, n_ctx_slot)
+        self.kv = llm.new_cache(config.n_slots, max(1, config.n_ctx // config.n_slots))
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
-        self.scheduler = Scheduler(
-            self.kv,
-            llm.tokenizer,
-            config.n_ubatch,
-            config.slot_similarity,
-            self.prompt_cache,
-            shift_kv=self._shift_kv if config.context_shift else None,
-            n_keep=config.n_keep,
-        )
+        self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache)
+        shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
+        self.scheduler = Scheduler(self.pool, llm.tokenizer, config.n_ubatch, shift, config.n_keep)
+        self.identity = ModelIdentity.of(tuple(self.kv.k.shape), llm.tokenizer.n_vocab, llm.path.name)
+        self.snapshot = EngineSnapshot(self.pool.snapshot())  # replaced whole by the engine thread
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._ids = itertools.count()
-        self.n_steps = 0
-        self.n_tokens_processed = 0
-
-    def _shift_kv(self, seq: int, start: int, end: int, delta: int) -> None:
-        self.llm.model.shift_kv(self.kv, seq, start, end, delta)
+        self._n_steps = 0  # forward passes run
+        self._n_tokens = 0  # tokens they processed
 
     @property
     def n_ctx_slot(self) -> int:
@@ -124,123 +97,47 @@ class Engine:
     def submit(
         self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
     ) -> RequestHandle:
-        request_id = request.request_id or f"req-{next(self._ids)}"
         if not request.request_id:
-            request = GenerationRequest(**{**request.__dict__, "request_id": request_id})
-        handle = RequestHandle(self, request_id, loop or asyncio.get_running_loop())
+            request = replace(request, request_id=f"req-{next(self._ids)}")
+        handle = RequestHandle(request.request_id, loop or asyncio.get_running_loop(), self.cancel)
         self._command(lambda: self.scheduler.waiting.append((request, handle.push)))
         return handle
 
     def cancel(self, request_id: str) -> None:
         self._command(lambda: self.scheduler.cancel(request_id))
 
+    def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run `fn` on the engine thread between two steps; the future holds its result or exception.
+
+        A concurrent future: asyncio callers wrap it (`asyncio.wrap_future`) and never block the loop.
+        """
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self._thread is None or not self._thread.is_alive():
+            future.set_exception(EngineStopped("the engine is not running"))
+            return future
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # a failed call must reach its caller, not kill the thread
+                future.set_exception(exc)
+
+        self._command(run)
+        return future
+
     def control(self, request_id: str, action: str) -> concurrent.futures.Future[ControlResult]:
-        """Act on a running request (CONTROL_ACTIONS) at the next step; the future holds the outcome.
+        """Act on a running or waiting request (CONTROL_ACTIONS) at the next step."""
+        return self.call(lambda: self.scheduler.control(request_id, action))
 
-        It is a concurrent future, resolved on the engine thread: asyncio callers wrap it
-        (`asyncio.wrap_future`) and never block the loop.
-        """
-        if action not in CONTROL_ACTIONS:
-            raise ValueError(f"unknown control action {action!r}; known: {', '.join(CONTROL_ACTIONS)}")
-        future: concurrent.futures.Future[ControlResult] = concurrent.futures.Future()
-        if self._thread is None or not self._thread.is_alive():
-            future.set_result(ControlResult(False, "the engine is not running"))
-            return future
-
-        def run() -> None:
-            try:
-                future.set_result(self.scheduler.control(request_id, action))
-            except Exception as exc:  # a failed control must reach its caller, not kill the thread
-                future.set_exception(exc)
-
-        self._command(run)
-        return future
-
-    def slot_action(
-        self, slot_id: int, action: str, path: Path | None = None
-    ) -> concurrent.futures.Future[dict[str, Any]]:
-        """save/restore/erase a slot's cache (`path`: the slot file) at the next step, on the engine thread.
-
-        The future raises SlotFileError for a file that can't be used, SlotBusyError for a busy slot.
-        """
-        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        if self._thread is None or not self._thread.is_alive():
-            future.set_exception(RuntimeError("the engine is not running"))
-            return future
-
-        def run() -> None:
-            try:
-                future.set_result(self._slot_action(slot_id, action, path))
-            except Exception as exc:  # a failed action must reach its caller, not kill the thread
-                future.set_exception(exc)
-
-        self._command(run)
-        return future
-
-    def stats(self) -> list[dict]:
-        """A snapshot of the slots (read without locking: fields are replaced atomically)."""
-        return [
-            {
-                "id": slot.id,
-                "id_task": slot.id_task,
-                "n_ctx": self.n_ctx_slot,
-                "is_processing": slot.busy,
-                "n_cached": len(slot.tokens),
-            }
-            for slot in self.scheduler.slots
-        ]
-
-    @property
-    def n_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+    def slot_action(self, slot_id: int, action: str, path: Path | None) -> concurrent.futures.Future[dict]:
+        """save/restore/erase a slot's cells (engine/slot_files.py) at the next step."""
+        return self.call(lambda: slot_action(self.pool[slot_id], self.kv, self.identity, action, path))
 
     # -- engine thread ------------------------------------------------------------------------------
     def _command(self, fn: Callable[[], None]) -> None:
         with self._cond:
             self._commands.append(fn)
             self._cond.notify()
-
-    def _slot_action(self, slot_id: int, action: str, path: Path | None) -> dict[str, Any]:
-        slot = self.scheduler.slots[slot_id]
-        if slot.busy:
-            raise SlotBusyError("Slot is busy")
-        start = time.perf_counter()
-        if action == "erase":
-            n_erased = len(slot.tokens)
-            slot.tokens = []
-            self.kv.clear(slot.id)
-            return {"id_slot": slot_id, "n_erased": n_erased}
-        assert path is not None
-        if action == "save":
-            n = min(len(slot.tokens), int(self.kv.lengths[slot.id]))
-            k, v = self.kv.read_cells(slot.id, n)
-            n_written = write_slot(path, self._identity, SlotState(slot.tokens[:n], k, v))
-            ms = 1e3 * (time.perf_counter() - start)
-            return {
-                "id_slot": slot_id,
-                "filename": path.name,
-                "n_saved": n,
-                "n_written": n_written,
-                "timings": {"save_ms": ms},
-            }
-        if action == "restore":
-            # Read and check everything first: a bad file raises before the slot is touched.
-            state, n_read = read_slot(path, self._identity, self.n_ctx_slot)
-            self.kv.write_cells(slot.id, state.k, state.v)
-            slot.tokens = state.tokens
-            ms = 1e3 * (time.perf_counter() - start)
-            return {
-                "id_slot": slot_id,
-                "filename": path.name,
-                "n_restored": len(state.tokens),
-                "n_read": n_read,
-                "timings": {"restore_ms": ms},
-            }
-        raise SlotFileError(f"Invalid action {action!r}")
-
-    @property
-    def _identity(self) -> ModelIdentity:
-        return ModelIdentity.of(tuple(self.kv.k.shape), self.llm.tokenizer.n_vocab, self.llm.path.name)
 
     def _run(self, warm_up: bool, ready: threading.Event) -> None:
         try:
@@ -258,12 +155,18 @@ class Engine:
                 fn()
             if stopping:
                 self.scheduler.cancel_all("cancelled")
+                self._publish()
                 return
             self._step()
 
     def _step(self) -> None:
+        """Admit, run one batch and advance its sequences.
+
+        The snapshot is published before the forward pass too, so a client that holds a token of its
+        request always finds the request's slot busy in /slots."""
         self.scheduler.admit()
         planned = self.scheduler.build_batch()
+        self._publish()
         if planned is None:
             return
         batch, outputs = planned
@@ -271,14 +174,19 @@ class Engine:
             logits = self.llm.model.forward(batch, self.kv)
         except Exception as exc:  # a kernel failure must not kill the thread or hang clients
             log.exception("engine.step_failed", error=str(exc))
-            for slot in outputs:
-                slot.tokens.clear()
-                self.kv.clear(slot.id)
+            for seq_id in set(batch.seq_ids.tolist()):  # their cells may be half written
+                self.pool[seq_id].tokens.clear()
+                self.kv.clear(seq_id)
             self.scheduler.cancel_all("error")
-            return
-        self.n_steps += 1
-        self.n_tokens_processed += batch.n_tokens
-        self.scheduler.apply(logits, outputs)
+        else:
+            self.scheduler.apply(logits, outputs)
+            self._n_steps += 1
+            self._n_tokens += batch.n_tokens
+        self._publish()
+
+    def _publish(self) -> None:
+        waiting = len(self.scheduler.waiting)
+        self.snapshot = EngineSnapshot(self.pool.snapshot(), waiting, self._n_steps, self._n_tokens)
 
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel with a tiny batch, so no request pays the JIT."""

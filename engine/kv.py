@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from engine.backend import Backend
 
 
 class KVCache:
@@ -13,21 +15,17 @@ class KVCache:
 
     A sequence's cell i holds position i, so a prefix is reused by keeping the first n cells and a
     sequence is truncated by lowering its length. The attention kernel reads one contiguous run of
-    positions per kv head.
+    positions per kv head. The cells live where the backend computes; it copies them to and from the
+    host (prompt cache, slot files).
     """
 
     def __init__(
-        self,
-        n_layer: int,
-        n_seq: int,
-        n_ctx: int,
-        n_kv_heads: int,
-        head_dim: int,
-        zeros: Callable[..., Any] = np.zeros,  # the backend's allocator: the cache lives where it computes
+        self, n_layer: int, n_seq: int, n_ctx: int, n_kv_heads: int, head_dim: int, backend: Backend
     ) -> None:
         shape = (n_layer, n_seq, n_kv_heads, n_ctx, head_dim)
-        self.k = zeros(shape, np.float16)
-        self.v = zeros(shape, np.float16)
+        self.backend = backend
+        self.k = backend.zeros(shape, np.float16)
+        self.v = backend.zeros(shape, np.float16)
         self.lengths = np.zeros(n_seq, dtype=np.int64)
 
     @property
@@ -51,12 +49,12 @@ class KVCache:
 
     def read_cells(self, seq_id: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of the first n cells of `seq_id`, each [n_layer, n_kv_heads, n, head_dim]."""
-        return _to_host(self.k, seq_id, n), _to_host(self.v, seq_id, n)
+        return self.backend.read_cells(self.k, seq_id, n), self.backend.read_cells(self.v, seq_id, n)
 
     def write_cells(self, seq_id: int, k: np.ndarray, v: np.ndarray) -> None:
         """Replace `seq_id`'s cells with k/v ([n_layer, n_kv_heads, n, head_dim]); its length becomes n."""
-        _from_host(self.k, seq_id, k)
-        _from_host(self.v, seq_id, v)
+        self.backend.write_cells(self.k, seq_id, k)
+        self.backend.write_cells(self.v, seq_id, v)
         self.lengths[seq_id] = k.shape[2]
 
     def check_batch(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
@@ -76,21 +74,3 @@ class KVCache:
         """Record that the batch's tokens are now cached."""
         for s in np.unique(seq_ids):
             self.lengths[s] = max(int(self.lengths[s]), int(positions[seq_ids == s].max()) + 1)
-
-
-def _to_host(cache: Any, seq_id: int, n: int) -> np.ndarray:
-    if isinstance(cache, np.ndarray):
-        return np.ascontiguousarray(cache[:, seq_id, :, :n])
-    # A device array: cache[layer, seq] is contiguous, so it copies in one transfer per layer.
-    return np.stack([cache[i, seq_id].copy_to_host()[:, :n] for i in range(cache.shape[0])])
-
-
-def _from_host(cache: Any, seq_id: int, cells: np.ndarray) -> None:
-    n = cells.shape[2]
-    if isinstance(cache, np.ndarray):
-        cache[:, seq_id, :, :n] = cells
-        return
-    for i in range(cache.shape[0]):
-        layer = cache[i, seq_id].copy_to_host()
-        layer[:, :n] = cells[i]
-        cache[i, seq_id].copy_to_device(layer)

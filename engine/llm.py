@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.api import ModelInfo
 from engine.backend import Backend, select_backend
 from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile
@@ -46,6 +47,23 @@ class LLM:
     def file_type(self) -> str:
         names = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 15: "Q4_K - Medium"}
         return names.get(int(self.gguf.metadata.get("general.file_type", -1)), "unknown")
+
+    def info(self) -> ModelInfo:
+        meta = self.gguf.metadata
+        hp = self.model.hp
+        return ModelInfo(
+            path=self.path,
+            name=self.model.name,
+            arch=hp.arch,
+            vocab_type=2 if meta.get("tokenizer.ggml.model") == "gpt2" else 1,
+            n_vocab=hp.n_vocab,
+            n_ctx_train=hp.n_ctx_train,
+            n_embd=hp.n_embd,
+            n_params=self.model.n_params,
+            size=self.model.n_bytes,
+            backend=self.backend.name,
+            chat_template=str(meta.get("tokenizer.chat_template", "")),
+        )
 
     def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
         return self.model.new_cache(n_seq, n_ctx)

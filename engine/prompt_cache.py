@@ -69,7 +69,7 @@ class PromptCache:
         """The entry sharing the longest prefix with `prompt`, if it keeps at least MIN_KEEP of its tokens."""
         best: CacheHit | None = None
         for entry in self._entries.values():
-            n = _common_prefix(entry.tokens, prompt)
+            n = common_prefix(entry.tokens, prompt)
             if n >= MIN_KEEP * len(entry.tokens) and n > 0 and (best is None or n > best.n_keep):
                 best = CacheHit(entry, n)
         if best is not None:
@@ -91,7 +91,8 @@ def _is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) <= len(b) and b[: len(a)] == a
 
 
-def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+def common_prefix(a: list[int] | tuple[int, ...], b: list[int]) -> int:
+    """How many leading tokens a and b share."""
     n = min(len(a), len(b))
     if n == 0:
         return 0

@@ -1,5 +1,7 @@
 """Slot files: one slot's cached tokens and K/V cells on disk (`--slot-save-path`).
 
+`slot_action` runs the save/restore/erase actions of `POST /slots/<id>` on the engine thread.
+
 Layout (little endian): a fixed header, then n_tokens int32 token ids, then the K cells and the V cells,
 each float16 [n_layer, n_kv_heads, n_tokens, head_dim]. The header names the model the cells belong to,
 so a file from another model is refused instead of silently poisoning the slot.
@@ -9,10 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from engine.kv import KVCache
+from engine.slots import Slot
 
 MAGIC = b"LLMBSLOT"
 VERSION = 2  # 2: cells are float16 (1 held float32)
@@ -115,3 +122,37 @@ def read_slot(path: Path, identity: ModelIdentity, n_ctx: int) -> tuple[SlotStat
     k = np.frombuffer(data, CELL, cells, off + 4 * n).reshape(shape)
     v = np.frombuffer(data, CELL, cells, off + 4 * n + CELL.itemsize * cells).reshape(shape)
     return SlotState([int(t) for t in tokens], k, v), len(data)
+
+
+SLOT_ACTIONS = ("save", "restore", "erase")
+
+
+def slot_action(
+    slot: Slot, kv: KVCache, identity: ModelIdentity, action: str, path: Path | None
+) -> dict[str, Any]:
+    """save/restore/erase `slot`'s cells (`path`: the slot file); llama-server's reply fields.
+
+    Runs between two steps on the engine thread. SlotBusyError for a slot serving a request (its cells
+    are changing), SlotFileError for a file that can't be used (checked before the slot is touched).
+    """
+    if slot.busy:
+        raise SlotBusyError("Slot is busy")
+    if action == "erase":
+        n_erased, slot.tokens = len(slot.tokens), []
+        kv.clear(slot.id)
+        return {"id_slot": slot.id, "n_erased": n_erased}
+    if action not in ("save", "restore") or path is None:
+        raise SlotFileError(f"Invalid action {action!r}")
+    start = time.perf_counter()
+    if action == "save":
+        n = min(len(slot.tokens), int(kv.lengths[slot.id]))
+        k, v = kv.read_cells(slot.id, n)
+        n_bytes = write_slot(path, identity, SlotState(slot.tokens[:n], k, v))
+        counts = {"n_saved": n, "n_written": n_bytes}
+    else:
+        state, n_bytes = read_slot(path, identity, kv.n_ctx)
+        kv.write_cells(slot.id, state.k, state.v)
+        slot.tokens = state.tokens
+        counts = {"n_restored": len(state.tokens), "n_read": n_bytes}
+    ms = 1e3 * (time.perf_counter() - start)
+    return {"id_slot": slot.id, "filename": path.name, **counts, "timings": {f"{action}_ms": ms}}

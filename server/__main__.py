@@ -16,6 +16,7 @@ from server import logs
 from server.app import create_app
 from server.cli import parse_settings
 from server.routes.tools import MANAGER_KEY as MCP_KEY
+from server.service import EXTENSION_KEY as SERVICE_KEY
 
 log = structlog.get_logger("server")
 
@@ -33,7 +34,6 @@ async def run(argv: list[str] | None = None) -> int:
         print(f"llamba-server: error: {exc}", file=sys.stderr)
         return 1
     settings = settings.model_copy(update={"model": str(model_path)})
-    app = create_app(settings)
     stop = asyncio.Event()
     exit_code = 0
 
@@ -42,7 +42,7 @@ async def run(argv: list[str] | None = None) -> int:
         exit_code = 1
         stop.set()
 
-    app.extensions["llamba.on_load_failure"] = load_failed
+    app = create_app(settings, on_load_failure=load_failed)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -53,7 +53,8 @@ async def run(argv: list[str] | None = None) -> int:
         # MCP children too, before the drain: a slow tool call then answers at once instead of holding it.
         mcp = app.extensions.get(MCP_KEY)
         await asyncio.gather(
-            anyio.to_thread.run_sync(app.extensions["llamba"].stop), mcp.stop() if mcp else asyncio.sleep(0)
+            anyio.to_thread.run_sync(app.extensions[SERVICE_KEY].stop),
+            mcp.stop() if mcp else asyncio.sleep(0),
         )
 
     config = Config()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,7 +19,7 @@ from server import errors
 from server.cli import Settings
 from server.mcp import McpManager
 from server.routes import control, metrics, native, openai, slots, stream, tools, webui
-from server.service import ModelService
+from server.service import EXTENSION_KEY, ModelService
 from server.sessions import SessionLimits, SessionStore
 
 log = structlog.get_logger("server")
@@ -26,10 +27,11 @@ log = structlog.get_logger("server")
 PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models"}
 
 
-def create_app(settings: Settings) -> Quart:
+def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = None) -> Quart:
+    """The app; `on_load_failure` is called when the model fails to load (the CLI exits with 1)."""
     app = Quart("llamba")
     service = ModelService(settings)
-    app.extensions["llamba"] = service
+    app.extensions[EXTENSION_KEY] = service
     limits = SessionLimits(settings.stream_buffer_size, settings.stream_ttl, settings.stream_max_sessions)
     sessions = SessionStore(limits)
     app.extensions["llamba.sessions"] = sessions
@@ -39,7 +41,7 @@ def create_app(settings: Settings) -> Quart:
     _install_cors(app, settings)
     _install_error_handlers(app)
     _install_mcp(app, settings)
-    _install_lifespan(app, service, sessions)
+    _install_lifespan(app, service, sessions, on_load_failure)
     return app
 
 
@@ -150,11 +152,15 @@ def _install_error_handlers(app: Quart) -> None:
         return err.body(), err.status
 
 
-def _install_lifespan(app: Quart, service: ModelService, sessions: SessionStore) -> None:
+def _install_lifespan(
+    app: Quart, service: ModelService, sessions: SessionStore, on_load_failure: Callable[[], None] | None
+) -> None:
+    loading: set[asyncio.Task[None]] = set()  # holds the task: the loop keeps only weak references
+
     @app.before_serving
     async def start_loading() -> None:
         # Not awaited: the server answers (503 on /health) while the model loads.
-        app.extensions["llamba.load"] = asyncio.get_running_loop().create_task(_load(app, service))
+        loading.add(asyncio.get_running_loop().create_task(_load(service, on_load_failure)))
         sessions.start_gc()
 
     @app.after_serving
@@ -164,10 +170,9 @@ def _install_lifespan(app: Quart, service: ModelService, sessions: SessionStore)
         await anyio.to_thread.run_sync(service.stop)
 
 
-async def _load(app: Quart, service: ModelService) -> None:
+async def _load(service: ModelService, on_failure: Callable[[], None] | None) -> None:
     try:
         await service.load()
     except Exception:
-        on_failure = app.extensions.get("llamba.on_load_failure")
         if on_failure is not None:
             on_failure()

@@ -114,7 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llamba-server", description="An LLM server speaking llama-server's API."
     )
-    add = p.add_argument
+    for add_group in (
+        _model_flags,
+        _server_flags,
+        _sampling_flags,
+        _template_flags,
+        _feature_flags,
+        _tool_flags,
+    ):
+        add_group(p)
+    return p
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """The model, its context and batch sizes, threads."""
+    add = p.add_argument_group("model and context").add_argument
     add("-m", "--model", default=_env("MODEL"), help="GGUF path or model name (smollm2, gemma3)")
     add("-a", "--alias", default=_env("ALIAS"))
     add("-c", "--ctx-size", type=int, default=int(_env("CTX_SIZE") or 4096))
@@ -123,10 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
     add("-ub", "--ubatch-size", type=int, default=int(_env("UBATCH") or 512))
     add("-t", "--threads", type=int, default=int(_env("THREADS") or 0) or None)
     add("-n", "--n-predict", type=int, default=int(_env("N_PREDICT") or -1))
+
+
+def _server_flags(p: argparse.ArgumentParser) -> None:
+    """Where it listens and who may call it."""
+    add = p.add_argument_group("server").add_argument
     add("--host", default=_env("HOST") or "127.0.0.1")
     add("--port", type=int, default=int(_env("PORT") or 8080))
     add("--api-key", action="append", default=None, help="may be given several times (comma lists too)")
     add("--api-key-file", default=None)
+
+
+def _sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The default sampler chain (a request's fields override it)."""
+    add = p.add_argument_group("sampling").add_argument
     add("--temp", type=float, default=0.8)
     add("--top-k", type=int, default=40)
     add("--top-p", type=float, default=0.95)
@@ -136,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--repeat-last-n", type=int, default=64)
     add("--presence-penalty", type=float, default=0.0)
     add("--frequency-penalty", type=float, default=0.0)
+
+
+def _template_flags(p: argparse.ArgumentParser) -> None:
+    """How chats become prompts, and reasoning blocks."""
+    add = p.add_argument_group("chat template and reasoning").add_argument
     add("--jinja", dest="jinja", action="store_true", default=True)
     add("--no-jinja", dest="jinja", action="store_false")
     add("--chat-template", default=_env("CHAT_TEMPLATE"))
@@ -144,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("-rea", "--reasoning", choices=REASONING_MODES, default=_env("REASONING") or "auto")
     add("--reasoning-budget", type=int, default=int(_env("THINK_BUDGET") or -1))
     add("--reasoning-budget-message", default=_env("THINK_BUDGET_MESSAGE") or "")
+
+
+def _feature_flags(p: argparse.ArgumentParser) -> None:
+    """Endpoints, logging, caches, context shift and devices."""
+    add = p.add_argument_group("features").add_argument
     add("--slots", dest="slots", action="store_true", default=True)
     add("--no-slots", dest="slots", action="store_false")
     add("--metrics", action="store_true", default=bool(_env("ENDPOINT_METRICS")))
@@ -173,10 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--stream-buffer-size", type=int, default=int(_env("STREAM_BUFFER_SIZE") or 4 * 1024 * 1024))
     add("--stream-ttl", type=float, default=float(_env("STREAM_TTL") or 300.0))
     add("--stream-max-sessions", type=int, default=int(_env("STREAM_MAX_SESSIONS") or 256))
+
+
+def _tool_flags(p: argparse.ArgumentParser) -> None:
+    """Resumable streams, MCP servers and CORS."""
+    add = p.add_argument_group("streams and tools").add_argument
     add("--mcp-servers-config", default=_env("MCP_SERVERS_CONFIG"), help='JSON file {"mcpServers": {...}}')
     add("--mcp-servers-json", default=_env("MCP_SERVERS_JSON"), help="the same JSON, inline")
     add("--cors-origins", default=_env("CORS_ORIGINS"), help="comma-separated allowed origins, or *")
-    return p
 
 
 def _split_ignored(argv: list[str]) -> tuple[list[str], list[str]]:

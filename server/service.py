@@ -1,9 +1,15 @@
-"""The model behind the HTTP routes: loading, prompts, limits, counters. Routes stay thin on top of it."""
+"""ModelService: the one seam between the HTTP routes and the engine.
+
+Routes reach the model only through this object: loading state, model facts (`model_info()`), the
+tokenizer and chat template, engine requests (`submit`), control and slot actions, and the engine's
+state as the snapshot its thread publishes. Nothing here reads engine state across threads: the
+tokenizer and template are immutable once loaded, and everything else goes through the engine's
+thread-safe surface. Routes import no `engine.*` module but the public types of `engine.api`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -12,17 +18,31 @@ from typing import Any
 
 import anyio
 import structlog
+from quart import current_app
 
+from engine.api import ControlResult, EngineSnapshot, GenerationRequest, ModelInfo, TokenEvent
 from engine.context_shift import truncate_prompt
-from engine.engine import Engine, EngineConfig, RequestHandle
+from engine.engine import Engine, EngineConfig, EngineStopped
+from engine.handle import RequestHandle
 from engine.llm import LLM
-from engine.request import GenerationRequest, TokenEvent
 from engine.sampling import SamplingParams
+from engine.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, check_filename
 from engine.text.chat import ChatTemplate, ChatTemplateError
+from engine.text.reasoning import ReasoningSpec, ReasoningTags, detect_tags, resolve_spec
+from engine.text.tokenizer import Tokenizer
 from server import errors
 from server.cli import Settings
 
 log = structlog.get_logger("server")
+
+EXTENSION_KEY = "llamba"
+# The engine answers calls between two steps; this only bounds the wait if it is stopping and never will.
+CALL_TIMEOUT = 60.0
+
+
+def service() -> ModelService:
+    """The app's ModelService (from inside a request or app context)."""
+    return current_app.extensions[EXTENSION_KEY]
 
 
 @dataclass
@@ -48,96 +68,160 @@ class Counters:
         self.prompt_tokens_cached_total += t.cache_n
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What exists once the model is loaded: all of it or none of it."""
+
+    llm: LLM
+    engine: Engine
+    template: ChatTemplate
+    info: ModelInfo
+
+
 class ModelService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.llm: LLM | None = None
-        self.engine: Engine | None = None
-        self.template: ChatTemplate | None = None
-        self.load_error: str | None = None
         self.counters = Counters()
         self.fingerprint = "b0-llamba"
-        self._loaded = threading.Event()
+        self.load_error: str | None = None
+        self._loaded: Loaded | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def load(self) -> None:
         """Load the model on a worker thread; /health answers 503 until this finishes."""
         try:
-            await anyio.to_thread.run_sync(self._load_blocking)
+            self._loaded = await anyio.to_thread.run_sync(self._load_blocking)
         except Exception as exc:
             self.load_error = str(exc)
             log.error("model.load_failed", error=str(exc))
             raise
+        log.info("model.loaded", path=str(self._loaded.info.path), slots=self.settings.parallel)
 
-    def _load_blocking(self) -> None:
+    def _load_blocking(self) -> Loaded:
         s = self.settings
         llm = LLM.load(s.model, device=s.device, n_threads=s.threads)
         template = ChatTemplate.from_gguf_metadata(llm.gguf.metadata, s.chat_template)
-        engine = Engine(
-            llm,
-            EngineConfig(
-                n_slots=s.parallel,
-                n_ctx=s.ctx_size,
-                n_ubatch=min(s.ubatch_size, s.batch_size),
-                slot_similarity=s.slot_similarity,
-                cache_ram_mib=s.cache_ram,
-                context_shift=s.context_shift,
-                n_keep=s.keep,
-            ),
+        config = EngineConfig(
+            n_slots=s.parallel,
+            n_ctx=s.ctx_size,
+            n_ubatch=min(s.ubatch_size, s.batch_size),
+            slot_similarity=s.slot_similarity,
+            cache_ram_mib=s.cache_ram,
+            context_shift=s.context_shift,
+            n_keep=s.keep,
         )
+        engine = Engine(llm, config)
         engine.start()
-        self.llm, self.template, self.engine = llm, template, engine
-        log.info("model.loaded", path=str(llm.path), seconds=round(llm.load_seconds, 2), slots=s.parallel)
+        return Loaded(llm, engine, template, llm.info())
 
     def stop(self) -> None:
-        if self.engine is not None:
-            self.engine.text.stop()
+        if self._loaded is not None:
+            self._loaded.engine.stop()
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None
+        return self._loaded is not None
 
-    def require_ready(self) -> tuple[LLM, Engine]:
-        if self.llm is None or self.engine is None:
+    def _require(self) -> Loaded:
+        if self._loaded is None:
             raise errors.unavailable()
-        return self.llm, self.engine
+        return self._loaded
 
-    # -- prompts ------------------------------------------------------------------------------------
+    def require_ready(self) -> None:
+        """503 (loading) unless the model is loaded."""
+        self._require()
+
+    # -- model facts ----------------------------------------------------------------------------------
+    def model_info(self) -> ModelInfo:
+        return self._require().info
+
+    @property
+    def n_slots(self) -> int:
+        return self._require().engine.config.n_slots
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self._require().engine.n_ctx_slot
+
+    def template_source(self) -> str:
+        return self._require().template.source
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state as its thread last published it (slots, queue, counts)."""
+        return self._require().engine.snapshot
+
+    # -- tokens and templates -------------------------------------------------------------------------
+    @property
+    def _tokenizer(self) -> Tokenizer:
+        return self._require().llm.tokenizer
+
+    async def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        """Text to token ids on a worker thread (a long text must not block the event loop)."""
+        return await anyio.to_thread.run_sync(self._tokenizer.encode, text, add_special, parse_special)
+
+    def check_tokens(self, tokens: list[int]) -> list[int]:
+        """400 for a token id outside the vocabulary."""
+        n_vocab = self._tokenizer.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise errors.invalid_request(f"token id {bad[0]} is outside the vocabulary")
+        return tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._tokenizer.decode(self.check_tokens(tokens))
+
+    def piece(self, token: int) -> bytes:
+        """The bytes token `token` stands for (special tokens rendered)."""
+        return self._tokenizer.token_to_piece(token)
+
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None, **kwargs: Any) -> str:
-        if self.template is None:
-            raise errors.unavailable()
         try:
-            return self.template.render(
-                messages, add_generation_prompt=True, tools=tools, with_starts=False, **kwargs
-            ).text
+            return (
+                self._require()
+                .template.render(
+                    messages, add_generation_prompt=True, tools=tools, with_starts=False, **kwargs
+                )
+                .text
+            )
         except (ChatTemplateError, ValueError) as exc:
             raise errors.invalid_request(str(exc)) from exc
 
     async def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         """A prompt as llama-server tokenizes it: special tokens parsed, BOS per the model's rule."""
-        llm, _ = self.require_ready()
         if isinstance(prompt, list):
-            bad = [t for t in prompt if not 0 <= t < llm.tokenizer.n_vocab]
-            if bad:
-                raise errors.invalid_request(f"token id {bad[0]} is outside the vocabulary")
-            return list(prompt)
-        tokens = await anyio.to_thread.run_sync(llm.tokenizer.encode, prompt, False, True)
-        tok = llm.tokenizer
+            return list(self.check_tokens(prompt))
+        tokens = await self.tokenize(prompt, False, True)
+        tok = self._tokenizer
         if tok.add_bos and (not tokens or tokens[0] != tok.bos_id):
             tokens = [tok.bos_id, *tokens]
         return tokens
 
     def fit_prompt(self, tokens: list[int]) -> tuple[list[int], bool]:
         """The prompt as it will run, and whether it was cut: too long is 400, or cut with context shift."""
-        _, engine = self.require_ready()
+        n_ctx = self.n_ctx_slot
         if not tokens:
             raise errors.invalid_request("the prompt is empty")
-        if len(tokens) < engine.n_ctx_slot:
+        if len(tokens) < n_ctx:
             return tokens, False
         if not self.settings.context_shift:
-            raise errors.exceed_context(len(tokens), engine.n_ctx_slot)
-        return truncate_prompt(tokens, engine.n_ctx_slot, self.settings.keep), True
+            raise errors.exceed_context(len(tokens), n_ctx)
+        return truncate_prompt(tokens, n_ctx, self.settings.keep), True
 
+    # -- reasoning --------------------------------------------------------------------------------------
+    def reasoning_spec(
+        self, fmt: str | None, prompt_text: str, budget: int, message: str, controllable: bool
+    ) -> ReasoningSpec | None:
+        """How a chat request treats reasoning: the request's choices over the server's defaults."""
+        s = self.settings
+        budget = 0 if s.reasoning == "off" else budget  # off: a template that opens the block gets it closed
+        fmt = fmt or s.reasoning_format
+        return resolve_spec(fmt, self.template_source(), prompt_text, budget, message, controllable)
+
+    def reasoning_tags(self) -> ReasoningTags | None:
+        """The thinking tags of the chat template, None when it has no thinking block."""
+        return detect_tags(self.template_source()) if self._loaded is not None else None
+
+    # -- generation -----------------------------------------------------------------------------------
     def default_sampling(self) -> SamplingParams:
         s = self.settings
         return SamplingParams(
@@ -152,18 +236,52 @@ class ModelService:
             seed=s.seed,
         )
 
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        engine = self._require().engine
+        self.counters.requests_total += 1
+        return engine.submit(request, asyncio.get_running_loop())
+
+    async def control(self, request_id: str, action: str) -> ControlResult:
+        engine = self._require().engine
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(engine.control(request_id, action)), 10.0)
+        except TimeoutError:
+            return ControlResult(False, "the engine did not answer in time")
+        except EngineStopped as exc:
+            return ControlResult(False, str(exc))
+
+    async def slot_action(self, slot_id: int, action: str, filename: object) -> dict[str, Any]:
+        """llama-server's POST /slots/<id>?action=...; errors in its shapes."""
+        engine = self._require().engine
+        save_dir = self.settings.slot_save_path
+        if save_dir is None:
+            raise errors.not_supported(
+                "This server does not support slots action. Start it with `--slot-save-path`"
+            )
+        if not 0 <= slot_id < self.n_slots:
+            raise errors.invalid_request(f"Invalid slot id {slot_id}: the server has {self.n_slots} slots")
+        if action not in SLOT_ACTIONS:
+            raise errors.invalid_request("Invalid action")
+        try:
+            path = None if action == "erase" else Path(save_dir) / check_filename(filename)
+            if action == "save":
+                Path(save_dir).mkdir(parents=True, exist_ok=True)
+            future = engine.slot_action(slot_id, action, path)
+            return await asyncio.wait_for(asyncio.wrap_future(future), CALL_TIMEOUT)
+        except SlotFileError as exc:
+            raise errors.invalid_request(str(exc)) from None
+        except (SlotBusyError, EngineStopped) as exc:
+            raise errors.unavailable(str(exc)) from None
+        except OSError as exc:  # the save directory is missing or not writable
+            raise errors.APIError(500, f"failed to save slot: {exc.strerror}", "server_error") from None
+
+    # -- request bookkeeping ----------------------------------------------------------------------------
     def log_prompt(self, request_id: str, text: str) -> None:
         folder = self.settings.log_prompts_dir
         if folder is None:
             return
         folder.mkdir(parents=True, exist_ok=True)
         (Path(folder) / f"{int(time.time() * 1000)}-{request_id}.txt").write_text(text, encoding="utf-8")
-
-    # -- generation ---------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest) -> RequestHandle:
-        _, engine = self.require_ready()
-        self.counters.requests_total += 1
-        return engine.submit(request, asyncio.get_running_loop())
 
     @staticmethod
     def new_id(prefix: str) -> str:

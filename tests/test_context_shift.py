@@ -1,4 +1,5 @@
-"""Context shift: prompt truncation like llama-server, and generation past a full slot."""
+"""Context shift: prompt truncation like llama-server, and generation past a full slot (the CUDA
+backend's shift is checked against the CPU's in tests/test_cuda_backend.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
+from engine.backend import cpu_backend
 from engine.context_shift import shift_cells, truncate_prompt
 from engine.cpu import ops
 from tests.server_process import ServerProcess
@@ -29,7 +31,7 @@ def test_shifted_keys_equal_keys_rotated_at_their_new_positions(neox: bool) -> N
     k = np.ascontiguousarray(cached.transpose(1, 0, 2))  # the cache layout: [heads, n_ctx, dim]
     v = rng.standard_normal((heads, n_ctx, dim)).astype(np.float32)
     v_moved = v[:, start:end].copy()
-    shift_cells(k, v, start, end, delta, lambda keys, pos: ops.rope(keys, pos, 10000.0, neox))
+    shift_cells(cpu_backend(), k, v, start, end, delta, lambda keys, pos: ops.rope(keys, pos, 10000.0, neox))
     expected = raw[start:end].copy()
     ops.rope(expected, np.arange(start + delta, end + delta, dtype=np.int32), 10000.0, neox)
     np.testing.assert_allclose(k[:, start + delta : end + delta], expected.transpose(1, 0, 2), atol=2e-4)

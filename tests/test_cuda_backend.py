@@ -22,6 +22,7 @@ from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simu
 from engine import backend as backends
 from engine.batch import Batch, BatchPart
 from engine.gguf import Tensor
+from engine.kv import KVCache
 from engine.models import load_model
 from engine.quant import BLOCK_LAYOUTS, QType
 
@@ -231,3 +232,38 @@ def test_whole_model_forward_matches_cpu(make: Any) -> None:
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err < 3e-2, f"logits differ by {err:.3g} of their range"  # the CPU's int8 activations
         assert np.abs(want).max() > 0.1  # the random model produces real signal
+
+
+# ---------------------------------------------------------------------------------------------------
+# The KV cells on the device: host copies (prompt cache, slot files) and context shift.
+
+
+def test_kv_cells_round_trip_on_the_device() -> None:
+    kv = KVCache(2, 3, 8, 2, 4, backends.cuda_backend())
+    k = RNG.standard_normal((2, 2, 5, 4)).astype(np.float16)
+    kv.write_cells(1, k, 2 * k)
+    got_k, got_v = kv.read_cells(1, 5)
+    assert np.array_equal(got_k, k) and np.array_equal(got_v, 2 * k)
+    assert list(kv.lengths) == [0, 5, 0]
+    assert not kv.k.copy_to_host()[:, [0, 2]].any()  # the other sequences are untouched
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3], ids=["llama", "gemma3"])
+def test_context_shift_on_the_device_matches_cpu(make: Any) -> None:
+    """The same prefilled cells shifted left (overlapping ranges) by each backend: values move bitwise
+    alike, keys are re-rotated alike (float32 RoPE on either side, stored as float16)."""
+    g = make()
+    cpu_model, gpu_model = load_model(g, backends.cpu_backend()), load_model(g, backends.cuda_backend())
+    gpu_kv, cpu_kv = gpu_model.new_cache(2, 16), cpu_model.new_cache(2, 16)
+    prompt = [BatchPart(0, 0, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]), BatchPart(1, 0, [7, 7])]
+    gpu_model.forward(Batch.of(prompt), gpu_kv)
+    before = gpu_kv.k.copy_to_host(), gpu_kv.v.copy_to_host()
+    cpu_kv.k[...], cpu_kv.v[...] = before
+    for model, kv in ((cpu_model, cpu_kv), (gpu_model, gpu_kv)):
+        model.shift_kv(kv, 0, 4, 10, -3)  # cells 4..9 of sequence 0 move to 1..6
+    gpu_k, gpu_v = gpu_kv.k.copy_to_host(), gpu_kv.v.copy_to_host()
+    assert np.array_equal(gpu_v, cpu_kv.v)
+    assert np.array_equal(gpu_v[:, 0, :, 1:7], before[1][:, 0, :, 4:10])  # the values moved as they were
+    np.testing.assert_allclose(gpu_k.astype(np.float32), cpu_kv.k.astype(np.float32), atol=2e-3)
+    assert not np.allclose(gpu_k[:, 0, :, 1:7], before[0][:, 0, :, 4:10], atol=1e-2)  # keys re-rotated
+    assert np.array_equal(gpu_k[:, 1], before[0][:, 1])  # the other sequence is untouched

@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
+from engine.api import GenerationRequest, Timings
 from engine.engine import Engine, EngineConfig
 from engine.prompt_cache import PromptCache, mib_to_bytes
-from engine.request import GenerationRequest, Timings
 from engine.sampling import SamplingParams
 from tests.server_process import ServerProcess
 
@@ -85,7 +85,7 @@ def small_engine(smollm2_llm):  # type: ignore[no-untyped-def]
     engine = Engine(smollm2_llm, EngineConfig(n_slots=1, n_ctx=512, cache_ram_mib=2))
     engine.start()
     yield engine
-    engine.text.stop()
+    engine.stop()
 
 
 def test_engine_turn_after_another_conversation_reuses_the_cache(small_engine, smollm2_llm) -> None:  # type: ignore[no-untyped-def]

@@ -1,7 +1,11 @@
-"""Reasoning on the text stream (engine/reasoning.py) and its budget/control in the scheduler, without HTTP.
+"""Reasoning on the text stream (engine/text/reasoning.py) and its budget/control in the scheduler and
+sequence, without HTTP.
 
-The scheduler tests replace the model by a script: each step's logits are one-hot on the next scripted
-token, so what the sequence generates is exactly the script except where the scheduler forces tokens.
+The scheduler tests feed scripted logits instead of a model's: each step's logits are one-hot on the next
+scripted token, so what the sequence generates is exactly the script except where it forces tokens. A
+stand-in is the right tool here: these tests pin which tokens are forced at which step, and a real
+model's own picks are not the test's to choose (the HTTP tests in test_reasoning_server.py run the real
+model end to end).
 """
 
 from __future__ import annotations
@@ -9,11 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.api import GenerationRequest, TokenEvent
+from engine.backend import cpu_backend
 from engine.gguf import GGUFFile
 from engine.kv import KVCache
-from engine.request import GenerationRequest, TokenEvent
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
+from engine.slots import SlotPool
 from engine.text.reasoning import (
     ReasoningSpec,
     ReasoningSplitter,
@@ -192,7 +198,8 @@ class ScriptedRun:
 
     def __init__(self, tokenizer: Tokenizer, script: list[int]) -> None:
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(KVCache(1, 1, 512, 1, 1), tokenizer, n_ubatch=64)
+        pool = SlotPool(KVCache(1, 1, 512, 1, 1, cpu_backend()), slot_similarity=0.1, prompt_cache=None)
+        self.scheduler = Scheduler(pool, tokenizer, n_ubatch=64)
         self.script = list(script)
         self.events: list[TokenEvent] = []
 

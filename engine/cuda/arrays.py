@@ -1,8 +1,9 @@
 """Device arrays for the CUDA backend: allocation, transfers, and the small copy kernels models need.
 
-The backend hooks (`empty`, `zeros`, `upload`, `download`, `take_rows`, `split_cols`) let a model keep
-its activations and KV cache on the device. The kernels also take numpy arrays: `device` uploads them,
-and `write_back` copies a result into a numpy output, which is what makes an unchanged model run.
+The backend hooks (`empty`, `zeros`, `upload`, `download`, `take_rows`, `split_cols`, and the KV-cell
+copies) let a model keep its activations and KV cache on the device. The kernels also take numpy
+arrays: `device` uploads them, and `write_back` copies a result into a numpy output, which is what
+makes an unchanged model run.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
+from numba.types import float16
 
 THREADS = 256  # threads per block of the element-wise kernels; a multiple of 32
 # Every kernel loops over its jobs (rows, tokens, heads, row groups) with a grid stride, so a launch
@@ -93,6 +95,36 @@ def split_cols(x: Any, sizes: list[int]) -> list[Any]:
     return parts
 
 
+def read_cells(cache: DeviceArray, seq_id: int, n: int) -> np.ndarray:
+    """Host copy of the first n cells of `seq_id` in a [n_layer, n_seq, heads, n_ctx, dim] cache.
+
+    cache[layer, seq] is contiguous, so it copies in one transfer per layer."""
+    return np.stack([cache[i, seq_id].copy_to_host()[:, :n] for i in range(cache.shape[0])])
+
+
+def write_cells(cache: DeviceArray, seq_id: int, cells: np.ndarray) -> None:
+    """Replace the first cells of `seq_id` with host cells [n_layer, heads, n, dim]."""
+    n = cells.shape[2]
+    for i in range(cache.shape[0]):
+        layer = cache[i, seq_id].copy_to_host()
+        layer[:, :n] = cells[i]
+        cache[i, seq_id].copy_to_device(layer)
+
+
+def gather_cells(cells: DeviceArray, start: int, n: int) -> DeviceArray:
+    """float32 [n, heads, dim] of cells [heads, n_ctx, dim] from `start` (a context shift's staging)."""
+    out = cuda.device_array((n, cells.shape[0], cells.shape[2]), dtype=np.float32)
+    if out.size:
+        _gather_cells[elem_blocks(out.size, THREADS), THREADS](device(cells), start, out)
+    return out
+
+
+def scatter_cells(x: DeviceArray, cells: DeviceArray, start: int) -> None:
+    """Write x[n, heads, dim] into cells [heads, n_ctx, dim] from `start` on, as the cells' dtype."""
+    if x.size:
+        _scatter_cells[elem_blocks(x.size, THREADS), THREADS](device(x), cells, start)
+
+
 def blocks(n_jobs: int) -> int:
     """Blocks for a kernel striding over n_jobs independent jobs (one block per job when allowed)."""
     return max(1, min(n_jobs, MAX_BLOCKS))
@@ -128,6 +160,26 @@ def _copy_cols_py(x, start, out):  # type: ignore[no-untyped-def]
         out[r, c] = x[r, start + c]
 
 
+def _gather_cells_py(cells, start, out):  # type: ignore[no-untyped-def]
+    n_heads, dim = out.shape[1], out.shape[2]
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        t = i // (n_heads * dim)
+        h = (i // dim) % n_heads
+        d = i % dim
+        out[t, h, d] = float32(cells[h, start + t, d])
+
+
+def _scatter_cells_py(x, cells, start):  # type: ignore[no-untyped-def]
+    n_heads, dim = x.shape[1], x.shape[2]
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        t = i // (n_heads * dim)
+        h = (i // dim) % n_heads
+        d = i % dim
+        cells[h, start + t, d] = float16(x[t, h, d])
+
+
 _fill_zero = cuda.jit(_fill_zero_py)
+_gather_cells = cuda.jit(_gather_cells_py)
+_scatter_cells = cuda.jit(_scatter_cells_py)
 _take_rows = cuda.jit(_take_rows_py)
 _copy_cols = cuda.jit(_copy_cols_py)

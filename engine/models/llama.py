@@ -91,11 +91,11 @@ class LlamaModel:
             def rotate(keys: np.ndarray, positions: np.ndarray, il: int = il) -> None:
                 self.backend.rope(keys, positions, self.rope_base(il), self.hp.rope_neox)
 
-            shift_cells(kv.k[il][seq], kv.v[il][seq], start, end, delta, rotate)
+            shift_cells(self.backend, kv.k[il][seq], kv.v[il][seq], start, end, delta, rotate)
 
     def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
         hp = self.hp
-        return KVCache(hp.n_layer, n_seq, n_ctx, hp.n_kv_head, hp.head_dim, self.backend.zeros)
+        return KVCache(hp.n_layer, n_seq, n_ctx, hp.n_kv_head, hp.head_dim, self.backend)
 
     def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
         """Logits float32 [len(batch.output_rows), n_vocab] after running every token of the batch."""

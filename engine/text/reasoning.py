@@ -5,15 +5,17 @@ text between the tags to `reasoning` and the rest to `content`, holding back a t
 way StopMatcher holds back a partial stop string. Like llama-server, only a block that opens the output
 (or that the prompt already opened) is reasoning: once it closes, a later `<think>` is answer text.
 
-Budget and control end the block by forcing tokens: the scheduler feeds the budget message and the end
+Budget and control end the block by forcing tokens: the sequence feeds the budget message and the end
 tag instead of sampled tokens, so the model sees them in its context as if it had written them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
+
+from engine.api import ControlResult, ReasoningSpec, ReasoningTags
 
 # (start tag, end tags) of the thinking formats we know; the first whose start tag the template mentions
 # wins. Several end tags are accepted because models trained on one sometimes write the other.
@@ -26,39 +28,6 @@ KNOWN_TAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 REASONING_FORMATS = ("none", "deepseek", "auto")
 REASONING_MODES = ("on", "off", "auto")
-CONTROL_ACTIONS = ("reasoning_end",)
-
-
-@dataclass(frozen=True)
-class ReasoningTags:
-    start: str = "<think>"
-    ends: tuple[str, ...] = ("</think>", "</thinking>")
-
-    @property
-    def end(self) -> str:
-        """The end tag forced when the block is ended for the model."""
-        return self.ends[0]
-
-
-@dataclass(frozen=True)
-class ReasoningSpec:
-    """How one request treats reasoning (None on a request: no reasoning handling at all)."""
-
-    tags: ReasoningTags = field(default_factory=ReasoningTags)
-    split: bool = True  # False (reasoning_format none): the raw text, tags included, all goes to content
-    starts_open: bool = False  # the prompt ends with the start tag: generation begins inside the block
-    budget: int = -1  # model tokens allowed inside the block; -1 unlimited, 0 closes it at once
-    budget_message: str = ""  # forced before the end tag when the budget runs out
-    controllable: bool = False  # reasoning_control: the block may be ended via the control endpoint
-
-
-@dataclass(frozen=True)
-class ControlResult:
-    success: bool
-    message: str = ""
-
-    def as_dict(self) -> dict[str, bool | str]:
-        return {"success": True} if self.success else {"success": False, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -76,6 +45,16 @@ def detect_tags(template_source: str) -> ReasoningTags | None:
         if start in template_source or ends[0] in template_source:
             return ReasoningTags(start, ends)
     return None
+
+
+def end_before_start(spec: ReasoningSpec | None) -> ControlResult:
+    """Whether reasoning_end can apply to a request still waiting for a slot: only when its prompt
+    already opened the block (it then starts by closing it)."""
+    if spec is None or not spec.controllable:
+        return ControlResult(False, "the completion was not started with reasoning_control")
+    if not spec.starts_open:
+        return ControlResult(False, "the completion is not in a reasoning block")
+    return ControlResult(True)
 
 
 def prompt_opens_block(prompt_text: str, tags: ReasoningTags) -> bool:

@@ -7,24 +7,16 @@ resumable session.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, request
 
-from engine.text.reasoning import CONTROL_ACTIONS, ControlResult
+from engine.api import CONTROL_ACTIONS
 from server import errors
 from server.schemas import ControlRequest
-from server.service import ModelService
+from server.service import service
 
 bp = Blueprint("control", __name__)
-
-# The engine answers at its next step; this only bounds the wait if it is stopping and never will.
-CONTROL_TIMEOUT = 10.0
-
-
-def service() -> ModelService:
-    return current_app.extensions["llamba"]
 
 
 @bp.post("/v1/chat/completions/control")
@@ -35,10 +27,4 @@ async def control() -> Any:
     if body.action not in CONTROL_ACTIONS:
         known = ", ".join(CONTROL_ACTIONS)
         raise errors.invalid_request(f"unknown action {body.action!r}; supported actions: {known}")
-    _, engine = svc.require_ready()
-    future = asyncio.wrap_future(engine.control(body.id, body.action))
-    try:
-        result = await asyncio.wait_for(future, CONTROL_TIMEOUT)
-    except TimeoutError:
-        result = ControlResult(False, "the engine did not answer in time")
-    return result.as_dict()
+    return (await svc.control(body.id, body.action)).as_dict()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, current_app
+from quart import Blueprint, Response
 
 from server import errors
-from server.service import ModelService
+from server.service import service
 
 bp = Blueprint("metrics", __name__)
 
@@ -16,12 +16,11 @@ def _family(name: str, kind: str, help_text: str, value: float) -> str:
 
 @bp.get("/metrics")
 async def metrics() -> Response:
-    svc: ModelService = current_app.extensions["llamba"]
+    svc = service()
     if not svc.settings.metrics:
         raise errors.not_supported("This server does not support metrics endpoint.")
-    _, engine = svc.require_ready()
+    engine = svc.snapshot()
     c = svc.counters
-    busy = sum(1 for s in engine.scheduler.slots if s.busy)
     prompt_tps = c.prompt_tokens_total / c.prompt_seconds_total if c.prompt_seconds_total else 0.0
     gen_tps = (
         c.tokens_predicted_total / c.tokens_predicted_seconds_total
@@ -52,7 +51,7 @@ async def metrics() -> Response:
         ("n_decode_total", "counter", "Total number of llama_decode() calls", engine.n_steps),
         ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_tps),
         ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gen_tps),
-        ("requests_processing", "gauge", "Number of requests processing.", busy),
+        ("requests_processing", "gauge", "Number of requests processing.", engine.n_busy),
         ("requests_deferred", "gauge", "Number of requests deferred.", engine.n_waiting),
     ]
     text = "".join(_family(*f) for f in families)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, request
 
-from engine.request import TokenEvent
-from engine.text.reasoning import ReasoningTags, detect_tags
+from engine.api import ReasoningTags, TokenEvent
 from server import errors, sse
-from server.routes.generation import (
+from server.generation import (
     build_request,
     collect,
     completion_request,
@@ -20,13 +19,9 @@ from server.routes.generation import (
 )
 from server.routes.openai import sse_response
 from server.schemas import ApplyTemplateRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from server.service import ModelService
+from server.service import ModelService, service
 
 bp = Blueprint("native", __name__)
-
-
-def service() -> ModelService:
-    return current_app.extensions["llamba"]
 
 
 @bp.get("/health")
@@ -42,12 +37,12 @@ async def health() -> Any:
 @bp.get("/props")
 async def props() -> Any:
     svc = service()
-    llm, engine = svc.require_ready()
+    info = svc.model_info()
     params = svc.default_sampling()
     return {
         "default_generation_settings": {
             "id": 0,
-            "n_ctx": engine.n_ctx_slot,
+            "n_ctx": svc.n_ctx_slot,
             "params": {
                 "n_predict": svc.settings.n_predict,
                 "temperature": params.temperature,
@@ -63,13 +58,13 @@ async def props() -> Any:
                 "reasoning_budget_tokens": svc.settings.reasoning_budget,
             },
         },
-        "total_slots": len(engine.scheduler.slots),
+        "total_slots": svc.n_slots,
         "model_alias": svc.settings.model_alias,
-        "model_path": str(llm.path),
-        "chat_template": svc.template.source if svc.template else "",
+        "model_path": str(info.path),
+        "chat_template": svc.template_source(),
         "modalities": {"vision": False, "audio": False},
         "build_info": "llamba",
-        "backend": llm.backend.name,
+        "backend": info.backend,
         "webui": svc.settings.webui,
         "reasoning": reasoning_props(svc),
     }
@@ -78,7 +73,7 @@ async def props() -> Any:
 def reasoning_props(svc: ModelService) -> dict[str, Any]:
     """The reasoning settings and what the template says about thinking (its tags, if it has a block)."""
     s = svc.settings
-    found = detect_tags(svc.template.source) if svc.template else None
+    found = svc.reasoning_tags()
     tags = found or ReasoningTags()
     return {
         "format": s.reasoning_format,
@@ -119,7 +114,7 @@ async def completion() -> Any:
     out = await collect(svc, gen)
     reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
     if body.n_probs:
-        reply["completion_probabilities"] = openai_logprobs(svc.llm.tokenizer, out.events)
+        reply["completion_probabilities"] = openai_logprobs(svc, out.events)
     return reply
 
 
@@ -135,7 +130,7 @@ async def native_stream(
             "tokens": [] if event.token is None else [event.token],
         }
         if body.n_probs:
-            chunk["completion_probabilities"] = openai_logprobs(svc.llm.tokenizer, [event])
+            chunk["completion_probabilities"] = openai_logprobs(svc, [event])
         if event.finish_reason is None:
             chunk |= {"stop": False, "id_slot": event.id_slot}
             yield sse.event(chunk)
@@ -148,32 +143,27 @@ async def native_stream(
 async def tokenize() -> Any:
     svc = service()
     body = TokenizeRequest.model_validate(await request.get_json(force=True))
-    llm, _ = svc.require_ready()
-    tokens = llm.tokenizer.encode(
-        body.content, add_special=body.add_special, parse_special=body.parse_special
-    )
+    svc.require_ready()
+    tokens = await svc.tokenize(body.content, body.add_special, body.parse_special)
     if not body.with_pieces:
         return {"tokens": tokens}
-    pieces = []
-    for t in tokens:
-        raw = llm.tokenizer.token_to_piece(t)
-        try:
-            piece: str | list[int] = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            piece = list(raw)
-        pieces.append({"id": t, "piece": piece})
-    return {"tokens": pieces}
+    return {"tokens": [{"id": t, "piece": text_or_bytes(svc.piece(t))} for t in tokens]}
+
+
+def text_or_bytes(raw: bytes) -> str | list[int]:
+    """A token's piece as llama-server shows it: text when it is valid UTF-8, else its byte values."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
 
 
 @bp.post("/detokenize")
 async def detokenize() -> Any:
     svc = service()
     body = DetokenizeRequest.model_validate(await request.get_json(force=True))
-    llm, _ = svc.require_ready()
-    bad = [t for t in body.tokens if not 0 <= t < llm.tokenizer.n_vocab]
-    if bad:
-        raise errors.invalid_request(f"token id {bad[0]} is outside the vocabulary")
-    return {"content": llm.tokenizer.decode(body.tokens)}
+    svc.require_ready()
+    return {"content": svc.detokenize(body.tokens)}
 
 
 @bp.post("/apply-template")

@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
-from engine.request import TokenEvent
-from engine.text.reasoning import ReasoningSpec, resolve_spec
+from engine.api import ReasoningSpec, TokenEvent
 from server import sse
-from server.routes.generation import (
+from server.generation import (
     build_request,
     collect,
     completion_request,
@@ -22,14 +21,10 @@ from server.routes.generation import (
 )
 from server.routes.stream import resumable
 from server.schemas import ChatCompletionRequest, GenerationFields
-from server.service import ModelService
+from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
 
 bp = Blueprint("openai", __name__)
-
-
-def service() -> ModelService:
-    return current_app.extensions["llamba"]
 
 
 def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) -> dict[str, Any]:
@@ -78,11 +73,7 @@ async def chat_completions() -> Any:
                     "content": out.text,
                     **({"reasoning_content": out.reasoning} if out.reasoning else {}),
                 },
-                **(
-                    {"logprobs": {"content": openai_logprobs(svc.llm.tokenizer, out.events)}}
-                    if body.logprobs
-                    else {}
-                ),
+                **({"logprobs": {"content": openai_logprobs(svc, out.events)}} if body.logprobs else {}),
             }
         ],
         "usage": usage(len(tokens), out.final),
@@ -106,16 +97,9 @@ def thinking_kwargs(mode: str) -> dict[str, Any]:
 
 def reasoning_spec(svc: ModelService, body: ChatCompletionRequest, prompt_text: str) -> ReasoningSpec | None:
     s = svc.settings
-    # --reasoning off: a template that opens the block anyway gets it closed at once.
-    budget = 0 if s.reasoning == "off" else body.reasoning_budget(s.reasoning_budget)
-    return resolve_spec(
-        body.reasoning_format or s.reasoning_format,
-        svc.template.source if svc.template else "",
-        prompt_text,
-        budget,
-        body.budget_message(s.reasoning_budget_message),
-        body.reasoning_control,
-    )
+    budget = body.reasoning_budget(s.reasoning_budget)
+    message = body.budget_message(s.reasoning_budget_message)
+    return svc.reasoning_spec(body.reasoning_format, prompt_text, budget, message, body.reasoning_control)
 
 
 async def chat_stream(
@@ -137,7 +121,7 @@ async def chat_stream(
             timings = {"timings": event.timings.as_dict()}
         extra = {}
         if body.logprobs and event.logprob is not None:
-            extra["logprobs"] = {"content": openai_logprobs(svc.llm.tokenizer, [event])}
+            extra["logprobs"] = {"content": openai_logprobs(svc, [event])}
         # Reasoning and answer go in separate chunks (reasoning first: it came first); the logprobs ride
         # on the last one. No delta ever carries an empty string.
         if event.reasoning_text:
@@ -181,7 +165,7 @@ async def completions() -> Any:
     out = await collect(svc, gen)
     choice = {"index": 0, "text": prefix + out.text, "finish_reason": out.finish_reason, "logprobs": None}
     if n_probs:
-        choice["logprobs"] = {"content": openai_logprobs(svc.llm.tokenizer, out.events)}
+        choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
     reply = {**head, "choices": [choice], "usage": usage(len(tokens), out.final)}
     if out.timings:
         reply["timings"] = out.timings.as_dict()
@@ -215,19 +199,19 @@ async def completion_stream(
 @bp.get("/models")
 async def models() -> Any:
     svc = service()
-    meta: dict[str, Any] = {}
-    if svc.llm is not None:
-        hp = svc.llm.model.hp
+    meta: dict[str, Any] | None = None
+    if svc.ready:
+        info = svc.model_info()
         meta = {
-            "vocab_type": 2 if svc.llm.gguf.metadata.get("tokenizer.ggml.model") == "gpt2" else 1,
-            "n_vocab": hp.n_vocab,
-            "n_ctx_train": hp.n_ctx_train,
-            "n_embd": hp.n_embd,
-            "n_params": svc.llm.model.n_params,
-            "size": svc.llm.model.n_bytes,
+            "vocab_type": info.vocab_type,
+            "n_vocab": info.n_vocab,
+            "n_ctx_train": info.n_ctx_train,
+            "n_embd": info.n_embd,
+            "n_params": info.n_params,
+            "size": info.size,
         }
     entry = {"id": svc.settings.model_alias, "object": "model", "created": int(svc.counters.started)}
-    entry |= {"owned_by": "llamacpp", "meta": meta or None}
+    entry |= {"owned_by": "llamacpp", "meta": meta}
     return {
         "object": "list",
         "data": [entry],

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
 from server import errors
-from server.service import ModelService
+from server.service import service
 
 bp = Blueprint("webui", __name__)
 
@@ -78,8 +78,7 @@ def _accepts_gzip() -> bool:
 
 
 def _serve(relative: str) -> Response:
-    svc: ModelService = current_app.extensions["llamba"]
-    if not svc.settings.webui:
+    if not service().settings.webui:
         raise errors.not_found(f"File Not Found: {request.path} (the web UI is off: --no-webui)")
     asset = _load(_resolve(relative))
     headers = {"ETag": asset.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}

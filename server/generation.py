@@ -1,4 +1,5 @@
-"""What the chat, completion and native routes share: building engine requests and reading their events."""
+"""What the generation routes share: engine requests built from request bodies, their events read
+(and counted) on the event loop, and the reply fragments several routes shape alike (usage, logprobs)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.request import GenerationRequest, Timings, TokenEvent
-from engine.text.tokenizer import Tokenizer
+from engine.api import GenerationRequest, Timings, TokenEvent
 from server import errors
 from server.schemas import CompletionRequest, GenerationFields
 from server.service import ModelService
@@ -21,9 +21,8 @@ def build_request(
     request_id: str,
     truncated: bool = False,
 ) -> GenerationRequest:
-    llm, _ = service.require_ready()
     try:
-        sampling = body.sampling(service.default_sampling(), llm.tokenizer.n_vocab, n_probs)
+        sampling = body.sampling(service.default_sampling(), service.model_info().n_vocab, n_probs)
     except ValueError as exc:
         raise errors.invalid_request(str(exc)) from exc
     return GenerationRequest(
@@ -104,8 +103,8 @@ def usage(n_prompt: int, outcome_final: TokenEvent | None) -> dict[str, Any]:
     }
 
 
-def piece_info(tokenizer: Tokenizer, token: int, logprob: float) -> dict[str, Any]:
-    raw = tokenizer.token_to_piece(token)
+def piece_info(service: ModelService, token: int, logprob: float) -> dict[str, Any]:
+    raw = service.piece(token)
     return {
         "id": token,
         "token": raw.decode("utf-8", errors="replace"),
@@ -114,14 +113,14 @@ def piece_info(tokenizer: Tokenizer, token: int, logprob: float) -> dict[str, An
     }
 
 
-def openai_logprobs(tokenizer: Tokenizer, events: list[TokenEvent]) -> list[dict[str, Any]]:
+def openai_logprobs(service: ModelService, events: list[TokenEvent]) -> list[dict[str, Any]]:
     """OpenAI's logprobs.content entries (llama-server adds the token id)."""
     content = []
     for ev in events:
         if ev.token is None or ev.logprob is None:
             continue
-        entry = piece_info(tokenizer, ev.token, ev.logprob)
-        entry["top_logprobs"] = [piece_info(tokenizer, t, lp) for t, lp in ev.top_logprobs]
+        entry = piece_info(service, ev.token, ev.logprob)
+        entry["top_logprobs"] = [piece_info(service, t, lp) for t, lp in ev.top_logprobs]
         content.append(entry)
     return content
 

@@ -1,0 +1,178 @@
+"""The engine's public types: what crosses its surface. The server imports these and nothing else of
+the engine's internals (its one seam, `server/service.py`, aside).
+
+A generation request goes in, token events come out; slot snapshots, model facts and control results
+are read back. All are frozen values, safe to hand from the engine thread to the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.sampling import SamplingParams
+
+CONTROL_ACTIONS = ("reasoning_end",)
+
+
+@dataclass(frozen=True)
+class ReasoningTags:
+    start: str = "<think>"
+    ends: tuple[str, ...] = ("</think>", "</thinking>")
+
+    @property
+    def end(self) -> str:
+        """The end tag forced when the block is ended for the model."""
+        return self.ends[0]
+
+
+@dataclass(frozen=True)
+class ReasoningSpec:
+    """How one request treats reasoning (None on a request: no reasoning handling at all)."""
+
+    tags: ReasoningTags = field(default_factory=ReasoningTags)
+    split: bool = True  # False (reasoning_format none): the raw text, tags included, all goes to content
+    starts_open: bool = False  # the prompt ends with the start tag: generation begins inside the block
+    budget: int = -1  # model tokens allowed inside the block; -1 unlimited, 0 closes it at once
+    budget_message: str = ""  # forced before the end tag when the budget runs out
+    controllable: bool = False  # reasoning_control: the block may be ended via the control endpoint
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1: until end of generation or the slot's context is full
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    id_slot: int = -1  # -1: the engine chooses
+    cache_prompt: bool = True
+    request_id: str = ""
+    timings_per_token: bool = False  # timings on every event, not only the last
+    return_progress: bool = False  # an event after every prompt chunk, with `progress`
+    truncated: bool = False  # the prompt was cut to fit the context (context shift)
+    reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama-server's `timings` object."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": self.prompt_ms / self.prompt_n if self.prompt_n else 0.0,
+            "prompt_per_second": 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms else 0.0,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": self.predicted_ms / self.predicted_n if self.predicted_n else 0.0,
+            "predicted_per_second": 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms else 0.0,
+        }
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """llama-server's `prompt_progress`: how much of the prompt is processed."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "total": self.total,
+            "cache": self.cache,
+            "processed": self.processed,
+            "time_ms": self.time_ms,
+        }
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token (token is None on a final event that carries no new token)."""
+
+    text: str  # text now safe to emit (UTF-8 complete, not part of a possible stop string); may be ""
+    reasoning_text: str = ""  # the same, for text inside a reasoning block (`text` is then the answer)
+    token: int | None = None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    stop_word: str | None = None
+    timings: Timings | None = None
+    n_prompt: int = 0
+    n_generated: int = 0
+    id_slot: int = -1
+    error: str | None = None
+    progress: PromptProgress | None = None  # set on prompt-progress events (no token, no text)
+    truncated: bool = False  # on the final event: the context was shifted or the prompt cut
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """The outcome of a control action on a running request."""
+
+    success: bool
+    message: str = ""
+
+    def as_dict(self) -> dict[str, bool | str]:
+        return {"success": True} if self.success else {"success": False, "message": self.message}
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    """One slot as the engine thread last saw it (llama-server's /slots fields that apply here)."""
+
+    id: int
+    id_task: int
+    n_ctx: int
+    is_processing: bool
+    n_cached: int  # tokens whose cells the slot holds
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return {
+            "id": self.id,
+            "id_task": self.id_task,
+            "n_ctx": self.n_ctx,
+            "is_processing": self.is_processing,
+            "n_cached": self.n_cached,
+        }
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state, published by its thread after every step and command batch."""
+
+    slots: tuple[SlotSnapshot, ...] = ()
+    n_waiting: int = 0  # requests not yet in a slot
+    n_steps: int = 0  # forward passes run (llama-server's n_decode_total)
+    n_tokens_processed: int = 0
+
+    @property
+    def n_busy(self) -> int:
+        return sum(s.is_processing for s in self.slots)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model that routes report (/v1/models meta, /props)."""
+
+    path: Path
+    name: str
+    arch: str
+    vocab_type: int  # llama.cpp's: 1 SentencePiece, 2 byte-level BPE
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_params: int
+    size: int  # bytes of the weights
+    backend: str
+    chat_template: str  # the GGUF's own template, "" when it has none

@@ -1,0 +1,174 @@
+"""One request's per-token state, and what one row of logits turns into.
+
+The scheduler owns slots and batches; a Sequence owns everything that happens to its request's tokens:
+what to feed next, the sampler (with its penalty history and RNG), the incremental detokenizer, stop
+strings, the reasoning split and budget, logprobs and timings. `advance` is its one entry point per
+generated token: logits in, a TokenEvent out. Grammar masks, tool-call parsing and speculative
+acceptance attach here (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.api import ControlResult, GenerationRequest, PromptProgress, Timings, TokenEvent
+from engine.sampling import Sampler
+from engine.text.reasoning import ReasoningState, Split
+from engine.text.stop import StopMatcher
+from engine.text.tokenizer import IncrementalDecoder, Tokenizer
+
+Emit = Callable[[TokenEvent], None]
+
+
+@dataclass
+class Sequence:
+    request: GenerationRequest
+    emit: Emit  # where its events go (the request handle, across the thread boundary)
+    slot_id: int
+    sampler: Sampler
+    decoder: IncrementalDecoder
+    stopper: StopMatcher
+    eog_ids: frozenset[int]
+    reasoning: ReasoningState | None = None
+    pending: list[int] = field(default_factory=list)  # to feed next: the prompt's rest, then the last pick
+    n_cached: int = 0  # prompt tokens whose cells were reused
+    n_generated: int = 0
+    t_start: float = field(default_factory=time.perf_counter)
+    t_prompt_done: float = 0.0
+    truncated: bool = False  # the prompt was cut or the context shifted
+    # Tokens to feed instead of sampling (a reasoning block's forced end), taken one per step.
+    forced: deque[int] = field(default_factory=deque)
+
+    @classmethod
+    def start(
+        cls, request: GenerationRequest, emit: Emit, slot_id: int, tokenizer: Tokenizer, n_cached: int
+    ) -> Sequence:
+        """A sequence whose slot already holds the first `n_cached` prompt tokens."""
+        sampler = Sampler(request.sampling, tokenizer.n_vocab)
+        for token in request.prompt_tokens:
+            sampler.accept(token)
+        reasoning = None
+        if request.reasoning is not None:
+            reasoning = ReasoningState(request.reasoning, lambda text: tokenizer.encode(text, False, True))
+        return cls(
+            request,
+            emit,
+            slot_id,
+            sampler,
+            IncrementalDecoder(tokenizer),
+            StopMatcher(list(request.stop)),
+            tokenizer.eog_ids,
+            reasoning,
+            pending=request.prompt_tokens[n_cached:],
+            n_cached=n_cached,
+            truncated=request.truncated,
+        )
+
+    @property
+    def generating(self) -> bool:
+        return self.t_prompt_done > 0
+
+    def take(self, budget: int) -> list[int]:
+        """The next tokens to feed, at most `budget`; the sequence wants logits once none are left."""
+        chunk, self.pending = self.pending[:budget], self.pending[budget:]
+        return chunk
+
+    # -- one generated token ---------------------------------------------------------------------
+    def advance(self, logits: np.ndarray, room: bool) -> TokenEvent:
+        """Pick the next token from `logits` (float32 [n_vocab]) and say what it means.
+
+        `room`: whether the slot's context can hold another token; without it the sequence ends for
+        length. The event's finish_reason is set when the sequence ends.
+        """
+        if not self.generating:
+            self.t_prompt_done = time.perf_counter()
+        token, forced = self._next_token(logits)
+        self.sampler.accept(token)
+        self.n_generated += 1
+        is_eog = token in self.eog_ids and not self.request.ignore_eos
+        text, stop_word = ("", None) if is_eog else self.stopper.push(self.decoder.push(token))
+        finish = self._finish_reason(is_eog or stop_word is not None, room)
+        if finish and stop_word is None:
+            text += self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()
+        split = self._split(text, forced, finish is not None)
+        self.pending = [] if finish else [token]
+        return TokenEvent(
+            text=split.content,
+            reasoning_text=split.reasoning,
+            token=token,
+            finish_reason=finish,
+            stop_word=stop_word,
+            timings=self.timings() if finish or self.request.timings_per_token else None,
+            n_prompt=len(self.request.prompt_tokens),
+            n_generated=self.n_generated,
+            id_slot=self.slot_id,
+            truncated=self.truncated,
+            **self._logprobs(logits, token),
+        )
+
+    def _next_token(self, logits: np.ndarray) -> tuple[int, bool]:
+        """The token to feed next and whether it was forced rather than sampled."""
+        if self.reasoning is not None and not self.forced:
+            self.forced.extend(self.reasoning.budget_tokens())
+        if self.forced:
+            return self.forced.popleft(), True
+        return self.sampler.sample(logits), False
+
+    def _finish_reason(self, stopped: bool, room: bool) -> str | None:
+        if stopped:
+            return "stop"
+        n_predict = self.request.n_predict
+        if 0 <= n_predict <= self.n_generated or not room:
+            return "length"
+        return None
+
+    def _split(self, text: str, forced: bool, final: bool) -> Split:
+        if self.reasoning is None:
+            return Split(content=text)
+        split = self.reasoning.push(text, forced)
+        return split + self.reasoning.flush() if final else split
+
+    def _logprobs(self, logits: np.ndarray, token: int) -> dict:
+        n_probs = self.request.sampling.n_probs
+        if not n_probs:
+            return {}
+        return {
+            "logprob": self.sampler.token_logprob(logits, token),
+            "top_logprobs": tuple(self.sampler.top_logprobs(logits, n_probs)),
+        }
+
+    # -- other events ----------------------------------------------------------------------------
+    def progress(self) -> TokenEvent:
+        """A prompt-progress event (llama-server's `prompt_progress`) after a prompt chunk ran."""
+        total = len(self.request.prompt_tokens)
+        elapsed_ms = 1e3 * (time.perf_counter() - self.t_start)
+        progress = PromptProgress(total, self.n_cached, total - len(self.pending), elapsed_ms)
+        return TokenEvent(text="", progress=progress, n_prompt=total, id_slot=self.slot_id)
+
+    def finished_early(self, reason: str) -> TokenEvent:
+        """The final event of a sequence ended from outside (cancel, shutdown, a failed step)."""
+        return TokenEvent(text="", finish_reason=reason, timings=self.timings(), id_slot=self.slot_id)
+
+    def timings(self) -> Timings:
+        now = time.perf_counter()
+        done = self.t_prompt_done
+        return Timings(
+            cache_n=self.n_cached,
+            prompt_n=len(self.request.prompt_tokens) - self.n_cached,
+            prompt_ms=1e3 * (done - self.t_start) if done else 0.0,
+            predicted_n=self.n_generated,
+            predicted_ms=1e3 * (now - done) if done else 0.0,
+        )
+
+    def end_reasoning(self) -> ControlResult:
+        """The reasoning_end action: the block's end tag is fed at the next steps."""
+        if self.reasoning is None:
+            return ControlResult(False, "the completion was not started with reasoning_control")
+        result, tokens = self.reasoning.end_now()
+        self.forced.extend(tokens)
+        return result

@@ -1,0 +1,110 @@
+"""The slots: one KV-cache sequence each, which tokens its cells hold, and prefix reuse.
+
+A new request goes to the idle slot whose cells share the most of its prompt (or the least recently
+used one), keeps that shared prefix, and processes only the rest. With a host prompt cache, the cells a
+request would discard are saved there first, and a longer prefix found there is loaded back. This is
+Llamba's block manager (nano-vllm's name): it decides which cells a sequence starts from.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.api import GenerationRequest, SlotSnapshot
+from engine.kv import KVCache
+from engine.prompt_cache import PromptCache, common_prefix
+
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
+
+# A conversation's next turn discards at most a re-tokenized tail of the slot's cells; a request that
+# discards more is another conversation (or an edit), so the slot's state goes to the host cache first.
+# (A share-of-the-slot rule would never save conversations that share a long system prompt.)
+SAVE_TAIL = 4
+
+
+@dataclass
+class Slot:
+    id: int
+    tokens: list[int] = field(default_factory=list)  # what the slot's KV cells hold, position by position
+    seq: Sequence | None = None
+    last_used: float = 0.0
+    id_task: int = -1
+
+    @property
+    def busy(self) -> bool:
+        return self.seq is not None
+
+
+class SlotPool:
+    def __init__(self, kv: KVCache, slot_similarity: float, prompt_cache: PromptCache | None) -> None:
+        self.kv = kv
+        self.slot_similarity = slot_similarity
+        self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
+        self.slots = [Slot(i) for i in range(kv.n_seq)]
+        self._next_task = 0
+
+    def __getitem__(self, slot_id: int) -> Slot:
+        return self.slots[slot_id]
+
+    def busy(self) -> list[Slot]:
+        return [s for s in self.slots if s.busy]
+
+    def snapshot(self) -> tuple[SlotSnapshot, ...]:
+        n_ctx = self.kv.n_ctx
+        return tuple(SlotSnapshot(s.id, s.id_task, n_ctx, s.busy, len(s.tokens)) for s in self.slots)
+
+    def choose(self, request: GenerationRequest) -> Slot | None:
+        """The slot for `request` (its pinned one, the most similar, or the least recently used)."""
+        if request.id_slot >= 0:
+            slot = self.slots[request.id_slot]
+            return None if slot.busy else slot
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None
+        prompt = request.prompt_tokens
+
+        def similarity(s: Slot) -> float:
+            return common_prefix(s.tokens, prompt) / len(s.tokens) if s.tokens else 0.0
+
+        best = max(idle, key=similarity)
+        if request.cache_prompt and similarity(best) > self.slot_similarity:
+            return best
+        return min(idle, key=lambda s: s.last_used)
+
+    def claim(self, slot: Slot, request: GenerationRequest) -> int:
+        """Prepare `slot` for `request`: the prompt tokens whose cells it keeps (at least one is left)."""
+        prompt = request.prompt_tokens
+        reuse = common_prefix(slot.tokens, prompt) if request.cache_prompt else 0
+        if self.prompt_cache is not None:
+            self._save_replaced(slot, reuse)
+            if request.cache_prompt:
+                reuse = self._load_cached(slot, prompt, reuse)
+        reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
+        self.kv.truncate(slot.id, reuse)
+        slot.tokens = prompt[:reuse]
+        slot.id_task, self._next_task = self._next_task, self._next_task + 1
+        return reuse
+
+    def release(self, slot: Slot) -> None:
+        slot.seq = None
+        slot.last_used = time.perf_counter()
+
+    def _save_replaced(self, slot: Slot, reuse: int) -> None:
+        """Keep the slot's state in the host cache when this request discards more than a tail of it."""
+        held = min(len(slot.tokens), int(self.kv.lengths[slot.id]))
+        if held - reuse > SAVE_TAIL and self.prompt_cache is not None:
+            k, v = self.kv.read_cells(slot.id, held)
+            self.prompt_cache.save(slot.tokens[:held], k, v)
+
+    def _load_cached(self, slot: Slot, prompt: list[int], reuse: int) -> int:
+        """Load the host cache's best prefix of `prompt` into the slot if it beats the slot's own."""
+        hit = self.prompt_cache.best(prompt) if self.prompt_cache is not None else None
+        if hit is None or hit.n_keep <= reuse:
+            return reuse
+        n = hit.n_keep
+        self.kv.write_cells(slot.id, hit.entry.k[:, :, :n], hit.entry.v[:, :, :n])
+        slot.tokens = list(hit.entry.tokens[:n])
+        return n
