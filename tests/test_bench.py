@@ -13,8 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cli import bench
-from cli.bench import BenchParams, BenchResult, Instance, ModelInfo, main, parse_args, parse_int_list, plan
+from cli.bench import main
+from cli.bench.options import SEQ_PROMPT_TOKENS, BenchParams, Instance, parse_args, parse_int_list, plan
+from cli.bench.output import PRINTERS, JsonPrinter
+from cli.bench.results import BenchResult, ModelInfo
+from cli.bench.runner import run
 from engine.batch import Batch
 from engine.kv import KVCache
 
@@ -142,7 +145,7 @@ def _results() -> list[BenchResult]:
 
 def _printed(fmt: str, params: BenchParams | None = None) -> str:
     out = io.StringIO()
-    printer = bench.PRINTERS[fmt](out, params or _params())
+    printer = PRINTERS[fmt](out, params or _params())
     printer.begin()
     for r in _results():
         printer.row(r)
@@ -231,7 +234,7 @@ def test_json_and_jsonl_parse() -> None:
 
 def test_json_with_no_results_is_an_empty_array() -> None:
     out = io.StringIO()
-    printer = bench.JsonPrinter(out, _params())
+    printer = JsonPrinter(out, _params())
     printer.begin()
     printer.end()
     assert json.loads(out.getvalue()) == []
@@ -279,7 +282,7 @@ def _fake_llm(model: RecordingModel, add_bos: bool = True) -> SimpleNamespace:
 def _fake_run(*argv: str, add_bos: bool = True) -> tuple[RecordingModel, str, str]:
     model = RecordingModel()
     out, err = io.StringIO(), io.StringIO()
-    status = bench.run(parse_args(list(argv)), out, err, load=lambda _m, _t: _fake_llm(model, add_bos))
+    status = run(parse_args(list(argv)), out, err, load=lambda _m, _t: _fake_llm(model, add_bos))
     assert status == 0
     return model, out.getvalue(), err.getvalue()
 
@@ -329,7 +332,7 @@ def test_batched_tg_gives_each_sequence_a_context_and_counts_all_tokens() -> Non
     assert sorted(set(first.seq_ids.tolist())) == [0, 1, 2, 3]
     steps = model.batches[1:]
     assert len(steps) == 3 * 2
-    ctx = bench.SEQ_PROMPT_TOKENS
+    ctx = SEQ_PROMPT_TOKENS
     for i, step in enumerate(steps):
         assert step.seq_ids.tolist() == [0, 1, 2, 3] and len(step.output_rows) == 4
         assert step.positions.tolist() == [ctx + i % 3] * 4
@@ -359,7 +362,7 @@ def test_a_model_that_fails_to_load_fails_its_tests_only() -> None:
         return _fake_llm(RecordingModel())
 
     out, err = io.StringIO(), io.StringIO()
-    status = bench.run(
+    status = run(
         parse_args(["-m", "broken,ok", "-p", "4", "-n", "0", "-r", "1", "-o", "csv"]), out, err, load
     )
     assert status == 1
