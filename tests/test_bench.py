@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import sqlite3
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
-from cli import bench
-from cli.bench import BenchParams, BenchResult, Instance, ModelInfo, main, parse_args, parse_int_list, plan
+from cli.bench import main
+from cli.bench.options import SEQ_PROMPT_TOKENS, BenchParams, Instance, parse_args, parse_int_list, plan
+from cli.bench.output import PRINTERS, JsonPrinter
+from cli.bench.results import BenchResult, ModelInfo
+from cli.bench.runner import run
 from engine.batch import Batch
 from engine.kv import KVCache
+from engine.llm import LLM
 
 # ---------------------------------------------------------------------------------------------------------
 # Arguments and sweeps
@@ -142,7 +145,7 @@ def _results() -> list[BenchResult]:
 
 def _printed(fmt: str, params: BenchParams | None = None) -> str:
     out = io.StringIO()
-    printer = bench.PRINTERS[fmt](out, params or _params())
+    printer = PRINTERS[fmt](out, params or _params())
     printer.begin()
     for r in _results():
         printer.row(r)
@@ -231,7 +234,7 @@ def test_json_and_jsonl_parse() -> None:
 
 def test_json_with_no_results_is_an_empty_array() -> None:
     out = io.StringIO()
-    printer = bench.JsonPrinter(out, _params())
+    printer = JsonPrinter(out, _params())
     printer.begin()
     printer.end()
     assert json.loads(out.getvalue()) == []
@@ -246,74 +249,70 @@ def test_sql_loads_into_sqlite() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Test semantics, on a model stand-in that records every batch
+# Test semantics, on the real models with every batch the runner hands them recorded
 
 
-@dataclass
 class RecordingModel:
-    n_vocab: int = 100
-    batches: list[Batch] = field(default_factory=list)
+    """The real model, keeping every batch the runner hands it. A wrapper, not a stand-in: the forward passes
+    are real, but which batches the runner issues (their sizes, positions, output rows, first token) is what
+    these tests check, and the model's output does not show it."""
 
-    def __post_init__(self) -> None:
-        self.hp = SimpleNamespace(n_vocab=self.n_vocab)
-        self.n_bytes, self.n_params = 1000, 500
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.batches: list[Batch] = []
 
     def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
-        kv.check_batch(batch.seq_ids, batch.positions)
-        kv.commit(batch.seq_ids, batch.positions)
         self.batches.append(batch)
-        return np.zeros((len(batch.output_rows), self.n_vocab), dtype=np.float32)
+        return self.model.forward(batch, kv)
+
+    def __getattr__(self, name: str) -> Any:  # hp, n_params, new_cache, ...: the real model's
+        return getattr(self.model, name)
 
 
-def _fake_llm(model: RecordingModel, add_bos: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(
-        model=model,
-        tokenizer=SimpleNamespace(add_bos=add_bos, bos_id=7, n_vocab=model.n_vocab),
-        backend=SimpleNamespace(name="CPU"),
-        description="fake 1M F32",
-        path=Path("/fake.gguf"),
-        new_cache=lambda n_seq, n_ctx: KVCache(1, n_seq, n_ctx, 1, 4),
-    )
-
-
-def _fake_run(*argv: str, add_bos: bool = True) -> tuple[RecordingModel, str, str]:
-    model = RecordingModel()
+def _recorded_run(llm: LLM, *argv: str) -> tuple[RecordingModel, str, str]:
+    """llamba-bench's run on `llm`, through a copy of it whose model records (the session's LLM is shared)."""
+    recorder = RecordingModel(llm.model)
+    recorded = dataclasses.replace(llm, model=recorder)
     out, err = io.StringIO(), io.StringIO()
-    status = bench.run(parse_args(list(argv)), out, err, load=lambda _m, _t: _fake_llm(model, add_bos))
-    assert status == 0
-    return model, out.getvalue(), err.getvalue()
+    status = run(parse_args(list(argv)), out, err, load=lambda _m, _t: recorded)
+    assert status == 0, err.getvalue()
+    return recorder, out.getvalue(), err.getvalue()
 
 
-def test_pp_runs_in_ubatch_chunks_with_bos_first_and_a_cleared_cache() -> None:
-    model, out, _ = _fake_run(
-        "-p", "10", "-n", "0", "-b", "6", "-ub", "4", "-r", "2", "--no-warmup", "-o", "json"
+def test_pp_runs_in_ubatch_chunks_with_bos_first_and_a_cleared_cache(gemma3_llm: LLM) -> None:
+    # Gemma 3 adds BOS (SmolLM2 does not).
+    bos = gemma3_llm.tokenizer.bos_id
+    model, out, _ = _recorded_run(
+        gemma3_llm, "-p", "10", "-n", "0", "-b", "6", "-ub", "4", "-r", "2", "--no-warmup", "-o", "json"
     )
     # llama_decode on n_batch=6 tokens split into ubatches of 4: [4, 2] then [4]; twice (two repetitions)
     assert [b.n_tokens for b in model.batches] == [4, 2, 4] * 2
     assert [len(b.output_rows) for b in model.batches] == [0, 1, 1] * 2  # only each decode call's last token
     assert [int(b.positions[0]) for b in model.batches] == [0, 4, 6] * 2  # cleared before each repetition
-    assert int(model.batches[0].tokens[0]) == 7 and int(model.batches[3].tokens[0]) == 7  # BOS first
+    assert int(model.batches[0].tokens[0]) == bos and int(model.batches[3].tokens[0]) == bos
     (obj,) = json.loads(out)
     assert obj["n_prompt"] == 10 and len(obj["samples_ns"]) == 2 and obj["avg_ts"] > 0
 
 
-def test_no_bos_when_the_model_adds_none() -> None:
-    model, _, _ = _fake_run("-p", "64", "-n", "0", "-r", "3", "--no-warmup", "-o", "none", add_bos=False)
-    assert [int(b.tokens[0]) for b in model.batches].count(7) < 3
+def test_no_bos_when_the_model_adds_none(smollm2_llm: LLM) -> None:
+    assert not smollm2_llm.tokenizer.add_bos
+    model, _, _ = _recorded_run(smollm2_llm, "-p", "64", "-n", "0", "-r", "3", "--no-warmup", "-o", "none")
+    assert [int(b.tokens[0]) for b in model.batches].count(smollm2_llm.tokenizer.bos_id) < 3
 
 
-def test_tg_decodes_one_token_per_step_after_a_one_token_warmup() -> None:
-    model, _, _ = _fake_run("-p", "0", "-n", "5", "-r", "2", "-o", "none")
+def test_tg_decodes_one_token_per_step_after_a_one_token_warmup(gemma3_llm: LLM) -> None:
+    model, _, _ = _recorded_run(gemma3_llm, "-p", "0", "-n", "5", "-r", "2", "-o", "none")
     sizes = [b.n_tokens for b in model.batches]
     assert sizes == [1] * (1 + 5 * 2)
     positions = [int(b.positions[0]) for b in model.batches]
     assert positions == [0] + [0, 1, 2, 3, 4] * 2
-    assert int(model.batches[1].tokens[0]) == 7  # generation starts from BOS, as llama-bench's does
+    # generation starts from BOS, as llama-bench's does
+    assert int(model.batches[1].tokens[0]) == gemma3_llm.tokenizer.bos_id
 
 
-def test_depth_is_prefilled_once_and_reused_each_repetition() -> None:
-    model, out, _ = _fake_run(
-        "-p", "0", "-n", "2", "-d", "8", "-ub", "4", "-r", "3", "--no-warmup", "-o", "jsonl"
+def test_depth_is_prefilled_once_and_reused_each_repetition(smollm2_llm: LLM) -> None:
+    model, out, _ = _recorded_run(
+        smollm2_llm, "-p", "0", "-n", "2", "-d", "8", "-ub", "4", "-r", "3", "--no-warmup", "-o", "jsonl"
     )
     sizes = [b.n_tokens for b in model.batches]
     assert sizes == [4, 4] + [1, 1] * 3
@@ -321,15 +320,15 @@ def test_depth_is_prefilled_once_and_reused_each_repetition() -> None:
     assert json.loads(out)["n_depth"] == 8
 
 
-def test_batched_tg_gives_each_sequence_a_context_and_counts_all_tokens() -> None:
-    model, out, _ = _fake_run(
-        "-p", "0", "-n", "3", "--batch-seqs", "4", "-r", "2", "--no-warmup", "-o", "json"
+def test_batched_tg_gives_each_sequence_a_context_and_counts_all_tokens(smollm2_llm: LLM) -> None:
+    model, out, _ = _recorded_run(
+        smollm2_llm, "-p", "0", "-n", "3", "--batch-seqs", "4", "-r", "2", "--no-warmup", "-o", "json"
     )
     first = model.batches[0]  # every sequence's own small prompt, in one batch
     assert sorted(set(first.seq_ids.tolist())) == [0, 1, 2, 3]
     steps = model.batches[1:]
     assert len(steps) == 3 * 2
-    ctx = bench.SEQ_PROMPT_TOKENS
+    ctx = SEQ_PROMPT_TOKENS
     for i, step in enumerate(steps):
         assert step.seq_ids.tolist() == [0, 1, 2, 3] and len(step.output_rows) == 4
         assert step.positions.tolist() == [ctx + i % 3] * 4
@@ -338,28 +337,42 @@ def test_batched_tg_gives_each_sequence_a_context_and_counts_all_tokens() -> Non
     assert obj["samples_ts"][0] == pytest.approx(1e9 * 12 / obj["samples_ns"][0], rel=1e-5)
 
 
-def test_batched_tg_at_depth_copies_the_context_into_every_sequence() -> None:
-    model, _, _ = _fake_run(
-        "-p", "0", "-n", "2", "-d", "4", "--batch-seqs", "3", "-r", "1", "--no-warmup", "-o", "none"
+def test_batched_tg_at_depth_copies_the_context_into_every_sequence(smollm2_llm: LLM) -> None:
+    model, _, _ = _recorded_run(
+        smollm2_llm,
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-d",
+        "4",
+        "--batch-seqs",
+        "3",
+        "-r",
+        "1",
+        "--no-warmup",
+        "-o",
+        "none",
     )
     assert [b.n_tokens for b in model.batches] == [4, 3, 3]
     assert model.batches[1].positions.tolist() == [4, 4, 4]
 
 
-def test_stderr_reports_load_and_first_token(capsys: pytest.CaptureFixture) -> None:
-    _, out, err = _fake_run("-p", "4", "-n", "2", "-r", "1", "--progress")
-    assert "loaded fake.gguf" in err and "first token" in err and "benchmark 1/2: starting" in err
-    assert "first token" not in out and out.count("| fake 1M F32") == 2
+def test_stderr_reports_load_and_first_token(smollm2_llm: LLM) -> None:
+    _, out, err = _recorded_run(smollm2_llm, "-p", "4", "-n", "2", "-r", "1", "--progress")
+    assert f"loaded {smollm2_llm.path.name}" in err and "first token" in err
+    assert "benchmark 1/2: starting" in err
+    assert "first token" not in out and out.count("| llama 135M Q4_1") == 2
 
 
-def test_a_model_that_fails_to_load_fails_its_tests_only() -> None:
-    def load(name: str | None, _threads: int) -> SimpleNamespace:
+def test_a_model_that_fails_to_load_fails_its_tests_only(smollm2_llm: LLM) -> None:
+    def load(name: str | None, _threads: int) -> LLM:
         if name == "broken":
             raise FileNotFoundError("no such model")
-        return _fake_llm(RecordingModel())
+        return smollm2_llm
 
     out, err = io.StringIO(), io.StringIO()
-    status = bench.run(
+    status = run(
         parse_args(["-m", "broken,ok", "-p", "4", "-n", "0", "-r", "1", "-o", "csv"]), out, err, load
     )
     assert status == 1

@@ -87,7 +87,7 @@ def test_server_flags() -> None:
 
 
 def test_bench_device_flag() -> None:
-    from cli.bench import parse_args
+    from cli.bench.options import parse_args
 
     assert parse_args([]).device == "cpu"
     assert parse_args(["--device", "cuda"]).device == "cuda"

@@ -1,0 +1,259 @@
+"""Running the tests: load each model once, time every repetition on it, stream rows to the printers."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TextIO
+
+import numpy as np
+
+from cli.bench.options import PROG, SEQ_PROMPT_TOKENS, BenchParams, Instance, plan
+from cli.bench.output import PRINTERS
+from cli.bench.results import BenchResult, ModelInfo
+from engine.batch import Batch, BatchPart
+from engine.model_files import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from engine.kv import KVCache
+    from engine.llm import LLM
+
+RANDOM_SEED = 1234
+
+
+def set_threads(n: int) -> int:
+    """Use n compute threads (capped at Numba's pool size); returns the number actually used."""
+    import numba
+
+    used = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(used)
+    return used
+
+
+class Runner:
+    """Runs tests on one loaded model and remembers how long its very first forward pass took."""
+
+    def __init__(self, llm: LLM, log: Callable[[str], None], params: BenchParams) -> None:
+        self.llm = llm
+        self.log = log
+        self.params = params
+        self.rng = np.random.default_rng(RANDOM_SEED)
+        self.n_vocab = int(llm.model.hp.n_vocab)
+        # The first forward pass: (its seconds, perf_counter when it ended, what it was part of).
+        self.first_forward: tuple[float, float, str] | None = None
+        self.stage = ""
+
+    # -- the model calls -------------------------------------------------------------------------------
+
+    def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
+        if self.first_forward is not None:
+            return self.llm.model.forward(batch, kv)
+        start = time.perf_counter()
+        logits = self.llm.model.forward(batch, kv)
+        end = time.perf_counter()
+        self.first_forward = (end - start, end, self.stage)
+        return logits
+
+    def random_tokens(self, n: int) -> np.ndarray:
+        """n random token ids, BOS first when the model adds one (llama-bench's synthetic prompt)."""
+        tokens = self.rng.integers(0, self.n_vocab, size=n, dtype=np.int32)
+        if n and self.llm.tokenizer.add_bos:
+            tokens[0] = self.llm.tokenizer.bos_id
+        return tokens
+
+    def prompt(self, kv: KVCache, seq: int, tokens: np.ndarray, n_batch: int, n_ubatch: int) -> None:
+        """Feed tokens as llama_decode would: n_batch-token calls split into n_ubatch-sized forward passes,
+        only the last token of each call producing logits."""
+        start = int(kv.lengths[seq])
+        n = len(tokens)
+        for b0 in range(0, n, n_batch):
+            b1 = min(b0 + n_batch, n)
+            for u0 in range(b0, b1, n_ubatch):
+                u1 = min(u0 + n_ubatch, b1)
+                rows = [u1 - u0 - 1] if u1 == b1 else []
+                batch = Batch(
+                    tokens[u0:u1],
+                    np.arange(start + u0, start + u1, dtype=np.int32),
+                    np.full(u1 - u0, seq, dtype=np.int32),
+                    np.asarray(rows, dtype=np.int32),
+                )
+                self.forward(batch, kv)
+
+    def generate(self, kv: KVCache, steps: np.ndarray) -> None:
+        """steps[i] holds one token per sequence: each step decodes them all in one batch."""
+        n_seqs = steps.shape[1]
+        seq_ids = np.arange(n_seqs, dtype=np.int32)
+        for step in steps:
+            positions = kv.lengths[:n_seqs].astype(np.int32)
+            self.forward(Batch(step, positions, seq_ids, seq_ids), kv)
+
+    def gen_tokens(self, n_gen: int, n_seqs: int) -> np.ndarray:
+        steps = self.rng.integers(0, self.n_vocab, size=(n_gen, n_seqs), dtype=np.int32)
+        if n_gen and self.llm.tokenizer.add_bos:
+            steps[0] = self.llm.tokenizer.bos_id  # llama-bench starts generation from BOS
+        return steps
+
+    # -- one test ----------------------------------------------------------------------------------------
+
+    def build_context(self, kv: KVCache, inst: Instance) -> None:
+        """The untimed part before each run: the depth prefill, or each batched sequence's own prompt."""
+        for s in range(inst.n_seqs):
+            kv.clear(s)
+        if inst.n_depth:
+            self.prompt(kv, 0, self.random_tokens(inst.n_depth), inst.n_batch, inst.n_ubatch)
+            for s in range(1, inst.n_seqs):
+                copy_sequence(kv, 0, s, inst.n_depth)
+        elif inst.n_seqs > 1:
+            parts = [
+                BatchPart(s, 0, self.random_tokens(SEQ_PROMPT_TOKENS).tolist()) for s in range(inst.n_seqs)
+            ]
+            self.forward(Batch.of(parts), kv)
+
+    def run(self, inst: Instance, index: int, total: int) -> list[int]:
+        p = self.params
+        progress = self.log if p.progress else (lambda _msg: None)
+        tag = f"benchmark {index}/{total}"
+        kv = self.llm.new_cache(inst.n_seqs, inst.context_tokens + inst.n_prompt + inst.n_gen)
+        if p.delay:
+            time.sleep(p.delay)
+        if not p.no_warmup:
+            self.warmup(kv, inst, progress, tag)
+        samples: list[int] = []
+        for rep in range(p.reps):
+            if inst.context_tokens:
+                if rep == 0:
+                    progress(f"{tag}: depth run {rep + 1}/{p.reps}")
+                    self.stage = f"{inst.name} context"
+                    self.build_context(kv, inst)
+                else:
+                    # Cells below the context are never overwritten by the timed part: reuse them, as
+                    # llama-bench restores its saved state instead of prefilling again.
+                    progress(f"{tag}: depth run {rep + 1}/{p.reps} (cached)")
+                    for s in range(inst.n_seqs):
+                        kv.truncate(s, inst.context_tokens)
+            else:
+                kv.clear(0)
+            samples.append(self.timed_run(kv, inst, progress, f"{tag}: ", f"{rep + 1}/{p.reps}"))
+        return samples
+
+    def warmup(self, kv: KVCache, inst: Instance, progress: Callable[[str], None], tag: str) -> None:
+        self.stage = f"{inst.name} warm-up"
+        if inst.n_prompt:
+            progress(f"{tag}: warmup prompt run")
+            self.prompt(kv, 0, self.random_tokens(inst.n_prompt), inst.n_batch, inst.n_ubatch)
+        if inst.n_gen:
+            progress(f"{tag}: warmup generation run")
+            self.generate(kv, self.gen_tokens(1, inst.n_seqs))
+        for s in range(inst.n_seqs):
+            kv.clear(s)
+
+    def timed_run(
+        self, kv: KVCache, inst: Instance, progress: Callable[[str], None], tag: str, rep: str
+    ) -> int:
+        # Tokens are drawn before the clock starts: llama-bench's rand() costs nothing, numpy's does.
+        prompt = self.random_tokens(inst.n_prompt)
+        steps = self.gen_tokens(inst.n_gen, inst.n_seqs)
+        self.stage = inst.name
+        start = time.perf_counter_ns()
+        if inst.n_prompt:
+            progress(f"{tag}prompt run {rep}")
+            self.prompt(kv, 0, prompt, inst.n_batch, inst.n_ubatch)
+        if inst.n_gen:
+            progress(f"{tag}generation run {rep}")
+            self.generate(kv, steps)
+        return time.perf_counter_ns() - start
+
+
+def copy_sequence(kv: KVCache, src: int, dst: int, n: int) -> None:
+    """Give sequence dst the first n cells of src. The cache shares nothing between sequences, so dst
+    still reads its own cells: the cost of a batched step is the same as with a context of its own."""
+    kv.k[:, dst, :, :n] = kv.k[:, src, :, :n]
+    kv.v[:, dst, :, :n] = kv.v[:, src, :, :n]
+    kv.lengths[dst] = n
+
+
+Loader = Callable[[str | None, int], "LLM"]
+
+
+def load_llm(model: str | None, n_threads: int, device: str = "cpu") -> LLM:
+    from engine.llm import LLM  # imported here so --help and argument errors do not pay for the engine
+
+    return LLM.load(model, device=device, n_threads=n_threads)
+
+
+def _by_model(tests: list[Instance]) -> Iterator[tuple[str | None, list[Instance]]]:
+    for model, group in itertools.groupby(tests, key=lambda t: t.model):
+        yield model, list(group)
+
+
+def run(
+    params: BenchParams,
+    out: TextIO,
+    err: TextIO,
+    load: Loader = load_llm,
+    started: float | None = None,
+) -> int:
+    """Run every test, streaming rows to the printers. Returns the exit status (1 if any test failed)."""
+    started = time.perf_counter() if started is None else started
+
+    def log(msg: str) -> None:
+        print(f"{PROG}: {msg}", file=err, flush=True)
+
+    printers = [
+        PRINTERS[fmt](stream, params)
+        for fmt, stream in ((params.output, out), (params.output_err, err))
+        if fmt != "none"
+    ]
+    for printer in printers:
+        printer.begin()
+    tests = plan(params)
+    failed = 0
+    index = 0
+    for model, group in _by_model(tests):
+        label = model or DEFAULT_MODEL
+        try:
+            load_start = time.perf_counter()
+            llm = load(model, group[0].n_threads)
+            load_s = time.perf_counter() - load_start
+        except Exception as exc:  # a bad path or a broken file fails its tests, not the whole sweep
+            log(f"error: failed to load model '{label}': {exc}")
+            failed += len(group)
+            index += len(group)
+            continue
+        log(f"{label}: loaded {llm.path.name} in {load_s:.2f} s ({llm.backend.name})")
+        info = ModelInfo.of(llm)
+        runner = Runner(llm, log, params)
+        warned: set[int] = set()
+        for inst in group:
+            index += 1
+            if params.progress:
+                log(f"benchmark {index}/{len(tests)}: starting")
+            used = set_threads(inst.n_threads)
+            if used != inst.n_threads and inst.n_threads not in warned:
+                warned.add(inst.n_threads)
+                log(f"warning: {inst.n_threads} threads requested, Numba's pool has {used}; running {used}")
+            inst = dataclasses.replace(inst, n_threads=used)
+            result = BenchResult(inst, info, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            first = runner.first_forward is None
+            result.samples_ns = runner.run(inst, index, len(tests))
+            if first and runner.first_forward is not None:
+                log_first_token(log, label, runner.first_forward, load_start + load_s, started)
+            if params.verbose:
+                log(f"{inst.name}: samples_ns {result.samples_ns}")
+            for printer in printers:
+                printer.row(result)
+    for printer in printers:
+        printer.end()
+    return 1 if failed else 0
+
+
+def log_first_token(
+    log: Callable[[str], None], label: str, first: tuple[float, float, str], loaded: float, started: float
+) -> None:
+    secs, end, stage = first
+    log(
+        f"{label}: first token {end - loaded:.3f} s after load, {end - started:.2f} s after start "
+        f"(first forward pass: {stage}, {secs:.3f} s, including JIT compilation or cache loading)"
+    )
