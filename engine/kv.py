@@ -57,6 +57,10 @@ class KVCache:
         self.backend.write_cells(self.v, seq_id, v)
         self.lengths[seq_id] = k.shape[2]
 
+    def copy_cells(self, src: int, dst: int, n: int) -> None:
+        """Give sequence `dst` the first n cells of `src` (through the host: a set-up step, not per token)."""
+        self.write_cells(dst, *self.read_cells(src, n))
+
     def check_batch(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
         """Reject a batch that writes outside the cache or leaves a gap in a sequence."""
         if len(seq_ids) == 0:

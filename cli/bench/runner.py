@@ -104,7 +104,9 @@ class Runner:
         if inst.n_depth:
             self.prompt(kv, 0, self.random_tokens(inst.n_depth), inst.n_batch, inst.n_ubatch)
             for s in range(1, inst.n_seqs):
-                copy_sequence(kv, 0, s, inst.n_depth)
+                # The cache shares nothing between sequences, so each copy still reads its own cells:
+                # a batched step costs what it would with contexts of their own.
+                kv.copy_cells(0, s, inst.n_depth)
         elif inst.n_seqs > 1:
             parts = [
                 BatchPart(s, 0, self.random_tokens(SEQ_PROMPT_TOKENS).tolist()) for s in range(inst.n_seqs)
@@ -164,14 +166,6 @@ class Runner:
             progress(f"{tag}generation run {rep}")
             self.generate(kv, steps)
         return time.perf_counter_ns() - start
-
-
-def copy_sequence(kv: KVCache, src: int, dst: int, n: int) -> None:
-    """Give sequence dst the first n cells of src. The cache shares nothing between sequences, so dst
-    still reads its own cells: the cost of a batched step is the same as with a context of its own."""
-    kv.k[:, dst, :, :n] = kv.k[:, src, :, :n]
-    kv.v[:, dst, :, :n] = kv.v[:, src, :, :n]
-    kv.lengths[dst] = n
 
 
 Loader = Callable[[str | None, int], "LLM"]
