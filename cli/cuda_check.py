@@ -43,6 +43,9 @@ def kernels() -> Iterator[tuple[str, Callable[..., None], tuple[Any, ...]]]:
     h4 = arr(F16, 4)  # the KV cache
     yield "store_kv", ops._store_kv_py, (f3, f3, i1, i1, h4, h4)
     yield "attention", ops._attention_py, (f3, h4, h4, i1, i1, I32, F32, f3)
+    h3 = arr(F16, 3)  # one layer's cells of one sequence
+    yield "gather_cells", arrays._gather_cells_py, (h3, types.int64, f3)
+    yield "scatter_cells", arrays._scatter_cells_py, (f3, h3, types.int64)
     yield "silu_mul", ops._silu_mul_py, (f2, f2, f2)
     yield "gelu_mul", ops._gelu_mul_py, (f2, f2, f2)
     yield "add_inplace", ops._add_inplace_py, (f2, f2)

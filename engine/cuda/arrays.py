@@ -160,21 +160,21 @@ def _copy_cols_py(x, start, out):  # type: ignore[no-untyped-def]
         out[r, c] = x[r, start + c]
 
 
+@cuda.jit(device=True)
+def _row_head_col(i, n_heads, dim):  # type: ignore[no-untyped-def]
+    """The (row, head, column) of flat index i into a C-contiguous [n, n_heads, dim] array."""
+    return i // (n_heads * dim), (i // dim) % n_heads, i % dim
+
+
 def _gather_cells_py(cells, start, out):  # type: ignore[no-untyped-def]
-    n_heads, dim = out.shape[1], out.shape[2]
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        t = i // (n_heads * dim)
-        h = (i // dim) % n_heads
-        d = i % dim
+        t, h, d = _row_head_col(i, out.shape[1], out.shape[2])
         out[t, h, d] = float32(cells[h, start + t, d])
 
 
 def _scatter_cells_py(x, cells, start):  # type: ignore[no-untyped-def]
-    n_heads, dim = x.shape[1], x.shape[2]
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        t = i // (n_heads * dim)
-        h = (i // dim) % n_heads
-        d = i % dim
+        t, h, d = _row_head_col(i, x.shape[1], x.shape[2])
         cells[h, start + t, d] = float16(x[t, h, d])
 
 
