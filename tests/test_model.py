@@ -1,8 +1,6 @@
-"""The models against llama.cpp's own outputs (../shared/golden), and batching that changes nothing."""
+"""The models against llama.cpp's own outputs (tests/golden), and batching that changes nothing."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +8,8 @@ import pytest
 from cli.perplexity import perplexity
 from engine.batch import Batch, BatchPart
 from engine.llm import LLM
-from tests.conftest import load_golden
+from tests.conftest import gpl3_text, load_golden
 
-GPL3 = Path("/usr/share/common-licenses/GPL-3")
 # llama-perplexity's figures on GPL-3 with -c 512 --chunks 8 (build 0c1e570, CPU).
 LLAMA_CPP_PPL = {"smollm2": 18.494, "gemma3": 15.003}
 
@@ -90,7 +87,7 @@ def test_batched_decode_equals_separate_runs(smollm2_llm: LLM) -> None:
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_perplexity_within_1_5_percent_of_llama_cpp(name: str, request: pytest.FixtureRequest) -> None:
     llm = request.getfixturevalue(f"{name}_llm")
-    tokens = llm.tokenizer.encode(GPL3.read_text(), add_special=True, parse_special=False)
+    tokens = llm.tokenizer.encode(gpl3_text(), add_special=True, parse_special=False)
     *_, final = perplexity(llm, tokens, n_ctx=512, n_chunks=8)
     assert final.n_chunks == 8
     expected = LLAMA_CPP_PPL[name]
