@@ -91,7 +91,7 @@ class ModelService:
 
     def stop(self) -> None:
         if self.engine is not None:
-            self.engine.text.stop()
+            self.engine.stop()
 
     @property
     def ready(self) -> bool:
