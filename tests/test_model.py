@@ -56,32 +56,49 @@ def test_greedy_generation_matches_golden_prefix(name: str, request: pytest.Fixt
     assert out == case["tokens"][:8]
 
 
-def test_batched_decode_equals_separate_runs(smollm2_llm: LLM) -> None:
-    """8 sequences of different lengths decoded in one batch give the logits of 8 separate runs."""
-    llm = smollm2_llm
+def decode_in_shared_batches(
+    llm: LLM, prompts: list[list[int]], steps: int, joins: list[int]
+) -> list[list[np.ndarray]]:
+    """Each sequence's logits rows (its prompt's last, then one per greedy token) when sequence s joins
+    the shared batch at step joins[s]: from then on, batches mix prefills with other sequences' decodes."""
+    kv = llm.new_cache(len(prompts), 128)
+    rows: list[list[np.ndarray]] = [[] for _ in prompts]
+    next_token: dict[int, int] = {}
+    for step in range(max(joins) + steps + 1):
+        parts = []
+        for s, prompt in enumerate(prompts):
+            if joins[s] == step:
+                parts.append(BatchPart(s, 0, prompt))
+            elif joins[s] < step <= joins[s] + steps:
+                parts.append(BatchPart(s, int(kv.lengths[s]), [next_token[s]]))
+        logits = llm.model.forward(Batch.of(parts), kv)
+        for part, row in zip(parts, logits, strict=True):
+            rows[part.seq_id].append(row)
+            next_token[part.seq_id] = int(np.argmax(row))
+    return rows
+
+
+def decode_alone(llm: LLM, prompt: list[int], steps: int) -> list[np.ndarray]:
+    kv = llm.new_cache(1, 128)
+    tokens, rows = list(prompt), []
+    for _ in range(steps + 1):
+        start = int(kv.lengths[0])
+        rows.append(llm.model.forward(Batch.of([BatchPart(0, start, tokens[start:])]), kv)[0])
+        tokens.append(int(np.argmax(rows[-1])))
+    return rows
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_batched_decode_equals_separate_runs(name: str, request: pytest.FixtureRequest) -> None:
+    """8 sequences of different lengths decoded in shared batches give the logits of 8 separate runs, bit
+    for bit: a token's logits do not depend on what else is in its batch (other sequences, prefills)."""
+    llm = request.getfixturevalue(f"{name}_llm")
     prompts = [llm.tokenizer.encode(f"Story {i}: " + "once upon a time " * (i + 1)) for i in range(8)]
     steps = 4
-    kv = llm.new_cache(len(prompts), 128)
-    batched: list[list[np.ndarray]] = [[] for _ in prompts]
-    # One batch mixes every prompt's prefill; then every sequence decodes one token per step together.
-    logits = llm.model.forward(Batch.of([BatchPart(s, 0, p) for s, p in enumerate(prompts)]), kv)
-    next_tokens = [int(np.argmax(row)) for row in logits]
-    for s, row in enumerate(logits):
-        batched[s].append(row)
-    for _ in range(steps):
-        parts = [BatchPart(s, int(kv.lengths[s]), [next_tokens[s]]) for s in range(len(prompts))]
-        logits = llm.model.forward(Batch.of(parts), kv)
-        next_tokens = [int(np.argmax(row)) for row in logits]
-        for s, row in enumerate(logits):
-            batched[s].append(row)
+    batched = decode_in_shared_batches(llm, prompts, steps, joins=[0, 0, 0, 1, 1, 2, 3, 3])
     for s, prompt in enumerate(prompts):
-        kv1 = llm.new_cache(1, 128)
-        tokens = list(prompt)
-        for step in range(steps + 1):
-            start = int(kv1.lengths[0])
-            row = llm.model.forward(Batch.of([BatchPart(0, start, tokens[start:])]), kv1)[0]
-            np.testing.assert_allclose(row, batched[s][step], rtol=1e-3, atol=1e-3)
-            tokens.append(int(np.argmax(row)))
+        for step, row in enumerate(decode_alone(llm, prompt, steps)):
+            np.testing.assert_array_equal(row, batched[s][step], err_msg=f"sequence {s}, step {step}")
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
