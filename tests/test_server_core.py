@@ -51,10 +51,12 @@ def test_dropped_stream_frees_its_slot_within_a_second(server) -> None:  # type:
     body = chat_body("Tell me a very long story about dragons.", max_tokens=2000, stream=True)
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-            for line in resp.iter_lines():
-                if '"content":"' in line:
-                    break
+            # Kept referenced: a `for` loop left by `break` would close the stream (the client would leave)
+            # before the slot is looked at.
+            lines = resp.iter_lines()
+            next(line for line in lines if '"content":"' in line)
             assert any(s["is_processing"] for s in client.get("/slots").json())
+        # Leaving the block closed the connection mid-stream.
         # Liveness bound, not a speed check: the server notices the closed socket at its next token and
         # frees the slot; 1 s is dozens of decode steps.
         wait_until(
