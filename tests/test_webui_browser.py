@@ -634,7 +634,7 @@ def test_skip_thinking_with_the_reasoning_template(browser: Any) -> None:  # noq
         page = context.new_page()
         errors = PageErrors(page)
         open_app(page)
-        settings(page, Temperature="0", **{"Max tokens": "400"})
+        settings(page, Temperature="0", **{"Max tokens": "160"})
         send(page, "Explain step by step how to bake bread at home.")
         skip = page.get_by_role("button", name="Skip thinking")
         expect(skip).to_be_visible(timeout=60_000)
