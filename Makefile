@@ -21,17 +21,20 @@ models: $(STAMP)
 serve: models
 	$(BIN)/llamba-server --port $(PORT)
 
-# Headless Chromium for the web UI tests: Debian's package (Playwright never downloads a browser). Best effort:
-# where it cannot be installed, those tests skip and say why; the rest of the suite runs.
+# Headless Chromium for the web UI tests: Debian's package (Playwright never downloads a browser). Best effort
+# on a workstation: where it cannot be installed, those tests skip and say why, the rest of the suite runs.
+# Under CI=true a missing browser is an error here (and those tests fail, never skip).
 CHROMIUM := /usr/bin/chromium
 browser:
 	@if [ ! -x $(CHROMIUM) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing Debian's chromium for the web UI tests"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
-	      || echo "note: apt-get could not install chromium: the web UI browser tests will skip"; \
+	      || { echo "apt-get could not install chromium"; [ "$$CI" != true ] || exit 1; \
+	           echo "note: the web UI browser tests will skip"; }; \
 	  else \
-	    echo "note: $(CHROMIUM) is missing (as root: apt-get install chromium): the web UI browser tests will skip"; \
+	    echo "$(CHROMIUM) is missing (as root: apt-get install chromium)"; [ "$$CI" != true ] || exit 1; \
+	    echo "note: the web UI browser tests will skip"; \
 	  fi; \
 	fi
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "smollm2.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "smollm2.json"
 MODEL = Path.home() / ".cache" / "llamba" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 HELP, ASSIST = 724, 4237
 

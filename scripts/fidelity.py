@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from cli.perplexity import perplexity  # noqa: E402
 from engine.llm import LLM  # noqa: E402
-from tests.conftest import load_golden  # noqa: E402
-from tests.test_model import GPL3, LLAMA_CPP_PPL, teacher_forced_agreement  # noqa: E402
+from tests.conftest import GPL3, load_golden  # noqa: E402
+from tests.test_model import LLAMA_CPP_PPL, teacher_forced_agreement  # noqa: E402
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """numba.cuda for the CUDA tests: the simulator unless NUMBA_ENABLE_CUDASIM=0 and a GPU is present.
 
 NUMBA_ENABLE_CUDASIM is set and numba's config re-read before `numba.cuda` is first imported (the CPU
-tests import numba, never numba.cuda). Importing this module skips the importing test module when
-numba.cuda can't run at all.
+tests import numba, never numba.cuda). When numba.cuda can't run at all, importing this module skips
+the importing test module, or fails the run under CI=true (tests/conftest.py's require).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.conftest import require
+
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 if "numba.cuda" not in sys.modules:
     from numba.core import config
@@ -22,10 +24,10 @@ if "numba.cuda" not in sys.modules:
 try:
     from numba import cuda
 except ImportError as exc:  # a numba without its built-in CUDA target, and no numba-cuda
-    pytest.skip(f"numba.cuda unavailable ({exc}): pip install numba-cuda", allow_module_level=True)
+    require(f"numba.cuda unavailable ({exc}): pip install numba-cuda (the test extra has it)")
 
 if not (cuda.is_available() or os.environ["NUMBA_ENABLE_CUDASIM"] == "1"):
-    pytest.skip("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)", allow_module_level=True)
+    require("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)")
 
 __all__ = ["cuda", "small_launches"]
 

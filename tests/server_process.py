@@ -8,11 +8,25 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> float:
+    """Poll `condition` until it holds, failing the test after `within_s` seconds; the seconds it took.
+
+    For liveness bounds (a slot is freed, a generation ends): behaviour that must happen within a
+    generous time, not a speed check (speed is what the benchmarks measure).
+    """
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < within_s, f"{what}: not within {within_s} s"
+        time.sleep(0.02)
+    return time.monotonic() - start
 
 
 def free_port() -> int:
@@ -27,6 +41,7 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"llamba-server-{self.port}.log"
         self._log = self.log_path.open("wb")
+        self.killed = False  # stop() had to SIGKILL it
         cmd = [sys.executable, "-m", "server", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
@@ -49,14 +64,19 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self, timeout: float = 5.0) -> float:
-        """SIGTERM, wait, and return how long the process took to exit."""
+        """SIGTERM, wait up to `timeout` seconds, then SIGKILL (and set `killed`); the seconds it took."""
         start = time.monotonic()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.killed = True
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
         return time.monotonic() - start
+
+    def exited_cleanly(self) -> bool:
+        """Whether the stopped process ended by itself with code 0, not by stop()'s SIGKILL."""
+        return not self.killed and self.proc.returncode == 0

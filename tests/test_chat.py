@@ -1,4 +1,4 @@
-"""Chat templates against llama-server's renderings (../shared/golden) and llama.cpp's built-in formats."""
+"""Chat templates against llama-server's renderings (tests/golden) and llama.cpp's built-in formats."""
 
 from __future__ import annotations
 

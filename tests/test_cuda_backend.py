@@ -62,6 +62,8 @@ def run_cli(*args: str, sim: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# Not a missing prerequisite: this checks the machine without a GPU, so it cannot apply where one is
+# present (test_list_devices_names_each_gpu covers that side).
 @pytest.mark.skipif(cuda.is_available() and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="has a GPU")
 def test_list_devices_without_a_gpu() -> None:
     proc = run_cli("-m", "server", "--list-devices", sim="0")

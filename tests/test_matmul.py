@@ -176,6 +176,8 @@ def test_get_rows_real_embeddings(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile)
         np.testing.assert_array_equal(out, quant.dequantize(t.data[ids], t.ggml_type, (len(ids), t.shape[1])))
 
 
+# Not a missing prerequisite: the VNNI kernels cannot run on a CPU without the instructions, and there
+# the int16 path is the only one, so nothing can differ from it.
 @pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
 @pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_1, QType.Q4_K], ids=lambda q: q.name)
 def test_vnni_path_is_bitwise_the_int16_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,6 +61,8 @@ def process_state(pid: int) -> str | None:
 
 
 async def gone(pid: int, within_s: float = 2.0) -> bool:
+    """Whether the process is gone (reaped, not a zombie) within `within_s`: a liveness bound, generous
+    for a killed or exiting child, not a speed check."""
     deadline = time.monotonic() + within_s
     while process_state(pid) is not None:
         if time.monotonic() > deadline:
@@ -251,6 +253,7 @@ async def test_a_child_dying_mid_write_fails_the_call_not_llamba() -> None:
         # 4 MiB cannot fit in the pipe: the write is still pending when the child exits (EPIPE).
         with pytest.raises(TransportClosed):
             await call(transport, "echo", timeout_s=10, text="x" * (4 << 20))
+        # Liveness bound: the exit fails the call at once, not at its 10 s timeout.
         assert time.monotonic() - begin < 3.0
         assert not transport.alive and transport.pid is not None and await gone(transport.pid)
     finally:
@@ -280,13 +283,14 @@ async def test_grandchild_holding_the_pipes_blocks_neither_start_nor_close() -> 
     begin = time.monotonic()
     with pytest.raises(TransportClosed, match="exited with code 0"):
         await started(fixture("grandchild", "--exit-at-start"))
-    assert time.monotonic() - begin < 5.0  # not the 10 s initialize timeout: the exit was noticed
+    # Liveness bound: the exit was noticed, the start did not wait for the 10 s initialize timeout.
+    assert time.monotonic() - begin < 5.0
 
     transport = await started(fixture("grandchild"))
     grandchild = int(text_of(await call(transport, "grandchild_pid")))
     begin = time.monotonic()
     await transport.close()
-    assert time.monotonic() - begin < 2.0
+    assert time.monotonic() - begin < 2.0  # liveness bound: close does not wait for an EOF that never comes
     assert await gone(grandchild), "the grandchild in the server's process group is killed too"
 
 
@@ -296,7 +300,7 @@ async def test_a_grandchild_that_left_the_process_group_cannot_block_close() -> 
     try:
         begin = time.monotonic()
         await transport.close()
-        assert time.monotonic() - begin < 2.0
+        assert time.monotonic() - begin < 2.0  # liveness bound: close does not wait for the pipes' EOF
         assert process_state(grandchild) not in (None, "Z")  # out of reach, and yet we returned
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -305,6 +309,9 @@ async def test_a_grandchild_that_left_the_process_group_cannot_block_close() -> 
 
 # -- manager ---------------------------------------------------------------------------------------
 class FakeClock:
+    """A clock the test moves by hand: a stand-in on purpose, so the cooldown test checks the refusal and
+    the respawn at exact instants instead of sleeping through 5 s cooldowns on a loaded machine."""
+
     def __init__(self) -> None:
         self.now = 1000.0
 
@@ -329,6 +336,7 @@ async def test_warm_up_skips_every_kind_of_broken_server_and_keeps_the_rest(tmp_
     manager.start()
     await manager.wait_ready()
     try:
+        # Liveness bound: broken servers are given up on (1.5 s warm-up timeout), none holds the rest back.
         assert time.monotonic() - begin < 5.0
         names = {t.name for t in manager.tools()}
         assert {"x_echo", "x_y_add", "x_y_echo", "x_y_pid"} <= names
@@ -372,7 +380,7 @@ async def test_crash_respawn_cooldown_and_no_zombies() -> None:
         for _ in range(4):
             pids.append(int((await manager.call(pid_tool, {})).text or 0))
             assert (await manager.call(crash, {})).text == "goodbye"
-            await gone(pids[-1])
+            assert await gone(pids[-1]), "the crashed server was reaped"
             # Within the cooldown since the last spawn: refused, no respawn.
             refused = await manager.call(pid_tool, {})
             assert refused.error is not None and "may be restarted in 5.0 s" in refused.error
@@ -383,7 +391,7 @@ async def test_crash_respawn_cooldown_and_no_zombies() -> None:
             assert process_state(pid) is None, f"pid {pid} is {process_state(pid)} (zombie?)"
     finally:
         await manager.stop()
-    assert await gone(pids[-1])
+    assert await gone(pids[-1]), "stop() ends the live server"
 
 
 async def test_concurrent_calls_to_a_crashed_server_respawn_it_once() -> None:
@@ -412,7 +420,7 @@ async def test_stop_during_a_slow_call_is_prompt() -> None:
     begin = time.monotonic()
     await manager.stop()
     result = await asyncio.wait_for(pending, 1)
-    assert time.monotonic() - begin < 2.0
+    assert time.monotonic() - begin < 2.0  # liveness bound: stop answers the pending call, not its 60 s
     assert result.error is not None and "shutting down" in result.error
     after = await manager.call(slow, {"seconds": 0})
     assert after.error is not None and "shutting down" in after.error

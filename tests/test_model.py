@@ -1,8 +1,6 @@
-"""The models against llama.cpp's own outputs (../shared/golden), and batching that changes nothing."""
+"""The models against llama.cpp's own outputs (tests/golden), and batching that changes nothing."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +8,8 @@ import pytest
 from cli.perplexity import perplexity
 from engine.batch import Batch, BatchPart
 from engine.llm import LLM
-from tests.conftest import load_golden
+from tests.conftest import gpl3_text, load_golden
 
-GPL3 = Path("/usr/share/common-licenses/GPL-3")
 # llama-perplexity's figures on GPL-3 with -c 512 --chunks 8 (build 0c1e570, CPU).
 LLAMA_CPP_PPL = {"smollm2": 18.494, "gemma3": 15.003}
 
@@ -59,38 +56,55 @@ def test_greedy_generation_matches_golden_prefix(name: str, request: pytest.Fixt
     assert out == case["tokens"][:8]
 
 
-def test_batched_decode_equals_separate_runs(smollm2_llm: LLM) -> None:
-    """8 sequences of different lengths decoded in one batch give the logits of 8 separate runs."""
-    llm = smollm2_llm
+def decode_in_shared_batches(
+    llm: LLM, prompts: list[list[int]], steps: int, joins: list[int]
+) -> list[list[np.ndarray]]:
+    """Each sequence's logits rows (its prompt's last, then one per greedy token) when sequence s joins
+    the shared batch at step joins[s]: from then on, batches mix prefills with other sequences' decodes."""
+    kv = llm.new_cache(len(prompts), 128)
+    rows: list[list[np.ndarray]] = [[] for _ in prompts]
+    next_token: dict[int, int] = {}
+    for step in range(max(joins) + steps + 1):
+        parts = []
+        for s, prompt in enumerate(prompts):
+            if joins[s] == step:
+                parts.append(BatchPart(s, 0, prompt))
+            elif joins[s] < step <= joins[s] + steps:
+                parts.append(BatchPart(s, int(kv.lengths[s]), [next_token[s]]))
+        logits = llm.model.forward(Batch.of(parts), kv)
+        for part, row in zip(parts, logits, strict=True):
+            rows[part.seq_id].append(row)
+            next_token[part.seq_id] = int(np.argmax(row))
+    return rows
+
+
+def decode_alone(llm: LLM, prompt: list[int], steps: int) -> list[np.ndarray]:
+    kv = llm.new_cache(1, 128)
+    tokens, rows = list(prompt), []
+    for _ in range(steps + 1):
+        start = int(kv.lengths[0])
+        rows.append(llm.model.forward(Batch.of([BatchPart(0, start, tokens[start:])]), kv)[0])
+        tokens.append(int(np.argmax(rows[-1])))
+    return rows
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_batched_decode_equals_separate_runs(name: str, request: pytest.FixtureRequest) -> None:
+    """8 sequences of different lengths decoded in shared batches give the logits of 8 separate runs, bit
+    for bit: a token's logits do not depend on what else is in its batch (other sequences, prefills)."""
+    llm = request.getfixturevalue(f"{name}_llm")
     prompts = [llm.tokenizer.encode(f"Story {i}: " + "once upon a time " * (i + 1)) for i in range(8)]
     steps = 4
-    kv = llm.new_cache(len(prompts), 128)
-    batched: list[list[np.ndarray]] = [[] for _ in prompts]
-    # One batch mixes every prompt's prefill; then every sequence decodes one token per step together.
-    logits = llm.model.forward(Batch.of([BatchPart(s, 0, p) for s, p in enumerate(prompts)]), kv)
-    next_tokens = [int(np.argmax(row)) for row in logits]
-    for s, row in enumerate(logits):
-        batched[s].append(row)
-    for _ in range(steps):
-        parts = [BatchPart(s, int(kv.lengths[s]), [next_tokens[s]]) for s in range(len(prompts))]
-        logits = llm.model.forward(Batch.of(parts), kv)
-        next_tokens = [int(np.argmax(row)) for row in logits]
-        for s, row in enumerate(logits):
-            batched[s].append(row)
+    batched = decode_in_shared_batches(llm, prompts, steps, joins=[0, 0, 0, 1, 1, 2, 3, 3])
     for s, prompt in enumerate(prompts):
-        kv1 = llm.new_cache(1, 128)
-        tokens = list(prompt)
-        for step in range(steps + 1):
-            start = int(kv1.lengths[0])
-            row = llm.model.forward(Batch.of([BatchPart(0, start, tokens[start:])]), kv1)[0]
-            np.testing.assert_allclose(row, batched[s][step], rtol=1e-3, atol=1e-3)
-            tokens.append(int(np.argmax(row)))
+        for step, row in enumerate(decode_alone(llm, prompt, steps)):
+            np.testing.assert_array_equal(row, batched[s][step], err_msg=f"sequence {s}, step {step}")
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_perplexity_within_1_5_percent_of_llama_cpp(name: str, request: pytest.FixtureRequest) -> None:
     llm = request.getfixturevalue(f"{name}_llm")
-    tokens = llm.tokenizer.encode(GPL3.read_text(), add_special=True, parse_special=False)
+    tokens = llm.tokenizer.encode(gpl3_text(), add_special=True, parse_special=False)
     *_, final = perplexity(llm, tokens, n_ctx=512, n_chunks=8)
     assert final.n_chunks == 8
     expected = LLAMA_CPP_PPL[name]

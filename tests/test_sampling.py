@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -219,24 +218,24 @@ def test_wrong_logits_shape_is_rejected() -> None:
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(repeat_penalty=1.1, frequency_penalty=0.1, logit_bias={1: -math.inf}),
-        SamplingParams(top_k=0),
-        SamplingParams(top_k=0, min_p=0.0),
+        SamplingParams(repeat_penalty=1.1, frequency_penalty=0.1, logit_bias={1: -math.inf}, seed=1),
+        SamplingParams(top_k=0, seed=2),
+        SamplingParams(top_k=0, min_p=0.0, seed=3),
     ],
     ids=["defaults+penalties", "no-top-k", "no-top-k-no-min-p"],
 )
-def test_fast_on_gemma_vocab(params: SamplingParams) -> None:
+def test_draws_on_the_full_gemma_vocab_come_from_the_reference_kept_set(params: SamplingParams) -> None:
+    """The fast paths on a 262,144-token vocabulary with a full penalty window (the per-token time is
+    measured by scripts/bench_text.py): every draw is a token the plain reference chain keeps."""
     rng = np.random.default_rng(5)
     logits = (rng.standard_normal(GEMMA_VOCAB) * 3).astype(np.float32)
     sampler = Sampler(params, GEMMA_VOCAB)
     for token in rng.integers(0, GEMMA_VOCAB, 64):
         sampler.accept(int(token))
-    timings = []
-    for _ in range(15):
-        start = time.perf_counter()
-        sampler.sample(logits)
-        timings.append(time.perf_counter() - start)
-    assert float(np.median(timings)) < 0.010  # a few ms each; generous for a shared 2-core machine
+    kept = _reference_kept(sampler.adjust(logits), params)
+    draws = {sampler.sample(logits) for _ in range(30)}
+    assert draws <= kept
+    assert len(draws) > 1, "the draws are random, not the argmax every time"
 
 
 def _reference_kept(logits: np.ndarray, params: SamplingParams) -> set[int]:

@@ -6,12 +6,15 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from tests.server_process import REPO, ServerProcess
+from tests.server_process import REPO, ServerProcess, wait_until
+
+# Liveness bound, not a speed check: after SIGTERM the server ends its generations, drains and exits by
+# itself (code 0) within this time, well before stop()'s SIGKILL fallback would be needed.
+SIGTERM_EXIT_S = 3.0
 
 
 def chat_body(content: str, **extra: object) -> dict:
@@ -48,14 +51,19 @@ def test_dropped_stream_frees_its_slot_within_a_second(server) -> None:  # type:
     body = chat_body("Tell me a very long story about dragons.", max_tokens=2000, stream=True)
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-            for line in resp.iter_lines():
-                if '"content":"' in line:
-                    break
+            # Kept referenced: a `for` loop left by `break` would close the stream (the client would leave)
+            # before the slot is looked at.
+            lines = resp.iter_lines()
+            next(line for line in lines if '"content":"' in line)
             assert any(s["is_processing"] for s in client.get("/slots").json())
-        dropped = time.monotonic()
-        while any(s["is_processing"] for s in client.get("/slots").json()):
-            assert time.monotonic() - dropped < 1.0, "slot still busy 1 s after the client left"
-            time.sleep(0.05)
+        # Leaving the block closed the connection mid-stream.
+        # Liveness bound, not a speed check: the server notices the closed socket at its next token and
+        # frees the slot; 1 s is dozens of decode steps.
+        wait_until(
+            lambda: not any(s["is_processing"] for s in client.get("/slots").json()),
+            1.0,
+            "slot freed after the client left",
+        )
 
 
 def test_prompt_over_the_context_is_rejected_before_any_sse_byte(server) -> None:  # type: ignore[no-untyped-def]
@@ -126,7 +134,8 @@ def test_api_key_and_public_routes() -> None:
         bearer = {"Authorization": "Bearer sekrit"}
         assert httpx.get(url + "/slots", headers=bearer).status_code == 501
     finally:
-        assert proc.stop() < 3.0
+        proc.stop(timeout=SIGTERM_EXIT_S)
+    assert proc.exited_cleanly(), proc.log()
 
 
 def test_sigterm_during_generation_exits_promptly() -> None:
@@ -135,9 +144,8 @@ def test_sigterm_during_generation_exits_promptly() -> None:
         httpx.Client(base_url=proc.base_url, timeout=60) as client,
         client.stream("POST", "/v1/chat/completions", json=chat_body("Story:", max_tokens=1500, stream=True)),
     ):
-        took = proc.stop()
-    assert proc.proc.returncode is not None
-    assert took < 3.0, f"SIGTERM took {took:.1f}s"
+        proc.stop(timeout=SIGTERM_EXIT_S)
+    assert proc.exited_cleanly(), f"SIGTERM: no clean exit within {SIGTERM_EXIT_S} s\n{proc.log()}"
 
 
 @pytest.mark.parametrize("args", [["-c", "-5"], ["--port", "x"], ["-m", "/nonexistent/model.gguf"]])

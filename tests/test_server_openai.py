@@ -127,13 +127,19 @@ def test_completions(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].text for c in stream if c.choices) == reply.choices[0].text
 
 
-def test_root_base_url_serves_chat_and_models(server) -> None:  # type: ignore[no-untyped-def]
+def test_root_base_url_serves_chat_and_models(server, client: openai.OpenAI) -> None:  # type: ignore[no-untyped-def]
+    """Without /v1 in the base URL the client reaches the same routes and gets the same answers."""
     root = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-    assert root.models.list().data
-    reply = root.chat.completions.create(
-        model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
-    )
-    assert reply.choices[0].message.content is not None
+    assert [m.id for m in root.models.list().data] == [m.id for m in client.models.list().data]
+
+    def answer(c: openai.OpenAI) -> str | None:
+        reply = c.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
+        )
+        return reply.choices[0].message.content
+
+    text = answer(root)
+    assert text and text == answer(client)
 
 
 def test_errors_raise_the_right_exceptions(client: openai.OpenAI) -> None:

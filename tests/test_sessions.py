@@ -20,6 +20,9 @@ def anyio_backend() -> str:
 
 
 class FakeClock:
+    """A clock the test moves by hand: a stand-in on purpose, so TTLs expire at exact instants instead of
+    after real sleeps (test_sessions_server checks a real TTL on a real server)."""
+
     def __init__(self) -> None:
         self.now = 1000.0
 
@@ -28,7 +31,9 @@ class FakeClock:
 
 
 class Source:
-    """An SSE byte source that sends what the test pushes, and records whether its cleanup ran."""
+    """An SSE byte source that sends what the test pushes, and records whether its cleanup ran: a stand-in
+    for a generation on purpose, so each test decides exactly when bytes arrive and when the producer
+    ends. Real generations through the same store: tests/test_sessions_server.py."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()

@@ -14,7 +14,13 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.server_process import REPO, ServerProcess
+from tests.server_process import REPO, ServerProcess, wait_until
+
+# Liveness bounds, not speed checks (each is a bounded wait for the condition): a stopped or replaced
+# generation frees its slot at its next decode step, well within a second; after SIGTERM the server exits
+# by itself (code 0), well before stop()'s SIGKILL fallback.
+SLOT_FREED_S = 1.0
+SIGTERM_EXIT_S = 3.0
 
 CONV = "X-Conversation-Id"
 ODD_ID = "chat/42: resume test::SmolLM2 model"
@@ -44,14 +50,6 @@ def stream_text(payloads: list[str]) -> str:
     return "".join(
         c["delta"].get("content") or "" for p in payloads if p != "[DONE]" for c in json.loads(p)["choices"]
     )
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 def lookup(client: httpx.Client, *ids: str) -> list[dict]:
@@ -185,13 +183,10 @@ def test_delete_stops_the_generation_and_frees_the_slot_within_a_second(client: 
         lines = resp.iter_lines()
         next(line for line in lines if '"content":"' in line)
         assert busy_slots(client) == 1
-        asked = time.monotonic()
         assert client.delete("/v1/stream", params={"conv_id": conv}).status_code == 204
-        wait_until(lambda: busy_slots(client) == 0, 1.0, "slot freed after DELETE")
-        freed = time.monotonic() - asked
+        wait_until(lambda: busy_slots(client) == 0, SLOT_FREED_S, "slot freed after DELETE")
         rest = list(lines)  # the original response ends too, without a [DONE]
         assert "data: [DONE]" not in rest
-    assert freed < 1.0, f"slot freed {freed:.2f} s after DELETE was sent"
     assert client.delete("/v1/stream", params={"conv_id": conv}).status_code == 204
     gone = replay(client, conv)
     assert gone.status_code == 404 and gone.json()["error"]["message"] == "Stream not found or expired"
@@ -273,7 +268,7 @@ def test_same_id_replaces_the_live_session(client: httpx.Client) -> None:
         assert "data: [DONE]" not in list(lines), "the replaced generation ran to its end"
     assert second.status_code == 200 and second.text.endswith("data: [DONE]\n\n")
     assert replay(client, conv).content == second.content
-    wait_until(lambda: busy_slots(client) == 0, 1.0, "replaced generation's slot freed")
+    wait_until(lambda: busy_slots(client) == 0, SLOT_FREED_S, "replaced generation's slot freed")
 
 
 # -- one server with tiny limits and an API key -----------------------------------------------------
@@ -357,7 +352,7 @@ def test_the_session_cap_refuses_new_sessions_when_all_are_live(
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "unavailable_error"
     for conv in live:
         assert small_client.delete("/v1/stream", params={"conv_id": conv}).status_code == 204
-    wait_until(lambda: busy_slots(small_client) == 0, 1.0, "slots freed after DELETEs")
+    wait_until(lambda: busy_slots(small_client) == 0, SLOT_FREED_S, "slots freed after DELETEs")
     accepted = small_client.post("/v1/chat/completions", json=chat_body("Hi", 2), headers={CONV: "one more"})
     assert accepted.status_code == 200  # (its own reader may fall behind the 1 KiB ring: look it up)
     tail = replay(small_client, "one more", wait_done(small_client, "one more")["total_bytes"] - 20)
@@ -368,8 +363,8 @@ def test_sigterm_with_a_live_session_exits_promptly(small: ServerProcess) -> Non
     raw = RawChatStream(small.port, chat_body("Write a long essay.", 400), {CONV: "shutdown", **KEY})
     raw.read_until(content_chunks(1))
     raw.drop()
-    took = small.stop()
-    assert small.proc.returncode is not None and took < 3.0, f"SIGTERM took {took:.1f}s"
+    small.stop(timeout=SIGTERM_EXIT_S)
+    assert small.exited_cleanly(), f"SIGTERM: no clean exit within {SIGTERM_EXIT_S} s\n{small.log()}"
 
 
 @pytest.mark.parametrize(

@@ -1,97 +1,112 @@
-"""The web UI's static serving: /, assets, gzip, ETag revalidation, --no-webui, and public assets with keys.
-
-These run the app in-process (Quart's test client, no model loaded): the routes here never touch the engine.
-"""
+"""The web UI's static serving on a real server over HTTP: /, assets, gzip, ETag revalidation, --no-webui,
+and UI files that stay public when the server has an API key."""
 
 from __future__ import annotations
 
 import gzip
+import http.client
+import json
 import re
+from collections.abc import Iterator
 
+import httpx
 import pytest
 
-from server.app import create_app
-from server.cli import Settings, parse_settings
 from server.routes.webui import WEBUI_DIR
+from tests.server_process import ServerProcess
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+PLAIN = {"Accept-Encoding": "identity"}  # httpx asks for gzip by default and would undo it unseen
 
 
-def client(**settings: object):  # type: ignore[no-untyped-def]
-    return create_app(Settings(**settings)).test_client()
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[ServerProcess]:
+    """A server with an API key: the UI's files are public there, and served as on any other server."""
+    proc = ServerProcess("-m", "smollm2", "-c", "512", "--no-slots", "--api-key", "sekrit").wait_healthy()
+    yield proc
+    proc.stop()
 
 
-async def test_index_is_html_with_a_strict_content_security_policy() -> None:
-    reply = await client().get("/")
+@pytest.fixture(scope="module")
+def client(keyed: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=keyed.base_url, headers=PLAIN, timeout=30) as c:
+        yield c
+
+
+def raw_get(client: httpx.Client, path: str, **headers: str) -> tuple[httpx.Response, bytes]:
+    """The reply and its body exactly as sent (gzip not undone)."""
+    with client.stream("GET", path, headers=headers) as reply:
+        return reply, b"".join(reply.iter_raw())
+
+
+def test_index_is_html_with_a_strict_content_security_policy(client: httpx.Client) -> None:
+    reply = client.get("/")
     assert reply.status_code == 200
     assert reply.headers["Content-Type"] == "text/html; charset=utf-8"
     csp = reply.headers["Content-Security-Policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "object-src 'none'" in csp
     assert reply.headers["X-Content-Type-Options"] == "nosniff"
-    body = await reply.get_data(as_text=True)
-    assert '<script type="module" src="/assets/js/main.js">' in body
-    assert (await (await client().get("/index.html")).get_data()) == body.encode()
+    assert '<script type="module" src="/assets/js/main.js">' in reply.text
+    assert client.get("/index.html").content == reply.content
 
 
-async def test_assets_are_gzipped_when_accepted_and_typed() -> None:
-    c = client()
-    plain = await c.get("/assets/js/chat.js")
-    packed = await c.get("/assets/js/chat.js", headers={"Accept-Encoding": "gzip, deflate, br"})
+def test_assets_are_gzipped_when_accepted_and_typed(client: httpx.Client) -> None:
+    plain, raw = raw_get(client, "/assets/js/chat.js")
+    packed, packed_bytes = raw_get(client, "/assets/js/chat.js", **{"Accept-Encoding": "gzip, deflate, br"})
     assert plain.status_code == packed.status_code == 200
     assert plain.headers["Content-Type"] == "text/javascript; charset=utf-8"
     assert "Content-Encoding" not in plain.headers
     assert packed.headers["Content-Encoding"] == "gzip"
     assert packed.headers["Vary"] == "Accept-Encoding"
-    raw = await plain.get_data()
-    assert gzip.decompress(await packed.get_data()) == raw == (WEBUI_DIR / "assets/js/chat.js").read_bytes()
-    assert len(await packed.get_data()) < len(raw) / 2
-    css = await c.get("/assets/css/app.css")
-    assert css.headers["Content-Type"] == "text/css; charset=utf-8"
-    svg = await c.get("/assets/favicon.svg")
-    assert svg.headers["Content-Type"].startswith("image/svg+xml")
+    assert gzip.decompress(packed_bytes) == raw == (WEBUI_DIR / "assets/js/chat.js").read_bytes()
+    assert len(packed_bytes) < len(raw) / 2
+    assert client.get("/assets/css/app.css").headers["Content-Type"] == "text/css; charset=utf-8"
+    assert client.get("/assets/favicon.svg").headers["Content-Type"].startswith("image/svg+xml")
 
 
-async def test_etag_revalidation_answers_304() -> None:
-    c = client()
-    first = await c.get("/assets/css/app.css")
+def test_etag_revalidation_answers_304(client: httpx.Client) -> None:
+    first = client.get("/assets/css/app.css")
     etag = first.headers["ETag"]
     assert re.fullmatch(r'"[0-9a-f]{20}"', etag)
     assert first.headers["Cache-Control"] == "no-cache"
-    again = await c.get("/assets/css/app.css", headers={"If-None-Match": etag})
-    assert again.status_code == 304 and await again.get_data() == b""
-    stale = await c.get("/assets/css/app.css", headers={"If-None-Match": '"0000"'})
+    again = client.get("/assets/css/app.css", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    stale = client.get("/assets/css/app.css", headers={"If-None-Match": '"0000"'})
     assert stale.status_code == 200
 
 
 @pytest.mark.parametrize(
     "path", ["/assets/../server/app.py", "/assets/%2e%2e/pyproject.toml", "/assets/nope.js", "/assets/js"]
 )
-async def test_nothing_outside_the_webui_folder_is_served(path: str) -> None:
-    reply = await client().get(path)
-    assert reply.status_code == 404
-    assert (await reply.get_json())["error"]["type"] == "not_found_error"
+def test_nothing_outside_the_webui_folder_is_served(keyed: ServerProcess, path: str) -> None:
+    # http.client sends the path as written; httpx would resolve the dot segments before sending.
+    conn = http.client.HTTPConnection("127.0.0.1", keyed.port, timeout=30)
+    try:
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        status, body = reply.status, reply.read()
+    finally:
+        conn.close()
+    assert status == 404
+    assert json.loads(body)["error"]["type"] == "not_found_error"
 
 
-async def test_no_webui_turns_the_ui_off() -> None:
-    settings, _ = parse_settings(["--no-webui"])
-    assert settings.webui is False
-    c = create_app(settings).test_client()
-    for path in ("/", "/index.html", "/assets/js/main.js"):
-        reply = await c.get(path)
-        assert reply.status_code == 404, path
-        assert "--no-webui" in (await reply.get_json())["error"]["message"]
-
-
-async def test_ui_files_stay_public_with_an_api_key() -> None:
-    c = client(api_keys=("sekrit",))
+def test_ui_files_stay_public_with_an_api_key(client: httpx.Client) -> None:
     for path in ("/", "/assets/js/main.js", "/assets/css/app.css", "/assets/favicon.svg"):
-        assert (await c.get(path)).status_code == 200, path
-    assert (await c.get("/props")).status_code == 401
+        assert client.get(path).status_code == 200, path
+    assert client.get("/props").status_code == 401
+    assert client.get("/props", headers={"Authorization": "Bearer sekrit"}).status_code == 200
+
+
+def test_no_webui_turns_the_ui_off() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "512", "--no-slots", "--no-webui").wait_healthy()
+    try:
+        for path in ("/", "/index.html", "/assets/js/main.js"):
+            reply = httpx.get(proc.base_url + path, headers=PLAIN)
+            assert reply.status_code == 404, path
+            assert "--no-webui" in reply.json()["error"]["message"]
+        assert httpx.get(proc.base_url + "/health").status_code == 200  # only the UI is off
+    finally:
+        proc.stop()
 
 
 def test_every_module_the_page_imports_exists() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import require
 from tests.server_process import REPO
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -45,6 +46,9 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for the module's tests; every browser test uses it (directly or through a page), so a
+    missing browser skips them all here, or fails them under CI=true."""
+    require(missing_browser())
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
