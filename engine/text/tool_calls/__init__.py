@@ -82,6 +82,8 @@ _SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Hermes 2 Pro", ("<tool_call>",)),
     ("GPT-OSS", ("<|channel|>",)),
     ("Functionary v3.2", (">>>all",)),
+    # Functionary v3.1 (`<function=name>` calls on Llama 3.1) has no parser here: the generic format.
+    ("Generic", ("<|start_header_id|>", "<function=")),
     ("Llama 3.x with builtin tools", ("<|start_header_id|>ipython<|end_header_id|>", "<|python_tag|>")),
     ("Llama 3.x", ("<|start_header_id|>ipython<|end_header_id|>",)),
 )

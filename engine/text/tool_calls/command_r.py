@@ -27,7 +27,7 @@ from engine.text.tool_calls.stream import (
     State,
     expect,
 )
-from engine.text.tool_calls.syntax import Json, Lit, ToolGrammar, Trigger, any_of, seq
+from engine.text.tool_calls.syntax import Json, Lit, Space, ToolGrammar, Trigger, any_of, seq
 
 THINKING = ReasoningTags("<|START_THINKING|>", ("<|END_THINKING|>",))
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
@@ -57,7 +57,7 @@ class CommandR7B(ToolCallFormat):
         array["minItems"] = 1
         if not parallel_tool_calls:
             array["maxItems"] = 1
-        root = seq(Lit(START_ACTION), Json(array), Lit(END_ACTION))
+        root = seq(Lit(START_ACTION), Space(), Json(array), Space(), Lit(END_ACTION))
         return ToolGrammar(root, lazy=choice.mode == "auto", triggers=(Trigger("word", START_ACTION),))
 
     def prepare_messages(self, messages: list[dict], tools: Sequence[Mapping[str, Any]]) -> list[dict]:

@@ -29,7 +29,7 @@ from engine.text.tool_calls.stream import (
     Tentative,
     expect,
 )
-from engine.text.tool_calls.syntax import Json, Lit, Node, ToolGrammar, Trigger, alt, calls, seq
+from engine.text.tool_calls.syntax import Json, Lit, Node, Space, ToolGrammar, Trigger, alt, calls, seq
 
 CALLS_BEGIN_VARIANTS = (
     "<｜tool▁calls▁begin｜>",
@@ -58,7 +58,8 @@ class DeepSeekR1(ToolCallFormat):
         if choice.mode == "none":
             return None
         one = alt(*[_call(t) for t in choice.tools])
-        root = seq(Lit(CALLS_BEGIN), calls(one, parallel_tool_calls), Lit(CALLS_END))
+        begin = alt(*[Lit(v) for v in CALLS_BEGIN_VARIANTS])
+        root = seq(begin, calls(one, parallel_tool_calls, separator=Space()), Space(), Lit(CALLS_END))
         triggers = tuple(Trigger("word", v) for v in CALLS_BEGIN_VARIANTS)
         return ToolGrammar(root, lazy=choice.mode == "auto", triggers=triggers)
 
@@ -80,7 +81,7 @@ class DeepSeekR1(ToolCallFormat):
 
 def _call(tool: Mapping[str, Any]) -> Node:
     header = Lit(f"{CALL_BEGIN}function{SEP}{tool_name(tool)}\n```json\n")
-    return seq(header, Json(tool_parameters(tool)), Lit("```" + CALL_END))
+    return seq(header, Json(tool_parameters(tool)), Space(), Lit("```" + CALL_END))
 
 
 def _content() -> State:

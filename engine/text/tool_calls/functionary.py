@@ -29,7 +29,7 @@ from engine.text.tool_calls.stream import (
     State,
     Tentative,
 )
-from engine.text.tool_calls.syntax import Json, Lit, Node, Regex, ToolGrammar, Trigger, alt, calls, seq
+from engine.text.tool_calls.syntax import Json, Lit, Node, Regex, Space, ToolGrammar, Trigger, alt, calls, seq
 
 SEPARATOR = ">>>"
 # A header at the very start (the prompt wrote its `>>>`) and after a later `>>>`.
@@ -51,7 +51,7 @@ class FunctionaryV32(ToolCallFormat):
         if choice.mode == "none":
             return None
         first = alt(*[_call(t) for t in choice.tools])
-        root = calls(first, parallel_tool_calls, separator=Lit(SEPARATOR))
+        root = calls(first, parallel_tool_calls, separator=seq(Space(), Lit(SEPARATOR)))
         triggers = tuple(Trigger("pattern_full", _trigger(tool_name(t))) for t in choice.tools)
         return ToolGrammar(root, lazy=choice.mode == "auto", triggers=triggers)
 
@@ -64,8 +64,10 @@ def _call(tool: Mapping[str, Any]) -> Node:
 
 
 def _trigger(name: str) -> str:
+    """The call's header at the start or after a `>>>`; the grammar starts at the name (llama.cpp's
+    group also takes in the text before, which its grammar would then refuse)."""
     arguments = r"[\s\S]*" if name == "python" else r"\{[\s\S]*"
-    return r"((?:[\s\S]+?>>>)?" + regex.escape(name) + r"\n)" + arguments
+    return r"(?:[\s\S]+?>>>)?(" + regex.escape(name) + r"\n)" + arguments
 
 
 def _content() -> State:

@@ -67,7 +67,8 @@ class GptOss(ToolCallFormat):
         if choice.mode == "none":
             return None
         channel = alt(Lit(CHANNEL + "commentary"), Lit(CHANNEL + "analysis"))
-        constrain = opt(Lit(" " + CONSTRAIN + "json"))
+        # The model writes ` <|constrain|>json`; the template renders past calls with ` json`.
+        constrain = opt(alt(Lit(" " + CONSTRAIN + "json"), Lit(" json")))
         in_role = [
             seq(Lit(tool_name(t)), channel, constrain, Lit(MESSAGE), _arguments(t)) for t in choice.tools
         ]

@@ -60,6 +60,6 @@ class Hermes2Pro(ToolCallFormat):
         if choice.mode == "none":
             return None
         schemas = [call_object_schema(tool_name(t), tool_parameters(t)) for t in choice.tools]
-        one = seq(Lit(OPEN + "\n"), Json(any_of(schemas)), Lit("\n" + CLOSE))
+        one = seq(Lit(OPEN), Space(), Json(any_of(schemas)), Space(), Lit(CLOSE))
         root = calls(one, parallel_tool_calls, separator=Space())
         return ToolGrammar(root, lazy=choice.mode == "auto", triggers=(Trigger("word", OPEN),))

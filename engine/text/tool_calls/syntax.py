@@ -1,4 +1,4 @@
-"""How a format's calls look, as data for the grammar builder (engine-neutral: no grammar engine here).
+r"""How a format's calls look, as data for the grammar builder (engine-neutral: no grammar engine here).
 
 A format describes its call syntax as a small tree of nodes: literal text, a JSON value matching a JSON
 schema, sequences, alternatives, repetitions, optional whitespace, text up to a closing tag, and (rarely)
@@ -6,9 +6,11 @@ a regular expression. The grammar builder turns the tree into GBNF, Lark or what
 JSON schemas go to the engine's own schema compiler. `ToolGrammar` adds what llama.cpp adds around the
 grammar: whether it is lazy (only enforced from a trigger on) and its triggers.
 
-For a lazy grammar, `root` matches the text from the trigger on: a word trigger's word is the start of
-`root`; for a pattern trigger, `root` starts where the pattern's first capture group starts (or its
-match, without groups), as in llama.cpp.
+For a lazy grammar, `root` matches the text from the trigger on, as llama.cpp feeds it: a `word`
+trigger's word is the start of `root`; a `pattern` found anywhere starts `root` where its match starts
+(llama.cpp wraps it as `[\s\S]*?(pattern)[\s\S]*`); a `pattern_full` must match the whole output so
+far, and `root` starts at its first non-empty capture group (at 0 without one). `Json` nodes take no
+whitespace around them: formats put `Space()` where the model may write some.
 """
 
 from __future__ import annotations
