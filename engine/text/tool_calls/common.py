@@ -161,8 +161,15 @@ class ToolCallFormat:
     id_length: int = 32
 
     def parser(
-        self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
     ) -> ToolCallParser:
+        """A streaming parser for one answer. `tools` type MiniMax's XML arguments; `new_id` makes the
+        ids the output does not carry; `stream_arguments` chooses llama-server's streaming behaviour
+        (calls announced early, arguments as they come) or its final parse (calls whole at the end, and
+        a broken call makes everything from the first marker content): see stream.py."""
         raise NotImplementedError
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
@@ -170,16 +177,25 @@ class ToolCallFormat:
         raise NotImplementedError
 
     def parse(
-        self, text: str, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None
+        self,
+        text: str,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
     ) -> tuple[str, list[ToolCall]]:
-        """The non-streamed result: by construction the accumulation of the stream, for any chunking."""
-        message = self.parse_message(text, tools, new_id)
+        """The non-streamed result: by construction the accumulation of the stream (with the same
+        `stream_arguments`), for any chunking."""
+        message = self.parse_message(text, tools, new_id, stream_arguments)
         return message.content, message.tool_calls
 
     def parse_message(
-        self, text: str, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None
+        self,
+        text: str,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
     ) -> ParsedMessage:
-        parser = self.parser(tools, new_id)
+        parser = self.parser(tools, new_id, stream_arguments)
         return ParsedMessage().add(parser.push(text)).add(parser.flush())
 
     def new_id(self) -> IdFactory:

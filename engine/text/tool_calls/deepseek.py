@@ -51,8 +51,13 @@ class DeepSeekR1(ToolCallFormat):
     reasoning_tags = ReasoningTags("<think>", ("</think>",))
     preserved_tokens = ("<think>", "</think>", CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, CALLS_END)
 
-    def parser(self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None) -> Driver:
-        return Driver(_content(), new_id or self.new_id())
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
+        return Driver(_content(), new_id or self.new_id(), stream_arguments)
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

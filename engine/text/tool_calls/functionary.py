@@ -41,11 +41,16 @@ class FunctionaryV32(ToolCallFormat):
     name = "Functionary v3.2"
     preserved_tokens = ("<|end_header_id|>",)
 
-    def parser(self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None) -> Driver:
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
         start = Tentative(
             lambda: PatternState(_FIRST_HEADER, _first_header, otherwise=lambda: Commit(_content))
         )
-        return Driver(start, new_id or self.new_id())
+        return Driver(start, new_id or self.new_id(), stream_arguments)
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -45,8 +45,13 @@ _KEYS = CallKeys(id=("id",))
 class Generic(ToolCallFormat):
     name = "Generic"
 
-    def parser(self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None) -> Driver:
-        return Driver(_Start(), new_id or self.new_id())
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
+        return Driver(_Start(), new_id or self.new_id(), stream_arguments)
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -27,7 +27,6 @@ from engine.text.tool_calls.stream import (
     Marker,
     PatternState,
     State,
-    Tentative,
     expect,
 )
 from engine.text.tool_calls.syntax import Json, Lit, Node, ToolGrammar, Trigger, alt, opt, seq
@@ -60,8 +59,13 @@ class GptOss(ToolCallFormat):
     reasoning_tags = ANALYSIS
     preserved_tokens = (CHANNEL, CONSTRAIN, MESSAGE, START, END)
 
-    def parser(self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None) -> Driver:
-        return Driver(_message(), new_id or self.new_id())
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
+        return Driver(_message(), new_id or self.new_id(), stream_arguments)
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":
@@ -89,8 +93,19 @@ def _arguments(tool: Mapping[str, Any]) -> Node:
 
 
 def _message() -> State:
-    """The next message: its header decides what its body is; text that is no header is content."""
-    return Tentative(lambda: PatternState(_HEADER, _body))
+    return _NextMessage()
+
+
+class _NextMessage(State):
+    """The next message: its header decides what its body is; text that is no header is content. The
+    output may end here."""
+
+    def step(self, d: Driver) -> bool:
+        if not d.buf:
+            return False
+        d.begin_tentative()
+        d.state = PatternState(_HEADER, _body)
+        return True
 
 
 def _body(d: Driver, match: Any) -> State:

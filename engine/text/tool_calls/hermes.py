@@ -44,8 +44,13 @@ class Hermes2Pro(ToolCallFormat):
     name = "Hermes 2 Pro"
     preserved_tokens = ("<think>", "</think>", OPEN, CLOSE)
 
-    def parser(self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None) -> Driver:
-        return Driver(self._content(), new_id or self.new_id())
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
+        return Driver(self._content(), new_id or self.new_id(), stream_arguments)
 
     def _content(self) -> State:
         return ContentState([Marker(OPEN, self._call)])

@@ -58,8 +58,13 @@ class Llama3(ToolCallFormat):
         self.name = "Llama 3.x with builtin tools" if builtin_tools else "Llama 3.x"
         self.preserved_tokens = (PYTHON_TAG,) if builtin_tools else ()
 
-    def parser(self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None) -> Driver:
-        return Driver(_Start(self._content), new_id or self.new_id())
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
+        return Driver(_Start(self._content), new_id or self.new_id(), stream_arguments)
 
     def _content(self) -> State:
         return ContentState([Marker(PYTHON_TAG, _python_tag_call)] if self.builtin_tools else [])

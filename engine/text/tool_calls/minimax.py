@@ -63,11 +63,16 @@ class MiniMaxM3(ToolCallFormat):
     reasoning_tags = THINKING
     preserved_tokens = (NS, "<tool_call>", "</tool_call>", THINKING.start, THINKING.end)
 
-    def parser(self, tools: Sequence[Mapping[str, Any]] = (), new_id: IdFactory | None = None) -> Driver:
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
         schemas = {tool_name(t): tool_parameters(t) for t in tools}
         content = _content(schemas)
         start = expect(r"\s*" + re.escape(THINKING.end), content, otherwise=content)
-        return Driver(start, new_id or self.new_id())
+        return Driver(start, new_id or self.new_id(), stream_arguments)
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

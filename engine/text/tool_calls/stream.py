@@ -5,11 +5,16 @@ some of it (emitting content, reasoning or call deltas) or waits for more; like 
 it holds back only what may still be part of a marker. The driver runs states until none can progress,
 and hands out what was emitted as one ParseDelta.
 
-Calls are tentative until their name is known: what a marker starts is buffered, and if the text after
-it turns out not to be a call (a marker followed by broken JSON), the marker and everything after it are
-content, as llama-server's parser falls back to content. Once a call has been announced it cannot be
-taken back: a call whose arguments break off (the output was cut, or the JSON went wrong after the name)
-keeps the arguments streamed so far, and the rest of the text is content.
+Calls are tentative: what a marker starts is buffered, and if the text after it turns out not to be a
+call (a marker followed by broken JSON), the marker and everything after it are content, as llama-server's
+parser falls back to content. When a call stops being tentative depends on `stream_arguments`:
+
+- True (streaming, llama-server's partial parses): once its name is known (for formats that put the name
+  in a header, once its JSON arguments have begun), and its arguments then stream as they come. An
+  announced call cannot be taken back: if its arguments break off (the output was cut, or the JSON went
+  wrong after that point) it keeps the arguments streamed so far and the rest of the text is content.
+- False (llama-server's final parse): everything from the first marker waits for the end of the output,
+  and if any call there is broken, all of it is content. Calls come whole, at the flush.
 """
 
 from __future__ import annotations
@@ -87,21 +92,19 @@ Next = Callable[[], State]
 class Driver:
     """A ToolCallParser: runs a format's states over the pushed text."""
 
-    def __init__(self, start: State, new_id: IdFactory) -> None:
+    def __init__(self, start: State, new_id: IdFactory, stream_arguments: bool = True) -> None:
         self.buf = ""
         self.final = False
         self.state = start
+        self._stream_arguments = stream_arguments
         self._out = Emitter(new_id)
         self._pending: Emitter | None = None  # a tentative call's output
         self._pending_raw = ""  # the text it came from, given back as content if it fails
+        self._incomplete = False  # the tentative stretch has not reached its commit point
 
     @property
     def emit(self) -> Emitter:
         return self._pending if self._pending is not None else self._out
-
-    @property
-    def tentative(self) -> bool:
-        return self._pending is not None
 
     def push(self, text: str) -> ParseDelta:
         self.buf += text
@@ -120,11 +123,18 @@ class Driver:
         return taken
 
     def begin_tentative(self) -> None:
+        self._incomplete = True
         if self._pending is None:
             self._pending = Emitter(self._out.new_id, self._out.next_index)
             self._pending_raw = ""
 
     def commit(self) -> None:
+        """The tentative stretch is sound so far (without stream_arguments: it waits for the end)."""
+        self._incomplete = False
+        if self._pending is not None and self._stream_arguments:
+            self._release()
+
+    def _release(self) -> None:
         if self._pending is not None:
             self._out.absorb(self._pending)
             self._pending, self._pending_raw = None, ""
@@ -136,20 +146,19 @@ class Driver:
                     break
             except ParseFailure:
                 self._fail()
-        if self.final and (self.buf or self.tentative):
+        if self.final and (self.buf or self._incomplete):
             self._fail()  # the text ended where the format needed more
+        if self.final:
+            self._release()
 
     def _fail(self) -> None:
         """The rest of the output is content; a tentative call gives its text back first."""
         if self._pending is not None:
             self._out.content(self._pending_raw)
             self._pending, self._pending_raw = None, ""
+        self._incomplete = False
         self._out.content(self.consume(len(self.buf)))
         self.state = RestIsContent()
-
-
-def parser(start: State, new_id: IdFactory) -> Driver:
-    return Driver(start, new_id)
 
 
 # -- states -------------------------------------------------------------------------------------------
