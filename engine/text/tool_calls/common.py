@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import string
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -216,7 +216,3 @@ class ToolCallFormat:
     ) -> str:
         """What llama.cpp changes in the rendered prompt (known template bugs, thinking switched off)."""
         return prompt
-
-
-def tool_names(tools: Iterable[Mapping[str, Any]]) -> list[str]:
-    return [tool_name(t) for t in tools]

@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import regex
+
 from engine.api import ReasoningTags
 from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
@@ -97,7 +99,7 @@ def _block() -> State:
     return PatternState(_CALL_HEADER, _call_arguments)
 
 
-def _call_arguments(d: Driver, match: Any) -> State:
+def _call_arguments(d: Driver, match: regex.Match[str]) -> State:
     d.emit.open_call(match.group(1).strip())
     return JsonState(ArgumentsSink(), lambda: expect(_CALL_CLOSE, _after_call))
 

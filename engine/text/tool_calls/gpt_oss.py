@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import regex
+
 from engine.api import ReasoningTags
 from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
@@ -108,7 +110,7 @@ class _NextMessage(State):
         return True
 
 
-def _body(d: Driver, match: Any) -> State:
+def _body(d: Driver, match: regex.Match[str]) -> State:
     name = match.group(1) or match.group(2)
     if name:
         d.emit.open_call(name)

@@ -90,10 +90,6 @@ class JsonReader:
         if not self.done:
             raise JsonSyntaxError("unexpected end of JSON", 0)
 
-    @property
-    def started(self) -> bool:
-        return bool(self._stack or self._token or self._string or self.done)
-
     # -- one step: a run of string characters, or one character -----------------------------------
 
     def _step(self, text: str, i: int) -> int:

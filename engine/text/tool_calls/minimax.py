@@ -22,6 +22,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import regex
+
 from engine.api import ReasoningTags
 from engine.text.reasoning import partial_suffix
 from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
@@ -157,7 +159,7 @@ def _content(schemas: Mapping[str, Schema]) -> Next:
 
 
 def _invoke(schemas: Mapping[str, Schema]) -> State:
-    def opened(d: Driver, match: Any) -> State:
+    def opened(d: Driver, match: regex.Match[str]) -> State:
         d.emit.open_call(match.group(1))
         d.commit()
         d.emit.arguments("{")
@@ -187,7 +189,7 @@ class _Members(State):
         d.state = PatternState(pattern, self._member)
         return True
 
-    def _member(self, d: Driver, match: Any) -> State:
+    def _member(self, d: Driver, match: regex.Match[str]) -> State:
         key = match.group(1)
         if key is None:
             return self.then(d)
@@ -237,7 +239,7 @@ class _Array(State):
         d.state = PatternState(pattern, self._item)
         return True
 
-    def _item(self, d: Driver, match: Any) -> State:
+    def _item(self, d: Driver, match: regex.Match[str]) -> State:
         if match.group(1) is None:
             d.emit.arguments("]")
             return self.then(d)

@@ -20,7 +20,7 @@ parser falls back to content. When a call stops being tentative depends on `stre
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import regex
 
@@ -33,6 +33,19 @@ class ParseFailure(Exception):
     """The text is not what the format expects here."""
 
 
+@dataclass
+class _Step:
+    """One call's output within one delta (fragments joined at the end: arguments come in many pieces)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    fragments: list[str] = field(default_factory=list)
+
+    def delta(self) -> ToolCallDelta:
+        return ToolCallDelta(self.index, self.id, self.name, "".join(self.fragments))
+
+
 class Emitter:
     """Collects one ParseDelta's worth of output."""
 
@@ -41,7 +54,7 @@ class Emitter:
         self.next_index = next_index  # the index the next call gets
         self._content: list[str] = []
         self._reasoning: list[str] = []
-        self._steps: list[ToolCallDelta] = []
+        self._steps: list[_Step] = []
 
     def content(self, text: str) -> None:
         if text:
@@ -52,30 +65,29 @@ class Emitter:
             self._reasoning.append(text)
 
     def open_call(self, name: str, call_id: str | None = None) -> None:
-        self._steps.append(ToolCallDelta(self.next_index, call_id or self.new_id(), name))
+        self._steps.append(_Step(self.next_index, call_id or self.new_id(), name))
         self.next_index += 1
 
     def arguments(self, text: str) -> None:
         if not text:
             return
-        last = self._steps[-1] if self._steps else None
-        if last is not None and last.index == self.next_index - 1:
-            self._steps[-1] = ToolCallDelta(last.index, last.id, last.name, last.arguments + text)
-        else:
-            self._steps.append(ToolCallDelta(self.next_index - 1, arguments=text))
+        if not self._steps or self._steps[-1].index != self.next_index - 1:
+            self._steps.append(_Step(self.next_index - 1))
+        self._steps[-1].fragments.append(text)
 
     def absorb(self, other: Emitter) -> None:
         self._content += other._content
         self._reasoning += other._reasoning
         for step in other._steps:
             if step.id is None:
-                self.arguments(step.arguments)
+                self.arguments("".join(step.fragments))
             else:
                 self._steps.append(step)
         self.next_index = other.next_index
 
     def take(self) -> ParseDelta:
-        delta = ParseDelta("".join(self._content), "".join(self._reasoning), tuple(self._steps))
+        calls = tuple(step.delta() for step in self._steps)
+        delta = ParseDelta("".join(self._content), "".join(self._reasoning), calls)
         self._content, self._reasoning, self._steps = [], [], []
         return delta
 

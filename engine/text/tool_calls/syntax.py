@@ -84,6 +84,8 @@ def seq(*items: Node) -> Node:
                 flat[-1] = Lit(flat[-1].text + part.text)
             elif not (isinstance(part, Lit) and not part.text):
                 flat.append(part)
+    if not flat:
+        return Lit("")
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
 
