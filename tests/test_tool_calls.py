@@ -80,6 +80,25 @@ def reference_template(name: str) -> str:
         pytest.skip(f"llama.cpp reference data unavailable: {e}")
 
 
+def test_reference_data_names_a_missing_file() -> None:
+    reference_template("MiniMax-M3")  # (fetched and verified, or skipped/failed as below)
+    with pytest.raises(ReferenceDataError, match="not in llama_cpp_python-0.3.36.tar.gz"):
+        reference_file("models/templates/no-such-template.jinja")
+
+
+def test_missing_reference_data_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unavailable(path: str) -> None:
+        raise ReferenceDataError("offline")
+
+    monkeypatch.setattr(f"{__name__}.reference_file", unavailable)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="unavailable under CI"):
+        reference_template("MiniMax-M3")
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        reference_template("MiniMax-M3")
+
+
 @dataclass(frozen=True)
 class Case:
     """A native format on its real template: how a past call renders, and a canned answer in it."""
