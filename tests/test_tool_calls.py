@@ -661,20 +661,34 @@ MALFORMED_LATE = [
 ]
 
 
-def as_content(output: str, stream_arguments: bool) -> str:
-    """The whole output, but for Functionary's content header, which streaming has already dropped
-    (the final parse gives everything back, as llama.cpp's content fallback does)."""
-    return output[len("all\n") :] if stream_arguments and output.startswith("all\n") else output
+def as_content(output: str) -> str:
+    return output[len("all\n") :] if output.startswith("all\n") else output  # Functionary's header goes
 
 
 @pytest.mark.parametrize("stream_arguments", [True, False], ids=["streaming", "final"])
 @pytest.mark.parametrize(("name", "output"), MALFORMED)
 def test_a_marker_with_broken_json_stays_content(name: str, output: str, stream_arguments: bool) -> None:
     fmt = FORMATS[name]
-    expected = as_content(output, stream_arguments)
+    expected = as_content(output)
     assert fmt.parse(output, stream_arguments=stream_arguments) == (expected, [])
     for chunks in chunkings(output, seeds=4):
         assert run_stream(fmt, chunks, None, False, TOOLS, stream_arguments) == ParsedMessage(expected)
+
+
+@pytest.mark.parametrize("stream_arguments", [True, False], ids=["streaming", "final"])
+def test_a_marker_without_a_call_after_it_is_content_and_parsing_goes_on(stream_arguments: bool) -> None:
+    call = '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>'
+    text = "Wrap calls in <tool_call> tags. " + call
+    message = run_stream(FORMATS["Hermes 2 Pro"], [text], None, False, TOOLS, stream_arguments)
+    assert message == ParsedMessage(
+        "Wrap calls in <tool_call> tags. ", "", [ToolCall("call_0", "get_time", '{"zone":"CET"}')]
+    )
+    text = 'all\nIn Python: >>> print(1)\n>>>get_time\n{"zone": "CET"}'
+    for chunks in chunkings(text, seeds=4):
+        message = run_stream(FORMATS["Functionary v3.2"], chunks, None, False, TOOLS, stream_arguments)
+        assert message == ParsedMessage(
+            "In Python: >>> print(1)\n", "", [ToolCall("call_0", "get_time", '{"zone":"CET"}')]
+        )
 
 
 @pytest.mark.parametrize(("name", "output"), MALFORMED_LATE)

@@ -22,6 +22,7 @@ from engine.text.tool_calls.stream import (
     Commit,
     ContentState,
     Driver,
+    GiveBack,
     JsonState,
     Marker,
     PatternState,
@@ -34,7 +35,7 @@ from engine.text.tool_calls.syntax import Json, Lit, Node, Regex, Space, ToolGra
 SEPARATOR = ">>>"
 # A header at the very start (the prompt wrote its `>>>`) and after a later `>>>`.
 _FIRST_HEADER = r"(?:(all)\n|(python)\n(?=[^{])|(\w+)\n(?=\{))"
-_HEADER = r"(\w+)\n"
+_HEADER = r"(?:(all)\n|(python)\n|(\w+)\n(?=\{))"
 
 
 class FunctionaryV32(ToolCallFormat):
@@ -89,15 +90,17 @@ def _first_header(d: Driver, match: regex.Match[str]) -> State:
 
 
 def _header() -> State:
-    return PatternState(_HEADER, lambda d, m: _after_header(d, m.group(1)))
+    """After `>>>`: a header llama.cpp's parser knows, or else `>>>` was content (a Python prompt...)."""
+    return PatternState(_HEADER, _after_header, otherwise=lambda: GiveBack(_content))
 
 
-def _after_header(d: Driver, name: str) -> State:
-    if name == "all":
+def _after_header(d: Driver, match: regex.Match[str]) -> State:
+    if match.group(1):
         return Commit(_content)
-    if name == "python":
-        return PatternState(r"(?=\{)", lambda d, m: _arguments(d, name), otherwise=lambda: _raw_python(d))
-    return _arguments(d, name)
+    if match.group(2):
+        json_arguments = lambda d, m: _arguments(d, "python")  # noqa: E731
+        return PatternState(r"(?=\{)", json_arguments, otherwise=lambda: _raw_python(d))
+    return _arguments(d, match.group(3))
 
 
 def _arguments(d: Driver, name: str) -> State:

@@ -18,6 +18,7 @@ from engine.text.tool_calls.stream import (
     CallObjectSink,
     ContentState,
     Driver,
+    GiveBack,
     JsonState,
     Marker,
     SkipSpace,
@@ -56,7 +57,10 @@ class Hermes2Pro(ToolCallFormat):
         return ContentState([Marker(OPEN, self._call)])
 
     def _call(self) -> State:
-        return JsonState(CallObjectSink(_KEYS), self._close)
+        # As in llama.cpp, a call is `<tool_call>` with an object starting with its name; the tag
+        # without one is content, and the parse goes on.
+        json_call = lambda: JsonState(CallObjectSink(_KEYS), self._close)  # noqa: E731
+        return expect(r'(?=\s*\{\s*"name")', json_call, otherwise=lambda: GiveBack(self._content))
 
     def _close(self) -> State:
         return expect(r"\s*" + CLOSE, lambda: SkipSpace(self._content))

@@ -113,6 +113,7 @@ class Driver:
         self._pending: Emitter | None = None  # a tentative call's output
         self._pending_raw = ""  # the text it came from, given back as content if it fails
         self._incomplete = False  # the tentative stretch has not reached its commit point
+        self._stretch_start = 0  # where the current stretch's text starts in _pending_raw
 
     @property
     def emit(self) -> Emitter:
@@ -139,6 +140,19 @@ class Driver:
         if self._pending is None:
             self._pending = Emitter(self._out.new_id, self._out.next_index)
             self._pending_raw = ""
+        self._stretch_start = len(self._pending_raw)
+
+    def give_back(self) -> None:
+        """The marker was a false alarm (what follows it is no call's start): its text is content and
+        the parse goes on. Only before the stretch emitted anything."""
+        assert self._pending is not None
+        raw = self._pending_raw[self._stretch_start :]
+        self._incomplete = False
+        if self._stream_arguments:  # the pending output is this stretch's alone, and empty
+            self._pending, self._pending_raw = None, ""
+            self._out.content(raw)
+        else:
+            self._pending.content(raw)
 
     def commit(self) -> None:
         """The tentative stretch is sound so far (without stream_arguments: it waits for the end)."""
@@ -487,5 +501,17 @@ class Tentative(State):
 
     def step(self, d: Driver) -> bool:
         d.begin_tentative()
+        d.state = self.then()
+        return True
+
+
+class GiveBack(State):
+    """A marker turned out not to start a call: its text is content; then `then`."""
+
+    def __init__(self, then: Next) -> None:
+        self.then = then
+
+    def step(self, d: Driver) -> bool:
+        d.give_back()
         d.state = self.then()
         return True
