@@ -9,8 +9,10 @@ grammar: whether it is lazy (only enforced from a trigger on) and its triggers.
 For a lazy grammar, `root` matches the text from the trigger on, as llama.cpp feeds it: a `word`
 trigger's word is the start of `root`; a `pattern` found anywhere starts `root` where its match starts
 (llama.cpp wraps it as `[\s\S]*?(pattern)[\s\S]*`); a `pattern_full` must match the whole output so
-far, and `root` starts at its first non-empty capture group (at 0 without one). `Json` nodes take no
-whitespace around them: formats put `Space()` where the model may write some.
+far, and `root` starts at its first non-empty capture group (at 0 without one). Triggers are meant for
+the answer text, after the reasoning split (llama.cpp folds "skip a <think> block" into its patterns;
+here the sequence knows when it is in a reasoning block). `Json` nodes take no whitespace around them:
+formats put `Space()` where the model may write some.
 """
 
 from __future__ import annotations
