@@ -7,7 +7,7 @@ PORT    ?= 8080
 PYTEST_ARGS ?=
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/llamba/numba
 
-.PHONY: serve test test-all models browser bench cuda-check lint format clean
+.PHONY: serve test test-all models reference browser bench cuda-check lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 models: $(STAMP)
 	$(BIN)/llamba-models fetch
+
+# llama.cpp's chat templates and grammars (the llama-cpp-python sdist, sha256-checked) for the tests.
+reference: $(STAMP)
+	$(BIN)/python -m engine.reference_data
 
 serve: models
 	$(BIN)/llamba-server --port $(PORT)

@@ -120,11 +120,15 @@ def test_content_parts_are_flattened(smollm2_template: ChatTemplate) -> None:
 
 
 def test_null_content_with_tool_calls_is_empty_string() -> None:
-    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
-    text = ChatTemplate.builtin("chatml").render(
+    source = (
+        "{% for m in messages %}[{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}|{{ c.function.arguments }}{% endfor %}]{% endfor %}"
+    )
+    call = {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    text = ChatTemplate(source, "t").render(
         [{"role": "assistant", "content": None, "tool_calls": [call]}], add_generation_prompt=False
     )
-    assert text.text == "<|im_start|>assistant\n<|im_end|>\n"
+    assert text.text == '[|{"a": 1}]'
 
 
 @pytest.mark.parametrize(

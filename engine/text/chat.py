@@ -7,7 +7,8 @@ their authors tested them. Built-in templates reproduce llama.cpp's hard-coded f
 as Jinja, so every template has a source to show in /props.
 
 Like llama.cpp (common/chat.cpp), a BOS or EOS string the template emits at the very start or end is
-removed when the tokenizer adds that token itself, so it is not doubled.
+removed when the tokenizer adds that token itself, so it is not doubled. What a template cannot render
+(tools, tool calls, tool results, a system turn) is polyfilled as llama.cpp does (template_caps.py).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.text.template_caps import TemplateCaps, polyfill, probe_caps, tool_call_example
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -150,23 +154,63 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         with_starts: bool = True,
+        continue_final_message: bool | None = False,
         **extra: Any,
     ) -> RenderedPrompt:
         """Render messages; `extra` (e.g. enable_thinking) becomes template variables too.
 
-        Message starts cost one render per message (O(n^2) for a long chat): `with_starts=False` skips
-        them where only the text is needed.
+        `continue_final_message` renders the last (assistant) message as the start of the reply the model
+        goes on with, as llama-server does: the conversation before it with the generation prompt, then
+        its content, unterminated. None continues exactly when the last message is the assistant's
+        (llama-server's --prefill-assistant). Message starts cost one render per message (O(n^2) for a
+        long chat): `with_starts=False` skips them where only the text is needed. Starts are per message
+        as rendered: a system message merged into the next user turn (a template without a system role)
+        has none of its own.
         """
         normalised = normalise_messages(messages)
+        continued = _continued_message(normalised, continue_final_message)
+        if continued is not None:
+            normalised, add_generation_prompt = normalised[:-1], True
+        normalised = polyfill(normalised, tools, self.caps, self.tool_call_example if tools else "")
         # llama.cpp always defines enable_thinking (default true); callers override it via `extra`.
         context = {"enable_thinking": True, **extra, **self._special_context()}
         if tools:
             context["tools"] = tools  # llama.cpp leaves `tools` undefined when there are none
-        text = self._strip_special(self._render(normalised, add_generation_prompt, context))
+        text = self._render(normalised, add_generation_prompt, context)
+        if continued is not None:
+            text += continued["content"]
+        text = self._strip_special(text)
         starts = self._message_starts(normalised, context, text) if with_starts else []
+        if continued is not None and with_starts:
+            starts.append(
+                _common_prefix_length(self._strip_special(self._render(normalised, False, context)), text)
+            )
         return RenderedPrompt(text=text, message_starts=starts)
 
+    @cached_property
+    def caps(self) -> TemplateCaps:
+        """What the template renders by itself (probed once, like llama.cpp does at load)."""
+        return probe_caps(self._probe_render)
+
+    @cached_property
+    def tool_call_example(self) -> str:
+        """A tool call as the template shows it, for the tool list of templates without tool syntax."""
+        if self.caps.supports_tools:
+            return ""
+        return tool_call_example(self._probe_render, self.special.eos_token, self.caps)
+
     # -- internals -----------------------------------------------------------------------------------
+
+    def _probe_render(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool
+    ) -> str:
+        context: dict[str, Any] = {"enable_thinking": True, **self._special_context()}
+        if tools:
+            context["tools"] = tools
+        try:
+            return self._render(messages, add_generation_prompt, context)
+        except ChatTemplateError:
+            return ""
 
     def _special_context(self) -> dict[str, str]:
         return {"bos_token": self.special.bos_token, "eos_token": self.special.eos_token}
@@ -207,6 +251,22 @@ class ChatTemplate:
                 continue
             starts.append(_common_prefix_length(prefix, text))
         return starts
+
+
+def _continued_message(messages: list[dict], continue_final_message: bool | None) -> dict | None:
+    """The assistant message to continue, or None; refuses what llama-server refuses."""
+    last = messages[-1] if messages else None
+    if continue_final_message is None:
+        continue_final_message = last is not None and last["role"] == "assistant"
+        if continue_final_message and len(messages) > 1 and messages[-2]["role"] == "assistant":
+            raise ValueError("Cannot have 2 or more assistant messages at the end of the list.")
+    if not continue_final_message:
+        return None
+    if last is None or last["role"] != "assistant":
+        raise ValueError("continue_final_message needs the last message to be the assistant's")
+    if last.get("tool_calls"):
+        raise ValueError("Cannot continue an assistant message that contains tool calls.")
+    return last
 
 
 def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
@@ -282,8 +342,23 @@ def _tojson(
 ) -> str:
     # Jinja's own tojson HTML-escapes and is ASCII-only; templates expect HF's plain json.dumps.
     return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        value,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+        default=_json_default,
     )
+
+
+def _json_default(value: Any) -> Any:
+    """What json.dumps cannot take itself: Jinja's lazy sequences (`tools | map(...)` is a generator)
+    become lists, undefined values null."""
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if hasattr(value, "__iter__") and not isinstance(value, str | bytes | Mapping):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _raise_exception(message: str) -> None:

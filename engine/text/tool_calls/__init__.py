@@ -1,0 +1,100 @@
+"""Tool-call chat formats, as llama.cpp's common/chat.cpp detects them from the chat template.
+
+`detect_format(template_source)` picks the format. A format gives a streaming parser for the model's
+answer text (after the reasoning split: `format.parser(tools).push(text)`, then `.flush()`), `parse` for
+a whole reply (by construction the stream's accumulation, for any chunking), `grammar(choice, parallel)`
+for the grammar builder (engine-neutral nodes, see syntax.py), and the prompt-side adjustments llama.cpp
+makes (`prepare_messages`, `template_context`, `finish_prompt`). Parsers run only for requests that have
+tools and a tool_choice other than "none"; otherwise the answer is plain content.
+
+Modules: common (types), syntax (grammar description), json_stream (incremental JSON), stream (the
+parser machinery), and one module per family: generic, hermes, llama3, mistral, functionary, deepseek,
+command_r, gpt_oss, minimax. Not covered (llama.cpp's older chat.cpp has them): Firefunction v2,
+Functionary v3.1, Granite, Hermes' "good bad" variants (`<function=...>`, bare or fenced JSON); newer
+llama.cpp formats (Qwen3-Coder's XML parameters, Kimi, GLM, newer Mistral `[ARGS]`) are detected as the
+older family whose marker they share, or as generic.
+"""
+
+from __future__ import annotations
+
+from engine.text.tool_calls.command_r import CommandR7B
+from engine.text.tool_calls.common import (
+    IdFactory,
+    ParseDelta,
+    ParsedMessage,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallFormat,
+    ToolCallParser,
+    ToolChoice,
+    random_id,
+    sequential_ids,
+)
+from engine.text.tool_calls.deepseek import DeepSeekR1
+from engine.text.tool_calls.functionary import FunctionaryV32
+from engine.text.tool_calls.generic import Generic
+from engine.text.tool_calls.gpt_oss import GptOss
+from engine.text.tool_calls.hermes import Hermes2Pro
+from engine.text.tool_calls.llama3 import Llama3
+from engine.text.tool_calls.minimax import MiniMaxM3
+from engine.text.tool_calls.mistral import MistralNemo
+from engine.text.tool_calls.syntax import ToolGrammar, Trigger
+
+__all__ = [
+    "FORMATS",
+    "IdFactory",
+    "ParseDelta",
+    "ParsedMessage",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallFormat",
+    "ToolCallParser",
+    "ToolChoice",
+    "ToolGrammar",
+    "Trigger",
+    "detect_format",
+    "random_id",
+    "sequential_ids",
+]
+
+GENERIC = Generic()
+FORMATS: dict[str, ToolCallFormat] = {
+    f.name: f
+    for f in (
+        GENERIC,
+        Hermes2Pro(),
+        Llama3(builtin_tools=False),
+        Llama3(builtin_tools=True),
+        MistralNemo(),
+        FunctionaryV32(),
+        DeepSeekR1(),
+        CommandR7B(),
+        GptOss(),
+        MiniMaxM3(),
+    )
+}
+
+# (format name, substrings the template source must all contain), in llama.cpp's order of checks.
+_SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("DeepSeek R1", ("<｜tool▁calls▁begin｜>",)),
+    ("Command R7B", ("<|END_THINKING|><|START_ACTION|>",)),
+    ("MiniMax-M3", ("]<]minimax[>[", "<tool_call>", "<invoke name=")),
+    ("Hermes 2 Pro", ("<tool_call>",)),
+    ("GPT-OSS", ("<|channel|>",)),
+    ("Functionary v3.2", (">>>all",)),
+    # Functionary v3.1 (`<function=name>` calls on Llama 3.1) has no parser here: the generic format.
+    ("Generic", ("<|start_header_id|>", "<function=")),
+    ("Llama 3.x with builtin tools", ("<|start_header_id|>ipython<|end_header_id|>", "<|python_tag|>")),
+    ("Llama 3.x", ("<|start_header_id|>ipython<|end_header_id|>",)),
+)
+
+
+def detect_format(template_source: str) -> ToolCallFormat:
+    """The format llama.cpp would use for this template when a request has tools."""
+    for name, signs in _SIGNS:
+        if all(sign in template_source for sign in signs):
+            return FORMATS[name]
+    # Newer Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`: not Nemo's array.
+    if "[TOOL_CALLS]" in template_source and "[ARGS]" not in template_source:
+        return FORMATS["Mistral Nemo"]
+    return GENERIC

@@ -1,0 +1,122 @@
+"""GPT-OSS: OpenAI's harmony format, messages on channels.
+
+    <|channel|>analysis<|message|>Need the weather.<|end|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}<|call|>
+    <|start|>assistant<|channel|>final<|message|>It is sunny.<|end|>
+
+The generation prompt ends with `<|start|>assistant`, so the answer starts at its first channel. The
+analysis channel is reasoning: the reasoning splitter takes the opening one (`reasoning_tags`), and the
+parser puts later ones into `reasoning`. `final` and `commentary` without a recipient (a preamble) are
+content; a recipient `to=functions.NAME`, in the channel or before it, makes the message a call whose
+body is the JSON arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import regex
+
+from engine.api import ReasoningTags
+from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.stream import (
+    ArgumentsSink,
+    ContentState,
+    Driver,
+    JsonState,
+    Marker,
+    PatternState,
+    State,
+    expect,
+)
+from engine.text.tool_calls.syntax import Json, Lit, Node, ToolGrammar, Trigger, alt, opt, seq
+
+START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
+ANALYSIS = ReasoningTags(CHANNEL + "analysis" + MESSAGE, (END,))
+_CONSTRAINT = r"(?: (?:<\|constrain\|>)?[a-zA-Z0-9_-]+)?"
+_RECIPIENT = r" to=functions\.([^<\s]+)"
+# A message header up to its <|message|>: the recipient is in the role (before the channel) or in it.
+_HEADER = (
+    r"(?:<\|start\|>assistant)?"
+    r"(?:"
+    + _RECIPIENT
+    + r"<\|channel\|>(?:analysis|commentary)"
+    + _CONSTRAINT
+    + r"|<\|channel\|>(?:analysis|commentary)"
+    + _RECIPIENT
+    + _CONSTRAINT
+    + r"|<\|channel\|>(analysis)"
+    + r"|<\|channel\|>(final|commentary)"
+    + _CONSTRAINT
+    + r")"
+    + r"<\|message\|>"
+)
+
+
+class GptOss(ToolCallFormat):
+    name = "GPT-OSS"
+    reasoning_tags = ANALYSIS
+    preserved_tokens = (CHANNEL, CONSTRAIN, MESSAGE, START, END)
+
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
+        return Driver(_message(), new_id or self.new_id(), stream_arguments)
+
+    def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
+        if choice.mode == "none":
+            return None
+        channel = alt(Lit(CHANNEL + "commentary"), Lit(CHANNEL + "analysis"))
+        # The model writes ` <|constrain|>json`; the template renders past calls with ` json`.
+        constrain = opt(alt(Lit(" " + CONSTRAIN + "json"), Lit(" json")))
+        in_role = [
+            seq(Lit(tool_name(t)), channel, constrain, Lit(MESSAGE), _arguments(t)) for t in choice.tools
+        ]
+        in_channel = [seq(Lit(tool_name(t)), constrain, Lit(MESSAGE), _arguments(t)) for t in choice.tools]
+        recipient_in_role = seq(opt(Lit(START + "assistant")), Lit(" to=functions."), alt(*in_role))
+        recipient_in_channel = seq(channel, Lit(" to=functions."), alt(*in_channel))
+        triggers = (
+            Trigger("pattern", r"<\|channel\|>(commentary|analysis) to"),
+            Trigger("pattern_full", "^ to"),
+            Trigger("pattern", r"<\|start\|>assistant to"),
+        )
+        root = alt(recipient_in_role, recipient_in_channel)
+        return ToolGrammar(root, lazy=choice.mode == "auto", triggers=triggers)
+
+
+def _arguments(tool: Mapping[str, Any]) -> Node:
+    return Json(tool_parameters(tool))
+
+
+def _message() -> State:
+    return _NextMessage()
+
+
+class _NextMessage(State):
+    """The next message: its header decides what its body is; text that is no header is content. The
+    output may end here."""
+
+    def step(self, d: Driver) -> bool:
+        if not d.buf:
+            return False
+        d.begin_tentative()
+        d.state = PatternState(_HEADER, _body)
+        return True
+
+
+def _body(d: Driver, match: regex.Match[str]) -> State:
+    name = match.group(1) or match.group(2)
+    if name:
+        d.emit.open_call(name)
+        # <|call|> ends the generation (so is seldom in the text); another message may follow.
+        after = r"\s*(?:" + re.escape(CALL) + r"|(?=<\|start\|>))"
+        return JsonState(ArgumentsSink(), lambda: expect(after, _message))
+    d.commit()
+    ends = [Marker(end, _message, tentative=False) for end in (END, RETURN, CALL)]
+    return ContentState(ends, reasoning=match.group(3) is not None)
