@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.sampling import SamplingParams
 
@@ -39,6 +40,54 @@ class ReasoningSpec:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON text, as OpenAI sends it
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One step of one call, as llama-server streams it: `id` and `name` come once, in the call's first
+    delta; `arguments` fragments follow (the first delta may carry the first fragment)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+    def to_openai(self) -> dict[str, Any]:
+        delta: dict[str, Any] = {"index": self.index}
+        function: dict[str, Any] = {}
+        if self.id is not None:
+            delta["id"], delta["type"] = self.id, "function"
+        if self.name is not None:
+            function["name"] = self.name
+        function["arguments"] = self.arguments
+        delta["function"] = function
+        return delta
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    """How a request's answer is read for tool calls (engine/text/tool_calls); None on a request: all
+    of it is content."""
+
+    format: str  # a format name of engine.text.tool_calls.FORMATS
+    tools: tuple[dict[str, Any], ...] = ()  # the request's tools (MiniMax types its XML arguments by them)
+    # llama-server's streaming parse (calls announced early, arguments as they come) or its final parse
+    # (calls whole at the end; a broken call leaves everything from its marker as content).
+    stream_arguments: bool = True
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -52,6 +101,7 @@ class GenerationRequest:
     return_progress: bool = False  # an event after every prompt chunk, with `progress`
     truncated: bool = False  # the prompt was cut to fit the context (context shift)
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
+    tool_calls: ToolCallSpec | None = None  # None: no tool-call parsing
 
 
 @dataclass(frozen=True)
@@ -114,6 +164,7 @@ class TokenEvent:
     error: str | None = None
     progress: PromptProgress | None = None  # set on prompt-progress events (no token, no text)
     truncated: bool = False  # on the final event: the context was shifted or the prompt cut
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # tool-call steps this event completes (see ToolCallDelta)
 
 
 @dataclass(frozen=True)

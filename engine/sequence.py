@@ -2,9 +2,10 @@
 
 The scheduler owns slots and batches; a Sequence owns everything that happens to its request's tokens:
 what to feed next, the sampler (with its penalty history and RNG), the incremental detokenizer, stop
-strings, the reasoning split and budget, logprobs and timings. `advance` is its one entry point per
-generated token: logits in, a TokenEvent out. Grammar masks, tool-call parsing and speculative
-acceptance attach here (docs/architecture.md).
+strings, the reasoning split and budget, tool-call parsing, logprobs and timings. `advance` is its one
+entry point per generated token: logits in, a TokenEvent out. The text goes detokenizer -> stop strings
+-> reasoning split -> tool-call parser, so streamed and whole replies are the same. Grammar masks and
+speculative acceptance attach here too (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from engine.sampling import Sampler
 from engine.text.reasoning import ReasoningState, Split
 from engine.text.stop import StopMatcher
 from engine.text.tokenizer import IncrementalDecoder, Tokenizer
+from engine.text.tool_calls import FORMATS, ParseDelta, ToolCallParser
 
 Emit = Callable[[TokenEvent], None]
 
@@ -35,6 +37,8 @@ class Sequence:
     stopper: StopMatcher
     eog_ids: frozenset[int]
     reasoning: ReasoningState | None = None
+    tool_parser: ToolCallParser | None = None
+    n_tool_calls: int = 0  # calls the answer has started so far
     pending: list[int] = field(default_factory=list)  # to feed next: the prompt's rest, then the last pick
     n_cached: int = 0  # prompt tokens whose cells were reused
     n_generated: int = 0
@@ -55,6 +59,10 @@ class Sequence:
         reasoning = None
         if request.reasoning is not None:
             reasoning = ReasoningState(request.reasoning, lambda text: tokenizer.encode(text, False, True))
+        spec = request.tool_calls
+        tool_parser = None
+        if spec is not None:
+            tool_parser = FORMATS[spec.format].parser(spec.tools, stream_arguments=spec.stream_arguments)
         return cls(
             request,
             emit,
@@ -64,6 +72,7 @@ class Sequence:
             StopMatcher(list(request.stop)),
             tokenizer.eog_ids,
             reasoning,
+            tool_parser,
             pending=request.prompt_tokens[n_cached:],
             n_cached=n_cached,
             truncated=request.truncated,
@@ -95,11 +104,14 @@ class Sequence:
         finish = self._finish_reason(is_eog or stop_word is not None, room)
         if finish and stop_word is None:
             text += self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()
-        split = self._split(text, forced, finish is not None)
+        answer = self._read_answer(self._split(text, forced, finish is not None), finish is not None)
+        if finish == "stop" and self.n_tool_calls:
+            finish = "tool_calls"  # as llama-server: an answer that ends with calls asks for their results
         self.pending = [] if finish else [token]
         return TokenEvent(
-            text=split.content,
-            reasoning_text=split.reasoning,
+            text=answer.content,
+            reasoning_text=answer.reasoning,
+            tool_calls=answer.tool_calls,
             token=token,
             finish_reason=finish,
             stop_word=stop_word,
@@ -132,6 +144,16 @@ class Sequence:
             return Split(content=text)
         split = self.reasoning.push(text, forced)
         return split + self.reasoning.flush() if final else split
+
+    def _read_answer(self, split: Split, final: bool) -> ParseDelta:
+        """The answer text through the tool-call parser (when the request has tools): content, calls."""
+        if self.tool_parser is None:
+            return ParseDelta(split.content, split.reasoning)
+        parsed = self.tool_parser.push(split.content)
+        if final:
+            parsed += self.tool_parser.flush()
+        self.n_tool_calls = max([self.n_tool_calls, *(d.index + 1 for d in parsed.tool_calls)])
+        return ParseDelta(parsed.content, split.reasoning + parsed.reasoning, parsed.tool_calls)
 
     def _logprobs(self, logits: np.ndarray, token: int) -> dict:
         n_probs = self.request.sampling.n_probs

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.sampling import SamplingParams
+from server.schemas_tools import ConstraintFields, ToolFields
 
 
-class GenerationFields(BaseModel):
+class GenerationFields(ConstraintFields):
     """Fields shared by every generation route (OpenAI names and llama-server's native ones)."""
 
     model_config = ConfigDict(extra="allow")
@@ -93,20 +94,35 @@ def parse_logit_bias(raw: dict[str, float | bool] | list[list[Any]] | None, n_vo
     return bias
 
 
+class ToolCallMessage(BaseModel):
+    """An earlier call in the history (an assistant message's tool_calls)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this is the result of
+    reasoning_content: str | None = None
 
 
-class ChatCompletionRequest(GenerationFields):
+class ChatCompletionRequest(GenerationFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Assistant prefill: continue the last (assistant) message instead of opening a new turn. None: when
+    # the last message is the assistant's, as llama-server does; vLLM's flag, exclusive with the next.
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
     # Reasoning (llama-server's names; thinking_* are what some clients send). None: the server default.
     reasoning_format: Literal["none", "deepseek", "auto"] | None = None
     reasoning_budget_tokens: int | None = Field(default=None, ge=-1)
@@ -114,6 +130,12 @@ class ChatCompletionRequest(GenerationFields):
     reasoning_budget_message: str | None = None
     thinking_budget_message: str | None = None
     reasoning_control: bool = False
+
+    @model_validator(mode="after")
+    def _prefill_or_new_turn(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        return self
 
     def n_probs(self) -> int:
         return (self.top_logprobs or 1) if self.logprobs else 0

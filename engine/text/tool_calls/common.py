@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from engine.api import ReasoningTags
+from engine.api import ReasoningTags, ToolCall, ToolCallDelta
 from engine.text.tool_calls.syntax import ToolGrammar
 
 IdFactory = Callable[[], str]
@@ -29,42 +29,6 @@ def sequential_ids(prefix: str = "call_") -> IdFactory:
 
 
 @dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # a JSON text, as OpenAI sends it
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    """One step of one call, as llama-server streams it: `id` and `name` come once, in the call's first
-    delta; `arguments` fragments follow (the first delta may carry the first fragment)."""
-
-    index: int
-    id: str | None = None
-    name: str | None = None
-    arguments: str = ""
-
-    def to_openai(self) -> dict[str, Any]:
-        delta: dict[str, Any] = {"index": self.index}
-        function: dict[str, Any] = {}
-        if self.id is not None:
-            delta["id"], delta["type"] = self.id, "function"
-        if self.name is not None:
-            function["name"] = self.name
-        function["arguments"] = self.arguments
-        delta["function"] = function
-        return delta
-
-
-@dataclass(frozen=True)
 class ParseDelta:
     """What one push (or the flush) makes certain: content that can no longer be part of a call marker,
     reasoning found inside the format's own structure (GPT-OSS channels), and tool-call deltas in order
@@ -76,6 +40,12 @@ class ParseDelta:
 
     def __bool__(self) -> bool:
         return bool(self.content or self.reasoning or self.tool_calls)
+
+    def __add__(self, later: ParseDelta) -> ParseDelta:
+        """This delta followed by a later one (its call steps are not merged with these)."""
+        return ParseDelta(
+            self.content + later.content, self.reasoning + later.reasoning, self.tool_calls + later.tool_calls
+        )
 
 
 @dataclass

@@ -1,0 +1,168 @@
+"""Request fields for structured output and tool calls (pydantic): OpenAI's shapes and llama-server's.
+
+- `grammar` (llama.cpp's GBNF) and `json_schema` (llama-server's fields), `response_format`
+  (`{"type": "text" | "json_object" | "json_schema"}`, with llama-server's `{"type": "json_object",
+  "schema": ...}` too): at most one of them constrains a request.
+- `tools` (function tools: a name, a description, a JSON schema of the arguments), `tool_choice`
+  (`none`, `auto`, `required` or a named function) and `parallel_tool_calls`.
+
+Every schema a client sends is checked against JSON Schema's meta-schema here, so a broken one is a
+400 naming its field before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TOOL_NAME = r"^[a-zA-Z0-9_.:-]{1,128}$"
+
+
+def check_schema(schema: Any) -> dict[str, Any]:
+    """A JSON schema that is a valid schema (the latest draft's meta-schema), else ValueError."""
+    if isinstance(schema, bool):
+        return {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ValueError("must be a JSON schema (an object)")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise ValueError(f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}") from None
+    return schema
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # arguments always follow `parameters` here (the grammar enforces them)
+
+    @field_validator("parameters")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoiceField = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None  # OpenAI: with type json_schema
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # llama-server: with json_object
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+    @model_validator(mode="after")
+    def _schema_where_it_belongs(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError('type "json_schema" needs json_schema.schema')
+        if self.type == "text" and (self.json_schema is not None or self.schema_ is not None):
+            raise ValueError('type "text" takes no schema')
+        return self
+
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow; {} for any JSON object; None for free text."""
+        if self.type == "json_schema":
+            return self.json_schema.schema_ if self.json_schema else None
+        if self.type == "json_object":
+            return self.schema_ if self.schema_ is not None else {"type": "object"}
+        return None
+
+
+class ConstraintFields(BaseModel):
+    """What constrains the output, on every generation route."""
+
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> ConstraintFields:
+        named = [n for n in ("grammar", "json_schema") if getattr(self, n)]
+        if self.response_format is not None and self.response_format.type != "text":
+            named.append("response_format")
+        if len(named) > 1:
+            raise ValueError(f"{' and '.join(named)} cannot be used together: give one constraint")
+        return self
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow, from json_schema or response_format."""
+        if self.json_schema is not None:
+            return self.json_schema
+        return self.response_format.schema() if self.response_format is not None else None
+
+
+class ToolFields(BaseModel):
+    """Chat's tool fields."""
+
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoiceField | None = None
+    parallel_tool_calls: bool = False  # llama-server's default
+
+    @model_validator(mode="after")
+    def _choice_matches_tools(self) -> ToolFields:
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools have the same name")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+        if choice == "required" and not names:
+            raise ValueError('tool_choice "required" needs tools')
+        return self
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        """The tools as the chat template and the tool-call formats take them."""
+        return [t.model_dump(exclude_none=True) for t in self.tools or ()]
+
+    def tool_choice_value(self) -> Any:
+        choice = self.tool_choice
+        return choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
