@@ -11,6 +11,7 @@ object: it holds llguidance's view of the vocabulary, built once per tokenizer a
     if matcher.finished:    # the grammar is complete: finish with "stop"
         ...
     matcher.prefetch()      # the next mask is computed on a worker thread while the batch runs
+                            # (prefetch_masks(matchers): a whole batch's in one hand-off)
 
 Why llguidance rather than xgrammar (scripts/bench_grammar.py; SmolLM2 49k / Gemma 3 262k vocab):
 masks take 0.01-0.02 ms a token (median) on both a JSON schema and llama.cpp's json.gbnf, where
@@ -33,7 +34,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -295,7 +296,7 @@ class CompiledGrammar:
     spec: GrammarSpec
     compiler: GrammarCompiler
     start: llguidance.LLMatcher = field(repr=False)  # the initial state; matchers are copies of it
-    triggers: _TriggerSet | None = field(repr=False)
+    triggers: _TriggerSet | None = field(repr=False)  # a template: each matcher watches a fresh() one
     warnings: tuple[str, ...] = ()
 
     @property
@@ -379,6 +380,27 @@ def _mask_worker() -> ThreadPoolExecutor:
         return _mask_pool
 
 
+def prefetch_masks(matchers: Iterable[GrammarMatcher]) -> None:
+    """Start the next mask of each matcher (those that need one), all in one task on the worker
+    thread, to run while the batch's forward pass does.
+
+    One task per step, not per sequence: a hand-off costs 0.015 ms, as much as a JSON-schema mask
+    (0.014 ms). Measured with 8 sequences decoding a schema: grammar time on the engine thread per
+    step 0.50 ms computing masks inline, 0.57-0.68 ms with one prefetch per sequence, 0.25 ms with one
+    per step (SmolLM2); Gemma 3 0.84-0.92 ms inline, 0.52-0.57 ms per step. What stays on the engine
+    thread is applying masks (0.010 / 0.038 ms) and accepting tokens (0.005 ms) per sequence."""
+    todo = [m for m in matchers if m._wants_mask()]
+    if todo:
+        pending = _mask_worker().submit(_fill_masks, todo)
+        for matcher in todo:
+            matcher._pending = pending
+
+
+def _fill_masks(matchers: list[GrammarMatcher]) -> None:
+    for matcher in matchers:
+        matcher._fill_mask()
+
+
 class GrammarMatcher:
     """One sequence's grammar state. Used from one thread (the engine's); the only other thread that
     touches it is the prefetch worker, and every method waits for that first."""
@@ -451,10 +473,14 @@ class GrammarMatcher:
 
     def prefetch(self) -> None:
         """Start computing the next mask on the worker thread; `apply` waits for it. The computation
-        releases the GIL, so it runs alongside the forward pass."""
-        if self._state is None or self._mask_ready or self._pending is not None or self.finished:
-            return
-        self._pending = _mask_worker().submit(self._fill_mask)
+        releases the GIL, so it runs alongside the forward pass. A batch's matchers are better
+        handed over together: `prefetch_masks(matchers)`."""
+        prefetch_masks([self])
+
+    def _wants_mask(self) -> bool:
+        return (
+            self._state is not None and not self._mask_ready and self._pending is None and not self.finished
+        )
 
     def copy(self) -> GrammarMatcher:
         """An independent matcher in the same state (n choices, speculative drafts)."""

@@ -24,6 +24,7 @@ from engine.grammar import (
     Trigger,
     TriggerKind,
     _apply_bitmask,
+    prefetch_masks,
 )
 from engine.reference_data import ReferenceDataError, llama_cpp_files
 from engine.text.tokenizer import Tokenizer
@@ -431,6 +432,18 @@ def test_prefetched_masks_equal_computed_ones(compiler: GrammarCompiler) -> None
         assert ahead.accept(token) and inline.accept(token)
         ahead.prefetch()  # accept right after a prefetch waits for it
     assert ahead.eos_allowed and inline.eos_allowed
+
+
+def test_a_batch_prefetches_in_one_hand_off(smollm2: GrammarCompiler) -> None:
+    compiled = smollm2.compile(GrammarSpec.json_schema(SCHEMA))
+    batch = [compiled.matcher() for _ in range(4)]
+    lazy = smollm2.compile(GrammarSpec.regex("x", [Trigger.word("<go>")])).matcher()  # nothing to compute
+    tokens = tokens_of(smollm2, json.dumps(INSTANCE))
+    for token in tokens[:20]:
+        prefetch_masks([*batch, lazy])
+        masks = [allowed(m, smollm2.n_vocab) for m in batch]
+        assert all(np.array_equal(masks[0], m) for m in masks) and token in set(masks[0].tolist())
+        assert all(m.accept(token) for m in batch) and lazy.accept(token)
 
 
 def test_logits_past_the_vocabulary_are_disallowed(smollm2: GrammarCompiler) -> None:
