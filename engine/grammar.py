@@ -229,10 +229,12 @@ _NAMES = {
 
 def _llguidance_grammar(spec: GrammarSpec) -> str:
     """The spec as llguidance's grammar text; errors the library finds only later are checked there."""
-    if spec.kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
-    if spec.kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(_schema_of(spec.source), defaults=_JSON_OPTIONS)
+    if spec.kind in ("json_object", "json_schema"):
+        schema = _schema_of(spec.source) if spec.kind == "json_schema" else {"type": "object"}
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        except ValueError as exc:
+            raise GrammarError(f"invalid JSON schema: {exc}") from None
     if spec.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.source)
     if spec.kind == "lark":
@@ -244,12 +246,16 @@ def _llguidance_grammar(spec: GrammarSpec) -> str:
         raise GrammarError(f"invalid GBNF grammar: {message}") from None
 
 
-def _schema_of(text: str) -> dict[str, Any] | bool:
+def _schema_of(text: str) -> dict[str, Any]:
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
-    if not isinstance(schema, dict | bool):
+    if schema is True:
+        return {}  # the schema that allows any value, in the form llguidance takes
+    if schema is False:
+        raise GrammarError("the JSON schema `false` allows no value at all")
+    if not isinstance(schema, dict):
         raise GrammarError(f"a JSON schema is an object or a boolean, not {type(schema).__name__}")
     return schema
 

@@ -223,6 +223,11 @@ def test_json_object_allows_any_object_only(compiler: GrammarCompiler) -> None:
     assert isinstance(json.loads(random_walk(compiled, 7)), dict)
 
 
+def test_the_schemas_true_and_empty_allow_any_json(smollm2: GrammarCompiler) -> None:
+    for schema in (True, {}):
+        walk_document(smollm2.compile(GrammarSpec.json_schema(schema)), '[1, "a", {"b": null}]')
+
+
 def test_a_regex_grammar_finishes_when_complete(compiler: GrammarCompiler) -> None:
     compiled = compiler.compile(GrammarSpec.regex(r"(yes|no), [0-9]{3}"))
     for seed in range(5):
@@ -398,6 +403,7 @@ def test_triggers_from_llama_servers_wire_format() -> None:
         ),
         (lambda: GrammarSpec.json_schema("{not json"), "the JSON schema is not valid JSON"),
         (lambda: GrammarSpec.json_schema("[1]"), "a JSON schema is an object or a boolean"),
+        (lambda: GrammarSpec.json_schema(False), "allows no value at all"),
         (lambda: GrammarSpec.json_schema({"type": "string", "format": "blorp"}), "Unknown format: blorp"),
         (lambda: GrammarSpec.regex("a(b"), "(?s)invalid regex: .*unclosed group"),
         (lambda: GrammarSpec.regex("x", [Trigger.pattern("(x")]), r"invalid grammar trigger pattern '\(x'"),
