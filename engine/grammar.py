@@ -15,7 +15,7 @@ object: it holds llguidance's view of the vocabulary, built once per tokenizer a
 
 Why llguidance rather than xgrammar (scripts/bench_grammar.py; SmolLM2 49k / Gemma 3 262k vocab):
 masks take 0.01-0.02 ms a token (median) on both a JSON schema and llama.cpp's json.gbnf, where
-xgrammar takes 0.002 ms on the schema but 28 / 137 ms a token on json.gbnf, and rejects json.gbnf's
+xgrammar takes 0.002 ms on the schema but 20-28 / 109-137 ms a token on json.gbnf, and rejects json.gbnf's
 and json_arr.gbnf's empty alternative outright. llguidance is one 8 MB wheel with no dependencies
 (xgrammar's import needs torch and transformers: 5.9 GB installed), reads GBNF, Lark, JSON schema and
 regex, and is the engine llama.cpp itself links for `LLAMA_LLGUIDANCE`. Both release the GIL while
@@ -165,7 +165,7 @@ class GrammarSpec:
 class GrammarCompiler:
     """One model's grammar front end: llguidance's view of its vocabulary, and compiled grammars.
 
-    Thread-safe. The view takes 0.16 s to build for SmolLM2 and 1.6 s for Gemma 3 (median, this
+    Thread-safe. The view takes 0.1-0.16 s to build for SmolLM2 and 1.0-1.6 s for Gemma 3 (medians, this
     machine), holding the GIL, so build it at model load; nearly all of it is llguidance's own
     token trie, which it cannot serialize, so there is no disk cache (the token bytes it starts
     from take 16 / 85 ms).
