@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the grammar engine loads only where grammars are used
+    from engine.grammar import CompiledGrammar
 
 CONTROL_ACTIONS = ("reasoning_end",)
 
@@ -75,6 +78,17 @@ class ToolCallDelta:
         return delta
 
 
+def add_tool_call_steps(calls: list[ToolCall], steps: tuple[ToolCallDelta, ...]) -> None:
+    """Apply streamed steps to the calls so far: a new index starts a call, a known one extends its
+    arguments (what a non-streamed reply accumulates from the stream)."""
+    for step in steps:
+        if step.index == len(calls):
+            calls.append(ToolCall(step.id or "", step.name or "", step.arguments))
+        else:
+            call = calls[step.index]
+            calls[step.index] = ToolCall(call.id, call.name, call.arguments + step.arguments)
+
+
 @dataclass(frozen=True)
 class ToolCallSpec:
     """How a request's answer is read for tool calls (engine/text/tool_calls); None on a request: all
@@ -102,6 +116,7 @@ class GenerationRequest:
     truncated: bool = False  # the prompt was cut to fit the context (context shift)
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
     tool_calls: ToolCallSpec | None = None  # None: no tool-call parsing
+    grammar: CompiledGrammar | None = None  # constrains the answer (outside reasoning blocks)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMA_CPP_ROOT = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 # Extracted in one pass on the first fetch; other paths are extracted when asked for.
 EXTRACTED_DIRS = ("models/templates/", "grammars/", "tools/server/tests/unit/")
+# llama_cpp_files' folders: (folder below llama.cpp's root, file suffix).
+FOLDERS = {"grammars": ("grammars", ".gbnf"), "templates": ("models/templates", ".jinja")}
 
 
 class ReferenceDataError(RuntimeError):
@@ -42,15 +44,31 @@ def reference_file(path: str) -> Path:
     target = reference_dir() / "llama.cpp" / path
     if target.is_file():
         return target
-    sdist = fetch_sdist()
-    if not _stamp().is_file():
-        _extract(sdist, lambda name: name.startswith(EXTRACTED_DIRS))
-        _stamp().write_text(SDIST_SHA256 + "\n")
+    sdist = _extracted()
     if not target.is_file():
         _extract(sdist, lambda name: name == path)
     if not target.is_file():
         raise ReferenceDataError(f"{path} is not in {SDIST_FILENAME} (looked under {LLAMA_CPP_ROOT})")
     return target
+
+
+def llama_cpp_files(folder: str) -> list[Path]:
+    """Every file of one folder, sorted by name: "grammars" (*.gbnf) or "templates" (*.jinja)."""
+    if folder not in FOLDERS:
+        raise ValueError(f"unknown folder {folder!r} (known: {', '.join(FOLDERS)})")
+    inside, suffix = FOLDERS[folder]
+    if not _stamp().is_file():
+        _extracted()
+    return sorted((reference_dir() / "llama.cpp" / inside).glob(f"*{suffix}"))
+
+
+def _extracted() -> Path:
+    """The verified sdist, with EXTRACTED_DIRS extracted beside it."""
+    sdist = fetch_sdist()
+    if not _stamp().is_file():
+        _extract(sdist, lambda name: name.startswith(EXTRACTED_DIRS))
+        _stamp().write_text(SDIST_SHA256 + "\n")
+    return sdist
 
 
 def fetch_sdist() -> Path:

@@ -15,6 +15,7 @@ import numpy as np
 from engine.api import ControlResult, GenerationRequest, TokenEvent
 from engine.batch import Batch, BatchPart
 from engine.context_shift import discard_count
+from engine.grammar import prefetch_masks
 from engine.sequence import Emit, Sequence
 from engine.slots import Slot, SlotPool
 from engine.text.reasoning import end_before_start
@@ -96,6 +97,8 @@ class Scheduler:
                 self.pool.release(slot)
             elif full:
                 self._shift_context(slot, seq)
+        # The next masks are computed on a worker thread while the next batch runs (GIL released).
+        prefetch_masks(s.seq.grammar for s in outputs if s.seq is not None and s.seq.grammar is not None)
 
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
         n_past = len(slot.tokens)

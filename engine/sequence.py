@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.api import ControlResult, GenerationRequest, PromptProgress, Timings, TokenEvent
+from engine.grammar import GrammarMatcher
 from engine.sampling import Sampler
 from engine.text.reasoning import ReasoningState, Split
 from engine.text.stop import StopMatcher
@@ -38,6 +39,7 @@ class Sequence:
     eog_ids: frozenset[int]
     reasoning: ReasoningState | None = None
     tool_parser: ToolCallParser | None = None
+    grammar: GrammarMatcher | None = None
     n_tool_calls: int = 0  # calls the answer has started so far
     pending: list[int] = field(default_factory=list)  # to feed next: the prompt's rest, then the last pick
     n_cached: int = 0  # prompt tokens whose cells were reused
@@ -73,6 +75,7 @@ class Sequence:
             tokenizer.eog_ids,
             reasoning,
             tool_parser,
+            request.grammar.matcher() if request.grammar is not None else None,
             pending=request.prompt_tokens[n_cached:],
             n_cached=n_cached,
             truncated=request.truncated,
@@ -96,12 +99,16 @@ class Sequence:
         """
         if not self.generating:
             self.t_prompt_done = time.perf_counter()
+        constrained = self._in_answer()
+        if constrained and self.grammar is not None:
+            self.grammar.apply(logits)  # before sampling and logprobs: they see the allowed tokens only
         token, forced = self._next_token(logits)
         self.sampler.accept(token)
         self.n_generated += 1
+        grammar_done = constrained and self._grammar_accepts(token)
         is_eog = token in self.eog_ids and not self.request.ignore_eos
         text, stop_word = ("", None) if is_eog else self.stopper.push(self.decoder.push(token))
-        finish = self._finish_reason(is_eog or stop_word is not None, room)
+        finish = self._finish_reason(is_eog or stop_word is not None or grammar_done, room)
         if finish and stop_word is None:
             text += self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()
         answer = self._read_answer(self._split(text, forced, finish is not None), finish is not None)
@@ -130,6 +137,17 @@ class Sequence:
         if self.forced:
             return self.forced.popleft(), True
         return self.sampler.sample(logits), False
+
+    def _in_answer(self) -> bool:
+        """Whether the next token belongs to the answer (the grammar's part), not a reasoning block."""
+        return not self.forced and (self.reasoning is None or not self.reasoning.in_reasoning)
+
+    def _grammar_accepts(self, token: int) -> bool:
+        """Feed the grammar the chosen token; True when it is complete (or broken): stop there."""
+        if self.grammar is None:
+            return False
+        self.grammar.accept(token)
+        return self.grammar.finished
 
     def _finish_reason(self, stopped: bool, room: bool) -> str | None:
         if stopped:

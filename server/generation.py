@@ -7,20 +7,24 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.api import GenerationRequest, Timings, TokenEvent
+from engine.api import GenerationRequest, Timings, TokenEvent, ToolCall, add_tool_call_steps
 from server import errors
 from server.schemas import CompletionRequest, GenerationFields
 from server.service import ModelService
+from server.structured import ToolPlan, answer_grammar
 
 
-def build_request(
+async def build_request(
     service: ModelService,
     body: GenerationFields,
     prompt_tokens: list[int],
     n_probs: int,
     request_id: str,
     truncated: bool = False,
+    tools: ToolPlan | None = None,
 ) -> GenerationRequest:
+    """The engine request of a body: sampling, limits, stop strings, and its grammar (the body's
+    constraint, or its tools' calls, which are then also parsed out of the answer)."""
     try:
         sampling = body.sampling(service.default_sampling(), service.model_info().n_vocab, n_probs)
     except ValueError as exc:
@@ -29,7 +33,7 @@ def build_request(
         prompt_tokens=prompt_tokens,
         sampling=sampling,
         n_predict=body.max_new_tokens(service.settings.n_predict),
-        stop=body.stop_list(),
+        stop=body.stop_list() + (tools.format.extra_stops if tools else ()),
         ignore_eos=body.ignore_eos,
         id_slot=body.id_slot,
         cache_prompt=body.cache_prompt,
@@ -37,6 +41,8 @@ def build_request(
         timings_per_token=body.timings_per_token,
         return_progress=body.return_progress,
         truncated=truncated,
+        tool_calls=tools.parsing if tools else None,
+        grammar=await answer_grammar(service, body, tools),
     )
 
 
@@ -54,6 +60,7 @@ class Outcome:
 
     text: str = ""
     reasoning: str = ""  # the reasoning block's text, when the request splits it out
+    tool_calls: list[ToolCall] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
     final: TokenEvent | None = None
@@ -84,6 +91,7 @@ async def collect(service: ModelService, request: GenerationRequest) -> Outcome:
     async for event in events_of(service, request):
         out.text += event.text
         out.reasoning += event.reasoning_text
+        add_tool_call_steps(out.tool_calls, event.tool_calls)
         if event.token is not None:
             out.tokens.append(event.token)
             out.events.append(event)

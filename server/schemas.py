@@ -1,4 +1,4 @@
-"""Request bodies (pydantic). Unknown fields are allowed, as OpenAI clients send many."""
+"""Request bodies (pydantic). Every generation field is acted on or refused (server/unsupported.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.sampling import SamplingParams
 from server.schemas_tools import ConstraintFields, ToolFields
+from server.unsupported import unsupported
 
 
 class GenerationFields(ConstraintFields):
@@ -39,6 +40,13 @@ class GenerationFields(ConstraintFields):
     timings_per_token: bool = False
     return_progress: bool = False
     verbose: bool = False
+
+    @model_validator(mode="after")
+    def _nothing_ignored(self) -> GenerationFields:
+        problems = unsupported(self.model_extra)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @field_validator("stop")
     @classmethod

@@ -116,6 +116,9 @@ class ConstraintFields(BaseModel):
     """What constrains the output, on every generation route."""
 
     grammar: str | None = None
+    # llama-server's lazy grammar: free output until a trigger, then `grammar` from the trigger on.
+    grammar_lazy: bool = False
+    grammar_triggers: list[dict[str, Any]] | None = None
     json_schema: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
 
@@ -131,6 +134,8 @@ class ConstraintFields(BaseModel):
             named.append("response_format")
         if len(named) > 1:
             raise ValueError(f"{' and '.join(named)} cannot be used together: give one constraint")
+        if self.grammar_lazy and (self.grammar is None or not self.grammar_triggers):
+            raise ValueError("grammar_lazy needs a grammar and grammar_triggers")
         return self
 
     def answer_schema(self) -> dict[str, Any] | None:

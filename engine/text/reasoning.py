@@ -69,15 +69,17 @@ def resolve_spec(
     budget: int = -1,
     budget_message: str = "",
     controllable: bool = False,
+    own_tags: ReasoningTags | None = None,
 ) -> ReasoningSpec | None:
     """A request's ReasoningSpec from the effective settings; None when nothing would ever happen.
 
     `auto` splits when the template has a thinking block; `deepseek` splits with the template's tags or
     the default ones; `none` leaves the text alone but still tracks the block, so a budget still applies.
+    `own_tags` (a tool-call format's own thinking tags) win over what the template shows.
     """
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}")
-    found = detect_tags(template_source)
+    found = own_tags or detect_tags(template_source)
     tags = found or ReasoningTags()
     split = reasoning_format == "deepseek" or (reasoning_format == "auto" and found is not None)
     if not split and budget < 0 and not controllable:

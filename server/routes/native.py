@@ -108,7 +108,7 @@ def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> 
 async def completion() -> Any:
     svc = service()
     body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
-    gen = build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
+    gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
     if body.stream:
         return sse_response(native_stream(svc, body, gen, len(tokens)))
     out = await collect(svc, gen)
@@ -172,4 +172,5 @@ async def apply_template() -> Any:
     body = ApplyTemplateRequest.model_validate(await request.get_json(force=True))
     svc.require_ready()
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    return {"prompt": svc.render_chat(messages, body.tools, **(body.chat_template_kwargs or {}))}
+    tool_format = svc.tool_format() if body.tools else None
+    return {"prompt": svc.render_chat(messages, body.tools, tool_format, **(body.chat_template_kwargs or {}))}

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quart import Blueprint, Response, request
 
-from engine.api import ReasoningSpec, TokenEvent
+from engine.api import GenerationRequest, ReasoningSpec, ReasoningTags, TokenEvent
 from server import sse
 from server.generation import (
+    Outcome,
     build_request,
     collect,
     completion_request,
@@ -23,6 +24,7 @@ from server.routes.stream import resumable
 from server.schemas import ChatCompletionRequest, GenerationFields
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
+from server.structured import tool_plan
 
 bp = Blueprint("openai", __name__)
 
@@ -38,51 +40,41 @@ def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) 
 
 
 # -- chat ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatJob:
+    """A validated chat request made ready for the engine."""
+
+    prompt_text: str
+    n_prompt: int
+    request: GenerationRequest
+
+
 @bp.post("/v1/chat/completions")
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
     svc = service()
     body = ChatCompletionRequest.model_validate(await request.get_json(force=True))
-    svc.require_ready()
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    template_kwargs = thinking_kwargs(svc.settings.reasoning) | (body.chat_template_kwargs or {})
-    prompt_text = svc.render_chat(messages, body.tools, **template_kwargs)
-    tokens = await svc.tokenize_prompt(prompt_text)
-    tokens, truncated = svc.fit_prompt(tokens)
     completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
-    svc.log_prompt(completion_id, prompt_text)
-    gen = build_request(svc, body, tokens, body.n_probs(), completion_id, truncated)
-    gen = replace(gen, reasoning=reasoning_spec(svc, body, prompt_text))
+    job = await prepare_chat(svc, body, completion_id)
     created = int(time.time())
-    head = base_fields(svc, "chat.completion.chunk", completion_id, created)
     if body.stream:
-        stream = chat_stream(svc, body, gen, head, len(tokens))
+        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+        stream = chat_stream(svc, body, job.request, head, job.n_prompt)
         conversation_id = request.headers.get(CONVERSATION_HEADER)
         if conversation_id:  # a resumable session: the generation outlives this response
             stream = await resumable(conversation_id, stream)
         return sse_response(stream)
-    out = await collect(svc, gen)
+    out = await collect(svc, job.request)
     reply: dict[str, Any] = {
         **base_fields(svc, "chat.completion", completion_id, created),
-        "choices": [
-            {
-                "index": 0,
-                "finish_reason": out.finish_reason,
-                "message": {
-                    "role": "assistant",
-                    "content": out.text,
-                    **({"reasoning_content": out.reasoning} if out.reasoning else {}),
-                },
-                **({"logprobs": {"content": openai_logprobs(svc, out.events)}} if body.logprobs else {}),
-            }
-        ],
-        "usage": usage(len(tokens), out.final),
+        "choices": [chat_choice(svc, body, out)],
+        "usage": usage(job.n_prompt, out.final),
     }
     if out.timings:
         reply["timings"] = out.timings.as_dict()
     if body.verbose:
         reply["__verbose"] = {
-            "prompt": prompt_text,
+            "prompt": job.prompt_text,
             "content": out.text,
             "reasoning_content": out.reasoning,
             "tokens": out.tokens,
@@ -90,20 +82,62 @@ async def chat_completions() -> Any:
     return reply
 
 
+async def prepare_chat(svc: ModelService, body: ChatCompletionRequest, completion_id: str) -> ChatJob:
+    """The prompt (rendered for the tools' format when there are tools), its tokens, and the engine
+    request with its reasoning, tool-call parsing and grammar; every problem a 400 before any byte."""
+    svc.require_ready()
+    tools = tool_plan(svc, body)
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    prompt_text = svc.render_chat(
+        messages,
+        tools.tools if tools else None,
+        tools.format if tools else None,
+        continue_final_message=body.continue_final_message,
+        add_generation_prompt=body.add_generation_prompt is not False,
+        **thinking_kwargs(svc.settings.reasoning) | (body.chat_template_kwargs or {}),
+    )
+    tokens, truncated = svc.fit_prompt(await svc.tokenize_prompt(prompt_text))
+    svc.log_prompt(completion_id, prompt_text)
+    gen = await build_request(svc, body, tokens, body.n_probs(), completion_id, truncated, tools)
+    own_tags = tools.format.reasoning_tags if tools else None
+    gen = replace(gen, reasoning=reasoning_spec(svc, body, prompt_text, own_tags))
+    return ChatJob(prompt_text, len(tokens), gen)
+
+
+def chat_choice(svc: ModelService, body: ChatCompletionRequest, out: Outcome) -> dict[str, Any]:
+    """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended."""
+    message: dict[str, Any] = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
+    if out.reasoning:
+        message["reasoning_content"] = out.reasoning
+    if out.tool_calls:
+        message["tool_calls"] = [call.to_openai() for call in out.tool_calls]
+    choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason, "message": message}
+    if body.logprobs:
+        choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
+    return choice
+
+
 def thinking_kwargs(mode: str) -> dict[str, Any]:
     """Template variables for --reasoning: on/off set enable_thinking; auto keeps the template's default."""
     return {"on": {"enable_thinking": True}, "off": {"enable_thinking": False}}.get(mode, {})
 
 
-def reasoning_spec(svc: ModelService, body: ChatCompletionRequest, prompt_text: str) -> ReasoningSpec | None:
+def reasoning_spec(
+    svc: ModelService, body: ChatCompletionRequest, prompt_text: str, own_tags: ReasoningTags | None
+) -> ReasoningSpec | None:
     s = svc.settings
     budget = body.reasoning_budget(s.reasoning_budget)
     message = body.budget_message(s.reasoning_budget_message)
-    return svc.reasoning_spec(body.reasoning_format, prompt_text, budget, message, body.reasoning_control)
+    fmt, control = body.reasoning_format, body.reasoning_control
+    return svc.reasoning_spec(fmt, prompt_text, budget, message, control, own_tags)
 
 
 async def chat_stream(
-    svc: ModelService, body: ChatCompletionRequest, gen: Any, head: dict[str, Any], n_prompt: int
+    svc: ModelService,
+    body: ChatCompletionRequest,
+    gen: GenerationRequest,
+    head: dict[str, Any],
+    n_prompt: int,
 ) -> AsyncIterator[bytes]:
     timings: dict[str, Any] = {}
 
@@ -122,12 +156,11 @@ async def chat_stream(
         extra = {}
         if body.logprobs and event.logprob is not None:
             extra["logprobs"] = {"content": openai_logprobs(svc, [event])}
-        # Reasoning and answer go in separate chunks (reasoning first: it came first); the logprobs ride
-        # on the last one. No delta ever carries an empty string.
-        if event.reasoning_text:
-            yield chunk({"reasoning_content": event.reasoning_text}, **({} if event.text else extra))
-        if event.text or (extra and not event.reasoning_text):
-            yield chunk({"content": event.text} if event.text else {}, **extra)
+        deltas = event_deltas(event)
+        for delta in deltas[:-1]:
+            yield chunk(delta)
+        if deltas or extra:  # the logprobs ride on the event's last chunk
+            yield chunk(deltas[-1] if deltas else {}, **extra)
         if event.finish_reason is not None:
             final = event
     last = {**head, "choices": [{"index": 0, "finish_reason": final_reason(final), "delta": {}}]}
@@ -137,6 +170,19 @@ async def chat_stream(
     if (body.stream_options or {}).get("include_usage"):
         yield sse.event({**head, "choices": [], "usage": usage(n_prompt, final)})
     yield sse.DONE
+
+
+def event_deltas(event: TokenEvent) -> list[dict[str, Any]]:
+    """An event's chunks in the order its parts came: reasoning, content, tool-call steps (llama-server's
+    order). No delta carries an empty string."""
+    deltas: list[dict[str, Any]] = []
+    if event.reasoning_text:
+        deltas.append({"reasoning_content": event.reasoning_text})
+    if event.text:
+        deltas.append({"content": event.text})
+    if event.tool_calls:
+        deltas.append({"tool_calls": [step.to_openai() for step in event.tool_calls]})
+    return deltas
 
 
 def final_reason(event: TokenEvent | None) -> str:
@@ -156,7 +202,7 @@ async def completions() -> Any:
     body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
     completion_id = svc.new_id("cmpl")
     n_probs = body.logprobs or 0
-    gen = build_request(svc, body, tokens, n_probs, completion_id, truncated)
+    gen = await build_request(svc, body, tokens, n_probs, completion_id, truncated)
     created = int(time.time())
     head = base_fields(svc, "text_completion", completion_id, created)
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""

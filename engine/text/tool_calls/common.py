@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from engine.api import ReasoningTags, ToolCall, ToolCallDelta
+from engine.api import ReasoningTags, ToolCall, ToolCallDelta, add_tool_call_steps
 from engine.text.tool_calls.syntax import ToolGrammar
 
 IdFactory = Callable[[], str]
@@ -59,12 +59,7 @@ class ParsedMessage:
     def add(self, delta: ParseDelta) -> ParsedMessage:
         self.content += delta.content
         self.reasoning += delta.reasoning
-        for step in delta.tool_calls:
-            if step.index == len(self.tool_calls):
-                self.tool_calls.append(ToolCall(step.id or "", step.name or "", step.arguments))
-            else:
-                call = self.tool_calls[step.index]
-                self.tool_calls[step.index] = ToolCall(call.id, call.name, call.arguments + step.arguments)
+        add_tool_call_steps(self.tool_calls, delta.tool_calls)
         return self
 
 

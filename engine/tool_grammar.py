@@ -1,0 +1,91 @@
+"""A tool-call format's call syntax (engine/text/tool_calls/syntax.py) as a grammar for engine/grammar.py.
+
+The formats describe their calls as engine-neutral nodes; here they become one llguidance Lark grammar:
+literals are string literals (or the special token they name: `<[id]>`, since a special token's text
+is never produced as plain text), each JSON value is a `%json` rule over its schema, text up to a
+closing tag is a lexeme that stops at the tag (the tag follows as its own literal), and optional
+whitespace is llama.cpp's bounded JSON space. A lazy format's triggers become the spec's triggers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from engine.grammar import JSON_WHITESPACE, GrammarSpec, Trigger, TriggerKind
+from engine.text.tool_calls.syntax import Alt, Json, Lit, Node, Regex, Rep, Seq, Space, ToolGrammar, Until
+
+SPACE_RULE = r"SPACE: /[ ]|\n{1,2}[ \t]{0,20}/"
+_TRIGGER_KINDS = {
+    "word": TriggerKind.WORD,
+    "pattern": TriggerKind.PATTERN,
+    "pattern_full": TriggerKind.PATTERN_FULL,
+}
+
+
+def tool_grammar_spec(grammar: ToolGrammar, special_tokens: dict[str, int]) -> GrammarSpec:
+    """The GrammarSpec of a format's ToolGrammar; `special_tokens` maps the vocabulary's special-token
+    texts to their ids (those a literal must name as a token)."""
+    lark = _LarkWriter(special_tokens).grammar(grammar.root)
+    triggers = tuple(Trigger(TriggerKind(t.kind), t.value) for t in grammar.triggers)
+    return GrammarSpec.lark(lark, triggers if grammar.lazy else ())
+
+
+@dataclass
+class _LarkWriter:
+    special_tokens: dict[str, int]
+    rules: list[str] = field(default_factory=list)
+    uses_space: bool = False
+
+    def grammar(self, root: Node) -> str:
+        start = f"start: {self.expr(root)}"
+        space = [SPACE_RULE] if self.uses_space else []
+        return "\n".join([start, *self.rules, *space]) + "\n"
+
+    def expr(self, node: Node) -> str:
+        if isinstance(node, Lit):
+            return self.literal(node.text)
+        if isinstance(node, Json):
+            return self.rule(f"%json {json.dumps(_with_json_whitespace(node.schema))}")
+        if isinstance(node, Seq):
+            return " ".join(self.expr(item) for item in node.items) or '""'
+        if isinstance(node, Alt):
+            return "(" + " | ".join(self.expr(option) for option in node.options) + ")"
+        if isinstance(node, Rep):
+            return f"({self.expr(node.item)}){_repeat(node.min, node.max)}"
+        if isinstance(node, Space):
+            self.uses_space = True
+            return "SPACE?"
+        if isinstance(node, Until):
+            # The lexeme stops before `stop` (llguidance's lazy `stop`); the tag itself follows.
+            return self.rule("/(.|\\n)*/", options=f"[stop={_string(node.stop)}]")
+        if isinstance(node, Regex):
+            return "/" + node.pattern.replace("/", "\\/") + "/"
+        raise TypeError(f"unknown syntax node {node!r}")
+
+    def literal(self, text: str) -> str:
+        if text in self.special_tokens:
+            return f"<[{self.special_tokens[text]}]>"
+        return _string(text) if text else '""'
+
+    def rule(self, body: str, options: str = "") -> str:
+        name = f"r{len(self.rules)}"
+        self.rules.append(f"{name}{options}: {body}")
+        return name
+
+
+def _string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _repeat(low: int, high: int | None) -> str:
+    if (low, high) == (0, 1):
+        return "?"
+    if high is None:
+        return "*" if low == 0 else ("+" if low == 1 else f"{{{low},}}")
+    return f"{{{low},{high}}}"
+
+
+def _with_json_whitespace(schema: dict) -> dict:
+    """The schema with llama.cpp's bounded JSON whitespace (unless it sets its own x-guidance)."""
+    return schema if "x-guidance" in schema else {**schema, "x-guidance": JSON_WHITESPACE}
