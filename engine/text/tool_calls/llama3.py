@@ -105,8 +105,18 @@ def _builtin_parameter(tool: Mapping[str, Any]) -> str | None:
 
 
 def _json_call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
-    properties = {"name": {"type": "string", "const": tool_name(tool)}, "parameters": tool_parameters(tool)}
-    return {"type": "object", "properties": properties, "required": ["name", "parameters"]}
+    """One JSON call; llama.cpp lets it open with `"type": "function",` (the grammar keeps this order)."""
+    properties = {
+        "type": {"type": "string", "const": "function"},
+        "name": {"type": "string", "const": tool_name(tool)},
+        "parameters": tool_parameters(tool),
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
 
 
 def _builtin_call(tool: Mapping[str, Any]) -> Node:
