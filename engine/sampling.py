@@ -265,7 +265,19 @@ def _best_first(values: np.ndarray) -> np.ndarray:
 
 
 def _top_ids(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest values, best first, ties by lowest position (also at the cut)."""
+    """Positions of the k largest values, best first, ties by lowest position (also at the cut).
+
+    Banned tokens (-inf: a grammar's mask, a logit bias) are set aside first: they have no probability,
+    and numpy's partition degrades on many equal values (24 ms instead of 1.6 ms on Gemma 3's 262k
+    logits with all but 20 masked; finding the allowed ones costs 0.05 ms).
+    """
+    allowed = np.flatnonzero(values > -np.inf)
+    if allowed.size < values.size:
+        return allowed[_top_ids_of(values[allowed], k)]
+    return _top_ids_of(values, k)
+
+
+def _top_ids_of(values: np.ndarray, k: int) -> np.ndarray:
     n = values.size
     if k >= n:
         return _best_first(values)
