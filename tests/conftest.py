@@ -76,3 +76,19 @@ def server():  # type: ignore[no-untyped-def]
     proc = ServerProcess("-m", "smollm2", "-np", "4", "-c", "4096", "--metrics").wait_healthy()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def gemma_server():  # type: ignore[no-untyped-def]
+    """One Gemma 3 server (built-in gemma chat template) for the end-to-end tests that run both models."""
+    from tests.server_process import ServerProcess
+
+    proc = ServerProcess("-m", "gemma3", "--chat-template", "gemma", "-np", "4", "-c", "4096").wait_healthy()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(params=["smollm2", "gemma3"])
+def any_server(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """The shared SmolLM2 server, then the Gemma 3 one."""
+    return request.getfixturevalue("server" if request.param == "smollm2" else "gemma_server")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
@@ -56,18 +55,6 @@ CUSTOMER = {
     "additionalProperties": False,
 }
 N_GENERATIONS = 50
-
-
-@pytest.fixture(scope="module")
-def gemma_server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("-m", "gemma3", "--chat-template", "gemma", "-np", "4", "-c", "4096")
-    yield proc.wait_healthy()
-    proc.stop()
-
-
-@pytest.fixture(params=["smollm2", "gemma3"])
-def any_server(request: pytest.FixtureRequest) -> ServerProcess:
-    return request.getfixturevalue("server" if request.param == "smollm2" else "gemma_server")
 
 
 async def customer_answers(base_url: str, stream: bool, n: int) -> list[tuple[str, str]]:

@@ -1,0 +1,173 @@
+"""Tool calls end to end with the `openai` SDK, unmodified, on SmolLM2 and Gemma 3 (both get llama.cpp's
+generic JSON format: their templates have no tool syntax): required and named calls whose arguments
+validate against the tool's parameters, stream equal to whole replies, parallel calls, tool_choice none,
+and a whole round trip (call, tool result, answer)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+
+from tests.server_process import ServerProcess
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER, ADD]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather like in Paris?"}]
+
+
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def calls_of(message: Any) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
+
+
+def streamed(stream: Any) -> tuple[str, list[tuple[str, str]], str]:
+    """A stream's content, calls (name, arguments text) assembled from their deltas, finish reason."""
+    content, calls, finish = "", {}, ""
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for step in choice.delta.tool_calls or ():
+            name, arguments = calls.get(step.index, ("", ""))
+            calls[step.index] = (
+                name + (step.function.name or ""),
+                arguments + (step.function.arguments or ""),
+            )
+        finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def test_required_calls_validate_against_their_parameters(any_server: ServerProcess) -> None:
+    with client(any_server) as api:
+        for seed in range(4):
+            reply = api.chat.completions.create(
+                model="any", messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed
+            )
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            for name, arguments in calls_of(choice.message):
+                jsonschema.validate(arguments, PARAMETERS[name])
+            assert all(c.id and c.type == "function" for c in choice.message.tool_calls)
+
+
+def test_a_named_tool_is_the_one_called(any_server: ServerProcess) -> None:
+    named = {"type": "function", "function": {"name": "add"}}
+    with client(any_server) as api:
+        for seed in range(3):
+            reply = api.chat.completions.create(
+                model="any", messages=ASK, tools=TOOLS, tool_choice=named, temperature=1.0, seed=seed
+            )
+            calls = calls_of(reply.choices[0].message)
+            assert calls and all(name == "add" for name, _ in calls)
+            for _, arguments in calls:
+                jsonschema.validate(arguments, PARAMETERS["add"])
+
+
+def test_stream_and_whole_reply_give_the_same_calls(any_server: ServerProcess) -> None:
+    asked = {"model": "any", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0.9}
+    with client(any_server) as api:
+        for seed in (1, 2):
+            whole = api.chat.completions.create(seed=seed, **asked).choices[0]
+            content, calls, finish = streamed(api.chat.completions.create(seed=seed, stream=True, **asked))
+            assert finish == whole.finish_reason == "tool_calls"
+            expected = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or ()]
+            assert calls == expected and (content or None) == whole.message.content
+
+
+def test_parallel_tool_calls_can_make_two_calls(server: ServerProcess) -> None:
+    ask = [{"role": "user", "content": "What is the weather in Paris and in London?"}]
+    most = 0
+    with client(server) as api:
+        for seed in range(12):
+            reply = api.chat.completions.create(
+                model="any",
+                messages=ask,
+                tools=[WEATHER],
+                tool_choice="required",
+                parallel_tool_calls=True,
+                temperature=1.0,
+                seed=seed,
+            )
+            calls = calls_of(reply.choices[0].message)
+            for _, arguments in calls:
+                jsonschema.validate(arguments, PARAMETERS["get_weather"])
+            most = max(most, len(calls))
+            if most >= 2:
+                break
+    assert most >= 2
+
+
+def test_tool_choice_none_never_calls(any_server: ServerProcess) -> None:
+    with client(any_server) as api:
+        for seed in range(4):
+            reply = api.chat.completions.create(
+                model="any",
+                messages=ASK,
+                tools=TOOLS,
+                tool_choice="none",
+                temperature=1.0,
+                seed=seed,
+                max_tokens=48,
+            )
+            choice = reply.choices[0]
+            assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
+
+
+def test_a_whole_round_trip(any_server: ServerProcess) -> None:
+    """The model calls get_weather, the client runs it and sends the result; the model then answers."""
+    with client(any_server) as api:
+        first = api.chat.completions.create(
+            model="any",
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
+        call = first.choices[0].message.tool_calls[0]
+        history = [
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "sunny", "celsius": 21})},
+        ]
+        # The tiny models would call again under "auto"; "none" asks for the answer, as agents do last.
+        answer = api.chat.completions.create(
+            model="any", messages=history, tools=TOOLS, tool_choice="none", max_tokens=120
+        )
+        choice = answer.choices[0]
+        assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
+        assert choice.message.content and choice.message.content.strip()
+    prompt = httpx.post(any_server.base_url + "/apply-template", json={"messages": history}).json()["prompt"]
+    assert "sunny" in prompt and "get_weather" in prompt  # the call and its result reach the model
