@@ -3,6 +3,10 @@
 Starts a real llamba-server on 127.0.0.1 (or uses --url), then for each concurrency level C sends
 C streams at a time (C x --rounds requests in all) of fixed-length greedy generations with distinct
 prompts, and reports aggregate generated tokens/s and TTFT p50/p95 as a markdown table.
+
+`--json-schema builtin` (or a schema file) runs every request under a JSON-schema `response_format`:
+compare its table with the unconstrained one, same command otherwise, for the cost of constrained
+decoding. The built-in schema is a long array of records, so the grammar rarely ends a generation early.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -39,8 +44,28 @@ class LevelResult:
         return self.tokens / self.seconds
 
 
-async def one_stream(client: httpx.AsyncClient, prompt: str, n_predict: int) -> StreamResult:
-    body = {
+# A list of records the model can go on writing for the whole -n: constrained decoding at full length.
+RECORDS_SCHEMA = {
+    "type": "array",
+    "maxItems": 1000,
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 100000},
+            "name": {"type": "string", "maxLength": 32},
+            "kind": {"enum": ["book", "film", "song", "game"]},
+            "score": {"type": "number", "minimum": 0, "maximum": 10},
+        },
+        "required": ["id", "name", "kind", "score"],
+        "additionalProperties": False,
+    },
+}
+
+
+async def one_stream(
+    client: httpx.AsyncClient, prompt: str, n_predict: int, schema: dict | None = None
+) -> StreamResult:
+    body: dict = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": n_predict,
         "temperature": 0,
@@ -49,6 +74,8 @@ async def one_stream(client: httpx.AsyncClient, prompt: str, n_predict: int) -> 
         "stream_options": {"include_usage": True},
         "cache_prompt": False,
     }
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
     start = time.perf_counter()
     ttft, n_tokens = 0.0, 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -64,13 +91,15 @@ async def one_stream(client: httpx.AsyncClient, prompt: str, n_predict: int) -> 
     return StreamResult(ttft, n_tokens)
 
 
-async def run_level(url: str, concurrency: int, rounds: int, n_predict: int) -> LevelResult:
+async def run_level(
+    url: str, concurrency: int, rounds: int, n_predict: int, schema: dict | None = None
+) -> LevelResult:
     prompts = [f"Request {i}: write about the number {i * 7 % 101}." for i in range(concurrency * rounds)]
     sem = asyncio.Semaphore(concurrency)
 
     async def limited(client: httpx.AsyncClient, p: str) -> StreamResult:
         async with sem:
-            return await one_stream(client, p, n_predict)
+            return await one_stream(client, p, n_predict, schema)
 
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         start = time.perf_counter()
@@ -111,6 +140,12 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     raise SystemExit("llamba-bench-serve: the server did not become healthy")
 
 
+def load_schema(choice: str | None) -> dict | None:
+    if choice is None:
+        return None
+    return RECORDS_SCHEMA if choice == "builtin" else json.loads(Path(choice).read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llamba-bench-serve", description=__doc__.splitlines()[0])
     p.add_argument("--url", help="an already running server; otherwise one is started")
@@ -120,14 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--rounds", type=int, default=2, help="requests per stream slot at each level")
     p.add_argument("-n", "--n-predict", type=int, default=64)
+    p.add_argument(
+        "--json-schema", default=None, help="'builtin' or a JSON schema file: constrained decoding"
+    )
     args = p.parse_args(argv)
+    schema = load_schema(args.json_schema)
     proc, url = (None, args.url) if args.url else start_server(args)
     try:
         asyncio.run(run_level(url, 1, 1, 4))  # warm-up
         print("| streams | requests | gen tokens | seconds | aggregate t/s | TTFT p50 ms | TTFT p95 ms |")
         print("| ------: | -------: | ---------: | ------: | ------------: | ----------: | ----------: |")
         for level in (int(c) for c in args.concurrency.split(",")):
-            r = asyncio.run(run_level(url, level, args.rounds, args.n_predict))
+            r = asyncio.run(run_level(url, level, args.rounds, args.n_predict, schema))
             print(
                 f"| {r.concurrency} | {r.n_requests} | {r.tokens} | {r.seconds:.2f} "
                 f"| {r.tokens_per_second:.2f} | {1e3 * r.ttft_p50:.0f} | {1e3 * r.ttft_p95:.0f} |",
