@@ -6,7 +6,7 @@ prompts, and reports aggregate generated tokens/s and TTFT p50/p95 as a markdown
 
 `--json-schema builtin` (or a schema file) runs every request under a JSON-schema `response_format`:
 compare its table with the unconstrained one, same command otherwise, for the cost of constrained
-decoding. The built-in schema is a long array of records, so the grammar rarely ends a generation early.
+decoding. The built-in schema is a long array of records, so no generation ends before -n tokens.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ class LevelResult:
         return self.tokens / self.seconds
 
 
-# A list of records the model can go on writing for the whole -n: constrained decoding at full length.
+# A list of at least 200 records: the grammar never lets a generation end before -n tokens, so both
+# tables count the same tokens (an array the model may close ends greedy runs after a few records).
 RECORDS_SCHEMA = {
     "type": "array",
+    "minItems": 200,
     "maxItems": 1000,
     "items": {
         "type": "object",

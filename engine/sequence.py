@@ -2,10 +2,10 @@
 
 The scheduler owns slots and batches; a Sequence owns everything that happens to its request's tokens:
 what to feed next, the sampler (with its penalty history and RNG), the incremental detokenizer, stop
-strings, the reasoning split and budget, tool-call parsing, logprobs and timings. `advance` is its one
-entry point per generated token: logits in, a TokenEvent out. The text goes detokenizer -> stop strings
--> reasoning split -> tool-call parser, so streamed and whole replies are the same. Grammar masks and
-speculative acceptance attach here too (docs/architecture.md).
+strings, the reasoning split and budget, the grammar's mask, tool-call parsing, logprobs and timings.
+`advance` is its one entry point per generated token: logits in, a TokenEvent out. The text goes
+detokenizer -> stop strings -> reasoning split -> tool-call parser, so streamed and whole replies are
+the same. Speculative acceptance attaches here too (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -205,3 +205,5 @@ class ApplyTemplateRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool | None = None  # as on chat: None continues a final assistant message
+    add_generation_prompt: bool | None = None

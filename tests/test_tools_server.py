@@ -171,3 +171,22 @@ def test_a_whole_round_trip(any_server: ServerProcess) -> None:
         assert choice.message.content and choice.message.content.strip()
     prompt = httpx.post(any_server.base_url + "/apply-template", json={"messages": history}).json()["prompt"]
     assert "sunny" in prompt and "get_weather" in prompt  # the call and its result reach the model
+
+
+def test_an_assistant_prefill_is_continued(server: ServerProcess) -> None:
+    """A final assistant message is continued, not answered (llama-server's prefill; vLLM's
+    continue_final_message): the prompt ends with its text and the reply goes on from there."""
+    messages = [
+        {"role": "user", "content": "Name the capital of France."},
+        {"role": "assistant", "content": "The capital of France is"},
+    ]
+    with httpx.Client(base_url=server.base_url, timeout=60) as api:
+        prompt = api.post("/apply-template", json={"messages": messages}).json()["prompt"]
+        assert prompt.endswith("The capital of France is")
+        opened = api.post("/apply-template", json={"messages": messages, "continue_final_message": False})
+        assert opened.json()["prompt"].rstrip().endswith("assistant")  # a new turn after the message
+        body = {"messages": messages, "temperature": 0, "max_tokens": 8}
+        reply = api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        assert "Paris" in reply and not reply.startswith("The capital")
+        both = {**body, "continue_final_message": True, "add_generation_prompt": True}
+        assert api.post("/v1/chat/completions", json=both).status_code == 400

@@ -172,5 +172,12 @@ async def apply_template() -> Any:
     body = ApplyTemplateRequest.model_validate(await request.get_json(force=True))
     svc.require_ready()
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    tool_format = svc.tool_format() if body.tools else None
-    return {"prompt": svc.render_chat(messages, body.tools, tool_format, **(body.chat_template_kwargs or {}))}
+    prompt = svc.render_chat(
+        messages,
+        body.tools,
+        svc.tool_format() if body.tools else None,
+        continue_final_message=body.continue_final_message,
+        add_generation_prompt=body.add_generation_prompt is not False,
+        **(body.chat_template_kwargs or {}),
+    )
+    return {"prompt": prompt}
