@@ -15,12 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.api import ReasoningTags
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     CallArraySink,
     CallKeys,
     ContentState,
-    Driver,
+    DriverFormat,
     JsonState,
     Marker,
     SkipSpace,
@@ -35,7 +35,7 @@ START_RESPONSE, END_RESPONSE = "<|START_RESPONSE|>", "<|END_RESPONSE|>"
 _KEYS = CallKeys(name=("tool_name",), arguments=("parameters",), id=("tool_call_id",))
 
 
-class CommandR7B(ToolCallFormat):
+class CommandR7B(DriverFormat):
     name = "Command R7B"
     reasoning_tags = THINKING
     preserved_tokens = (
@@ -47,13 +47,8 @@ class CommandR7B(ToolCallFormat):
         THINKING.end,
     )
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
-        return Driver(_content(), new_id or self.new_id(), stream_arguments)
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        return _content()
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -18,11 +18,12 @@ from typing import Any
 import regex
 
 from engine.api import ReasoningTags
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     ArgumentsSink,
     ContentState,
     Driver,
+    DriverFormat,
     JsonState,
     Marker,
     PatternState,
@@ -48,18 +49,13 @@ _OUTPUTS_END = "<｜tool▁outputs▁end｜>"
 _BROKEN_TEMPLATE_SIGN = "{% if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}"
 
 
-class DeepSeekR1(ToolCallFormat):
+class DeepSeekR1(DriverFormat):
     name = "DeepSeek R1"
     reasoning_tags = ReasoningTags("<think>", ("</think>",))
     preserved_tokens = ("<think>", "</think>", CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, CALLS_END)
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
-        return Driver(_content(), new_id or self.new_id(), stream_arguments)
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        return _content()
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -16,12 +16,13 @@ from typing import Any
 
 import regex
 
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     ArgumentsSink,
     Commit,
     ContentState,
     Driver,
+    DriverFormat,
     GiveBack,
     JsonState,
     Marker,
@@ -38,20 +39,15 @@ _FIRST_HEADER = r"(?:(all)\n|(python)\n(?=[^{])|(\w+)\n(?=\{))"
 _HEADER = r"(?:(all)\n|(python)\n|(\w+)\n(?=\{))"
 
 
-class FunctionaryV32(ToolCallFormat):
+class FunctionaryV32(DriverFormat):
     name = "Functionary v3.2"
     preserved_tokens = ("<|end_header_id|>",)
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
         start = Tentative(
             lambda: PatternState(_FIRST_HEADER, _first_header, otherwise=lambda: Commit(_content))
         )
-        return Driver(start, new_id or self.new_id(), stream_arguments)
+        return start
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -19,13 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.text.template_caps import add_system
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.json_stream import Kind, Piece
 from engine.text.tool_calls.stream import (
     CallArraySink,
     CallKeys,
     CallObjectSink,
     Driver,
+    DriverFormat,
     JsonState,
     ParseFailure,
     RestIsContent,
@@ -42,16 +43,11 @@ SYSTEM_PROMPT = (
 _KEYS = CallKeys(id=("id",))
 
 
-class Generic(ToolCallFormat):
+class Generic(DriverFormat):
     name = "Generic"
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
-        return Driver(_Start(), new_id or self.new_id(), stream_arguments)
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        return _Start()
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -20,11 +20,12 @@ from typing import Any
 import regex
 
 from engine.api import ReasoningTags
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     ArgumentsSink,
     ContentState,
     Driver,
+    DriverFormat,
     JsonState,
     Marker,
     PatternState,
@@ -56,18 +57,13 @@ _HEADER = (
 )
 
 
-class GptOss(ToolCallFormat):
+class GptOss(DriverFormat):
     name = "GPT-OSS"
     reasoning_tags = ANALYSIS
     preserved_tokens = (CHANNEL, CONSTRAIN, MESSAGE, START, END)
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
-        return Driver(_message(), new_id or self.new_id(), stream_arguments)
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        return _message()
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     CallKeys,
     CallObjectSink,
     ContentState,
-    Driver,
+    DriverFormat,
     GiveBack,
     JsonState,
     Marker,
@@ -41,17 +41,12 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _KEYS = CallKeys(before_name=())
 
 
-class Hermes2Pro(ToolCallFormat):
+class Hermes2Pro(DriverFormat):
     name = "Hermes 2 Pro"
     preserved_tokens = ("<think>", "</think>", OPEN, CLOSE)
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
-        return Driver(self._content(), new_id or self.new_id(), stream_arguments)
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        return self._content()
 
     def _content(self) -> State:
         return ContentState([Marker(OPEN, self._call)])

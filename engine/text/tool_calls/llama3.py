@@ -19,13 +19,14 @@ from typing import Any
 
 import regex
 
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     ArgumentsSink,
     CallKeys,
     CallObjectSink,
     ContentState,
     Driver,
+    DriverFormat,
     JsonState,
     Marker,
     Next,
@@ -50,7 +51,7 @@ _KEYS = CallKeys(arguments=("parameters", "arguments"), before_name=("type",))
 _JSON_CALL_TRIGGER = r"(\{\s*(?:\"type\"\s*:\s*\"function\"\s*,\s*)?\"name\"\s*:\s*\")[\s\S]*"
 
 
-class Llama3(ToolCallFormat):
+class Llama3(DriverFormat):
     extra_stops = ("<|eom_id|>",)
 
     def __init__(self, builtin_tools: bool) -> None:
@@ -58,13 +59,8 @@ class Llama3(ToolCallFormat):
         self.name = "Llama 3.x with builtin tools" if builtin_tools else "Llama 3.x"
         self.preserved_tokens = (PYTHON_TAG,) if builtin_tools else ()
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
-        return Driver(_Start(self._content), new_id or self.new_id(), stream_arguments)
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        return _Start(self._content)
 
     def _content(self) -> State:
         return ContentState([Marker(PYTHON_TAG, _python_tag_call)] if self.builtin_tools else [])

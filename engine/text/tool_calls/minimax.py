@@ -26,10 +26,11 @@ import regex
 
 from engine.api import ReasoningTags
 from engine.text.reasoning import partial_suffix
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     ContentState,
     Driver,
+    DriverFormat,
     Marker,
     Next,
     PatternState,
@@ -60,21 +61,16 @@ _NS = re.escape(NS)
 Schema = Mapping[str, Any]
 
 
-class MiniMaxM3(ToolCallFormat):
+class MiniMaxM3(DriverFormat):
     name = "MiniMax-M3"
     reasoning_tags = THINKING
     preserved_tokens = (NS, "<tool_call>", "</tool_call>", THINKING.start, THINKING.end)
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
         schemas = {tool_name(t): tool_parameters(t) for t in tools}
         content = _content(schemas)
         start = expect(r"\s*" + re.escape(THINKING.end), content, otherwise=content)
-        return Driver(start, new_id or self.new_id(), stream_arguments)
+        return start
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.text.tool_calls.common import IdFactory, ToolCallFormat, ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     CallArraySink,
     CallKeys,
     ContentState,
-    Driver,
+    DriverFormat,
     JsonState,
     Marker,
     RestIsContent,
@@ -29,18 +29,13 @@ MARKER = "[TOOL_CALLS]"
 _KEYS = CallKeys(id=("id",))
 
 
-class MistralNemo(ToolCallFormat):
+class MistralNemo(DriverFormat):
     name = "Mistral Nemo"
     preserved_tokens = (MARKER,)
     id_length = 9
 
-    def parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] = (),
-        new_id: IdFactory | None = None,
-        stream_arguments: bool = True,
-    ) -> Driver:
-        return Driver(ContentState([Marker(MARKER, _calls)]), new_id or self.new_id(), stream_arguments)
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        return ContentState([Marker(MARKER, _calls)])
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
         if choice.mode == "none":

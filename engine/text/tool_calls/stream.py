@@ -19,13 +19,14 @@ parser falls back to content. When a call stops being tentative depends on `stre
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import regex
 
 from engine.text.reasoning import partial_suffix
-from engine.text.tool_calls.common import IdFactory, ParseDelta, ToolCallDelta
+from engine.text.tool_calls.common import IdFactory, ParseDelta, ToolCallDelta, ToolCallFormat
 from engine.text.tool_calls.json_stream import JsonReader, JsonSyntaxError, Kind, Path, Piece
 
 
@@ -515,3 +516,20 @@ class GiveBack(State):
         d.give_back()
         d.state = self.then()
         return True
+
+
+class DriverFormat(ToolCallFormat):
+    """A format whose parser is this module's Driver: the format names its first state, the rest is
+    shared (ids, llama-server's streaming or final parse)."""
+
+    def parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+    ) -> Driver:
+        return Driver(self.start_state(tools), new_id or self.new_id(), stream_arguments)
+
+    def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
+        """Where parsing an answer starts (`tools` type MiniMax's XML arguments)."""
+        raise NotImplementedError
