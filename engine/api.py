@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.sampling import SamplingParams
+from engine.speculative.base import SpecParams
 
 if TYPE_CHECKING:  # the grammar engine loads only where grammars are used
     from engine.grammar import CompiledGrammar
@@ -117,6 +118,7 @@ class GenerationRequest:
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
     tool_calls: ToolCallSpec | None = None  # None: no tool-call parsing
     grammar: CompiledGrammar | None = None  # constrains the answer (outside reasoning blocks)
+    speculative: SpecParams | None = None  # None: no speculative decoding
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    draft_n: int = 0  # speculative tokens verified
+    draft_n_accepted: int = 0
 
     def as_dict(self) -> dict[str, float | int]:
         return {
@@ -140,7 +144,7 @@ class Timings:
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": self.predicted_ms / self.predicted_n if self.predicted_n else 0.0,
             "predicted_per_second": 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms else 0.0,
-        }
+        } | ({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {})
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,7 @@ class SlotSnapshot:
     n_ctx: int
     is_processing: bool
     n_cached: int  # tokens whose cells the slot holds
+    speculative: bool = False  # its request drafts speculative tokens
 
     def as_dict(self) -> dict[str, int | bool]:
         return {
@@ -210,6 +215,7 @@ class SlotSnapshot:
             "n_ctx": self.n_ctx,
             "is_processing": self.is_processing,
             "n_cached": self.n_cached,
+            "speculative": self.speculative,
         }
 
 

@@ -29,6 +29,8 @@ from engine.prompt_cache import PromptCache, mib_to_bytes
 from engine.scheduler import Scheduler
 from engine.slot_files import ModelIdentity, slot_action
 from engine.slots import SlotPool
+from engine.speculative.draft import DraftModel
+from engine.speculative.setup import speculation
 
 log = structlog.get_logger("engine")
 T = TypeVar("T")
@@ -50,14 +52,18 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, llm: LLM, config: EngineConfig) -> None:
+    def __init__(self, llm: LLM, config: EngineConfig, draft: LLM | None = None) -> None:
+        """`draft`: a draft model for `draft-simple` speculation (same vocabulary: checked by the caller)."""
         self.llm = llm
         self.config = config
         self.kv = llm.new_cache(config.n_slots, max(1, config.n_ctx // config.n_slots))
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
         self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache)
         shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
-        self.scheduler = Scheduler(self.pool, llm.tokenizer, config.n_ubatch, shift, config.n_keep)
+        drafter = DraftModel(draft, config.n_slots, self.kv.n_ctx) if draft is not None else None
+        self.scheduler = Scheduler(
+            self.pool, llm.tokenizer, config.n_ubatch, shift, config.n_keep, speculation(drafter)
+        )
         self.identity = ModelIdentity.of(tuple(self.kv.k.shape), llm.tokenizer.n_vocab, llm.path.name)
         self.snapshot = EngineSnapshot(self.pool.snapshot())  # replaced whole by the engine thread
         self._cond = threading.Condition()

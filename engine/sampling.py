@@ -92,15 +92,23 @@ class Sampler:
             if self._counts[old] == 0:
                 del self._counts[old]
 
-    def sample(self, logits: np.ndarray) -> int:
-        """Pick the next token; `logits` (float32 [n_vocab]) is not modified."""
+    def sample(self, logits: np.ndarray, draft: int | None = None) -> int:
+        """Pick the next token; `logits` (float32 [n_vocab]) is not modified.
+
+        With a `draft` token (speculative decoding) the pick is still exactly a draw from the chain's
+        distribution: greedy picks the best token whatever the draft; otherwise the draft is accepted
+        with its probability and, if refused, a token is drawn from the rest, renormalised (speculative
+        sampling with a deterministic draft: P(t) = p(t) for every t).
+        """
         work = self.adjust(logits)
         best = int(np.argmax(work))  # first maximum: lowest id wins ties
         if self.params.greedy or not np.isfinite(work[best]):
             # All-banned logits (max -inf) have no distribution; the lowest id is a defined answer.
             return best
         ids, values = self._candidates(work)
-        return self._draw(ids, values)
+        if draft is None:
+            return self._draw(ids, values)
+        return self._verify(ids, values, draft)
 
     def adjust(self, logits: np.ndarray) -> np.ndarray:
         """The logits after the bias and penalty stages: a copy, or the input itself when neither applies."""
@@ -200,6 +208,20 @@ class Sampler:
             values = values[order]
         return ids, values
 
+    def _verify(self, ids: np.ndarray | None, values: np.ndarray, draft: int) -> int:
+        """Accept `draft` with its probability p(draft); else draw from p without it, renormalised."""
+        weights = _scaled_weights(values, self.params.temperature)
+        at = _position(ids, draft, weights.size)
+        if at is not None:
+            total = float(weights.sum(dtype=np.float64))
+            if self._rng.random() * total < float(weights[at]):
+                return draft
+            weights[at] = 0.0
+            if not weights.any():  # the draft was the only candidate left after all
+                return draft
+        index = _weighted_pick(weights, self._rng.random())
+        return index if ids is None else int(ids[index])
+
     def _draw(self, ids: np.ndarray | None, values: np.ndarray) -> int:
         """Temperature, then a weighted draw; `ids` None means values are indexed by token id."""
         if values.size == 1:
@@ -207,6 +229,14 @@ class Sampler:
         else:
             index = _weighted_pick(_scaled_weights(values, self.params.temperature), self._rng.random())
         return index if ids is None else int(ids[index])
+
+
+def _position(ids: np.ndarray | None, token: int, n: int) -> int | None:
+    """Where `token` is among the candidates (`ids` None: every id, in order), None if it was cut."""
+    if ids is None:
+        return token if 0 <= token < n else None
+    found = np.flatnonzero(ids == token)
+    return int(found[0]) if found.size else None
 
 
 def _scaled_weights(values: np.ndarray, temperature: float) -> np.ndarray:

@@ -18,6 +18,7 @@ from engine.context_shift import discard_count
 from engine.grammar import prefetch_masks
 from engine.sequence import Emit, Sequence
 from engine.slots import Slot, SlotPool
+from engine.speculative import Speculation
 from engine.text.reasoning import end_before_start
 from engine.text.tokenizer import Tokenizer
 
@@ -32,8 +33,10 @@ class Scheduler:
         n_ubatch: int,
         shift_kv: ShiftKV | None = None,
         n_keep: int = 0,
+        speculation: Speculation | None = None,
     ) -> None:
         self.pool = pool
+        self.speculation = speculation
         self.tokenizer = tokenizer
         self.n_ubatch = n_ubatch
         # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
@@ -75,30 +78,66 @@ class Scheduler:
                 self._prefilling.append(seq)
             slot = self.pool[seq.slot_id]
             chunk = seq.take(budget)
-            budget -= len(chunk)
-            parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none" if seq.pending else "last"))
-            slot.tokens.extend(chunk)
+            seq.drafts = self._drafts(slot, seq, chunk, budget - len(chunk))
+            budget -= len(chunk) + len(seq.drafts)
+            want = "all" if seq.drafts else ("none" if seq.pending else "last")
+            parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want))
+            slot.tokens.extend(chunk + seq.drafts)
             if not seq.pending:
                 outputs.append(slot)
         return (Batch.of(parts), outputs) if parts else None
+
+    def _drafts(self, slot: Slot, seq: Sequence, chunk: list[int], budget: int) -> list[int]:
+        """Speculative tokens to verify after `chunk` (a generating sequence's last token), if any."""
+        room = min(budget, self.pool.kv.n_ctx - len(slot.tokens) - len(chunk) - 2)
+        n = seq.draft_length(room) if self.speculation is not None and seq.drafting is not None else 0
+        if n <= 0 or self.speculation is None or seq.drafting is None:
+            return []
+        key, history = seq.request.request_id, slot.tokens + chunk
+        proposal = self.speculation.propose(key, history, seq.drafting.params, n)
+        if proposal is None:
+            return []
+        seq.drafting.source, draft = proposal
+        return draft
 
     def apply(self, logits: np.ndarray, outputs: list[Slot]) -> None:
         """Advance every sequence that got logits; release the finished, shift the full."""
         for seq in self._prefilling:
             if seq.request.return_progress:
                 seq.emit(seq.progress())
-        for row, slot in zip(logits, outputs, strict=True):
+        row = 0
+        for slot in outputs:
             seq = slot.seq
             assert seq is not None
-            full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx
-            event = seq.advance(row, room=not full or self.shift_kv is not None)
-            seq.emit(event)
-            if event.finish_reason is not None:
-                self.pool.release(slot)
+            rows, row = logits[row : row + 1 + len(seq.drafts)], row + 1 + len(seq.drafts)
+            full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
+            events = seq.verify(rows, room=not full or self.shift_kv is not None)
+            self._keep_accepted(slot, seq)
+            for event in events:
+                seq.emit(event)
+            if events[-1].finish_reason is not None:
+                self._finish(slot)
             elif full:
                 self._shift_context(slot, seq)
         # The next masks are computed on a worker thread while the next batch runs (GIL released).
         prefetch_masks(s.seq.grammar for s in outputs if s.seq is not None and s.seq.grammar is not None)
+
+    def _keep_accepted(self, slot: Slot, seq: Sequence) -> None:
+        """Drop the cells of refused draft tokens; tell the speculator how its draft fared."""
+        if not seq.drafts or self.speculation is None or seq.drafting is None:
+            return
+        keep = len(slot.tokens) - len(seq.drafts) + seq.drafts_accepted
+        del slot.tokens[keep:]
+        self.pool.kv.truncate(slot.id, keep)
+        history = slot.tokens[: keep - seq.drafts_accepted]
+        key = seq.request.request_id
+        self.speculation.accepted(seq.drafting.source, key, history, seq.drafts, seq.drafts_accepted)
+        seq.drafts = []
+
+    def _finish(self, slot: Slot) -> None:
+        if self.speculation is not None and slot.seq is not None:
+            self.speculation.forget(slot.seq.request.request_id)
+        self.pool.release(slot)
 
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
         n_past = len(slot.tokens)
@@ -131,7 +170,7 @@ class Scheduler:
         for slot in self.pool.busy():
             if slot.seq is not None and slot.seq.request.request_id == request_id:
                 slot.seq.emit(slot.seq.finished_early(reason))
-                self.pool.release(slot)
+                self._finish(slot)
         for item in [w for w in self.waiting if w[0].request_id == request_id]:
             self.waiting.remove(item)
             item[1](TokenEvent(text="", finish_reason=reason))

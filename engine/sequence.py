@@ -20,12 +20,52 @@ import numpy as np
 from engine.api import ControlResult, GenerationRequest, PromptProgress, Timings, TokenEvent
 from engine.grammar import GrammarMatcher
 from engine.sampling import Sampler
+from engine.speculative import SpecParams
 from engine.text.reasoning import ReasoningState, Split
 from engine.text.stop import StopMatcher
 from engine.text.tokenizer import IncrementalDecoder, Tokenizer
 from engine.text.tool_calls import FORMATS, ParseDelta, ToolCallParser
 
 Emit = Callable[[TokenEvent], None]
+
+
+@dataclass
+class Drafting:
+    """One sequence's speculation: its settings, the adaptive draft length, and its statistics.
+
+    The length doubles while whole drafts are accepted and falls to what was accepted (+1) when not; a
+    draft refused outright also pauses drafting for a number of steps that doubles each time (up to
+    32), so a sequence whose text does not repeat pays for almost no wasted verification.
+    """
+
+    params: SpecParams
+    source: str = ""  # the speculator whose draft is being verified
+    length: int = 0
+    pause: int = 0  # steps to wait before the next draft
+    misses: int = 0  # consecutive drafts refused outright
+    n_drafted: int = 0
+    n_accepted: int = 0
+
+    def __post_init__(self) -> None:
+        self.length = self.params.n_max
+
+    def next_length(self) -> int:
+        if self.pause > 0:
+            self.pause -= 1
+            return 0
+        return self.length
+
+    def learn(self, n_drafted: int, n_accepted: int) -> None:
+        self.n_drafted += n_drafted
+        self.n_accepted += n_accepted
+        if n_accepted == n_drafted:
+            self.length, self.misses = min(self.params.n_max, 2 * self.length), 0
+        elif n_accepted == 0:
+            self.misses += 1
+            self.pause = min(32, 2**self.misses)
+            self.length = max(1, self.length // 2)
+        else:
+            self.length, self.misses = max(1, n_accepted + 1), 0
 
 
 @dataclass
@@ -49,6 +89,9 @@ class Sequence:
     truncated: bool = False  # the prompt was cut or the context shifted
     # Tokens to feed instead of sampling (a reasoning block's forced end), taken one per step.
     forced: deque[int] = field(default_factory=deque)
+    drafting: Drafting | None = None  # speculative decoding, when the request asks for it
+    drafts: list[int] = field(default_factory=list)  # draft tokens in the batch in flight
+    drafts_accepted: int = 0  # of the last verified drafts
 
     @classmethod
     def start(
@@ -79,6 +122,7 @@ class Sequence:
             pending=request.prompt_tokens[n_cached:],
             n_cached=n_cached,
             truncated=request.truncated,
+            drafting=Drafting(request.speculative) if request.speculative is not None else None,
         )
 
     @property
@@ -90,19 +134,46 @@ class Sequence:
         chunk, self.pending = self.pending[:budget], self.pending[budget:]
         return chunk
 
+    # -- speculative decoding --------------------------------------------------------------------
+    def draft_length(self, room: int) -> int:
+        """How many draft tokens to verify next step (0: none): the adaptive length, within `room`
+        (cells and batch budget left) and what n_predict leaves. Grammars and forced tokens draft none."""
+        if self.drafting is None or self.grammar is not None or self.forced or not self.generating:
+            return 0
+        left = self.request.n_predict - self.n_generated - 1 if self.request.n_predict >= 0 else room
+        return max(0, min(self.drafting.next_length(), room, left))
+
+    def verify(self, rows: np.ndarray, room: bool) -> list[TokenEvent]:
+        """Advance through the logits of a drafted part (one row per fed token): each pick is made with
+        its draft token in hand, and the first pick that differs (or ends the sequence) ends the run.
+        The events of every pick made; `drafts_accepted` is how many drafts they kept."""
+        drafts = self.drafts
+        events = []
+        for i, row in enumerate(rows):
+            draft = drafts[i] if i < len(drafts) else None
+            event = self.advance(row, room or i < len(rows) - 1, draft)
+            events.append(event)
+            if event.finish_reason is not None or event.token != draft:
+                break
+        self.drafts_accepted = sum(e.token == d for e, d in zip(events, drafts, strict=False))
+        if self.drafting is not None and drafts:
+            self.drafting.learn(len(drafts), self.drafts_accepted)
+        return events
+
     # -- one generated token ---------------------------------------------------------------------
-    def advance(self, logits: np.ndarray, room: bool) -> TokenEvent:
+    def advance(self, logits: np.ndarray, room: bool, draft: int | None = None) -> TokenEvent:
         """Pick the next token from `logits` (float32 [n_vocab]) and say what it means.
 
         `room`: whether the slot's context can hold another token; without it the sequence ends for
-        length. The event's finish_reason is set when the sequence ends.
+        length. `draft`: a speculative token for this position (the pick's distribution is unchanged).
+        The event's finish_reason is set when the sequence ends.
         """
         if not self.generating:
             self.t_prompt_done = time.perf_counter()
         constrained = self._in_answer()
         if constrained and self.grammar is not None:
             self.grammar.apply(logits)  # before sampling and logprobs: they see the allowed tokens only
-        token, forced = self._next_token(logits)
+        token, forced = self._next_token(logits, draft)
         self.sampler.accept(token)
         self.n_generated += 1
         grammar_done = constrained and self._grammar_accepts(token)
@@ -130,13 +201,13 @@ class Sequence:
             **self._logprobs(logits, token),
         )
 
-    def _next_token(self, logits: np.ndarray) -> tuple[int, bool]:
+    def _next_token(self, logits: np.ndarray, draft: int | None = None) -> tuple[int, bool]:
         """The token to feed next and whether it was forced rather than sampled."""
         if self.reasoning is not None and not self.forced:
             self.forced.extend(self.reasoning.budget_tokens())
         if self.forced:
             return self.forced.popleft(), True
-        return self.sampler.sample(logits), False
+        return self.sampler.sample(logits, draft), False
 
     def _in_answer(self) -> bool:
         """Whether the next token belongs to the answer (the grammar's part), not a reasoning block."""
@@ -203,6 +274,8 @@ class Sequence:
             prompt_ms=1e3 * (done - self.t_start) if done else 0.0,
             predicted_n=self.n_generated,
             predicted_ms=1e3 * (now - done) if done else 0.0,
+            draft_n=self.drafting.n_drafted if self.drafting else 0,
+            draft_n_accepted=self.drafting.n_accepted if self.drafting else 0,
         )
 
     def end_reasoning(self) -> ControlResult:

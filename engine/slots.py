@@ -54,7 +54,17 @@ class SlotPool:
 
     def snapshot(self) -> tuple[SlotSnapshot, ...]:
         n_ctx = self.kv.n_ctx
-        return tuple(SlotSnapshot(s.id, s.id_task, n_ctx, s.busy, len(s.tokens)) for s in self.slots)
+        return tuple(
+            SlotSnapshot(
+                s.id,
+                s.id_task,
+                n_ctx,
+                s.busy,
+                len(s.tokens),
+                s.seq is not None and s.seq.drafting is not None,
+            )
+            for s in self.slots
+        )
 
     def choose(self, request: GenerationRequest) -> Slot | None:
         """The slot for `request` (its pinned one, the most similar, or the least recently used)."""

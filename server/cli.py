@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
@@ -82,6 +83,8 @@ class Settings(BaseModel):
     stream_buffer_size: int = 4 * 1024 * 1024
     stream_ttl: float = 300.0
     stream_max_sessions: int = 256
+    spec: SpecParams = SpecParams()  # the default speculation of every request (none unless --spec-type)
+    model_draft: str | None = None
     # MCP servers, validated while parsing: a bad config stops the server before it ever answers.
     mcp_servers: tuple[McpServerConfig, ...] = ()
     # None is the default policy: any origin, but only localhost ones when MCP servers are configured.
@@ -120,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         _sampling_flags,
         _template_flags,
         _feature_flags,
+        _spec_flags,
         _tool_flags,
     ):
         add_group(p)
@@ -173,6 +177,48 @@ def _template_flags(p: argparse.ArgumentParser) -> None:
     add("-rea", "--reasoning", choices=REASONING_MODES, default=_env("REASONING") or "auto")
     add("--reasoning-budget", type=int, default=int(_env("THINK_BUDGET") or -1))
     add("--reasoning-budget-message", default=_env("THINK_BUDGET_MESSAGE") or "")
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding (llama-server's names, old and new)."""
+    add = p.add_argument_group("speculative decoding").add_argument
+    add(
+        "--spec-type",
+        action="append",
+        default=None,
+        help="none, " + ", ".join(SPEC_TYPES) + " (a chain: repeat)",
+    )
+    add(
+        "--draft-max",
+        "--draft",
+        "--draft-n",
+        "--spec-draft-n-max",
+        dest="draft_max",
+        type=int,
+        default=int(_env("DRAFT_MAX") or 16),
+    )
+    add(
+        "--draft-min",
+        "--draft-n-min",
+        "--spec-draft-n-min",
+        dest="draft_min",
+        type=int,
+        default=int(_env("DRAFT_MIN") or 0),
+    )
+    add(
+        "--draft-p-min",
+        "--spec-draft-p-min",
+        dest="draft_p_min",
+        type=float,
+        default=float(_env("DRAFT_P_MIN") or 0.75),
+    )
+    add("--spec-ngram-size-n", type=int, default=12)
+    add("--spec-ngram-size-m", type=int, default=48)
+    add("--spec-ngram-min-hits", type=int, default=1)
+    add("-md", "--model-draft", default=_env("MODEL_DRAFT"), help="a draft model (GGUF path or name)")
+    add("-cd", "--ctx-size-draft", type=int, default=0, help="the draft's context (0: the target's)")
+    add("-devd", "--device-draft", default=None, help="the draft's device (the target's)")
+    add("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", type=int, default=-1)
 
 
 def _feature_flags(p: argparse.ArgumentParser) -> None:
@@ -266,12 +312,39 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     except McpConfigError as exc:
         parser.error(str(exc))
     values["cors_origins"] = _cors_origins(args.cors_origins)
+    values["spec"] = _spec_params(parser, args)
     if args.log_prompts_dir:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
     values["slot_save_path"] = Path(args.slot_save_path) if args.slot_save_path else None
     if args.n_gpu_layers == 0:
         values["device"] = "cpu"
     return Settings(**values), ignored
+
+
+def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:
+    """--spec-type (comma lists and repeats; `none` clears) and the draft flags; -md alone means
+    draft-simple, as in llama-server."""
+    types = [t.strip() for v in args.spec_type or () for t in v.split(",") if t.strip()]
+    types = [] if "none" in types else types
+    unknown = [t for t in types if t not in SPEC_TYPES]
+    if unknown:
+        parser.error(f"--spec-type {unknown[0]!r} is not supported (known: none, {', '.join(SPEC_TYPES)})")
+    if args.model_draft and not args.spec_type:
+        types = ["draft-simple"]
+    if "draft-simple" in types and not args.model_draft:
+        parser.error("--spec-type draft-simple needs a draft model: -md/--model-draft FILE")
+    try:
+        return SpecParams(
+            tuple(dict.fromkeys(types)),
+            n_max=args.draft_max,
+            n_min=args.draft_min,
+            p_min=args.draft_p_min,
+            ngram_n=args.spec_ngram_size_n,
+            ngram_m=args.spec_ngram_size_m,
+            min_hits=args.spec_ngram_min_hits,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def _cors_origins(value: str | None) -> tuple[str, ...] | None:

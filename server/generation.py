@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.api import GenerationRequest, Timings, TokenEvent, ToolCall, add_tool_call_steps
+from engine.speculative import SPEC_TYPES, SpecParams
 from server import errors
 from server.schemas import CompletionRequest, GenerationFields
 from server.service import ModelService
@@ -43,7 +44,39 @@ async def build_request(
         truncated=truncated,
         tool_calls=tools.parsing if tools else None,
         grammar=await answer_grammar(service, body, tools),
+        speculative=spec_params(service, body),
     )
+
+
+def spec_params(service: ModelService, body: GenerationFields) -> SpecParams | None:
+    """The request's speculation: its `speculative.*` fields over the server's --spec-* settings."""
+    base = service.settings.spec
+    types = _spec_types(body.speculative_type, base.types, bool(service.settings.model_draft))
+    if not types:
+        return None
+    asked = {
+        "n_max": body.speculative_n_max,
+        "n_min": body.speculative_n_min,
+        "p_min": body.speculative_p_min,
+    }
+    try:
+        return replace(base, types=types, **{k: v for k, v in asked.items() if v is not None})
+    except ValueError as exc:
+        raise errors.invalid_request(f"'speculative': {exc}") from None
+
+
+def _spec_types(asked: str | list[str] | None, default: tuple[str, ...], has_draft: bool) -> tuple[str, ...]:
+    """`speculative.type` (a name, a comma list or a list; "none" turns it off) or the server's types."""
+    if asked is None:
+        return default
+    names = tuple(t.strip() for t in (asked.split(",") if isinstance(asked, str) else asked))
+    for name in names:
+        if name != "none" and name not in SPEC_TYPES:
+            known = ", ".join(SPEC_TYPES)
+            raise errors.invalid_request(f"'speculative.type': unknown type {name!r} (known: none, {known})")
+        if name == "draft-simple" and not has_draft:
+            raise errors.invalid_request("'speculative.type': draft-simple needs a draft model (-md)")
+    return () if "none" in names else names
 
 
 async def completion_request(service: ModelService, raw: Any) -> tuple[CompletionRequest, list[int], bool]:

@@ -40,6 +40,11 @@ class GenerationFields(ConstraintFields):
     timings_per_token: bool = False
     return_progress: bool = False
     verbose: bool = False
+    # llama-server's per-request speculation (keys with dots); None: the server's --spec-* settings.
+    speculative_type: str | list[str] | None = Field(default=None, alias="speculative.type")
+    speculative_n_max: int | None = Field(default=None, alias="speculative.n_max")
+    speculative_n_min: int | None = Field(default=None, alias="speculative.n_min")
+    speculative_p_min: float | None = Field(default=None, alias="speculative.p_min")
 
     @model_validator(mode="after")
     def _nothing_ignored(self) -> GenerationFields:

@@ -28,6 +28,7 @@ from engine.handle import RequestHandle
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from engine.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, check_filename
+from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate, ChatTemplateError
 from engine.text.reasoning import ReasoningSpec, ReasoningTags, detect_tags, resolve_spec
 from engine.text.tokenizer import Tokenizer
@@ -56,6 +57,8 @@ class Counters:
     tokens_predicted_total: int = 0
     tokens_predicted_seconds_total: float = 0.0
     prompt_tokens_cached_total: int = 0
+    drafted_total: int = 0  # speculative tokens verified
+    drafted_accepted_total: int = 0
     requests_total: int = 0
     started: float = field(default_factory=time.time)
 
@@ -68,6 +71,8 @@ class Counters:
         self.tokens_predicted_total += t.predicted_n
         self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
         self.prompt_tokens_cached_total += t.cache_n
+        self.drafted_total += t.draft_n
+        self.drafted_accepted_total += t.draft_n_accepted
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,11 @@ class ModelService:
             context_shift=s.context_shift,
             n_keep=s.keep,
         )
-        engine = Engine(llm, config)
+        draft = None
+        if s.model_draft:  # draft-simple speculation: refused at start-up if it speaks another vocabulary
+            draft = LLM.load(s.model_draft, device=s.device, n_threads=s.threads)
+            check_vocabulary(draft, llm)
+        engine = Engine(llm, config, draft)
         engine.start()
         # The grammar engine's view of the vocabulary holds the GIL for 0.1 s (SmolLM2) to 1.6 s (Gemma
         # 3): built here, at load, never while requests are served.

@@ -49,6 +49,13 @@ async def metrics() -> Response:
             c.prompt_tokens_cached_total,
         ),
         ("n_decode_total", "counter", "Total number of llama_decode() calls", engine.n_steps),
+        ("n_drafted_total", "counter", "Number of speculative tokens drafted.", c.drafted_total),
+        (
+            "n_drafted_accepted_total",
+            "counter",
+            "Number of speculative tokens accepted.",
+            c.drafted_accepted_total,
+        ),
         ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_tps),
         ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gen_tps),
         ("requests_processing", "gauge", "Number of requests processing.", engine.n_busy),
