@@ -16,7 +16,7 @@ from engine.api import ControlResult, GenerationRequest, TokenEvent
 from engine.batch import Batch, BatchPart
 from engine.context_shift import discard_count
 from engine.grammar import prefetch_masks
-from engine.sequence import Emit, Sequence
+from engine.sequence import Emit, Sequence, start_sequence
 from engine.slots import Slot, SlotPool
 from engine.speculative import Speculation
 from engine.text.reasoning import end_before_start
@@ -58,7 +58,7 @@ class Scheduler:
                 still_waiting.append((request, emit))
                 continue
             reuse = self.pool.claim(slot, request)
-            slot.seq = Sequence.start(request, emit, slot.id, self.tokenizer, reuse)
+            slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse)
             if request.request_id in self._end_on_start:
                 self._end_on_start.discard(request.request_id)
                 slot.seq.end_reasoning()

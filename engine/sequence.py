@@ -93,38 +93,6 @@ class Sequence:
     drafts: list[int] = field(default_factory=list)  # draft tokens in the batch in flight
     drafts_accepted: int = 0  # of the last verified drafts
 
-    @classmethod
-    def start(
-        cls, request: GenerationRequest, emit: Emit, slot_id: int, tokenizer: Tokenizer, n_cached: int
-    ) -> Sequence:
-        """A sequence whose slot already holds the first `n_cached` prompt tokens."""
-        sampler = Sampler(request.sampling, tokenizer.n_vocab)
-        for token in request.prompt_tokens:
-            sampler.accept(token)
-        reasoning = None
-        if request.reasoning is not None:
-            reasoning = ReasoningState(request.reasoning, lambda text: tokenizer.encode(text, False, True))
-        spec = request.tool_calls
-        tool_parser = None
-        if spec is not None:
-            tool_parser = FORMATS[spec.format].parser(spec.tools, stream_arguments=spec.stream_arguments)
-        return cls(
-            request,
-            emit,
-            slot_id,
-            sampler,
-            IncrementalDecoder(tokenizer),
-            StopMatcher(list(request.stop)),
-            tokenizer.eog_ids,
-            reasoning,
-            tool_parser,
-            request.grammar.matcher() if request.grammar is not None else None,
-            pending=request.prompt_tokens[n_cached:],
-            n_cached=n_cached,
-            truncated=request.truncated,
-            drafting=Drafting(request.speculative) if request.speculative is not None else None,
-        )
-
     @property
     def generating(self) -> bool:
         return self.t_prompt_done > 0
@@ -285,3 +253,35 @@ class Sequence:
         result, tokens = self.reasoning.end_now()
         self.forced.extend(tokens)
         return result
+
+
+def start_sequence(
+    request: GenerationRequest, emit: Emit, slot_id: int, tokenizer: Tokenizer, n_cached: int
+) -> Sequence:
+    """A sequence whose slot already holds the first `n_cached` prompt tokens."""
+    sampler = Sampler(request.sampling, tokenizer.n_vocab)
+    for token in request.prompt_tokens:
+        sampler.accept(token)
+    reasoning = None
+    if request.reasoning is not None:
+        reasoning = ReasoningState(request.reasoning, lambda text: tokenizer.encode(text, False, True))
+    spec = request.tool_calls
+    tool_parser = None
+    if spec is not None:
+        tool_parser = FORMATS[spec.format].parser(spec.tools, stream_arguments=spec.stream_arguments)
+    return Sequence(
+        request,
+        emit,
+        slot_id,
+        sampler,
+        IncrementalDecoder(tokenizer),
+        StopMatcher(list(request.stop)),
+        tokenizer.eog_ids,
+        reasoning,
+        tool_parser,
+        request.grammar.matcher() if request.grammar is not None else None,
+        pending=request.prompt_tokens[n_cached:],
+        n_cached=n_cached,
+        truncated=request.truncated,
+        drafting=Drafting(request.speculative) if request.speculative is not None else None,
+    )
