@@ -52,17 +52,16 @@ def spec_params(service: ModelService, body: GenerationFields) -> SpecParams | N
     """The request's speculation: its `speculative.*` fields over the server's --spec-* settings."""
     base = service.settings.spec
     types = _spec_types(body.speculative_type, base.types, bool(service.settings.model_draft))
-    if not types:
-        return None
     asked = {
         "n_max": body.speculative_n_max,
         "n_min": body.speculative_n_min,
         "p_min": body.speculative_p_min,
     }
-    try:
-        return replace(base, types=types, **{k: v for k, v in asked.items() if v is not None})
+    try:  # checked even when nothing speculates: a bad value is never silently ignored
+        params = replace(base, types=types, **{k: v for k, v in asked.items() if v is not None})
     except ValueError as exc:
         raise errors.invalid_request(f"'speculative': {exc}") from None
+    return params if params.enabled else None
 
 
 def _spec_types(asked: str | list[str] | None, default: tuple[str, ...], has_draft: bool) -> tuple[str, ...]:
