@@ -28,6 +28,8 @@ import httpx
 class StreamResult:
     ttft: float
     n_tokens: int
+    draft_n: int = 0  # speculative tokens verified, and accepted (from the final timings)
+    draft_accepted: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,12 @@ class LevelResult:
     tokens: int
     ttft_p50: float
     ttft_p95: float
+    draft_n: int = 0
+    draft_accepted: int = 0
+
+    @property
+    def acceptance(self) -> str:
+        return f"{self.draft_accepted / self.draft_n:.2f}" if self.draft_n else "-"
 
     @property
     def tokens_per_second(self) -> float:
@@ -64,9 +72,41 @@ RECORDS_SCHEMA = {
 }
 
 
-async def one_stream(
-    client: httpx.AsyncClient, prompt: str, n_predict: int, schema: dict | None = None
-) -> StreamResult:
+# The copy workload: a long prompt whose answer repeats most of it (code editing, quoting): where
+# n-gram speculation pays. Each request varies its last line, so no two prompts are the same.
+COPY_TEXT = """def parse_args(argv):
+    parser = argparse.ArgumentParser(description="Resize every image in a folder.")
+    parser.add_argument("folder", help="the folder with the images")
+    parser.add_argument("--width", type=int, default=800, help="the width to resize to")
+    parser.add_argument("--height", type=int, default=600, help="the height to resize to")
+    parser.add_argument("--quality", type=int, default=90, help="the JPEG quality")
+    return parser.parse_args(argv)
+
+
+def resize_all(folder, width, height, quality):
+    for name in sorted(os.listdir(folder)):
+        if not name.lower().endswith((".jpg", ".jpeg", ".png")):
+            continue
+        path = os.path.join(folder, name)
+        with Image.open(path) as image:
+            resized = image.resize((width, height))
+            resized.save(path, quality=quality)
+        print(f"resized {name} to {width}x{height}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    resize_all(args.folder, args.width, args.height, args.quality)
+"""
+
+
+def workload_prompts(workload: str, n: int) -> list[str]:
+    if workload == "copy":
+        return [f"Repeat this code exactly:\n{COPY_TEXT}\n# request {i}" for i in range(n)]
+    return [f"Request {i}: write about the number {i * 7 % 101}." for i in range(n)]
+
+
+async def one_stream(client: httpx.AsyncClient, prompt: str, n_predict: int, extra: dict) -> StreamResult:
     body: dict = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": n_predict,
@@ -75,11 +115,10 @@ async def one_stream(
         "stream": True,
         "stream_options": {"include_usage": True},
         "cache_prompt": False,
+        **extra,
     }
-    if schema is not None:
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
     start = time.perf_counter()
-    ttft, n_tokens = 0.0, 0
+    ttft, n_tokens, drafted = 0.0, 0, (0, 0)
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
@@ -90,18 +129,20 @@ async def one_stream(
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 n_tokens = chunk["usage"]["completion_tokens"]
-    return StreamResult(ttft, n_tokens)
+            timings = chunk.get("timings") or {}
+            drafted = (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)) if timings else drafted
+    return StreamResult(ttft, n_tokens, *drafted)
 
 
 async def run_level(
-    url: str, concurrency: int, rounds: int, n_predict: int, schema: dict | None = None
+    url: str, concurrency: int, rounds: int, n_predict: int, workload: str = "chat", extra: dict | None = None
 ) -> LevelResult:
-    prompts = [f"Request {i}: write about the number {i * 7 % 101}." for i in range(concurrency * rounds)]
+    prompts = workload_prompts(workload, concurrency * rounds)
     sem = asyncio.Semaphore(concurrency)
 
     async def limited(client: httpx.AsyncClient, p: str) -> StreamResult:
         async with sem:
-            return await one_stream(client, p, n_predict, schema)
+            return await one_stream(client, p, n_predict, extra or {})
 
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         start = time.perf_counter()
@@ -109,9 +150,9 @@ async def run_level(
         seconds = time.perf_counter() - start
     ttfts = sorted(r.ttft for r in results)
     p95 = ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))]
-    return LevelResult(
-        concurrency, len(results), seconds, sum(r.n_tokens for r in results), statistics.median(ttfts), p95
-    )
+    drafted = sum(r.draft_n for r in results), sum(r.draft_accepted for r in results)
+    tokens = sum(r.n_tokens for r in results)
+    return LevelResult(concurrency, len(results), seconds, tokens, statistics.median(ttfts), p95, *drafted)
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
@@ -129,6 +170,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     ]
     if args.model:
         cmd += ["-m", args.model]
+    cmd += args.server_args.split()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -140,6 +182,16 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
             time.sleep(0.3)
     proc.kill()
     raise SystemExit("llamba-bench-serve: the server did not become healthy")
+
+
+def request_extras(schema: dict | None, spec: str | None, spec_n_max: int) -> dict:
+    """The fields every request adds: a JSON-schema response_format, llama-server's speculative.*."""
+    extra: dict = {}
+    if schema is not None:
+        extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
+    if spec is not None:
+        extra |= {"speculative.type": spec, "speculative.n_max": spec_n_max}
+    return extra
 
 
 def load_schema(choice: str | None) -> dict | None:
@@ -160,18 +212,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--json-schema", default=None, help="'builtin' or a JSON schema file: constrained decoding"
     )
+    p.add_argument(
+        "--workload", choices=["chat", "copy"], default="chat", help="copy: answers repeat the prompt"
+    )
+    p.add_argument("--spec", default=None, help="speculative.type of every request (e.g. ngram-simple)")
+    p.add_argument("--spec-n-max", type=int, default=16)
+    p.add_argument("--server-args", default="", help="more flags for the started server")
     args = p.parse_args(argv)
-    schema = load_schema(args.json_schema)
+    extra = request_extras(load_schema(args.json_schema), args.spec, args.spec_n_max)
     proc, url = (None, args.url) if args.url else start_server(args)
     try:
         asyncio.run(run_level(url, 1, 1, 4))  # warm-up
-        print("| streams | requests | gen tokens | seconds | aggregate t/s | TTFT p50 ms | TTFT p95 ms |")
-        print("| ------: | -------: | ---------: | ------: | ------------: | ----------: | ----------: |")
+        print(
+            "| streams | requests | gen tokens | seconds | aggregate t/s | TTFT p50 ms | TTFT p95 ms | accepted |"
+        )
+        print(
+            "| ------: | -------: | ---------: | ------: | ------------: | ----------: | ----------: | -------: |"
+        )
         for level in (int(c) for c in args.concurrency.split(",")):
-            r = asyncio.run(run_level(url, level, args.rounds, args.n_predict, schema))
+            r = asyncio.run(run_level(url, level, args.rounds, args.n_predict, args.workload, extra))
             print(
                 f"| {r.concurrency} | {r.n_requests} | {r.tokens} | {r.seconds:.2f} "
-                f"| {r.tokens_per_second:.2f} | {1e3 * r.ttft_p50:.0f} | {1e3 * r.ttft_p95:.0f} |",
+                f"| {r.tokens_per_second:.2f} | {1e3 * r.ttft_p50:.0f} | {1e3 * r.ttft_p95:.0f} "
+                f"| {r.acceptance} |",
                 flush=True,
             )
     finally:
