@@ -223,12 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     proc, url = (None, args.url) if args.url else start_server(args)
     try:
         asyncio.run(run_level(url, 1, 1, 4))  # warm-up
-        print(
-            "| streams | requests | gen tokens | seconds | aggregate t/s | TTFT p50 ms | TTFT p95 ms | accepted |"
+        columns = (
+            "streams",
+            "requests",
+            "gen tokens",
+            "seconds",
+            "aggregate t/s",
+            "TTFT p50 ms",
+            "TTFT p95 ms",
         )
-        print(
-            "| ------: | -------: | ---------: | ------: | ------------: | ----------: | ----------: | -------: |"
-        )
+        print("| " + " | ".join((*columns, "accepted")) + " |")
+        print("|" + " ---: |" * (len(columns) + 1))
         for level in (int(c) for c in args.concurrency.split(",")):
             r = asyncio.run(run_level(url, level, args.rounds, args.n_predict, args.workload, extra))
             print(
