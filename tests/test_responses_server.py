@@ -263,6 +263,10 @@ def test_a_background_response_resumes_after_a_socket_reset(
     # The SDK's own resume: every event after 10, parsed.
     later = list(api.responses.retrieve(response_id, stream=True, starting_after=10))
     assert [e.sequence_number for e in later] == list(range(11, len(events)))
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        for bad in (len(events), -2, "ten"):
+            reply = http.get(f"/v1/responses/{response_id}", params={"stream": "true", "starting_after": bad})
+            assert reply.status_code == 400 and "starting_after" in reply.json()["error"]["message"]
 
 
 def test_retrieve_cancel_and_delete(server: ServerProcess, api: openai.OpenAI) -> None:
@@ -283,6 +287,8 @@ def test_retrieve_cancel_and_delete(server: ServerProcess, api: openai.OpenAI) -
     short = api.responses.create(model="any", input=HELLO, max_output_tokens=4)
     with pytest.raises(openai.BadRequestError):
         api.responses.cancel(short.id)  # only background responses can be cancelled
+    with pytest.raises(openai.BadRequestError):
+        api.responses.retrieve(short.id, stream=True)  # nor followed as a stream
     assert api.responses.retrieve(short.id).output_text == short.output_text
     api.responses.delete(short.id)
     for call in (api.responses.retrieve, api.responses.delete, api.responses.cancel):
@@ -319,6 +325,20 @@ def test_the_store_survives_a_restart_with_responses_dir(tmp_path: Path) -> None
             assert on.previous_response_id == first.id and on.usage.input_tokens > first.usage.input_tokens
             with pytest.raises(openai.NotFoundError):
                 api.responses.retrieve(gone.id)
+    finally:
+        proc.stop()
+
+
+def test_the_store_keeps_the_newest_responses_max() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "1024", "--responses-max", "2").wait_healthy()
+    try:
+        with client(proc) as api:
+            made = [api.responses.create(model="any", input=HELLO, max_output_tokens=2) for _ in range(3)]
+            with pytest.raises(openai.NotFoundError):
+                api.responses.retrieve(made[0].id)
+            assert [api.responses.retrieve(r.id).id for r in made[1:]] == [r.id for r in made[1:]]
+            with pytest.raises(openai.BadRequestError):
+                api.responses.create(model="any", input="Go on.", previous_response_id=made[0].id)
     finally:
         proc.stop()
 
