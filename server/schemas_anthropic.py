@@ -10,6 +10,7 @@ stop_sequences, thinking and output_config onto their chat fields.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -266,8 +267,8 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     """The conversation as chat messages; a tool_result must answer a tool_use of the message before."""
     chat: list[dict[str, Any]] = []
     if body.system is not None:
-        system = body.system if isinstance(body.system, str) else "\n\n".join(b.text for b in body.system)
-        chat.append({"role": "system", "content": system})
+        texts = [body.system] if isinstance(body.system, str) else [b.text for b in body.system]
+        chat.append({"role": "system", "content": "\n\n".join(stable_billing_header(t) for t in texts)})
     for i, message in enumerate(body.messages):
         if isinstance(message.content, str):
             chat.append({"role": message.role, "content": message.content})
@@ -277,6 +278,16 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
             asked = body.messages[i - 1] if i > 0 else None
             chat += user_messages(message.content, tool_use_ids(asked), f"messages.{i}")
     return chat
+
+
+BILLING_HEADER = re.compile(r"^(x-anthropic-billing-header:[^\n]*?cch=)[^;\n]{5};")
+
+
+def stable_billing_header(text: str) -> str:
+    """Claude Code starts its system prompt with a billing line whose `cch=` hash changes on every
+    request; left as it is, no prompt would share a cached prefix with the one before. Its 5 hash
+    characters become fffff, as llama-server does (llama.cpp PR 21793)."""
+    return BILLING_HEADER.sub(r"\1fffff;", text, count=1)
 
 
 def tool_use_ids(message: Message | None) -> set[str]:

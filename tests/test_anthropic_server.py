@@ -322,3 +322,19 @@ def test_thinking_comes_back_as_a_thinking_block(think_server: ServerProcess) ->
         assert api.messages.create(**(asked | {"messages": history})).content
         off = api.messages.create(**(asked | {"thinking": {"type": "disabled"}}))
         assert [b.type for b in off.content] == ["text"]
+
+
+def test_claude_codes_changing_billing_hash_keeps_the_prompt_cached(api: anthropic.Anthropic) -> None:
+    """Claude Code's system prompt starts with a billing line whose cch= hash changes per request; it is
+    made constant (as llama-server does), so the next request reuses the whole cached prompt."""
+    replies = []
+    for cch in ("a5145", "9c0d2"):
+        system = f"x-anthropic-billing-header: cc_version=2.1.101.e51; cc_entrypoint=cli; cch={cch};You help."
+        asked = {"model": "any", "max_tokens": 1, "messages": HELLO, "system": system}
+        replies.append(api.messages.create(**asked))
+    first, second = (r.usage for r in replies)
+    assert (
+        second.input_tokens + second.cache_read_input_tokens
+        == first.input_tokens + first.cache_read_input_tokens
+    )
+    assert second.input_tokens == 1  # only the last prompt token runs again
