@@ -165,6 +165,8 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
         final: TokenEvent | None = None
         async for event in events_of(ctx.svc, ctx.job.request):
             for payload in items.feed(event):
+                if payload["type"] == "response.output_item.done":  # what GET shows meanwhile
+                    snap["output"] = items.finished()
                 yield run.frame(payload)
             final = event if event.finish_reason is not None else final
         status = terminal_status(final)

@@ -250,8 +250,6 @@ class ResponsesRequest(BaseModel):
 
     def to_chat(self, conversation: list[dict[str, Any]], stream: bool) -> ChatCompletionRequest:
         """The chat request of `conversation` (the stored one continued, then this input's messages)."""
-        if not conversation:
-            raise errors.invalid_request("'input': give the input (a string or a list of items)")
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
         fields: dict[str, Any] = {
             **(self.model_extra or {}),
@@ -281,8 +279,12 @@ class ResponsesRequest(BaseModel):
     def input_messages(self, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """This request's input as chat messages (what the stored conversation grows by)."""
         if isinstance(self.input, str):
-            return [{"role": "user", "content": self.input}] if self.input else []
-        return ItemTranslation(known_calls(history)).messages(self.input)
+            messages = [{"role": "user", "content": self.input}] if self.input else []
+        else:
+            messages = ItemTranslation(known_calls(history)).messages(self.input)
+        if not messages:
+            raise errors.invalid_request("'input': give the input (a string or a list of items)")
+        return messages
 
 
 def known_calls(messages: list[dict[str, Any]]) -> set[str]:

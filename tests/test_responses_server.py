@@ -353,6 +353,7 @@ BAD_BODIES = {
     },
     "input.0": {"input": [{"type": "computer_call_output", "call_id": "c"}]},
     "frobnicate": {"frobnicate": 1},
+    "input": {"input": []},
     "store": {"background": True, "store": False},
     "reasoning.effort": {"reasoning": {"effort": "high"}},
     "include": {"include": ["reasoning.encrypted_content"]},
