@@ -18,13 +18,30 @@ from werkzeug.exceptions import HTTPException
 from server import errors
 from server.cli import Settings
 from server.mcp import McpManager
-from server.routes import control, metrics, native, openai, slots, stream, tools, webui
+from server.response_runs import STATE_KEY as RESPONSES_KEY
+from server.response_runs import ResponsesState
+from server.responses_store import ResponseStore
+from server.routes import anthropic, control, metrics, native, openai, responses, slots, stream, tools, webui
 from server.service import EXTENSION_KEY, ModelService
 from server.sessions import SessionLimits, SessionStore
 
 log = structlog.get_logger("server")
 
 PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models"}
+
+# Routes whose clients read another error shape than OpenAI's (every other route's), by path prefix.
+ERROR_SHAPES: tuple[tuple[str, Callable[[errors.APIError], dict[str, Any]]], ...] = (
+    (anthropic.ERROR_PREFIX, errors.anthropic_body),
+)
+
+
+def error_reply(err: errors.APIError) -> tuple[dict[str, Any], int]:
+    """The error in the shape the request's route speaks, and its status."""
+    path = request.path
+    for prefix, shape in ERROR_SHAPES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return shape(err), err.status
+    return err.body(), err.status
 
 
 def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = None) -> Quart:
@@ -35,13 +52,16 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     limits = SessionLimits(settings.stream_buffer_size, settings.stream_ttl, settings.stream_max_sessions)
     sessions = SessionStore(limits)
     app.extensions["llamba.sessions"] = sessions
-    for bp in (openai.bp, control.bp, native.bp, slots.bp, metrics.bp, stream.bp, webui.bp):
-        app.register_blueprint(bp)
+    # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
+    store = ResponseStore(settings.responses_max, settings.responses_dir)
+    app.extensions[RESPONSES_KEY] = ResponsesState(store)
+    for routes in (openai, anthropic, responses, control, native, slots, metrics, stream, webui):
+        app.register_blueprint(routes.bp)
     _install_auth(app, settings)
     _install_cors(app, settings)
     _install_error_handlers(app)
     _install_mcp(app, settings)
-    _install_lifespan(app, service, sessions, on_load_failure)
+    _install_lifespan(app, service, sessions, store, on_load_failure)
     return app
 
 
@@ -55,8 +75,7 @@ def _install_auth(app: Quart, settings: Settings) -> None:
         auth = request.headers.get("Authorization", "")
         key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
         if key not in settings.api_keys:
-            err = errors.authentication()
-            return err.body(), err.status
+            return error_reply(errors.authentication())
         return None
 
 
@@ -89,7 +108,7 @@ def _install_cors(app: Quart, settings: Settings) -> None:
         origin = request.headers.get("Origin")
         if origin and not origin_allowed(origin, settings, request.host):
             err = errors.APIError(403, f"origin not allowed: {origin} (--cors-origins)", "permission_error")
-            return err.body(), err.status
+            return error_reply(err)
         return None
 
     @app.after_request
@@ -127,12 +146,11 @@ def _install_mcp(app: Quart, settings: Settings) -> None:
 def _install_error_handlers(app: Quart) -> None:
     @app.errorhandler(errors.APIError)
     async def api_error(exc: errors.APIError) -> Any:
-        return exc.body(), exc.status
+        return error_reply(exc)
 
     @app.errorhandler(ValidationError)
     async def validation_error(exc: ValidationError) -> Any:
-        err = errors.from_validation(exc)
-        return err.body(), err.status
+        return error_reply(errors.from_validation(exc))
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Any:
@@ -143,17 +161,20 @@ def _install_error_handlers(app: Quart) -> None:
             err = errors.invalid_request(f"Invalid request body: {exc.description}")
         else:
             err = errors.APIError(status, exc.description or exc.name, "invalid_request_error")
-        return err.body(), err.status
+        return error_reply(err)
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception) -> Any:
         log.exception("request.failed", error=str(exc))
-        err = errors.APIError(500, f"internal error: {exc}", "server_error")
-        return err.body(), err.status
+        return error_reply(errors.APIError(500, f"internal error: {exc}", "server_error"))
 
 
 def _install_lifespan(
-    app: Quart, service: ModelService, sessions: SessionStore, on_load_failure: Callable[[], None] | None
+    app: Quart,
+    service: ModelService,
+    sessions: SessionStore,
+    store: ResponseStore,
+    on_load_failure: Callable[[], None] | None,
 ) -> None:
     loading: set[asyncio.Task[None]] = set()  # holds the task: the loop keeps only weak references
 
@@ -165,8 +186,10 @@ def _install_lifespan(
 
     @app.after_serving
     async def stop_engine() -> None:
-        # Sessions first: their producers hold engine requests that must not outlive the engine.
+        # Sessions first: their producers hold engine requests that must not outlive the engine, and
+        # background responses they stop are stored (as cancelled) before the store's last write.
         await sessions.close()
+        await anyio.to_thread.run_sync(store.close)
         await anyio.to_thread.run_sync(service.stop)
 
 

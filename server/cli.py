@@ -85,6 +85,9 @@ class Settings(BaseModel):
     stream_max_sessions: int = 256
     spec: SpecParams = SpecParams()  # the default speculation of every request (none unless --spec-type)
     model_draft: str | None = None
+    # Stored Responses API responses: how many are kept, and the folder that keeps them across restarts.
+    responses_max: int = 1000
+    responses_dir: Path | None = None
     # MCP servers, validated while parsing: a bad config stops the server before it ever answers.
     mcp_servers: tuple[McpServerConfig, ...] = ()
     # None is the default policy: any origin, but only localhost ones when MCP servers are configured.
@@ -256,11 +259,13 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _tool_flags(p: argparse.ArgumentParser) -> None:
-    """Resumable streams, MCP servers and CORS."""
+    """MCP servers, CORS and stored responses."""
     add = p.add_argument_group("streams and tools").add_argument
     add("--mcp-servers-config", default=_env("MCP_SERVERS_CONFIG"), help='JSON file {"mcpServers": {...}}')
     add("--mcp-servers-json", default=_env("MCP_SERVERS_JSON"), help="the same JSON, inline")
     add("--cors-origins", default=_env("CORS_ORIGINS"), help="comma-separated allowed origins, or *")
+    add("--responses-dir", default=None, help="keep stored /v1/responses as files here (survive restarts)")
+    add("--responses-max", type=int, default=1000, help="stored /v1/responses kept (the oldest go first)")
 
 
 def _split_ignored(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -294,6 +299,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("stream-max-sessions", args.stream_max_sessions, 1),
         ("reasoning-budget", args.reasoning_budget, -1),
         ("cache-ram", args.cache_ram, -1),
+        ("responses-max", args.responses_max, 1),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -316,6 +322,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     if args.log_prompts_dir:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
     values["slot_save_path"] = Path(args.slot_save_path) if args.slot_save_path else None
+    values["responses_dir"] = Path(args.responses_dir) if args.responses_dir else None
     if args.n_gpu_layers == 0:
         values["device"] = "cpu"
     return Settings(**values), ignored

@@ -52,9 +52,45 @@ def exceed_context(n_prompt_tokens: int, n_ctx: int) -> APIError:
 
 
 def from_validation(exc: ValidationError) -> APIError:
-    """One readable line naming the offending field(s)."""
-    parts = []
-    for err in exc.errors()[:3]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"'{where}': {err['msg']}")
+    """One readable line naming the offending field(s). Of a union's alternatives only the deepest
+    errors are told (a list of blocks whose block 2 is wrong is not also "not a string"), and the
+    union's own labels are left out of the field path."""
+    found = [(field_path(err["loc"]), err["msg"]) for err in exc.errors()]
+    deepest = [
+        (where, msg)
+        for where, msg in found
+        if not any(other != where and other.startswith(where + ".") for other, _ in found)
+    ]
+    parts = [f"'{where or 'body'}': {msg}" for where, msg in deepest[:3]]
     return invalid_request("Invalid request: " + "; ".join(parts))
+
+
+# The labels pydantic gives a union's alternatives in an error's location: not fields.
+_UNION_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _UNION_LABELS)))
+
+
+# Anthropic's error types by HTTP status (its Messages API documents these); other 4xx are invalid
+# requests and other 5xx api errors.
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_body(err: APIError) -> dict[str, Any]:
+    """An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+    fallback = "invalid_request_error" if 400 <= err.status < 500 else "api_error"
+    return {
+        "type": "error",
+        "error": {"type": ANTHROPIC_TYPES.get(err.status, fallback), "message": err.message},
+    }

@@ -66,6 +66,40 @@ NOT_YET: dict[str, Any] = {
 }
 
 
+# llama-server's own generation fields, which the Anthropic and Responses routes take too (clients send
+# them as extra body fields, e.g. the SDKs' `extra_body`): they pass through to the chat request, which
+# acts on them or refuses them as it does on /v1/chat/completions.
+LLAMA_EXTRAS = frozenset(
+    {
+        "seed",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "repeat_last_n",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "cache_prompt",
+        "id_slot",
+        "ignore_eos",
+        "chat_template_kwargs",
+        "reasoning_format",
+        "reasoning_budget_tokens",
+        "reasoning_budget_message",
+    }
+    | NOT_YET.keys()
+)
+
+
+def llama_extras(extra: dict[str, Any] | None, own: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The extra fields of an Anthropic or Responses body that pass through to the chat request
+    (llama-server's, minus those the API has its own name for); ValueError naming any other."""
+    unknown = [name for name in extra or {} if name not in LLAMA_EXTRAS or name in own]
+    if unknown:
+        raise ValueError("; ".join(f"'{name}': unknown field" for name in unknown))
+    return dict(extra or {})
+
+
 def unsupported(extra: dict[str, Any] | None) -> list[str]:
     """Why each extra field of a request cannot be accepted (empty when all can)."""
     problems = []

@@ -9,6 +9,7 @@ from quart import Blueprint, request
 
 from engine.api import ReasoningTags, TokenEvent
 from server import errors, sse
+from server.chat_job import chat_tokens
 from server.generation import (
     build_request,
     collect,
@@ -17,8 +18,13 @@ from server.generation import (
     openai_logprobs,
     stop_type,
 )
-from server.routes.openai import sse_response
-from server.schemas import ApplyTemplateRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from server.schemas import (
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from server.service import ModelService, service
 
 bp = Blueprint("native", __name__)
@@ -110,7 +116,7 @@ async def completion() -> Any:
     body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
     gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
     if body.stream:
-        return sse_response(native_stream(svc, body, gen, len(tokens)))
+        return sse.response(native_stream(svc, body, gen, len(tokens)))
     out = await collect(svc, gen)
     reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
     if body.n_probs:
@@ -141,11 +147,20 @@ async def native_stream(
 # -- tokens and templates --------------------------------------------------------------------------
 @bp.post("/tokenize")
 async def tokenize() -> Any:
+    """llama-server's /tokenize of `content`; or, with `messages` (and any chat field: tools,
+    chat_template_kwargs, ...), the prompt tokens that chat request would run with, counted as
+    /v1/chat/completions counts its prompt_tokens."""
     svc = service()
-    body = TokenizeRequest.model_validate(await request.get_json(force=True))
-    svc.require_ready()
-    tokens = await svc.tokenize(body.content, body.add_special, body.parse_special)
-    if not body.with_pieces:
+    raw = await request.get_json(force=True)
+    if isinstance(raw, dict) and "messages" in raw:
+        with_pieces = bool(raw.pop("with_pieces", False))
+        tokens = await chat_tokens(svc, ChatCompletionRequest.model_validate(raw))
+    else:
+        body = TokenizeRequest.model_validate(raw)
+        svc.require_ready()
+        tokens = await svc.tokenize(body.content, body.add_special, body.parse_special)
+        with_pieces = body.with_pieces
+    if not with_pieces:
         return {"tokens": tokens}
     return {"tokens": [{"id": t, "piece": text_or_bytes(svc.piece(t))} for t in tokens]}
 

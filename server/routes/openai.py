@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
 from typing import Any
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, request
 
-from engine.api import GenerationRequest, ReasoningSpec, ReasoningTags, TokenEvent
+from engine.api import GenerationRequest, TokenEvent
 from server import sse
+from server.chat_job import prepare_chat
 from server.generation import (
     Outcome,
     build_request,
@@ -24,7 +24,6 @@ from server.routes.stream import resumable
 from server.schemas import ChatCompletionRequest, GenerationFields
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
-from server.structured import tool_plan
 
 bp = Blueprint("openai", __name__)
 
@@ -40,15 +39,6 @@ def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) 
 
 
 # -- chat ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ChatJob:
-    """A validated chat request made ready for the engine."""
-
-    prompt_text: str
-    n_prompt: int
-    request: GenerationRequest
-
-
 @bp.post("/v1/chat/completions")
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
@@ -63,7 +53,7 @@ async def chat_completions() -> Any:
         conversation_id = request.headers.get(CONVERSATION_HEADER)
         if conversation_id:  # a resumable session: the generation outlives this response
             stream = await resumable(conversation_id, stream)
-        return sse_response(stream)
+        return sse.response(stream)
     out = await collect(svc, job.request)
     reply: dict[str, Any] = {
         **base_fields(svc, "chat.completion", completion_id, created),
@@ -82,28 +72,6 @@ async def chat_completions() -> Any:
     return reply
 
 
-async def prepare_chat(svc: ModelService, body: ChatCompletionRequest, completion_id: str) -> ChatJob:
-    """The prompt (rendered for the tools' format when there are tools), its tokens, and the engine
-    request with its reasoning, tool-call parsing and grammar; every problem a 400 before any byte."""
-    svc.require_ready()
-    tools = tool_plan(svc, body)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    prompt_text = svc.render_chat(
-        messages,
-        tools.tools if tools else None,
-        tools.format if tools else None,
-        continue_final_message=body.continue_final_message,
-        add_generation_prompt=body.add_generation_prompt is not False,
-        **thinking_kwargs(svc.settings.reasoning) | (body.chat_template_kwargs or {}),
-    )
-    tokens, truncated = svc.fit_prompt(await svc.tokenize_prompt(prompt_text))
-    svc.log_prompt(completion_id, prompt_text)
-    gen = await build_request(svc, body, tokens, body.n_probs(), completion_id, truncated, tools)
-    own_tags = tools.format.reasoning_tags if tools else None
-    gen = replace(gen, reasoning=reasoning_spec(svc, body, prompt_text, own_tags))
-    return ChatJob(prompt_text, len(tokens), gen)
-
-
 def chat_choice(svc: ModelService, body: ChatCompletionRequest, out: Outcome) -> dict[str, Any]:
     """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended."""
     message: dict[str, Any] = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
@@ -115,21 +83,6 @@ def chat_choice(svc: ModelService, body: ChatCompletionRequest, out: Outcome) ->
     if body.logprobs:
         choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
     return choice
-
-
-def thinking_kwargs(mode: str) -> dict[str, Any]:
-    """Template variables for --reasoning: on/off set enable_thinking; auto keeps the template's default."""
-    return {"on": {"enable_thinking": True}, "off": {"enable_thinking": False}}.get(mode, {})
-
-
-def reasoning_spec(
-    svc: ModelService, body: ChatCompletionRequest, prompt_text: str, own_tags: ReasoningTags | None
-) -> ReasoningSpec | None:
-    s = svc.settings
-    budget = body.reasoning_budget(s.reasoning_budget)
-    message = body.budget_message(s.reasoning_budget_message)
-    fmt, control = body.reasoning_format, body.reasoning_control
-    return svc.reasoning_spec(fmt, prompt_text, budget, message, control, own_tags)
 
 
 async def chat_stream(
@@ -189,12 +142,6 @@ def final_reason(event: TokenEvent | None) -> str:
     return (event.finish_reason if event else None) or "stop"
 
 
-def sse_response(body: AsyncIterator[bytes]) -> Response:
-    response = Response(body, headers=sse.SSE_HEADERS)
-    response.timeout = None  # a long generation is not a stuck response
-    return response
-
-
 # -- completions -----------------------------------------------------------------------------------
 @bp.post("/v1/completions")
 async def completions() -> Any:
@@ -207,7 +154,7 @@ async def completions() -> Any:
     head = base_fields(svc, "text_completion", completion_id, created)
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
-        return sse_response(completion_stream(svc, body, gen, head, len(tokens), prefix))
+        return sse.response(completion_stream(svc, body, gen, head, len(tokens), prefix))
     out = await collect(svc, gen)
     choice = {"index": 0, "text": prefix + out.text, "finish_reason": out.finish_reason, "logprobs": None}
     if n_probs:

@@ -1,0 +1,131 @@
+"""OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}, and
+POST /v1/responses/{id}/cancel (and unprefixed aliases).
+
+The body is validated and translated into a chat request (`server/schemas_responses.py`), after the
+stored conversation its `previous_response_id` continues; it runs on the chat path every chat-shaped
+route shares (`server/chat_job.py`), and its token events become output items and numbered stream
+events (`server/response_output.py`, `server/response_runs.py`). Responses are stored
+(`server/responses_store.py`) unless `store` is false. A `background` response runs on its own as a
+stream session: the POST answers at once, GET follows it (`stream=true`, from `starting_after`), and
+cancel stops it. Errors have OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from quart import Blueprint, current_app, request
+
+from server import errors, sse
+from server.chat_job import prepare_chat
+from server.response_output import item_id
+from server.response_runs import (
+    STATE_KEY,
+    ResponseRun,
+    ResponsesState,
+    RunContext,
+    response_object,
+    run_events,
+)
+from server.responses_store import StoredResponse
+from server.routes.stream import sessions
+from server.schemas_responses import ResponsesRequest
+from server.service import service
+
+bp = Blueprint("responses", __name__)
+
+_SEQUENCE = re.compile(r"-?[0-9]+")
+
+
+def responses() -> ResponsesState:
+    return current_app.extensions[STATE_KEY]
+
+
+@bp.post("/v1/responses")
+@bp.post("/responses")
+async def create() -> Any:
+    svc, state = service(), responses()
+    state.prune(lambda rid: sessions().get(rid) is not None)
+    body = ResponsesRequest.model_validate(await request.get_json(force=True))
+    history = state.conversation(body.previous_response_id)
+    conversation = history + body.input_messages(history)
+    response_id = item_id("resp")  # also the engine request id, and a background run's session id
+    job = await prepare_chat(
+        svc, body.to_chat(conversation, stream=body.stream or body.background), response_id
+    )
+    run = ResponseRun(response_object(svc, body, response_id, job), body.background)
+    ctx = RunContext(svc, state, job, conversation, body.store)
+    source = run_events(ctx, run)
+    if body.background:  # its session's task starts once this handler gives way: all is in place then
+        session = await sessions().open(response_id, source)
+        state.runs[response_id] = run
+    if body.store:
+        state.store.put(StoredResponse(run.snapshot, conversation))
+    if body.background:
+        return sse.response(session.follow(0)) if body.stream else dict(run.snapshot)
+    if body.stream:
+        return sse.response(source)
+    async for _ in source:  # a whole reply: the same events, drained
+        pass
+    return run.snapshot
+
+
+@bp.get("/v1/responses/<response_id>")
+@bp.get("/responses/<response_id>")
+async def retrieve(response_id: str) -> Any:
+    state = responses()
+    entry = state.store.get(response_id)
+    if request.args.get("stream", "false").lower() not in ("true", "1"):
+        if entry is None:
+            raise errors.not_found(f"No response found with id {response_id!r}")
+        return entry.response
+    run, session = state.runs.get(response_id), sessions().get(response_id)
+    if run is None or session is None:
+        if entry is None:
+            raise errors.not_found(f"No response found with id {response_id!r}")
+        raise errors.invalid_request(
+            f"response {response_id!r} cannot be streamed: only background responses can, while their "
+            "events are kept (--stream-ttl seconds after they end)"
+        )
+    offset = await run.offset_after(starting_after(request.args.get("starting_after")))
+    session.check_offset(offset)
+    return sse.response(session.follow(offset))
+
+
+def starting_after(value: str | None) -> int:
+    if value is None or value == "":
+        return -1
+    if not _SEQUENCE.fullmatch(value):
+        raise errors.invalid_request(f"'starting_after' must be an event's sequence number, got {value!r}")
+    return int(value)
+
+
+@bp.post("/v1/responses/<response_id>/cancel")
+@bp.post("/responses/<response_id>/cancel")
+async def cancel(response_id: str) -> Any:
+    """Stop a background response (a finished one is returned as it is)."""
+    state = responses()
+    entry = state.store.get(response_id)
+    if entry is None:
+        raise errors.not_found(f"No response found with id {response_id!r}")
+    if not entry.response.get("background"):
+        raise errors.invalid_request("Only responses created with background true can be cancelled")
+    session = sessions().get(response_id)
+    if session is not None and not session.is_done:
+        await session.cancel()
+    return entry.response
+
+
+@bp.delete("/v1/responses/<response_id>")
+@bp.delete("/responses/<response_id>")
+async def delete(response_id: str) -> Any:
+    """Delete a stored response (stopping it first if it still runs in the background)."""
+    state = responses()
+    if state.store.get(response_id) is None:
+        raise errors.not_found(f"No response found with id {response_id!r}")
+    if response_id in state.runs:
+        await sessions().delete(response_id)
+        state.runs.pop(response_id, None)
+    state.store.delete(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
