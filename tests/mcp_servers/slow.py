@@ -1,10 +1,13 @@
 """A `sleep` tool that answers late (or never, for the call's purposes), next to a prompt `echo`.
 
+`hang` never answers. `cancelled` lists the request ids the client cancelled (notifications/cancelled),
+so a test can see a stopped call reach the server.
 `--hang-init` never answers `initialize` (start-up must skip it within the warm-up timeout).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -15,10 +18,16 @@ from _base import FixtureServer, Tool, echo_tools  # noqa: E402
 
 
 class SlowServer(FixtureServer):
+    cancelled: list[Any] = []
+
     def answer(self, message: dict[str, Any]) -> None:
         if message.get("method") == "initialize" and "--hang-init" in sys.argv:
             return
         super().answer(message)
+
+    def after_line(self, message: dict[str, Any]) -> None:
+        if message.get("method") == "notifications/cancelled":
+            self.cancelled.append((message.get("params") or {}).get("requestId"))
 
 
 def sleep(_: FixtureServer, args: dict[str, Any], __: Any) -> Any:
@@ -29,6 +38,8 @@ def sleep(_: FixtureServer, args: dict[str, Any], __: Any) -> Any:
 def main() -> None:
     tools = echo_tools()
     tools["sleep"] = Tool("Sleep, then answer.", sleep, {"seconds": {"type": "number"}})
+    tools["hang"] = Tool("Never answer.", lambda *_: time.sleep(3600))
+    tools["cancelled"] = Tool("Cancelled request ids.", lambda *_: json.dumps(SlowServer.cancelled))
     SlowServer("slow", tools).run()
 
 
