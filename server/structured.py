@@ -65,8 +65,9 @@ def tool_plan(svc: ModelService, body: ChatCompletionRequest, answer_only: bool 
     calls = answer if answer_only else fmt.grammar(choice, body.parallel_tool_calls)
     grammar = tool_grammar_spec(calls, svc.special_tokens()) if calls is not None else None
     # A whole reply gets llama-server's final parse (a broken call stays content); a stream its
-    # streaming parse (calls announced as they start).
-    parsing = ToolCallSpec(fmt.name, tuple(tools), stream_arguments=body.stream)
+    # streaming parse (calls announced as they start). An answer-only round holds no call: its answer
+    # is read as it streams, so one cut by max_tokens is still the answer's text, not its JSON.
+    parsing = ToolCallSpec(fmt.name, tuple(tools), stream_arguments=body.stream or answer_only)
     return ToolPlan(fmt, tools, parsing, grammar)
 
 

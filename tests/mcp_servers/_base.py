@@ -27,7 +27,8 @@ class Tool:
         return {
             "name": name,
             "description": self.description,
-            "inputSchema": {"type": "object", "properties": self.properties},
+            # Closed objects: a tiny model forced to call a tool writes only the arguments it has.
+            "inputSchema": {"type": "object", "properties": self.properties, "additionalProperties": False},
         }
 
 
