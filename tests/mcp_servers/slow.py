@@ -1,7 +1,8 @@
 """A `sleep` tool that answers late (or never, for the call's purposes), next to a prompt `echo`.
 
-`hang` never answers. `cancelled` lists the request ids the client cancelled (notifications/cancelled),
-so a test can see a stopped call reach the server.
+`wait` answers after 3 s (no arguments: a model cannot make it longer or shorter). `hang` never
+answers. `cancelled` lists the request ids the client cancelled (notifications/cancelled), so a test can
+see a stopped call reach the server.
 `--hang-init` never answers `initialize` (start-up must skip it within the warm-up timeout).
 """
 
@@ -38,6 +39,7 @@ def sleep(_: FixtureServer, args: dict[str, Any], __: Any) -> Any:
 def main() -> None:
     tools = echo_tools()
     tools["sleep"] = Tool("Sleep, then answer.", sleep, {"seconds": {"type": "number"}})
+    tools["wait"] = Tool("Wait a moment, then say so.", lambda *_: time.sleep(3) or "done waiting")
     tools["hang"] = Tool("Never answer.", lambda *_: time.sleep(3600))
     tools["cancelled"] = Tool("Cancelled request ids.", lambda *_: json.dumps(SlowServer.cancelled))
     SlowServer("slow", tools).run()
