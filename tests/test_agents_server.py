@@ -328,3 +328,49 @@ def test_bad_agent_requests_are_400_naming_the_field(
 def test_mcp_tools_without_mcp_servers_are_a_400(server: ServerProcess) -> None:
     reply = httpx.post(server.base_url + "/v1/chat/completions", json=time_request())
     assert reply.status_code == 400 and "--mcp-servers-config" in reply.json()["error"]["message"]
+
+
+# -- limits, without a server ------------------------------------------------------------------------
+def test_the_tool_loop_flags_and_their_bad_values() -> None:
+    from server.cli import parse_settings
+
+    settings, _ = parse_settings([])
+    assert (settings.tool_max_rounds, settings.tool_timeout, settings.tool_max_tokens) == (8, 30.0, -1)
+    settings, _ = parse_settings(
+        ["--tool-max-rounds", "2", "--tool-timeout", "1.5", "--tool-max-tokens", "99"]
+    )
+    assert (settings.tool_max_rounds, settings.tool_timeout, settings.tool_max_tokens) == (2, 1.5, 99)
+    for bad in (
+        ["--tool-max-rounds", "0"],
+        ["--tool-timeout", "0"],
+        ["--tool-timeout", "nan"],
+        ["--tool-max-tokens", "-2"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_settings(bad)
+        assert exit_info.value.code == 2
+
+
+def test_a_runs_token_budget_stays_under_the_servers_cap() -> None:
+    from server.agents import AgentLimits, agent_limits
+    from server.cli import Settings
+    from server.errors import APIError
+    from server.schemas import ChatCompletionRequest
+
+    def limits(settings: Settings, **body: Any) -> Any:
+        asked = {"max_tokens": None, **body}
+        return agent_limits(settings, ChatCompletionRequest.model_validate(time_request(**asked)))
+
+    capped = Settings(tool_max_tokens=100, tool_max_rounds=3, tool_timeout=5)
+    assert limits(capped, max_tokens=50).max_tokens == 50
+    assert limits(capped, max_tokens=None).max_tokens == 100  # no ask: the cap
+    assert limits(Settings(), max_tokens=None).max_tokens == -1  # no ask, no cap: unlimited
+    assert limits(capped, max_tool_rounds=2, tool_timeout=0.5) == AgentLimits(2, 0.5, 100)
+    for ask, field in (
+        ({"max_tokens": 101}, "max_tokens"),
+        ({"max_tool_rounds": 4}, "max_tool_rounds"),
+        ({"tool_timeout": 6}, "tool_timeout"),
+    ):
+        with pytest.raises(APIError) as error:
+            limits(capped, **ask)
+        assert error.value.status == 400 and f"'{field}'" in error.value.message
