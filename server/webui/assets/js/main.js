@@ -22,6 +22,7 @@ class App {
     this.model = null;
     this.current = null; // the open conversation, or null for a new chat not sent yet
     this.mcpServers = []; // [{label, tools: [names]}] from GET /tools
+    this.toolsLoaded = false;
     this.pendingServers = []; // the switches of a new chat, until its first message creates it
     this.chat = new Chat({
       store,
@@ -112,11 +113,20 @@ class App {
         servers.get(tool.server).push(tool.tool);
       }
       this.mcpServers = [...servers].map(([label, names]) => ({ label, tools: names }));
+      this.toolsLoaded = true;
     } catch (err) {
       const locked = err instanceof ApiError && err.status === 401; // the key prompt is already up
       if (!locked) toast(`Could not list the MCP tools: ${err.message}`, "error");
     }
     this.#renderTools();
+  }
+
+  /** A conversation's switches, less servers this server no longer has (they would make it a 400,
+   * and no switch is shown to turn them off). */
+  #pruneServers(conversation) {
+    if (!this.toolsLoaded || !conversation.mcpServers?.length) return;
+    const known = new Set(this.mcpServers.map((s) => s.label));
+    conversation.mcpServers = conversation.mcpServers.filter((label) => known.has(label));
   }
 
   #renderTools() {
@@ -211,6 +221,7 @@ class App {
     }
     this.input.value = "";
     this.#autosize();
+    this.#pruneServers(conversation);
     const sending = this.chat.send(conversation, text, this.model || "default");
     this.thread.show(conversation, this.model);
     this.sidebar.render();
@@ -227,6 +238,7 @@ class App {
       this.thread.show(conversation, this.model);
       return;
     }
+    this.#pruneServers(conversation);
     const editing = this.chat.edit(conversation, messageId, text, this.model || "default");
     this.thread.show(conversation, this.model);
     this.#syncComposer();
@@ -237,6 +249,7 @@ class App {
   async regenerate() {
     const conversation = this.current;
     if (!conversation || this.chat.isBusy(conversation.id)) return;
+    this.#pruneServers(conversation);
     const answering = this.chat.regenerate(conversation, this.model || "default");
     this.thread.show(conversation, this.model);
     this.#syncComposer();
