@@ -47,11 +47,14 @@ async def chat_tokens(svc: ModelService, body: ChatCompletionRequest) -> list[in
     return await svc.tokenize_prompt(chat_prompt(svc, body, tool_plan(svc, body)))
 
 
-async def prepare_chat(svc: ModelService, body: ChatCompletionRequest, completion_id: str) -> ChatJob:
+async def prepare_chat(
+    svc: ModelService, body: ChatCompletionRequest, completion_id: str, answer_only: bool = False
+) -> ChatJob:
     """The prompt, its tokens, and the engine request with its reasoning, tool-call parsing and
-    grammar; every problem a 400 before any byte."""
+    grammar; every problem a 400 before any byte. `answer_only`: the tool loop's last round
+    (server/structured.py's tool_plan)."""
     svc.require_ready()
-    tools = tool_plan(svc, body)
+    tools = tool_plan(svc, body, answer_only)
     prompt_text = chat_prompt(svc, body, tools)
     tokens, truncated = svc.fit_prompt(await svc.tokenize_prompt(prompt_text))
     svc.log_prompt(completion_id, prompt_text)

@@ -90,6 +90,11 @@ class Settings(BaseModel):
     responses_dir: Path | None = None
     # MCP servers, validated while parsing: a bad config stops the server before it ever answers.
     mcp_servers: tuple[McpServerConfig, ...] = ()
+    # The server-side tool loop (server/agents.py): rounds of MCP calls per request, seconds per call
+    # (each server's own timeout_ms still applies when it is shorter), tokens a run generates (-1: any).
+    tool_max_rounds: int = 8
+    tool_timeout: float = 30.0
+    tool_max_tokens: int = -1
     # None is the default policy: any origin, but only localhost ones when MCP servers are configured.
     cors_origins: tuple[str, ...] | None = None
 
@@ -266,6 +271,12 @@ def _tool_flags(p: argparse.ArgumentParser) -> None:
     add("--cors-origins", default=_env("CORS_ORIGINS"), help="comma-separated allowed origins, or *")
     add("--responses-dir", default=None, help="keep stored /v1/responses as files here (survive restarts)")
     add("--responses-max", type=int, default=1000, help="stored /v1/responses kept (the oldest go first)")
+    add("--tool-max-rounds", type=int, default=int(_env("TOOL_MAX_ROUNDS") or 8),
+        help="rounds of MCP tool calls the server runs for one request (mcp tools)")  # fmt: skip
+    add("--tool-timeout", type=float, default=float(_env("TOOL_TIMEOUT") or 30.0),
+        help="seconds one MCP tool call of the tool loop may take")  # fmt: skip
+    add("--tool-max-tokens", type=int, default=int(_env("TOOL_MAX_TOKENS") or -1),
+        help="tokens one tool-loop run may generate over all its rounds; -1: no limit")  # fmt: skip
 
 
 def _split_ignored(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -300,9 +311,13 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("reasoning-budget", args.reasoning_budget, -1),
         ("cache-ram", args.cache_ram, -1),
         ("responses-max", args.responses_max, 1),
+        ("tool-max-rounds", args.tool_max_rounds, 1),
+        ("tool-max-tokens", args.tool_max_tokens, -1),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
+    if not args.tool_timeout > 0:
+        parser.error(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
     if args.ubatch_size < 1 or args.batch_size < 1:
         parser.error("--batch-size and --ubatch-size must be >= 1")
     template = args.chat_template

@@ -105,6 +105,20 @@ class Outcome:
     def timings(self) -> Timings | None:
         return self.final.timings if self.final else None
 
+    @property
+    def n_generated(self) -> int:
+        return self.final.timings.predicted_n if self.final and self.final.timings else len(self.tokens)
+
+    def add(self, event: TokenEvent) -> None:
+        self.text += event.text
+        self.reasoning += event.reasoning_text
+        add_tool_call_steps(self.tool_calls, event.tool_calls)
+        if event.token is not None:
+            self.tokens.append(event.token)
+            self.events.append(event)
+        if event.finish_reason is not None:
+            self.final = event
+
 
 async def events_of(service: ModelService, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
     """The request's events; if the consumer goes away (client disconnect) the generation is cancelled."""
@@ -121,14 +135,7 @@ async def events_of(service: ModelService, request: GenerationRequest) -> AsyncI
 async def collect(service: ModelService, request: GenerationRequest) -> Outcome:
     out = Outcome()
     async for event in events_of(service, request):
-        out.text += event.text
-        out.reasoning += event.reasoning_text
-        add_tool_call_steps(out.tool_calls, event.tool_calls)
-        if event.token is not None:
-            out.tokens.append(event.token)
-            out.events.append(event)
-        if event.finish_reason is not None:
-            out.final = event
+        out.add(event)
     return out
 
 

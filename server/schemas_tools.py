@@ -3,8 +3,9 @@
 - `grammar` (llama.cpp's GBNF) and `json_schema` (llama-server's fields), `response_format`
   (`{"type": "text" | "json_object" | "json_schema"}`, with llama-server's `{"type": "json_object",
   "schema": ...}` too): at most one of them constrains a request.
-- `tools` (function tools: a name, a description, a JSON schema of the arguments), `tool_choice`
-  (`none`, `auto`, `required` or a named function) and `parallel_tool_calls`.
+- `tools` (function tools: a name, a description, a JSON schema of the arguments; and MCP servers the
+  server runs itself, in the Responses API's `mcp` shape: server/agents.py), `tool_choice` (`none`,
+  `auto`, `required` or a named function) and `parallel_tool_calls`.
 
 Every schema a client sends is checked against JSON Schema's meta-schema here, so a broken one is a
 400 naming its field before anything runs.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -68,6 +69,41 @@ class FunctionTool(BaseModel):
 
     type: Literal["function"]
     function: FunctionDefinition
+
+
+class AllowedTools(BaseModel):
+    """The Responses API's filter form of `allowed_tools`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_names: list[str] | None = None
+    read_only: bool | None = None  # True: only the tools the MCP server marks read-only
+
+
+class McpServerTool(BaseModel):
+    """A configured MCP server offered to the model and run by Llamba (the Responses API's `mcp` tool).
+
+    Only servers from --mcp-servers-config can be named; approvals, headers and remote URLs are not
+    supported, so those fields are refused (an unknown field is a 400) rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["mcp"]
+    server_label: str = Field(min_length=1)
+    server_url: str | None = None  # accepted only when it names the configured server (server/agents.py)
+    allowed_tools: list[str] | AllowedTools | None = None
+    require_approval: Literal["never"] | None = None  # Llamba never asks: calls run as the model makes them
+
+    def tool_filter(self) -> tuple[set[str] | None, bool]:
+        """(the tool names allowed, None for all; read-only tools only)."""
+        allowed = self.allowed_tools
+        if isinstance(allowed, AllowedTools):
+            names = None if allowed.tool_names is None else set(allowed.tool_names)
+            return names, bool(allowed.read_only)
+        return (None if allowed is None else set(allowed)), False
+
+
+Tool = Annotated[FunctionTool | McpServerTool, Field(discriminator="type")]
 
 
 class NamedFunction(BaseModel):
@@ -163,25 +199,41 @@ class ConstraintFields(BaseModel):
 class ToolFields(BaseModel):
     """Chat's tool fields."""
 
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: ToolChoiceField | None = None
     parallel_tool_calls: bool = False  # llama-server's default
+    # The server-side tool loop's per-request limits (only with `mcp` tools; server/agents.py).
+    max_tool_rounds: int | None = Field(default=None, ge=1)
+    tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call
 
     @model_validator(mode="after")
     def _choice_matches_tools(self) -> ToolFields:
-        names = [t.function.name for t in self.tools or ()]
+        names = [t.function.name for t in self.function_tools()]
         if len(set(names)) != len(names):
             raise ValueError("tools: two tools have the same name")
+        labels = [t.server_label for t in self.mcp_tools()]
+        if len(set(labels)) != len(labels):
+            raise ValueError("tools: two mcp tools name the same server_label")
         choice = self.tool_choice
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        # A named choice may name an MCP server's tool: server/agents.py checks it once they are known.
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names and not labels:
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
-        if choice == "required" and not names:
+        if choice == "required" and not names and not labels:
             raise ValueError('tool_choice "required" needs tools')
+        if not labels and (self.max_tool_rounds is not None or self.tool_timeout is not None):
+            raise ValueError("max_tool_rounds and tool_timeout apply to mcp tools only: the request has none")
         return self
 
+    def function_tools(self) -> list[FunctionTool]:
+        return [t for t in self.tools or () if isinstance(t, FunctionTool)]
+
+    def mcp_tools(self) -> list[McpServerTool]:
+        return [t for t in self.tools or () if isinstance(t, McpServerTool)]
+
     def tool_dicts(self) -> list[dict[str, Any]]:
-        """The tools as the chat template and the tool-call formats take them."""
-        return [t.model_dump(exclude_none=True) for t in self.tools or ()]
+        """The function tools as the chat template and the tool-call formats take them (MCP servers
+        reach the model as function tools too, once server/agents.py has listed them)."""
+        return [t.model_dump(exclude_none=True) for t in self.function_tools()]
 
     def tool_choice_value(self) -> Any:
         choice = self.tool_choice

@@ -47,23 +47,27 @@ def constraint(body: GenerationFields) -> tuple[GrammarSpec, str] | None:
     return GrammarSpec.json_schema(schema), field
 
 
-def tool_plan(svc: ModelService, body: ChatCompletionRequest) -> ToolPlan | None:
+def tool_plan(svc: ModelService, body: ChatCompletionRequest, answer_only: bool = False) -> ToolPlan | None:
     """How the request's tools are offered and read back; None when there are none (or tool_choice none:
-    the tools are then left out of the prompt too, so nothing invites a call)."""
+    the tools are then left out of the prompt too, so nothing invites a call). `answer_only` (the tool
+    loop's last round) keeps the tools in the prompt under the format's answer-only grammar, where it
+    has one, and is tool_choice none where it has not."""
     tools = body.tool_dicts()
     choice = ToolChoice.resolve(body.tool_choice_value(), tools)
-    if choice.mode == "none":
+    fmt = svc.tool_format()
+    answer = fmt.answer_grammar() if answer_only else None
+    if choice.mode == "none" or (answer_only and answer is None):
         return None
     if constraint(body) is not None:
         raise errors.invalid_request(
             "'tools' cannot be combined with grammar, json_schema or response_format"
         )
-    fmt = svc.tool_format()
-    calls = fmt.grammar(choice, body.parallel_tool_calls)
+    calls = answer if answer_only else fmt.grammar(choice, body.parallel_tool_calls)
     grammar = tool_grammar_spec(calls, svc.special_tokens()) if calls is not None else None
     # A whole reply gets llama-server's final parse (a broken call stays content); a stream its
-    # streaming parse (calls announced as they start).
-    parsing = ToolCallSpec(fmt.name, tuple(tools), stream_arguments=body.stream)
+    # streaming parse (calls announced as they start). An answer-only round holds no call: its answer
+    # is read as it streams, so one cut by max_tokens is still the answer's text, not its JSON.
+    parsing = ToolCallSpec(fmt.name, tuple(tools), stream_arguments=body.stream or answer_only)
     return ToolPlan(fmt, tools, parsing, grammar)
 
 

@@ -129,17 +129,28 @@ class McpManager:
     def tool(self, name: str) -> McpTool | None:
         return self._registry.get(name)
 
-    async def call(self, tool: McpTool, arguments: dict[str, Any]) -> ToolResult:
-        """Invoke a tool. Every failure of the server becomes an error result, never an exception."""
+    def server_names(self) -> list[str]:
+        """Every configured server, in config order (available or not)."""
+        return list(self._servers)
+
+    def server_tools(self, server: str) -> list[McpTool]:
+        """The tools a server offers (empty for a server that failed to start, or an unknown name)."""
+        return [t for t in self._registry.all() if t.server == server]
+
+    async def call(
+        self, tool: McpTool, arguments: dict[str, Any], timeout_s: float | None = None
+    ) -> ToolResult:
+        """Invoke a tool. Every failure of the server becomes an error result, never an exception.
+        `timeout_s` may shorten the server's own timeout for this call, never lengthen it."""
         server = self._servers[tool.server]
-        timeout_s = server.config.timeout_s
+        timeout_s = min(server.config.timeout_s, timeout_s or server.config.timeout_s)
         try:
             transport = await self._running(server)
             result = await transport.request(
                 "tools/call", {"name": tool.tool, "arguments": arguments}, timeout_s=timeout_s
             )
         except RpcTimeout:
-            return ToolResult(error=f"tool '{tool.name}' timed out after {server.config.timeout_ms} ms")
+            return ToolResult(error=f"tool '{tool.name}' timed out after {round(timeout_s * 1000)} ms")
         except RpcError as exc:
             return ToolResult(error=f"tool '{tool.name}' failed: {exc.message}")
         except (TransportClosed, Unavailable, TimeoutError) as exc:

@@ -31,6 +31,8 @@ class McpTool:
             "tool": self.name,
             "display_name": self.title or self.name,
             "type": "mcp",
+            # Llamba's: the server it belongs to (a chat's `mcp` tool names it as server_label).
+            "server": self.server,
             # MCP tools run arbitrary code: only a server's explicit read-only hint clears `write`.
             "permissions": {"write": not self.read_only},
             "definition": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint, request
+from quart import Blueprint, current_app, request
 
 from engine.api import ReasoningTags, TokenEvent
 from server import errors, sse
@@ -18,6 +18,8 @@ from server.generation import (
     openai_logprobs,
     stop_type,
 )
+from server.mcp import McpManager
+from server.routes.tools import MANAGER_KEY
 from server.schemas import (
     ApplyTemplateRequest,
     ChatCompletionRequest,
@@ -73,6 +75,26 @@ async def props() -> Any:
         "backend": info.backend,
         "webui": svc.settings.webui,
         "reasoning": reasoning_props(svc),
+        "tool_loop": tool_loop_props(svc),
+    }
+
+
+def tool_loop_props(svc: ModelService) -> dict[str, Any]:
+    """The server-side tool loop: its limits, and the MCP servers a request can name (`server_label`);
+    a server is available once it started and listed its tools (`ready`: the start-up warm-up is over)."""
+    s = svc.settings
+    mcp: McpManager | None = current_app.extensions.get(MANAGER_KEY)
+    servers = [
+        {"server_label": name, "available": bool(tools), "tools": [t.tool for t in tools]}
+        for name in (mcp.server_names() if mcp else [])
+        for tools in [mcp.server_tools(name)]  # type: ignore[union-attr]
+    ]
+    return {
+        "ready": mcp.ready if mcp else True,
+        "mcp_servers": servers,
+        "max_rounds": s.tool_max_rounds,
+        "tool_timeout": s.tool_timeout,
+        "max_tokens": s.tool_max_tokens,
     }
 
 

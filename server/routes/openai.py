@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint, request
+from quart import Blueprint, Response, current_app, request
 
 from engine.api import GenerationRequest, TokenEvent
 from server import sse
-from server.chat_job import prepare_chat
+from server.agents import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
+from server.chat_job import ChatJob, prepare_chat
 from server.generation import (
     Outcome,
     build_request,
@@ -20,7 +22,9 @@ from server.generation import (
     openai_logprobs,
     usage,
 )
+from server.mcp import McpManager
 from server.routes.stream import resumable
+from server.routes.tools import MANAGER_KEY
 from server.schemas import ChatCompletionRequest, GenerationFields
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
@@ -45,15 +49,15 @@ async def chat_completions() -> Any:
     svc = service()
     body = ChatCompletionRequest.model_validate(await request.get_json(force=True))
     completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
+    svc.require_ready()
+    plan = await agent_plan(mcp_manager(), svc.settings, body)
+    if plan is not None:
+        return await agent_completion(svc, body, plan, completion_id)
     job = await prepare_chat(svc, body, completion_id)
     created = int(time.time())
     if body.stream:
         head = base_fields(svc, "chat.completion.chunk", completion_id, created)
-        stream = chat_stream(svc, body, job.request, head, job.n_prompt)
-        conversation_id = request.headers.get(CONVERSATION_HEADER)
-        if conversation_id:  # a resumable session: the generation outlives this response
-            stream = await resumable(conversation_id, stream)
-        return sse.response(stream)
+        return await streamed(chat_stream(svc, body, job.request, head, job.n_prompt))
     out = await collect(svc, job.request)
     reply: dict[str, Any] = {
         **base_fields(svc, "chat.completion", completion_id, created),
@@ -63,13 +67,30 @@ async def chat_completions() -> Any:
     if out.timings:
         reply["timings"] = out.timings.as_dict()
     if body.verbose:
-        reply["__verbose"] = {
-            "prompt": job.prompt_text,
-            "content": out.text,
-            "reasoning_content": out.reasoning,
-            "tokens": out.tokens,
-        }
+        reply["__verbose"] = verbose_fields(job, out)
     return reply
+
+
+async def streamed(stream: AsyncIterator[bytes]) -> Response:
+    """The SSE response; with X-Conversation-Id a resumable session runs the stream, so the generation
+    outlives this response."""
+    conversation_id = request.headers.get(CONVERSATION_HEADER)
+    if conversation_id:
+        stream = await resumable(conversation_id, stream)
+    return sse.response(stream)
+
+
+def verbose_fields(job: ChatJob, out: Outcome) -> dict[str, Any]:
+    return {
+        "prompt": job.prompt_text,
+        "content": out.text,
+        "reasoning_content": out.reasoning,
+        "tokens": out.tokens,
+    }
+
+
+def mcp_manager() -> McpManager | None:
+    return current_app.extensions.get(MANAGER_KEY)
 
 
 def chat_choice(svc: ModelService, body: ChatCompletionRequest, out: Outcome) -> dict[str, Any]:
@@ -85,6 +106,43 @@ def chat_choice(svc: ModelService, body: ChatCompletionRequest, out: Outcome) ->
     return choice
 
 
+class ChatChunks:
+    """A chat stream's SSE chunks: each delta its own chunk, logprobs and timings as the body asks."""
+
+    def __init__(self, svc: ModelService, body: ChatCompletionRequest, head: dict[str, Any]) -> None:
+        self.svc, self.body, self.head = svc, body, head
+        self.timings: dict[str, Any] = {}
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, "finish_reason": finish, "delta": delta, **extra}
+        return sse.event({**self.head, "choices": [choice], **self.timings})
+
+    def event(self, event: TokenEvent) -> list[bytes]:
+        """An engine event's chunks (none for an event that carries nothing to show)."""
+        if event.progress is not None:
+            return [sse.event({**self.head, "choices": [], "prompt_progress": event.progress.as_dict()})]
+        if event.timings is not None and self.body.timings_per_token:
+            self.timings = {"timings": event.timings.as_dict()}
+        extra = {}
+        if self.body.logprobs and event.logprob is not None:
+            extra["logprobs"] = {"content": openai_logprobs(self.svc, [event])}
+        deltas = event_deltas(event)
+        out = [self.chunk(delta) for delta in deltas[:-1]]
+        if deltas or extra:  # the logprobs ride on the event's last chunk
+            out.append(self.chunk(deltas[-1] if deltas else {}, **extra))
+        return out
+
+    def end(self, final: TokenEvent | None, usage_fields: dict[str, Any]) -> list[bytes]:
+        """The finish chunk (with the timings), the usage chunk if asked for, and [DONE]."""
+        last = {**self.head, "choices": [{"index": 0, "finish_reason": final_reason(final), "delta": {}}]}
+        if final is not None and final.timings is not None:
+            last["timings"] = final.timings.as_dict()
+        out = [sse.event(last)]
+        if (self.body.stream_options or {}).get("include_usage"):
+            out.append(sse.event({**self.head, "choices": [], "usage": usage_fields}))
+        return [*out, sse.DONE]
+
+
 async def chat_stream(
     svc: ModelService,
     body: ChatCompletionRequest,
@@ -92,37 +150,73 @@ async def chat_stream(
     head: dict[str, Any],
     n_prompt: int,
 ) -> AsyncIterator[bytes]:
-    timings: dict[str, Any] = {}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "finish_reason": finish, "delta": delta, **extra}
-        return sse.event({**head, "choices": [choice], **timings})
-
-    yield chunk({"role": "assistant", "content": None})
+    chunks = ChatChunks(svc, body, head)
+    yield chunks.chunk({"role": "assistant", "content": None})
     final: TokenEvent | None = None
     async for event in events_of(svc, gen):
-        if event.progress is not None:
-            yield sse.event({**head, "choices": [], "prompt_progress": event.progress.as_dict()})
-            continue
-        if event.timings is not None and body.timings_per_token:
-            timings = {"timings": event.timings.as_dict()}
-        extra = {}
-        if body.logprobs and event.logprob is not None:
-            extra["logprobs"] = {"content": openai_logprobs(svc, [event])}
-        deltas = event_deltas(event)
-        for delta in deltas[:-1]:
-            yield chunk(delta)
-        if deltas or extra:  # the logprobs ride on the event's last chunk
-            yield chunk(deltas[-1] if deltas else {}, **extra)
+        for data in chunks.event(event):
+            yield data
         if event.finish_reason is not None:
             final = event
-    last = {**head, "choices": [{"index": 0, "finish_reason": final_reason(final), "delta": {}}]}
-    if final is not None and final.timings is not None:
-        last["timings"] = final.timings.as_dict()
-    yield sse.event(last)
-    if (body.stream_options or {}).get("include_usage"):
-        yield sse.event({**head, "choices": [], "usage": usage(n_prompt, final)})
-    yield sse.DONE
+    for data in chunks.end(final, usage(n_prompt, final)):
+        yield data
+
+
+# -- chat with the server-side tool loop -----------------------------------------------------------
+async def agent_completion(
+    svc: ModelService, body: ChatCompletionRequest, plan: AgentPlan, completion_id: str
+) -> Any:
+    """A chat whose `mcp` tools Llamba runs itself (server/agents.py): one stream, or one reply, for
+    the whole run."""
+    manager = mcp_manager()
+    assert manager is not None  # agent_plan refuses mcp tools without MCP servers
+
+    async def prepare(round_body: ChatCompletionRequest, answer_only: bool) -> ChatJob:
+        return await prepare_chat(svc, round_body, completion_id, answer_only)
+
+    run = AgentRun(svc, body, plan, manager, prepare)
+    await run.start()  # the first round's 400s come before any byte
+    created = int(time.time())
+    if body.stream:
+        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+        return await streamed(agent_stream(run, ChatChunks(svc, body, head)))
+    async with contextlib.aclosing(run.events()) as events:
+        async for _ in events:
+            pass
+    if run.error is not None:
+        raise run.error
+    out = run.final_outcome()
+    choice = chat_choice(svc, body, out) | {"intermediate_messages": run.messages}
+    reply: dict[str, Any] = {
+        **base_fields(svc, "chat.completion", completion_id, created),
+        "choices": [choice],
+        "usage": run.usage(),
+    }
+    if out.timings:
+        reply["timings"] = out.timings.as_dict()
+    if body.verbose:
+        reply["__verbose"] = verbose_fields(run.rounds[-1].job, out) | {"rounds": run.verbose()}
+    return reply
+
+
+async def agent_stream(run: AgentRun, chunks: ChatChunks) -> AsyncIterator[bytes]:
+    """The run as one chat stream: each round opens with an assistant delta; an MCP call's deltas are
+    followed by its result as a `tool` delta (`tool_call_id`, `name`, `content`, `is_error`)."""
+    async with contextlib.aclosing(run.events()) as events:
+        async for item in events:
+            if isinstance(item, RoundStarted):
+                yield chunks.chunk({"role": "assistant", "content": None})
+            elif isinstance(item, ToolExecuted):
+                yield chunks.chunk(item.message())
+            else:
+                for data in chunks.event(item):
+                    yield data
+    if run.error is not None:
+        yield sse.error_event(run.error.body())
+        yield sse.DONE
+        return
+    for data in chunks.end(run.final_outcome().final, run.usage()):
+        yield data
 
 
 def event_deltas(event: TokenEvent) -> list[dict[str, Any]]:

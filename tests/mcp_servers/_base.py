@@ -27,7 +27,8 @@ class Tool:
         return {
             "name": name,
             "description": self.description,
-            "inputSchema": {"type": "object", "properties": self.properties},
+            # Closed objects: a tiny model forced to call a tool writes only the arguments it has.
+            "inputSchema": {"type": "object", "properties": self.properties, "additionalProperties": False},
         }
 
 
@@ -38,7 +39,10 @@ def text(value: Any) -> dict[str, Any]:
 class FixtureServer:
     def __init__(self, name: str, tools: dict[str, Tool]) -> None:
         self.name = name
-        self.tools = tools
+        # `--only NAME[,NAME...]` offers just those tools (a model then has nothing else to pick).
+        args = sys.argv[1:]
+        only = next((v for flag, v in zip(args, args[1:], strict=False) if flag == "--only"), None)
+        self.tools = {n: t for n, t in tools.items() if only is None or n in only.split(",")}
         self._lock = threading.Lock()
         self._out = sys.stdout.buffer
 

@@ -2,6 +2,7 @@
 
 `deafen_then_die` answers, stops reading stdin, and exits (code 3) a second later: a big request
 written meanwhile fills the pipe and meets EPIPE.
+`die` exits at once without answering (the call fails: the server crashed).
 `--die-at-start` exits before reading anything (start-up must skip it).
 """
 
@@ -35,6 +36,7 @@ def main() -> None:
         sys.exit(5)
     tools = echo_tools()
     tools["crash"] = Tool("Answer, then exit.", crash)
+    tools["die"] = Tool("Exit without answering.", lambda *_: os._exit(3))
     tools["deafen_then_die"] = Tool("Answer, stop reading, exit a second later.", lambda *_: "deaf")
     CrashServer("crash", tools).run()
 

@@ -141,6 +141,12 @@ class ToolCallFormat:
         """What the grammar builder constrains: None when nothing is (no tools, tool_choice none)."""
         raise NotImplementedError
 
+    def answer_grammar(self) -> ToolGrammar | None:
+        """A grammar that lets the model answer but call nothing while its tools stay in the prompt
+        (the last round of a server-side tool loop keeps its cached prefix so); None where the format
+        has no such form, and the tools are then left out of the prompt instead."""
+        return None
+
     def parse(
         self,
         text: str,

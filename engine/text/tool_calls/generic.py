@@ -54,8 +54,16 @@ class Generic(DriverFormat):
             return None
         return ToolGrammar(Json(answer_schema(choice, parallel_tool_calls)), lazy=False)
 
+    def answer_grammar(self) -> ToolGrammar | None:
+        # The response alone: nothing after it (a model that saw tool results would otherwise go on
+        # writing a `tool_response` member of its own).
+        return ToolGrammar(Json({**RESPONSE_SCHEMA, "additionalProperties": False}), lazy=False)
+
     def prepare_messages(self, messages: list[dict], tools: Sequence[Mapping[str, Any]]) -> list[dict]:
         return add_system(messages, SYSTEM_PROMPT)
+
+
+RESPONSE_SCHEMA = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
 
 
 def answer_schema(choice: ToolChoice, parallel: bool) -> dict[str, Any]:
@@ -68,8 +76,7 @@ def answer_schema(choice: ToolChoice, parallel: bool) -> dict[str, Any]:
         tool_call = {"type": "object", "properties": {"tool_call": any_of(calls)}, "required": ["tool_call"]}
     if choice.mode == "required":
         return tool_call
-    response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
-    return {"anyOf": [tool_call, response]}
+    return {"anyOf": [tool_call, RESPONSE_SCHEMA]}
 
 
 def _call_schema(tool: Mapping[str, Any], parallel: bool) -> dict[str, Any]:

@@ -26,6 +26,14 @@ export class Api {
     return this.json("/props");
   }
 
+  /** The MCP servers' tools (GET /tools), or [] when the server has none configured (404). */
+  async tools() {
+    const response = await fetch("/tools", { headers: this.headers() });
+    if (response.status === 404) return [];
+    if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
+    return response.json();
+  }
+
   /** Start a streamed chat completion as the resumable session `key`. Resolves to the raw Response. */
   chat(body, key, signal) {
     return fetch("/v1/chat/completions", {

@@ -32,9 +32,31 @@ export class Chat {
     return Boolean(run && !run.skipRequested && run.message.reasoning && !run.message.content);
   }
 
+  /** Send a user message and stream the answer. */
   async send(conversation, text, model) {
-    const user = { id: newId(), role: "user", content: text, createdAt: Date.now() };
-    const history = this.#history(conversation, user);
+    conversation.messages.push({ id: newId(), role: "user", content: text, createdAt: Date.now() });
+    await this.#answer(conversation, model);
+  }
+
+  /** Answer the last user message again: the answers after it are replaced. */
+  async regenerate(conversation, model) {
+    const last = conversation.messages.findLastIndex((m) => m.role === "user");
+    if (last < 0 || this.isBusy(conversation.id)) return;
+    conversation.messages.splice(last + 1);
+    await this.#answer(conversation, model);
+  }
+
+  /** Change a user message and answer it anew: everything after it is dropped. */
+  async edit(conversation, messageId, text, model) {
+    const at = conversation.messages.findIndex((m) => m.id === messageId && m.role === "user");
+    if (at < 0 || this.isBusy(conversation.id)) return;
+    conversation.messages.splice(at + 1);
+    conversation.messages[at].content = text;
+    await this.#answer(conversation, model);
+  }
+
+  async #answer(conversation, model) {
+    const history = this.#history(conversation);
     const key = `${conversation.id}::${model}`;
     const reply = {
       id: newId(),
@@ -46,7 +68,7 @@ export class Chat {
       createdAt: Date.now(),
       stream: { key, offset: 0, completionId: null },
     };
-    conversation.messages.push(user, reply);
+    conversation.messages.push(reply);
     conversation.updatedAt = Date.now();
     const run = this.#begin(conversation, reply);
     await this.store.put(conversation); // the stream state is on disk before the request leaves
@@ -56,6 +78,7 @@ export class Chat {
       stream: true,
       reasoning_control: true,
       ...this.settings.sampling(),
+      ...this.#tools(conversation),
     };
     let response;
     try {
@@ -69,6 +92,15 @@ export class Chat {
       return;
     }
     await this.#follow(run, response);
+  }
+
+  /** The MCP servers switched on for the conversation, as `mcp` tools the server runs itself. */
+  #tools(conversation) {
+    const servers = conversation.mcpServers || [];
+    if (!servers.length) return {};
+    const tools = servers.map((label) => ({ type: "mcp", server_label: label }));
+    const rounds = this.settings.get("maxToolRounds");
+    return rounds ? { tools, max_tool_rounds: rounds } : { tools };
   }
 
   /** Stop: end the session on the server (frees the slot), then drop our request; keep the partial text. */
@@ -111,11 +143,12 @@ export class Chat {
   }
 
   // -- internals ---------------------------------------------------------------------------------------
-  #history(conversation, user) {
+  #history(conversation) {
     const messages = [];
     const system = (this.settings.get("systemPrompt") || "").trim();
     if (system) messages.push({ role: "system", content: system });
-    for (const m of [...conversation.messages, user]) {
+    for (const m of conversation.messages) {
+      if (m.role === "assistant") messages.push(...toolTurns(m));
       if ((m.role === "user" || m.role === "assistant") && m.content)
         messages.push({ role: m.role, content: m.content });
     }
@@ -196,6 +229,9 @@ export class Chat {
     if (payload.timings) message.timings = payload.timings;
     const choice = payload.choices?.[0];
     const delta = choice?.delta || {};
+    if (delta.role === "tool") return applyToolResult(message, delta);
+    if (delta.role === "assistant") message.round = (message.round ?? -1) + 1;
+    for (const step of delta.tool_calls || []) applyToolStep(message, step);
     if (delta.reasoning_content) {
       message.thinkingStartedAt ??= Date.now();
       message.reasoning = (message.reasoning || "") + delta.reasoning_content;
@@ -274,6 +310,51 @@ export class Chat {
     this.store.put(run.conversation);
     this.onUpdate(run.conversation, message);
   }
+}
+
+// -- tool calls run by the server (the `mcp` tools) -------------------------------------------------
+// message.tools holds each call in stream order: {id, name, arguments, round, result?, isError?}. Call
+// indices run on across a run's rounds; each round opens with an assistant delta.
+function applyToolStep(message, step) {
+  message.tools ??= [];
+  const call = (message.tools[step.index] ??= {
+    id: "",
+    name: "",
+    arguments: "",
+    round: message.round ?? 0,
+  });
+  if (step.id) call.id = step.id;
+  if (step.function?.name) call.name += step.function.name;
+  if (step.function?.arguments) call.arguments += step.function.arguments;
+}
+
+function applyToolResult(message, delta) {
+  const call = (message.tools || []).find((c) => c.id === delta.tool_call_id);
+  if (!call) return;
+  call.result = delta.content ?? "";
+  call.isError = Boolean(delta.is_error);
+}
+
+/** An answer's tool rounds as the messages the server added (assistant calls, then their results), so
+ * the next request's prompt repeats this one's and its cached prefix is reused. Unanswered calls (a
+ * stopped run) are left out. */
+function toolTurns(message) {
+  const turns = [];
+  const done = (message.tools || []).filter((c) => c.result !== undefined);
+  for (const round of [...new Set(done.map((c) => c.round))]) {
+    const calls = done.filter((c) => c.round === round);
+    turns.push({
+      role: "assistant",
+      content: null,
+      tool_calls: calls.map((c) => ({
+        id: c.id,
+        type: "function",
+        function: { name: c.name, arguments: c.arguments },
+      })),
+    });
+    for (const c of calls) turns.push({ role: "tool", tool_call_id: c.id, name: c.name, content: c.result });
+  }
+  return turns;
 }
 
 function parseError(text) {

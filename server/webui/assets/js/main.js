@@ -1,7 +1,8 @@
-// Start-up and wiring: settings, the server's /props, conversations, the composer, the sidebar, dialogs.
+// Start-up and wiring: settings, the server's /props and MCP servers, conversations, the composer (with
+// its Tools switches), the sidebar, dialogs.
 import { Api, ApiError } from "./api.js";
 import { Chat, LIVE_STATUSES } from "./chat.js";
-import { $, newId, sleep } from "./dom.js";
+import { $, h, newId, sleep } from "./dom.js";
 import { decorate } from "./icons.js";
 import { Settings } from "./settings.js";
 import { openStore } from "./store.js";
@@ -20,6 +21,9 @@ class App {
     this.api = new Api(this.settings);
     this.model = null;
     this.current = null; // the open conversation, or null for a new chat not sent yet
+    this.mcpServers = []; // [{label, tools: [names]}] from GET /tools
+    this.toolsLoaded = false;
+    this.pendingServers = []; // the switches of a new chat, until its first message creates it
     this.chat = new Chat({
       store,
       api: this.api,
@@ -33,6 +37,8 @@ class App {
       onSkip: (id) =>
         this.chat.skipThinking(id).catch((err) => toast(`Skip thinking failed: ${err.message}`, "error")),
       onSuggestion: (text) => this.#fill(text),
+      onEdit: (id, text) => this.edit(id, text),
+      onRegenerate: () => this.regenerate(),
     });
     this.sidebar = new Sidebar({
       list: $("#conversation-list"),
@@ -67,7 +73,7 @@ class App {
       "visibilitychange",
       () => document.visibilityState === "visible" && this.chat.resumeAll(),
     );
-    this.loadProps();
+    this.loadProps().then(() => this.loadTools());
   }
 
   // -- the server ------------------------------------------------------------------------------------
@@ -76,7 +82,7 @@ class App {
       try {
         const props = await this.api.props();
         this.model = props.model_alias || "default";
-        this.settings.setServerDefaults(props.default_generation_settings?.params || {});
+        this.settings.setServerDefaults(props.default_generation_settings?.params || {}, props.tool_loop);
         $("#model-name").textContent = this.model;
         this.#banner("");
         if (!this.current?.messages.length) this.thread.show(this.current, this.model);
@@ -97,6 +103,63 @@ class App {
     }
   }
 
+  /** The MCP servers the chat can switch on (their tools, grouped by server); none hides the Tools. */
+  async loadTools() {
+    try {
+      const tools = await this.api.tools();
+      const servers = new Map();
+      for (const tool of tools) {
+        if (!servers.has(tool.server)) servers.set(tool.server, []);
+        servers.get(tool.server).push(tool.tool);
+      }
+      this.mcpServers = [...servers].map(([label, names]) => ({ label, tools: names }));
+      this.toolsLoaded = true;
+    } catch (err) {
+      const locked = err instanceof ApiError && err.status === 401; // the key prompt is already up
+      if (!locked) toast(`Could not list the MCP tools: ${err.message}`, "error");
+    }
+    this.#renderTools();
+  }
+
+  /** A conversation's switches, less servers this server no longer has (they would make it a 400,
+   * and no switch is shown to turn them off). */
+  #pruneServers(conversation) {
+    if (!this.toolsLoaded || !conversation.mcpServers?.length) return;
+    const known = new Set(this.mcpServers.map((s) => s.label));
+    conversation.mcpServers = conversation.mcpServers.filter((label) => known.has(label));
+  }
+
+  #renderTools() {
+    $("#composer-tools").hidden = !this.mcpServers.length;
+    const on = new Set(this.current ? this.current.mcpServers || [] : this.pendingServers);
+    $("#tools-list").replaceChildren(
+      ...this.mcpServers.map(({ label, tools }) => {
+        const hint = h("span", { class: "server-tools", id: `tools-of-${label}` }, tools.join(", "));
+        const box = h("input", {
+          type: "checkbox",
+          "aria-label": label,
+          "aria-describedby": hint.id,
+          checked: on.has(label),
+          onchange: () => this.#toggleServer(label, box.checked),
+        });
+        return h("label", { class: "server-switch" }, box, h("span", { class: "server-name" }, label), hint);
+      }),
+    );
+    const count = [...on].filter((label) => this.mcpServers.some((s) => s.label === label)).length;
+    $("#tools-count").textContent = count ? String(count) : "";
+  }
+
+  async #toggleServer(label, enabled) {
+    const list = this.current ? this.current.mcpServers || [] : this.pendingServers;
+    const next = enabled ? [...new Set([...list, label])] : list.filter((l) => l !== label);
+    if (!this.current) this.pendingServers = next;
+    else {
+      this.current.mcpServers = next;
+      await this.store.put(this.current);
+    }
+    this.#renderTools();
+  }
+
   #banner(text) {
     const banner = $("#banner");
     banner.hidden = !text;
@@ -113,6 +176,7 @@ class App {
     document.title = conversation ? `${conversation.title} · Llamba` : "Llamba";
     this.thread.show(conversation, this.model);
     this.sidebar.render(conversation?.id || null);
+    this.#renderTools();
     this.#syncComposer();
     this.#closeSidebar();
   }
@@ -150,16 +214,46 @@ class App {
     if (!conversation) {
       const now = Date.now();
       conversation = { id: newId(), title: titleFrom(text), createdAt: now, updatedAt: now, messages: [] };
+      conversation.mcpServers = this.pendingServers;
+      this.pendingServers = [];
       this.store.items.set(conversation.id, conversation);
       this.open(conversation.id);
     }
     this.input.value = "";
     this.#autosize();
+    this.#pruneServers(conversation);
     const sending = this.chat.send(conversation, text, this.model || "default");
     this.thread.show(conversation, this.model);
     this.sidebar.render();
     this.#syncComposer();
     await sending;
+  }
+
+  /** Resend an edited user message of the open conversation (the answers after it are replaced). */
+  async edit(messageId, text) {
+    const conversation = this.current;
+    if (!conversation) return;
+    if (this.chat.isBusy(conversation.id)) {
+      toast("Stop the answer being written first", "error");
+      this.thread.show(conversation, this.model);
+      return;
+    }
+    this.#pruneServers(conversation);
+    const editing = this.chat.edit(conversation, messageId, text, this.model || "default");
+    this.thread.show(conversation, this.model);
+    this.#syncComposer();
+    await editing;
+  }
+
+  /** Answer the open conversation's last question again. */
+  async regenerate() {
+    const conversation = this.current;
+    if (!conversation || this.chat.isBusy(conversation.id)) return;
+    this.#pruneServers(conversation);
+    const answering = this.chat.regenerate(conversation, this.model || "default");
+    this.thread.show(conversation, this.model);
+    this.#syncComposer();
+    await answering;
   }
 
   #onUpdate(conversation, message) {
@@ -200,6 +294,11 @@ class App {
       this.#syncComposer();
     });
     $("#stop").addEventListener("click", () => this.current && this.chat.stop(this.current.id));
+    $("#tools-toggle").addEventListener("click", () => {
+      const panel = $("#tools-panel");
+      panel.hidden = !panel.hidden;
+      $("#tools-toggle").setAttribute("aria-expanded", String(!panel.hidden));
+    });
   }
 
   #syncComposer() {
@@ -278,7 +377,7 @@ class App {
   #settingsSaved() {
     this.settings.applyTheme();
     toast("Settings saved");
-    if (!this.model) this.loadProps();
+    if (!this.model) this.loadProps().then(() => this.loadTools());
   }
 
   #export() {

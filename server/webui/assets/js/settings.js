@@ -30,6 +30,14 @@ export const FIELDS = [
     hint: "-1: no limit",
   },
   {
+    name: "maxToolRounds",
+    label: "Max tool rounds",
+    kind: "number",
+    step: "1",
+    min: "1",
+    hint: "Tool calls the server runs per answer, when tools are on",
+  },
+  {
     name: "apiKey",
     label: "API key",
     kind: "password",
@@ -64,9 +72,11 @@ export class Settings {
     return this.get(name) ?? this.defaults[name] ?? "";
   }
 
-  setServerDefaults(params) {
+  /** The server's defaults: sampling from /props' generation settings, the tool loop's round limit. */
+  setServerDefaults(params, toolLoop = {}) {
     for (const field of FIELDS)
       if (field.prop && params[field.prop] !== undefined) this.defaults[field.name] = params[field.prop];
+    if (toolLoop.max_rounds !== undefined) this.defaults.maxToolRounds = toolLoop.max_rounds;
   }
 
   /** Save a form's values: sampling values equal to the server's default are not kept as overrides. */

@@ -49,6 +49,7 @@ function cleanConversation(raw) {
     title: str(raw.title).slice(0, 200) || "Imported chat",
     createdAt: num(raw.createdAt, now),
     updatedAt: num(raw.updatedAt, now),
+    mcpServers: Array.isArray(raw.mcpServers) ? raw.mcpServers.filter((l) => typeof l === "string") : [],
     messages,
   };
 }
@@ -67,7 +68,19 @@ function cleanMessage(raw) {
     message.status = ["streaming", "resuming", "loading"].includes(raw.status) ? "lost" : str(raw.status);
   if (raw.error) message.error = str(raw.error);
   if (raw.timings && typeof raw.timings === "object") message.timings = cleanTimings(raw.timings);
+  if (Array.isArray(raw.tools))
+    message.tools = raw.tools.filter((c) => c && typeof c === "object").map(cleanCall);
   return message;
+}
+
+function cleanCall(raw) {
+  const call = { id: str(raw.id), name: str(raw.name), arguments: str(raw.arguments) };
+  call.round = num(raw.round, 0);
+  if (typeof raw.result === "string") {
+    call.result = raw.result;
+    call.isError = raw.isError === true;
+  }
+  return call;
 }
 
 function cleanTimings(raw) {

@@ -1,4 +1,5 @@
-// The open conversation: its messages, the thinking block, status and stats; redrawn per animation frame.
+// The open conversation: its messages, the thinking block, tool calls, status and stats; redrawn per
+// animation frame. Edit (user messages) and Regenerate (the last answer) hand their work to the app.
 import { copyText, h } from "../dom.js";
 import { icon } from "../icons.js";
 import { renderMarkdown } from "../markdown.js";
@@ -19,13 +20,16 @@ const SUGGESTIONS = [
 ];
 
 export class Thread {
-  /** `chat` answers isBusy/isThinking; `onSkip(conversationId)` runs the Skip thinking button. */
-  constructor({ scroller, root, chat, onSkip, onSuggestion }) {
+  /** `chat` answers isBusy/isThinking; `onSkip(conversationId)` runs the Skip thinking button;
+   * `onEdit(messageId, text)` resends an edited user message; `onRegenerate()` answers again. */
+  constructor({ scroller, root, chat, onSkip, onSuggestion, onEdit, onRegenerate }) {
     this.scroller = scroller;
     this.root = root;
     this.chat = chat;
     this.onSkip = onSkip;
     this.onSuggestion = onSuggestion;
+    this.onEdit = onEdit;
+    this.onRegenerate = onRegenerate;
     this.conversation = null;
     this.views = new Map(); // message id -> MessageView
     this.dirty = new Set();
@@ -76,14 +80,17 @@ export class Thread {
   #state(message) {
     const id = this.conversation?.id;
     const last = this.conversation?.messages.at(-1) === message;
-    return { live: last && this.chat.isBusy(id), thinking: last && this.chat.isThinking(id) };
+    return { last, live: last && this.chat.isBusy(id), thinking: last && this.chat.isThinking(id) };
   }
 
   #viewOf(message) {
     const view =
       message.role === "user"
-        ? new UserView(message)
-        : new AssistantView(message, () => this.onSkip(this.conversation.id));
+        ? new UserView(message, (text) => this.onEdit(message.id, text))
+        : new AssistantView(message, {
+            onSkip: () => this.onSkip(this.conversation.id),
+            onRegenerate: () => this.onRegenerate(),
+          });
     this.views.set(message.id, view);
     return view;
   }
@@ -127,23 +134,111 @@ function flash(button) {
 }
 
 class UserView {
-  constructor(message) {
+  constructor(message, onEdit) {
     this.message = message;
+    this.onEdit = onEdit;
     this.bubble = h("div", { class: "bubble" });
+    const edit = h(
+      "button",
+      {
+        type: "button",
+        class: "icon-button small edit-message",
+        "aria-label": "Edit message",
+        onclick: () => this.#startEdit(),
+      },
+      icon("pencil", 15),
+    );
+    this.body = h("div", { class: "user-body" }, this.bubble, h("div", { class: "user-tools" }, edit));
     this.el = h(
       "article",
       { class: "msg user", dataset: { id: message.id }, "aria-label": "You" },
-      this.bubble,
+      this.body,
     );
   }
 
   render() {
     this.bubble.textContent = this.message.content;
   }
+
+  /** The message in a text box; Submit edit resends it (the answers after it are replaced). */
+  #startEdit() {
+    const box = h("textarea", { class: "edit-box", "aria-label": "Edit message text", rows: 3 });
+    box.value = this.message.content;
+    const cancel = () => {
+      form.replaceWith(this.body);
+      this.render();
+    };
+    const form = h(
+      "form",
+      {
+        class: "edit-form",
+        onsubmit: (event) => {
+          event.preventDefault();
+          const text = box.value.trim();
+          if (text) this.onEdit(text);
+        },
+      },
+      box,
+      h(
+        "div",
+        { class: "edit-actions" },
+        h("button", { type: "button", class: "button ghost small", onclick: cancel }, "Cancel edit"),
+        h("button", { type: "submit", class: "button primary small" }, "Submit edit"),
+      ),
+    );
+    box.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") cancel();
+    });
+    this.body.replaceWith(form);
+    box.focus();
+  }
+}
+
+/** One tool call the server ran: its name and state; opened, its arguments and result (as text). */
+class ToolBlock {
+  constructor() {
+    this.name = h("span", { class: "tool-name" });
+    this.state = h("span", { class: "tool-state" });
+    this.args = h("pre", { class: "tool-text" });
+    this.resultHead = h("p", { class: "tool-head" }, "Result");
+    this.result = h("pre", { class: "tool-text tool-result" });
+    this.el = h(
+      "details",
+      { class: "tool-call" },
+      h("summary", {}, icon("tool", 15), this.name, this.state),
+      h(
+        "div",
+        { class: "tool-body" },
+        h("p", { class: "tool-head" }, "Arguments"),
+        this.args,
+        this.resultHead,
+        this.result,
+      ),
+    );
+  }
+
+  update(call, live) {
+    const pending = call.result === undefined;
+    this.el.setAttribute("aria-label", `Tool call ${call.name}`);
+    this.el.classList.toggle("is-error", Boolean(call.isError));
+    this.name.textContent = call.name;
+    this.state.textContent = pending ? (live ? "Running…" : "No result") : call.isError ? "Error" : "Done";
+    this.args.textContent = pretty(call.arguments);
+    this.resultHead.hidden = this.result.hidden = pending;
+    this.result.textContent = call.result ?? "";
+  }
+}
+
+function pretty(json) {
+  try {
+    return JSON.stringify(JSON.parse(json), null, 2);
+  } catch {
+    return json;
+  }
 }
 
 class AssistantView {
-  constructor(message, onSkip) {
+  constructor(message, { onSkip, onRegenerate }) {
     this.message = message;
     this.status = h("span", { class: "status", hidden: true });
     this.summaryLabel = h("span", { class: "thinking-label" });
@@ -165,6 +260,8 @@ class AssistantView {
       "Skip thinking",
     );
     this.thinking = h("div", { class: "thinking-wrap", hidden: true }, this.details, this.skip);
+    this.toolBox = h("div", { class: "tool-calls", hidden: true });
+    this.toolBlocks = [];
     this.content = h("div", { class: "content markdown" });
     this.typing = h(
       "div",
@@ -180,7 +277,12 @@ class AssistantView {
       { type: "button", class: "icon-button small copy-message", "aria-label": "Copy message" },
       icon("copy", 15),
     );
-    this.foot = h("div", { class: "msg-foot" }, this.stats, copy);
+    this.regenerate = h(
+      "button",
+      { type: "button", class: "icon-button small", "aria-label": "Regenerate", onclick: onRegenerate },
+      icon("refresh", 15),
+    );
+    this.foot = h("div", { class: "msg-foot" }, this.stats, copy, this.regenerate);
     const meta = h(
       "div",
       { class: "msg-meta" },
@@ -192,6 +294,7 @@ class AssistantView {
       { class: "msg-main" },
       meta,
       this.thinking,
+      this.toolBox,
       this.content,
       this.typing,
       this.error,
@@ -209,9 +312,10 @@ class AssistantView {
     this.autoOpen = false;
   }
 
-  render({ live, thinking }) {
+  render({ live, thinking, last }) {
     const m = this.message;
     this.#renderThinking(m, live, thinking);
+    this.#renderTools(m.tools || [], live);
     if (this.renderedText !== m.content) {
       this.content.replaceChildren(renderMarkdown(m.content));
       this.renderedText = m.content;
@@ -222,12 +326,25 @@ class AssistantView {
     this.status.className = `status status-${status}`;
     this.status.textContent = status ? STATUS_TEXT[status] : "";
     this.el.dataset.status = m.status || "done";
-    this.typing.hidden = !(live && !m.content && !m.reasoning);
+    this.typing.hidden = !(live && !m.content && !m.reasoning && !m.tools?.length);
     this.error.hidden = !m.error;
     this.error.textContent = m.error || "";
     this.stats.textContent = statsText(m.timings);
     this.stats.title = statsTitle(m.timings);
-    this.foot.hidden = live || (!m.content && !m.timings);
+    this.foot.hidden = live || (!m.content && !m.timings && !m.tools?.length);
+    this.regenerate.hidden = !last;
+  }
+
+  #renderTools(calls, live) {
+    this.toolBox.hidden = !calls.length;
+    calls.forEach((call, i) => {
+      if (!call) return;
+      if (!this.toolBlocks[i]) {
+        this.toolBlocks[i] = new ToolBlock();
+        this.toolBox.append(this.toolBlocks[i].el);
+      }
+      this.toolBlocks[i].update(call, live);
+    });
   }
 
   #renderThinking(m, live, thinking) {
