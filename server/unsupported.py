@@ -29,26 +29,12 @@ METADATA = frozenset(
 
 # field -> the value that leaves generation unchanged (llama.cpp's defaults).
 NOT_YET: dict[str, Any] = {
-    # llama-server's samplers beyond the default chain
-    "typical_p": 1.0,
-    "mirostat": 0,
-    "mirostat_tau": 5.0,
-    "mirostat_eta": 0.1,
-    "dry_multiplier": 0.0,
-    "dry_base": 1.75,
-    "dry_allowed_length": 2,
-    "dry_penalty_last_n": -1,
-    "dry_sequence_breakers": ["\n", ":", '"', "*"],
-    "xtc_probability": 0.0,
-    "xtc_threshold": 0.1,
-    "top_n_sigma": -1.0,
-    "dynatemp_range": 0.0,
-    "dynatemp_exponent": 1.0,
-    "min_keep": 0,
+    # llama-server's adaptive-p sampler (adaptive_decay is only read with it)
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
     "penalize_nl": False,
     "n_indent": 0,
     "t_max_predict_ms": 0,
-    "post_sampling_probs": False,
     "lora": [],
     "image_data": [],
     "n_keep": 0,

@@ -17,6 +17,7 @@ from server.generation import (
     collect,
     completion_request,
     events_of,
+    has_probs,
     openai_logprobs,
     usage,
 )
@@ -154,7 +155,7 @@ async def chat_stream(
         if event.timings is not None and body.timings_per_token:
             timings = {"timings": event.timings.as_dict()}
         extra = {}
-        if body.logprobs and event.logprob is not None:
+        if body.logprobs and has_probs(event):
             extra["logprobs"] = {"content": openai_logprobs(svc, [event])}
         deltas = event_deltas(event)
         for delta in deltas[:-1]:
