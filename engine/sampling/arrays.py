@@ -55,9 +55,11 @@ def _top_ids_of(values: np.ndarray, k: int) -> np.ndarray:
     return ids[best_first(values[ids])][:k]
 
 
-def mass_prefix(values: np.ndarray, weights: np.ndarray, total: float, p: float) -> tuple[np.ndarray, bool]:
-    """Positions of the smallest best-first prefix whose probability mass reaches p (top-p's cut), and
-    whether they come best first.
+def mass_prefix(
+    values: np.ndarray, weights: np.ndarray, total: float, p: float, strict: bool = False
+) -> tuple[np.ndarray, bool]:
+    """Positions of the smallest best-first prefix whose probability mass reaches p (top-p's cut; with
+    `strict`, exceeds it: typical-p's), and whether they come best first.
 
     They do when the list is short or the prefix is; a long list is bucketed by value (one bincount)
     so that only the bucket where the mass crosses p gets sorted, whatever the distribution's shape,
@@ -66,7 +68,7 @@ def mass_prefix(values: np.ndarray, weights: np.ndarray, total: float, p: float)
     """
     if values.size <= SORT_ALL:
         order = best_first(values)
-        return order[: mass_cut(weights[order], 0.0, total, p)], True
+        return order[: mass_cut(weights[order], 0.0, total, p, strict)], True
     top = values.max()
     # exp() underflows to 0 below top - 104, so a wider range would only spread the buckets thinner.
     low = max(values.min(), top - np.float32(104))
@@ -76,23 +78,24 @@ def mass_prefix(values: np.ndarray, weights: np.ndarray, total: float, p: float)
     distance *= scale
     buckets = np.minimum(distance, np.float32(_BUCKETS - 1), out=distance).astype(np.intp)
     cumulative = np.cumsum(np.bincount(buckets, weights=weights, minlength=_BUCKETS))
-    crossing = min(int(np.searchsorted(cumulative, p * total, side="left")), _BUCKETS - 1)
+    side = "right" if strict else "left"
+    crossing = min(int(np.searchsorted(cumulative, p * total, side=side)), _BUCKETS - 1)
     border = np.flatnonzero(buckets == crossing)
     border = border[best_first(values[border])]
     before = float(cumulative[crossing - 1]) if crossing > 0 else 0.0
     kept = np.concatenate(
-        (np.flatnonzero(buckets < crossing), border[: mass_cut(weights[border], before, total, p)])
+        (np.flatnonzero(buckets < crossing), border[: mass_cut(weights[border], before, total, p, strict)])
     )
     if kept.size > SORT_ALL * 4:
         return kept, False
     return kept[best_first(values[kept])], True
 
 
-def mass_cut(sorted_weights: np.ndarray, before: float, total: float, p: float) -> int:
-    """How many of these best-first weights, after `before` mass, it takes to first reach p (all of
-    them when rounding never gets there)."""
+def mass_cut(sorted_weights: np.ndarray, before: float, total: float, p: float, strict: bool = False) -> int:
+    """How many of these best-first weights, after `before` mass, it takes to first reach p (exceed it,
+    with `strict`); all of them when rounding never gets there."""
     cumulative = before + np.cumsum(sorted_weights.astype(np.float64))
-    return int(np.searchsorted(cumulative / total, p, side="left")) + 1
+    return int(np.searchsorted(cumulative / total, p, side="right" if strict else "left")) + 1
 
 
 def dist_weights(logits: np.ndarray) -> np.ndarray:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from engine.sampling.arrays import discrete_pick, dist_weights, positions_of, top_ids, weighted_pick
+from engine.sampling.arrays import discrete_pick, dist_weights, positions_of, scaled, top_ids, weighted_pick
 from engine.sampling.rng import LlamaRng
 
 
@@ -14,24 +15,41 @@ from engine.sampling.rng import LlamaRng
 class Distribution:
     """The candidates at the end of the chain, in the chain's order, and their draw weights.
 
-    `ids` None: every token, in id order. `weights` are exp(logit - max) in float32 (0 for a banned
-    token), the probabilities once divided by `total`.
+    `ids` None: every token, in id order. `values` are their logits before a last `temperature` (the
+    fast path divides while computing the weights: one buffer fewer on a 262k vocabulary). `weights`
+    are exp(logit - max) in float32 (0 for a banned token), the probabilities once divided by `total`.
     """
 
     ids: np.ndarray | None
-    logits: np.ndarray
+    values: np.ndarray
     weights: np.ndarray
-    total: float
+    temperature: float = 1.0
 
     @classmethod
-    def of(cls, ids: np.ndarray | None, logits: np.ndarray) -> Distribution:
-        weights = dist_weights(logits)
-        return cls(ids, logits, weights, float(weights.sum(dtype=np.float64)))
+    def of(cls, ids: np.ndarray | None, values: np.ndarray, temperature: float = 1.0) -> Distribution:
+        """llama.cpp's temperature (logit / t in float32) then dist's weights, in one fresh buffer."""
+        if temperature == 1.0:
+            weights = dist_weights(values)
+        else:
+            weights = values / np.float32(temperature)
+            weights -= weights.max()
+            np.exp(weights, out=weights)
+        return cls(ids, values, weights, temperature)
+
+    @cached_property
+    def total(self) -> float:
+        """The weights' sum (only the post-sampling view needs it: the draw sums as it goes)."""
+        return float(self.weights.sum(dtype=np.float64))
+
+    @property
+    def logits(self) -> np.ndarray:
+        """The candidates' logits as the draw sees them (after the temperature)."""
+        return scaled(self.values, self.temperature)
 
     @classmethod
     def single(cls, token: int, logit: float) -> Distribution:
         one = np.ones(1, dtype=np.float32)
-        return cls(np.array([token]), np.array([logit], dtype=np.float32), one, 1.0)
+        return cls(np.array([token]), np.array([logit], dtype=np.float32), one)
 
     @property
     def size(self) -> int:

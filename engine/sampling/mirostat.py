@@ -33,7 +33,7 @@ class Mirostat:
         kept = self._keep_v1(c) if self.version == 1 else self._keep_v2(c)
         c.keep(kept, True)
         probs = softmax32(c.logits)
-        return Distribution(c.ids, c.logits, probs, float(probs.sum(dtype=np.float64)))
+        return Distribution(c.ids, c.logits, probs)
 
     def learn(self, dist: Distribution, token: int) -> None:
         """Move mu by the drawn token's surprise (-log2 p) against tau."""

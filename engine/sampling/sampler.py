@@ -16,7 +16,7 @@ from functools import partial
 import numpy as np
 
 from engine.sampling import default_chain, stages
-from engine.sampling.arrays import logsumexp, scaled, top_ids
+from engine.sampling.arrays import logsumexp, top_ids
 from engine.sampling.distribution import Distribution
 from engine.sampling.dry import Breakers, Dry
 from engine.sampling.mirostat import Mirostat
@@ -43,7 +43,9 @@ class Sampler:
         self._bias_ids, self._bias_values = _bias_arrays(params.logit_bias, n_vocab)
         self._penalties = PenaltyWindow(params)
         chain = params.chain()
+        self._chain = chain
         self._fast = default_chain.takes_fast_path(params)
+        self._fast_greedy = self._fast and params.greedy
         self._dry: Dry | None = None
         if "dry" in chain:
             if breakers is None and params.dry_sequence_breakers:
@@ -75,7 +77,7 @@ class Sampler:
         if self._mirostat is not None:
             token = dist.draw_discrete(self._rng)
             self._mirostat.learn(dist, token)
-        elif self._fast and self.params.greedy:
+        elif self._fast_greedy:
             token = dist.token(0)
         else:
             token = dist.draw(self._rng)
@@ -88,7 +90,7 @@ class Sampler:
         self._check(logits)
         work = self.adjust(logits) if self._fast else self._biased(logits)
         best = int(np.argmax(work))  # first maximum: lowest id wins ties
-        if not np.isfinite(work[best]) or (self._fast and self.params.greedy):
+        if not np.isfinite(work[best]) or self._fast_greedy:
             # All-banned logits (max -inf) have no distribution; the lowest id is a defined answer.
             return Distribution.single(best, float(work[best]))
         if self._fast:
@@ -148,14 +150,14 @@ class Sampler:
         return work
 
     def _fast_distribution(self, work: np.ndarray) -> Distribution:
-        p, chain = self.params, self.params.chain()
+        p, chain = self.params, self._chain
         ids, values = default_chain.candidates(
             work,
             p.top_k if "top_k" in chain else 0,
             p.top_p if "top_p" in chain else 1.0,
             p.min_p if "min_p" in chain else 0.0,
         )
-        return Distribution.of(ids, scaled(values, p.temperature if "temperature" in chain else 1.0))
+        return Distribution.of(ids, values, p.temperature if "temperature" in chain else 1.0)
 
     def _stage(self, name: str) -> Stage:
         p = self.params

@@ -3,10 +3,13 @@
 A stage sees the candidates the previous ones left, in their order, and may reorder (`sorted`: best
 first), cut, or change logits. Probabilities are computed as llama.cpp computes them (float32, summed in
 order) so that a cut against a threshold falls where llama.cpp's does. Where llama.cpp sorts, this sorts
-too, and on a whole 262k vocabulary that costs ~15-25 ms: typical-p, XTC (when it fires) and dynamic
-temperature pay it only when nothing before them (top-k, min-p) has cut the vocabulary. Ties are broken
-by lowest token id, where llama.cpp leaves the order unspecified. One deliberate difference: typical-p
-ignores zero-probability candidates in its entropy, where llama.cpp's sum turns NaN.
+too, except on lists longer than LONG (a whole 262k vocabulary takes ~15-25 ms to sort, ~60 ms for a
+stable argsort): there top-p and typical-p cut by value buckets (arrays.mass_prefix), XTC finds its few
+top choices directly, and dynamic temperature needs no order at all. The candidates, their logits and
+probabilities are the same; only the order the draw walks differs from llama.cpp's, so a seeded pick
+can differ on such lists. Ties are broken by lowest token id, where llama.cpp leaves the order
+unspecified. One deliberate difference: typical-p ignores zero-probability candidates in its entropy,
+where llama.cpp's sum turns NaN.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.sampling.arrays import best_first, mass_prefix, positions_of, softmax32, top_ids
+from engine.sampling.arrays import SORT_ALL, best_first, mass_prefix, positions_of, softmax32, top_ids
 from engine.sampling.rng import LlamaRng
+
+LONG = 4 * SORT_ALL  # candidate lists longer than this are not sorted just to order the draw
 
 
 @dataclass
@@ -42,7 +47,8 @@ class Candidates:
             self.keep(best_first(self.logits), True)
 
     def softmax(self, sort: bool) -> np.ndarray:
-        if sort:
+        """llama.cpp's softmax, sorting first when asked (and the list is not LONG)."""
+        if sort and self.size <= LONG:
             self.sort()
         return softmax32(self.logits)
 
@@ -75,7 +81,7 @@ def top_p(c: Candidates, p: float, min_keep: int) -> None:
     if p >= 1:
         return
     probs = c.softmax(sort=False)
-    if not c.sorted and c.size > 4 * 4096 and min_keep <= 1:
+    if not c.sorted and c.size > LONG and min_keep <= 1:
         # A long unsorted list: bucket by value instead of sorting all of it (arrays.mass_prefix).
         c.keep(*mass_prefix(c.logits, probs, float(probs.sum(dtype=np.float64)), p))
         return
@@ -105,13 +111,21 @@ def min_p(c: Candidates, p: float, min_keep: int) -> None:
 
 
 def typical(c: Candidates, p: float, min_keep: int) -> None:
+    """Locally typical sampling: the candidates whose surprise is closest to the entropy, until their
+    mass exceeds p, in that order."""
     if p >= 1:
         return
     probs = c.softmax(sort=True)
     with np.errstate(divide="ignore"):
         surprise = -np.log(probs)
     entropy = np.cumsum(np.where(probs > 0, probs * surprise, np.float32(0)))[-1]
-    order = np.argsort(np.abs(surprise - entropy), kind="stable")
+    distance = np.abs(surprise - entropy)
+    if not c.sorted and min_keep <= 1:  # a LONG list: bucket by distance instead of sorting it all
+        total = float(probs.sum(dtype=np.float64))
+        kept, _ = mass_prefix(-distance, probs, total, p, strict=True)
+        c.keep(kept, False)
+        return
+    order = np.argsort(distance, kind="stable")
     cumulative = np.cumsum(probs[order])
     passed = np.flatnonzero(cumulative > np.float32(p))
     passed = passed[(min_keep == 0) | (passed >= min_keep - 1)]
@@ -137,8 +151,14 @@ def xtc(c: Candidates, probability: float, threshold: float, min_keep: int, rng:
     if rng.uniform_f32() > np.float32(probability):
         return
     probs = c.softmax(sort=True)
-    above = np.flatnonzero(probs < np.float32(threshold))
-    last = (int(above[0]) if above.size else c.size) - 1
+    above = np.flatnonzero(probs >= np.float32(threshold))
+    if not c.sorted:  # a LONG list: its few top choices (at most 1 / threshold), best first
+        above = above[best_first(c.logits[above])]
+        if c.size - (above.size - 1) >= min_keep and above.size > 1:
+            c.keep(np.setdiff1d(np.arange(c.size), above[:-1], assume_unique=True), False)
+        return
+    first_below = np.flatnonzero(probs < np.float32(threshold))
+    last = (int(first_below[0]) if first_below.size else c.size) - 1
     if c.size - last >= min_keep and last > 0:
         c.keep(np.arange(last, c.size), True)
 
