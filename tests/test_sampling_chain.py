@@ -4,16 +4,22 @@ tests/test_sampler_goldens.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from engine.api import GenerationRequest
+from engine.engine import Engine, EngineConfig
+from engine.llm import LLM
 from engine.sampling import Sampler, SamplingParams, parse_samplers, stages
 from engine.sampling.default_chain import takes_fast_path
 from engine.sampling.dry import Breakers, Dry, suffix_matches
-from tests.test_speculative import chi_square_p
+from engine.speculative import SpecParams
+from engine.speculative.block import ReplayDrafter
+from tests.test_speculative import PROMPTS, chat, chi_square_p, generate, tokens
 
 GEMMA_VOCAB = 262_144
 
@@ -341,3 +347,26 @@ def test_long_lists_skip_the_sort_but_keep_the_same_distribution(
     assert len(fast.keys() & sorted_.keys()) > 0.98 * len(sorted_)
     common = sorted(fast.keys() & sorted_.keys())
     np.testing.assert_allclose([fast[t] for t in common], [sorted_[t] for t in common], rtol=1e-3, atol=1e-9)
+
+
+def test_a_seeded_sampled_reply_is_the_same_with_drafts(smollm2_llm: LLM) -> None:
+    """The engine verifying drafts inside its batches (a replaying drafter that knows the plain reply,
+    spoiled every third token) for a seeded non-default chain at temperature 1: the same tokens as the
+    run without drafts, some drafts accepted and some refused."""
+    prompt = chat(smollm2_llm, PROMPTS[1])
+    params = SamplingParams(temperature=1.0, seed=77, xtc_probability=0.3, dynatemp_range=0.3, typical_p=0.95)
+    runs = []
+    for spec in (None, SpecParams(("replay",), n_max=6)):
+        engine = Engine(smollm2_llm, EngineConfig(n_slots=2, n_ctx=1024))
+        if spec is not None:
+            engine.scheduler.speculation.speculators["replay"] = ReplayDrafter(prompt, runs[0], 3)
+        engine.start()
+        try:
+            request = GenerationRequest(prompt, params, 48, speculative=spec, cache_prompt=False)
+            (events,) = asyncio.run(generate(engine, [request]))
+        finally:
+            engine.stop()
+        runs.append(tokens(events))
+    assert runs[1] == runs[0]
+    timings = events[-1].timings
+    assert timings is not None and 0 < timings.draft_n_accepted < timings.draft_n
