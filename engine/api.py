@@ -172,8 +172,10 @@ class TokenEvent:
     text: str  # text now safe to emit (UTF-8 complete, not part of a possible stop string); may be ""
     reasoning_text: str = ""  # the same, for text inside a reasoning block (`text` is then the answer)
     token: int | None = None
-    logprob: float | None = None
+    logprob: float | None = None  # of the raw logits (n_probs), with the best n_probs tokens
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    prob: float | None = None  # with post_sampling_probs instead: after the sampler chain
+    top_probs: tuple[tuple[int, float], ...] = ()
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     stop_word: str | None = None
     timings: Timings | None = None

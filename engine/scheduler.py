@@ -16,6 +16,7 @@ from engine.api import ControlResult, GenerationRequest, TokenEvent
 from engine.batch import Batch, BatchPart
 from engine.context_shift import discard_count
 from engine.grammar import prefetch_masks
+from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
 from engine.slots import Slot, SlotPool
 from engine.speculative import Speculation
@@ -38,6 +39,7 @@ class Scheduler:
         self.pool = pool
         self.speculation = speculation
         self.tokenizer = tokenizer
+        self.dry = DryVocabulary(tokenizer)  # DRY's breaker tables, built on first use, kept per set
         self.n_ubatch = n_ubatch
         # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
         self.shift_kv = shift_kv
@@ -58,7 +60,7 @@ class Scheduler:
                 still_waiting.append((request, emit))
                 continue
             reuse = self.pool.claim(slot, request)
-            slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse)
+            slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse, self.dry)
             if request.request_id in self._end_on_start:
                 self._end_on_start.discard(request.request_id)
                 slot.seq.end_reasoning()

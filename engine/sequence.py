@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.api import ControlResult, GenerationRequest, PromptProgress, Timings, TokenEvent
 from engine.grammar import GrammarMatcher
-from engine.sampling import Sampler
+from engine.sampling import DryVocabulary, Sampler
 from engine.speculative import SpecParams
 from engine.text.reasoning import ReasoningState, Split
 from engine.text.stop import StopMatcher
@@ -142,6 +142,7 @@ class Sequence:
         if constrained and self.grammar is not None:
             self.grammar.apply(logits)  # before sampling and logprobs: they see the allowed tokens only
         token, forced = self._next_token(logits, draft)
+        probs = self._probs(logits, token, forced)
         self.sampler.accept(token)
         self.n_generated += 1
         grammar_done = constrained and self._grammar_accepts(token)
@@ -166,7 +167,7 @@ class Sequence:
             n_generated=self.n_generated,
             id_slot=self.slot_id,
             truncated=self.truncated,
-            **self._logprobs(logits, token),
+            **probs,
         )
 
     def _next_token(self, logits: np.ndarray, draft: int | None = None) -> tuple[int, bool]:
@@ -212,14 +213,21 @@ class Sequence:
         self.n_tool_calls = max([self.n_tool_calls, *(d.index + 1 for d in parsed.tool_calls)])
         return ParseDelta(parsed.content, split.reasoning + parsed.reasoning, parsed.tool_calls)
 
-    def _logprobs(self, logits: np.ndarray, token: int) -> dict:
-        n_probs = self.request.sampling.n_probs
-        if not n_probs:
+    def _probs(self, logits: np.ndarray, token: int, forced: bool) -> dict:
+        """The token's probability and the n_probs best: of the raw logits (log-probabilities), or, with
+        post_sampling_probs, of what the chain drew from (a forced token had probability 1)."""
+        sampling = self.request.sampling
+        if not sampling.n_probs:
             return {}
-        return {
-            "logprob": self.sampler.token_logprob(logits, token),
-            "top_logprobs": tuple(self.sampler.top_logprobs(logits, n_probs)),
-        }
+        if not sampling.post_sampling_probs:
+            return {
+                "logprob": self.sampler.token_logprob(logits, token),
+                "top_logprobs": tuple(self.sampler.top_logprobs(logits, sampling.n_probs)),
+            }
+        if forced or self.sampler.last is None:
+            return {"prob": 1.0, "top_probs": ((token, 1.0),)}
+        drawn = self.sampler.last
+        return {"prob": drawn.prob(token), "top_probs": tuple(drawn.top(sampling.n_probs))}
 
     # -- other events ----------------------------------------------------------------------------
     def progress(self) -> TokenEvent:
@@ -256,10 +264,20 @@ class Sequence:
 
 
 def start_sequence(
-    request: GenerationRequest, emit: Emit, slot_id: int, tokenizer: Tokenizer, n_cached: int
+    request: GenerationRequest,
+    emit: Emit,
+    slot_id: int,
+    tokenizer: Tokenizer,
+    n_cached: int,
+    dry: DryVocabulary | None = None,
 ) -> Sequence:
-    """A sequence whose slot already holds the first `n_cached` prompt tokens."""
-    sampler = Sampler(request.sampling, tokenizer.n_vocab)
+    """A sequence whose slot already holds the first `n_cached` prompt tokens. `dry`: the tokenizer's
+    DRY breaker tables (built here when not given), for a request with DRY on."""
+    params = request.sampling
+    breakers = None
+    if "dry" in params.chain():
+        breakers = (dry or DryVocabulary(tokenizer)).breakers(params.dry_sequence_breakers)
+    sampler = Sampler(params, tokenizer.n_vocab, breakers)
     for token in request.prompt_tokens:
         sampler.accept(token)
     reasoning = None

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from engine.sampling import SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
@@ -50,15 +53,7 @@ class Settings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: tuple[str, ...] = ()
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = -1
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    sampling: SamplingParams = SamplingParams()  # the sampling flags: what a request's fields override
     jinja: bool = True
     chat_template: str | None = None
     reasoning_format: str = "auto"  # none | deepseek | auto (deepseek when the template has a thinking block)
@@ -161,17 +156,41 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
-    """The default sampler chain (a request's fields override it)."""
+    """The default sampler chain (a request's fields override it); llama-server's names."""
     add = p.add_argument_group("sampling").add_argument
-    add("--temp", type=float, default=0.8)
-    add("--top-k", type=int, default=40)
-    add("--top-p", type=float, default=0.95)
-    add("--min-p", type=float, default=0.05)
-    add("--seed", type=int, default=-1)
-    add("--repeat-penalty", type=float, default=1.0)
+    add("--temp", "--temperature", dest="temp", type=float, default=float(_env("TEMPERATURE") or 0.8))
+    add("--dynatemp-range", type=float, default=0.0, help="dynamic temperature: temp +- this (0: off)")
+    add(
+        "--dynatemp-exp",
+        dest="dynatemp_exponent",
+        type=float,
+        default=1.0,
+        help="how entropy maps to the dynamic temperature",
+    )
+    add("--top-k", type=int, default=int(_env("TOP_K") or 40))
+    add("--top-p", type=float, default=float(_env("TOP_P") or 0.95))
+    add("--min-p", type=float, default=float(_env("MIN_P") or 0.05))
+    add("--typical", "--typical-p", dest="typical_p", type=float, default=1.0, help="1.0: off")
+    add("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=float, default=-1.0, help="<= 0: off")
+    add("--min-keep", type=int, default=0, help="the truncating samplers keep at least this many tokens")
+    add("--xtc-probability", type=float, default=0.0, help="0: off")
+    add("--xtc-threshold", type=float, default=0.1, help="> 0.5: off")
+    add("-s", "--seed", type=int, default=-1)
+    add("--repeat-penalty", type=float, default=float(_env("REPEAT_PENALTY") or 1.0))
     add("--repeat-last-n", type=int, default=64)
-    add("--presence-penalty", type=float, default=0.0)
-    add("--frequency-penalty", type=float, default=0.0)
+    add("--presence-penalty", type=float, default=float(_env("PRESENCE_PENALTY") or 0.0))
+    add("--frequency-penalty", type=float, default=float(_env("FREQUENCY_PENALTY") or 0.0))
+    add("--dry-multiplier", type=float, default=0.0, help="0: off")
+    add("--dry-base", type=float, default=1.75)
+    add("--dry-allowed-length", type=int, default=2)
+    add("--dry-penalty-last-n", type=int, default=64, help="0: off, -1: the whole context")
+    add("--dry-sequence-breaker", action="append", default=None, help="replaces the defaults; repeat; none")
+    add("--mirostat", type=int, default=0, choices=[0, 1, 2])
+    add("--mirostat-lr", dest="mirostat_eta", type=float, default=0.1)
+    add("--mirostat-ent", dest="mirostat_tau", type=float, default=5.0)
+    add("-l", "--logit-bias", action="append", default=None, help="TOKEN_ID(+/-)BIAS, e.g. 15043+1; repeat")
+    add("--samplers", default=None, help="the chain's order, names separated by ';'")
+    add("--sampler-seq", "--sampling-seq", dest="sampler_seq", default=None, help="the order as letters")
 
 
 def _template_flags(p: argparse.ArgumentParser) -> None:
@@ -334,6 +353,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         parser.error(str(exc))
     values["cors_origins"] = _cors_origins(args.cors_origins)
     values["spec"] = _spec_params(parser, args)
+    values["sampling"] = _sampling_params(parser, args)
     if args.log_prompts_dir:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
     values["slot_save_path"] = Path(args.slot_save_path) if args.slot_save_path else None
@@ -367,6 +387,73 @@ def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> S
         )
     except ValueError as exc:
         parser.error(str(exc))
+
+
+def _sampling_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SamplingParams:
+    """The sampling flags as SamplingParams; a bad value exits 2 naming it."""
+    try:
+        samplers = parse_samplers(args.samplers.split(";")) if args.samplers else None
+        if args.sampler_seq:
+            samplers = parse_samplers(args.sampler_seq)
+        return SamplingParams(
+            temperature=max(args.temp, 0.0),  # llama-server clamps a negative --temp to 0
+            **{name: getattr(args, name) for name in _SAMPLING_FLAGS},
+            dry_sequence_breakers=_breaker_flags(args.dry_sequence_breaker),
+            logit_bias=_logit_bias_flags(args.logit_bias or []),
+            **({"samplers": samplers} if samplers is not None else {}),
+        )
+    except ValueError as exc:
+        parser.error(f"sampling: {exc}")
+
+
+# Flags whose dest is the SamplingParams field of the same name.
+_SAMPLING_FLAGS = (
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "top_n_sigma",
+    "min_keep",
+    "xtc_probability",
+    "xtc_threshold",
+    "seed",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "mirostat",
+    "mirostat_eta",
+    "mirostat_tau",
+)
+
+
+def _breaker_flags(values: list[str] | None) -> tuple[str, ...]:
+    """--dry-sequence-breaker: given ones replace the defaults; "none" leaves no breakers at all."""
+    if values is None:
+        return SamplingParams().dry_sequence_breakers
+    return () if "none" in values else tuple(values)
+
+
+def _logit_bias_flags(values: list[str]) -> dict[int, float]:
+    """llama-server's -l TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf."""
+    bias: dict[int, float] = {}
+    for value in values:
+        match = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", value)
+        try:
+            amount = float(match.group(3)) if match else math.nan
+        except ValueError:
+            amount = math.nan
+        if match is None or math.isnan(amount):
+            raise ValueError(f"--logit-bias {value!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1")
+        token = int(match.group(1))
+        bias[token] = bias.get(token, 0.0) + (-amount if match.group(2) == "-" else amount)
+    return bias
 
 
 def _cors_origins(value: str | None) -> tuple[str, ...] | None:

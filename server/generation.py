@@ -27,7 +27,8 @@ async def build_request(
     """The engine request of a body: sampling, limits, stop strings, and its grammar (the body's
     constraint, or its tools' calls, which are then also parsed out of the answer)."""
     try:
-        sampling = body.sampling(service.default_sampling(), service.model_info().n_vocab, n_probs)
+        n_vocab = service.model_info().n_vocab
+        sampling = body.sampling(service.default_sampling(), n_vocab, service.encode_plain, n_probs)
     except ValueError as exc:
         raise errors.invalid_request(str(exc)) from exc
     return GenerationRequest(
@@ -150,24 +151,34 @@ def usage(n_prompt: int, outcome_final: TokenEvent | None) -> dict[str, Any]:
     }
 
 
-def piece_info(service: ModelService, token: int, logprob: float) -> dict[str, Any]:
+def piece_info(service: ModelService, token: int, value: float, key: str = "logprob") -> dict[str, Any]:
     raw = service.piece(token)
     return {
         "id": token,
         "token": raw.decode("utf-8", errors="replace"),
         "bytes": list(raw),
-        "logprob": logprob,
+        key: value,
     }
 
 
+def has_probs(event: TokenEvent) -> bool:
+    return event.token is not None and (event.logprob is not None or event.prob is not None)
+
+
 def openai_logprobs(service: ModelService, events: list[TokenEvent]) -> list[dict[str, Any]]:
-    """OpenAI's logprobs.content entries (llama-server adds the token id)."""
+    """OpenAI's logprobs.content entries (llama-server adds the token id). With post_sampling_probs,
+    llama-server's other shape: `prob` and `top_probs` (probabilities after the sampler chain)."""
     content = []
     for ev in events:
-        if ev.token is None or ev.logprob is None:
+        if not has_probs(ev):
             continue
-        entry = piece_info(service, ev.token, ev.logprob)
-        entry["top_logprobs"] = [piece_info(service, t, lp) for t, lp in ev.top_logprobs]
+        assert ev.token is not None
+        if ev.prob is not None:
+            entry = piece_info(service, ev.token, ev.prob, "prob")
+            entry["top_probs"] = [piece_info(service, t, q, "prob") for t, q in ev.top_probs]
+        else:
+            entry = piece_info(service, ev.token, ev.logprob or 0.0)
+            entry["top_logprobs"] = [piece_info(service, t, lp) for t, lp in ev.top_logprobs]
         content.append(entry)
     return content
 

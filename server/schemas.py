@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, parse_samplers
 from server.schemas_tools import ConstraintFields, ToolFields
 from server.unsupported import unsupported
 
@@ -32,6 +34,24 @@ class GenerationFields(ConstraintFields):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float | bool] | list[list[Any]] | None = None
+    # llama-server's samplers beyond the default chain (engine/sampling/params.py says what each does)
+    typical_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_n_sigma: float | None = None
+    min_keep: int | None = Field(default=None, ge=0)
+    xtc_probability: float | None = Field(default=None, ge=0.0, le=1.0)
+    xtc_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    dynatemp_range: float | None = Field(default=None, ge=0.0)
+    dynatemp_exponent: float | None = Field(default=None, ge=0.0)
+    dry_multiplier: float | None = Field(default=None, ge=0.0)
+    dry_base: float | None = Field(default=None, ge=1.0)
+    dry_allowed_length: int | None = Field(default=None, ge=0)
+    dry_penalty_last_n: int | None = Field(default=None, ge=-1)
+    dry_sequence_breakers: list[str] | None = Field(default=None, min_length=1)
+    mirostat: int | None = Field(default=None, ge=0, le=2)
+    mirostat_tau: float | None = Field(default=None, ge=0.0)
+    mirostat_eta: float | None = Field(default=None, ge=0.0)
+    samplers: list[str] | str | None = None
+    post_sampling_probs: bool = False
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
     cache_prompt: bool = True
@@ -71,40 +91,101 @@ class GenerationFields(ConstraintFields):
                 return value
         return server_default
 
-    def sampling(self, defaults: SamplingParams, n_vocab: int, n_probs: int = 0) -> SamplingParams:
-        def pick(value: Any, default: Any) -> Any:
-            return default if value is None else value
+    @field_validator("samplers")
+    @classmethod
+    def _known_samplers(cls, v: list[str] | str | None) -> list[str] | str | None:
+        if v is not None:
+            parse_samplers(v)  # a ValueError names the unknown one
+        return v
 
-        return SamplingParams(
-            temperature=pick(self.temperature, defaults.temperature),
-            top_k=pick(self.top_k, defaults.top_k),
-            top_p=pick(self.top_p, defaults.top_p),
-            min_p=pick(self.min_p, defaults.min_p),
-            repeat_penalty=pick(self.repeat_penalty, defaults.repeat_penalty),
-            repeat_last_n=pick(self.repeat_last_n, defaults.repeat_last_n),
-            presence_penalty=pick(self.presence_penalty, defaults.presence_penalty),
-            frequency_penalty=pick(self.frequency_penalty, defaults.frequency_penalty),
-            logit_bias=parse_logit_bias(self.logit_bias, n_vocab),
-            seed=pick(self.seed, defaults.seed),
-            n_probs=n_probs,
-        )
+    def sampling(
+        self, defaults: SamplingParams, n_vocab: int, tokenize: Callable[[str], list[int]], n_probs: int = 0
+    ) -> SamplingParams:
+        """The request's sampler settings over the server's defaults. `tokenize` turns a logit_bias
+        string into the tokens it biases (llama-server's: no special tokens)."""
+        given = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        values = {name: getattr(defaults, name) if v is None else v for name, v in given.items()}
+        if self.samplers is not None:
+            values["samplers"] = parse_samplers(self.samplers)
+        if self.dry_sequence_breakers is not None:
+            values["dry_sequence_breakers"] = tuple(self.dry_sequence_breakers)
+        if self.logit_bias is not None:  # replaces the server's --logit-bias, as in llama-server
+            values["logit_bias"] = parse_logit_bias(self.logit_bias, n_vocab, tokenize)
+        return replace(defaults, **values, n_probs=n_probs, post_sampling_probs=self.post_sampling_probs)
 
 
-def parse_logit_bias(raw: dict[str, float | bool] | list[list[Any]] | None, n_vocab: int) -> dict[int, float]:
-    """OpenAI's {"token id": bias} or llama-server's [[id, bias|false], ...]; false bans the token."""
-    if not raw:
-        return {}
-    pairs = raw.items() if isinstance(raw, dict) else [(p[0], p[1]) for p in raw if len(p) == 2]
+# Request fields that are SamplingParams fields of the same name and meaning.
+SAMPLING_FIELDS = (
+    "temperature",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "top_n_sigma",
+    "min_keep",
+    "xtc_probability",
+    "xtc_threshold",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "seed",
+)
+
+
+def parse_logit_bias(
+    raw: dict[str, float | bool] | list[list[Any]], n_vocab: int, tokenize: Callable[[str], list[int]]
+) -> dict[int, float]:
+    """llama-server's forms: OpenAI's {"token id" or "text": bias} and [[token id or "text", bias], ...];
+    a bias of false bans. A text biases each of its tokens; biases of one token add up (llama.cpp applies
+    each entry). Anything llama-server would skip silently is a ValueError here."""
+    if isinstance(raw, dict):
+        pairs = [(_dict_key(key), value) for key, value in raw.items()]
+    else:
+        if any(not isinstance(p, list) or len(p) != 2 for p in raw):
+            raise ValueError("'logit_bias': each entry must be a [token, bias] pair")
+        pairs = [(p[0], p[1]) for p in raw]
     bias: dict[int, float] = {}
     for key, value in pairs:
-        try:
-            token = int(key)
-        except (TypeError, ValueError):
-            raise ValueError(f"logit_bias: '{key}' is not a token id") from None
-        if not 0 <= token < n_vocab:
-            raise ValueError(f"logit_bias: token id {token} is outside the vocabulary")
-        bias[token] = float("-inf") if value is False else float(value)
+        amount = _bias_value(key, value)
+        for token in _bias_tokens(key, n_vocab, tokenize):
+            bias[token] = bias.get(token, 0.0) + amount
     return bias
+
+
+def _dict_key(key: str) -> int | str:
+    """An object key is a token id when it is a whole integer (strtol's rule), else text."""
+    try:
+        return int(key)
+    except ValueError:
+        return key
+
+
+def _bias_value(key: Any, value: Any) -> float:
+    if value is False:
+        return float("-inf")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"'logit_bias': the bias of {key!r} must be a number or false, got {value!r}")
+    return float(value)
+
+
+def _bias_tokens(key: Any, n_vocab: int, tokenize: Callable[[str], list[int]]) -> list[int]:
+    if isinstance(key, str):
+        return tokenize(key)
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise ValueError(f"'logit_bias': {key!r} is neither a token id nor a text")
+    if not 0 <= key < n_vocab:
+        raise ValueError(f"'logit_bias': token id {key} is outside the vocabulary")
+    return [key]
 
 
 class ToolCallMessage(BaseModel):

@@ -175,6 +175,11 @@ class ModelService:
         """Text to token ids on a worker thread (a long text must not block the event loop)."""
         return await anyio.to_thread.run_sync(self._tokenizer.encode, text, add_special, parse_special)
 
+    def encode_plain(self, text: str) -> list[int]:
+        """A short text's tokens as llama-server tokenizes a logit_bias string (no special tokens), here
+        on the loop: such texts are a few words."""
+        return self._tokenizer.encode(text, False, False)
+
     def check_tokens(self, tokens: list[int]) -> list[int]:
         """400 for a token id outside the vocabulary."""
         n_vocab = self._tokenizer.n_vocab
@@ -282,18 +287,8 @@ class ModelService:
 
     # -- generation -----------------------------------------------------------------------------------
     def default_sampling(self) -> SamplingParams:
-        s = self.settings
-        return SamplingParams(
-            temperature=s.temp,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            min_p=s.min_p,
-            repeat_penalty=s.repeat_penalty,
-            repeat_last_n=s.repeat_last_n,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-            seed=s.seed,
-        )
+        """The server's sampler settings (its flags): what a request's fields override."""
+        return self.settings.sampling
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         engine = self._require().engine

@@ -29,26 +29,12 @@ METADATA = frozenset(
 
 # field -> the value that leaves generation unchanged (llama.cpp's defaults).
 NOT_YET: dict[str, Any] = {
-    # llama-server's samplers beyond the default chain
-    "typical_p": 1.0,
-    "mirostat": 0,
-    "mirostat_tau": 5.0,
-    "mirostat_eta": 0.1,
-    "dry_multiplier": 0.0,
-    "dry_base": 1.75,
-    "dry_allowed_length": 2,
-    "dry_penalty_last_n": -1,
-    "dry_sequence_breakers": ["\n", ":", '"', "*"],
-    "xtc_probability": 0.0,
-    "xtc_threshold": 0.1,
-    "top_n_sigma": -1.0,
-    "dynatemp_range": 0.0,
-    "dynatemp_exponent": 1.0,
-    "min_keep": 0,
+    # llama-server's adaptive-p sampler (adaptive_decay is only read with it)
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
     "penalize_nl": False,
     "n_indent": 0,
     "t_max_predict_ms": 0,
-    "post_sampling_probs": False,
     "lora": [],
     "image_data": [],
     "n_keep": 0,
@@ -86,6 +72,28 @@ LLAMA_EXTRAS = frozenset(
         "reasoning_format",
         "reasoning_budget_tokens",
         "reasoning_budget_message",
+        # llama-server's samplers beyond the default chain
+        "typical_p",
+        "top_n_sigma",
+        "min_keep",
+        "xtc_probability",
+        "xtc_threshold",
+        "dynatemp_range",
+        "dynatemp_exponent",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "samplers",
+        # per-request speculation
+        "speculative.type",
+        "speculative.n_max",
+        "speculative.n_min",
+        "speculative.p_min",
     }
     | NOT_YET.keys()
 )

@@ -265,7 +265,7 @@ BAD_BODIES = [
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [WEATHER], "json_schema": {"type": "object"}}, "tools"),
     ({"grammar_lazy": True, "grammar": 'root ::= "a"'}, "grammar_triggers"),
-    ({"mirostat": 2}, "mirostat"),
+    ({"adaptive_target": 0.5}, "adaptive_target"),
     ({"no_such_field": 1}, "no_such_field"),
     ({"functions": [{"name": "f"}]}, "functions"),
 ]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import fields
 from typing import Any
 
 from quart import Blueprint, current_app, request
 
-from engine.api import ReasoningTags, TokenEvent
+from engine.api import ReasoningTags, SamplingParams, TokenEvent
 from server import errors, sse
 from server.chat_job import chat_tokens
 from server.generation import (
@@ -53,15 +54,7 @@ async def props() -> Any:
             "n_ctx": svc.n_ctx_slot,
             "params": {
                 "n_predict": svc.settings.n_predict,
-                "temperature": params.temperature,
-                "top_k": params.top_k,
-                "top_p": params.top_p,
-                "min_p": params.min_p,
-                "seed": params.seed,
-                "repeat_penalty": params.repeat_penalty,
-                "repeat_last_n": params.repeat_last_n,
-                "presence_penalty": params.presence_penalty,
-                "frequency_penalty": params.frequency_penalty,
+                **sampling_props(params),
                 "reasoning_format": svc.settings.reasoning_format,
                 "reasoning_budget_tokens": svc.settings.reasoning_budget,
             },
@@ -96,6 +89,16 @@ def tool_loop_props(svc: ModelService) -> dict[str, Any]:
         "tool_timeout": s.tool_timeout,
         "max_tokens": s.tool_max_tokens,
     }
+
+
+def sampling_props(params: SamplingParams) -> dict[str, Any]:
+    """The server's sampler settings under llama-server's /props names."""
+    names = [f.name for f in fields(params) if f.name not in ("logit_bias", "n_probs", "post_sampling_probs")]
+    props: dict[str, Any] = {name: getattr(params, name) for name in names}
+    props["samplers"] = list(params.samplers)
+    props["dry_sequence_breakers"] = list(params.dry_sequence_breakers)
+    props["logit_bias"] = [[t, b if b != float("-inf") else False] for t, b in params.logit_bias.items()]
+    return props
 
 
 def reasoning_props(svc: ModelService) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from server.generation import (
     collect,
     completion_request,
     events_of,
+    has_probs,
     openai_logprobs,
     usage,
 )
@@ -124,7 +125,7 @@ class ChatChunks:
         if event.timings is not None and self.body.timings_per_token:
             self.timings = {"timings": event.timings.as_dict()}
         extra = {}
-        if self.body.logprobs and event.logprob is not None:
+        if self.body.logprobs and has_probs(event):
             extra["logprobs"] = {"content": openai_logprobs(self.svc, [event])}
         deltas = event_deltas(event)
         out = [self.chunk(delta) for delta in deltas[:-1]]
