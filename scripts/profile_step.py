@@ -29,7 +29,7 @@ from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
 
 KERNELS = ("matmul", "get_rows", "rmsnorm", "rope", "store_kv", "attention", "silu_mul", "gelu_mul")
-KERNELS += ("add_inplace", "scale_inplace")
+KERNELS += ("add_inplace", "add_bias_inplace", "scale_inplace")
 
 
 class Profiler:
@@ -57,8 +57,8 @@ class Profiler:
         self.weight_names[id(model.output)] = "output"
         for layer in model.layers:
             for attr in ("qkv", "attn_out", "gate_up", "down"):
-                for w in getattr(layer, attr).weights:
-                    self.weight_names[id(w)] = attr
+                for group in getattr(layer, attr).groups:
+                    self.weight_names[id(group.weight)] = attr
 
 
 def run_workload(model: LlamaModel, prof: Profiler, name: str, steps: int) -> tuple[float, float]:
