@@ -49,6 +49,7 @@ def kernels() -> Iterator[tuple[str, Callable[..., None], tuple[Any, ...]]]:
     yield "silu_mul", ops._silu_mul_py, (f2, f2, f2)
     yield "gelu_mul", ops._gelu_mul_py, (f2, f2, f2)
     yield "add_inplace", ops._add_inplace_py, (f2, f2)
+    yield "add_bias_inplace", ops._add_bias_inplace_py, (f2, f1)
     yield "scale_inplace", ops._scale_inplace_py, (f2, F32)
     yield "softmax", sampling._softmax_py, (f2, f2)
     yield "argmax", sampling._argmax_py, (f2, i1)

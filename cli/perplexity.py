@@ -92,7 +92,7 @@ def _estimate(nll: list[np.ndarray]) -> PerplexityResult:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llamba-perplexity", description=__doc__.splitlines()[0])
-    parser.add_argument("-m", "--model", default=None, help="model name (smollm2, gemma3) or GGUF path")
+    parser.add_argument("-m", "--model", default=None, help="model name (smollm2, gemma3, qwen) or GGUF path")
     parser.add_argument("-f", "--file", required=True, help="text file to score")
     parser.add_argument("-c", "--ctx-size", type=int, default=512)
     parser.add_argument("--chunks", type=int, default=-1, help="max chunks to score (-1 = all)")

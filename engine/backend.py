@@ -72,6 +72,16 @@ def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, np.take_along_axis(x, ids, 1), lse
 
 
+def _lock_host_weights(weights: list[Any]) -> Any:
+    from engine.mlock import lock_packed_weights
+
+    return lock_packed_weights(weights)
+
+
+def _weights_not_on_host(weights: list[Any]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str  # as llama-bench's "backend" column shows it
@@ -85,6 +95,7 @@ class Backend:
     silu_mul: Callable[..., None]
     gelu_mul: Callable[..., None]
     add_inplace: Callable[..., None]
+    add_bias_inplace: Callable[..., None]
     scale_inplace: Callable[..., None]
     # Array hooks: where activations, norm weights and the KV cache live. The defaults are numpy; the
     # CUDA backend's return device arrays, so a model that allocates through them stays on the GPU.
@@ -105,6 +116,8 @@ class Backend:
     write_cells: Callable[[Any, int, np.ndarray], None] = _write_cells
     gather_cells: Callable[[Any, int, int], Any] = _gather_cells
     scatter_cells: Callable[[Any, Any, int], None] = _scatter_cells
+    # lock_weights(packed weights) -> engine.mlock.LockResult, or None where they are not in host memory.
+    lock_weights: Callable[[list[Any]], Any] = _lock_host_weights
 
 
 def cpu_backend(n_threads: int | None = None) -> Backend:
@@ -131,6 +144,7 @@ _OP_NAMES = (
     "silu_mul",
     "gelu_mul",
     "add_inplace",
+    "add_bias_inplace",
     "scale_inplace",
 )
 
@@ -159,6 +173,7 @@ def cuda_backend() -> Backend:
         write_cells=arrays.write_cells,
         gather_cells=arrays.gather_cells,
         scatter_cells=arrays.scatter_cells,
+        lock_weights=_weights_not_on_host,
     )
 
 

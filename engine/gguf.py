@@ -7,6 +7,7 @@ package still provides the type tables (block sizes, type names).
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2")
 GGUF_MAGIC = b"GGUF"
 
 # GGUF metadata value types -> numpy dtype (scalars and arrays of them).
@@ -147,6 +148,17 @@ class GGUFFile:
         else:
             data = raw.reshape(*shape[:-1], shape[-1] // block_size * type_size)
         return Tensor(name, ggml_type, shape, data)
+
+    def release_pages(self) -> None:
+        """Drop the mapping's resident pages from this process (the data stays in the page cache).
+
+        Models repack every weight into their own arrays, so once a weight is packed its file pages are
+        a second copy in the process's resident set (Qwen2.5-Coder-1.5B: 1.1 GB twice). MADV_DONTNEED on a
+        read-only file mapping only unmaps pages; a later read of a tensor faults them back in.
+        """
+        mapping = getattr(self._map, "_mmap", None)
+        if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapping.madvise(mmap.MADV_DONTNEED)
 
     @property
     def architecture(self) -> str:

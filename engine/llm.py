@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import structlog
 
 from engine.api import ModelInfo
 from engine.backend import Backend, select_backend
@@ -16,6 +17,19 @@ from engine.kv import KVCache
 from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
 from engine.text.tokenizer import Tokenizer
+
+log = structlog.get_logger("engine")
+
+
+def lock_weights(net: LlamaModel) -> None:
+    """`-lm mlock`: lock the packed weights; a refusal is a warning (as llama.cpp's), not an error."""
+    result = net.backend.lock_weights(net.packed_weights())
+    if result is None:
+        log.warning("mlock_skipped", reason="the weights are not in host memory", backend=net.backend.name)
+    elif result.error is not None:
+        log.warning("mlock_failed", error=result.error, locked_mib=result.locked_bytes >> 20)
+    else:
+        log.info("mlock", locked_mib=result.locked_bytes >> 20)
 
 
 @dataclass
@@ -28,13 +42,18 @@ class LLM:
     load_seconds: float
 
     @classmethod
-    def load(cls, model: str | None = None, device: str = "cpu", n_threads: int | None = None) -> LLM:
-        """`model` is a known model name ("smollm2", "gemma3"), a GGUF path, or None for the default."""
+    def load(
+        cls, model: str | None = None, device: str = "cpu", n_threads: int | None = None, mlock: bool = False
+    ) -> LLM:
+        """`model` is a known model name (see engine.model_files), a GGUF path, or None for the default.
+        `mlock` locks the packed weights in RAM (host weights only; a GPU's are on the device)."""
         start = time.perf_counter()
         path = resolve(model)
         g = GGUFFile(path)
         backend = select_backend(device, n_threads)
         net = load_model(g, backend)
+        if mlock:
+            lock_weights(net)
         tokenizer = Tokenizer.from_gguf(g)
         return cls(path, g, backend, net, tokenizer, time.perf_counter() - start)
 

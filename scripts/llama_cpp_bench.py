@@ -5,8 +5,8 @@ Run it with a Python that has llama-cpp-python (built from PyPI, in its own venv
     /tmp/llcpp/bin/python scripts/llama_cpp_bench.py -m ~/.cache/llamba/models/X.gguf -p 512 -n 128 -t 2
 It follows llama-bench's method: random tokens (BOS first when the model adds it), pp = one prompt of p
 tokens in n_batch chunks, tg = n single-token decodes, the KV cache cleared before each repetition,
-one warm-up run, t/s as mean ± stddev over -r repetitions. With -d N every test first fills the cache
-with N tokens (not timed), as llama-bench's -d does.
+one warm-up run, t/s as mean ± stddev over -r repetitions. With -d N[,M...] every test first fills the
+cache with N tokens (not timed), as llama-bench's -d does, once per depth.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - start
 
 
+def depths(value: str) -> list[int]:
+    return [int(d) for d in value.split(",")]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("-m", "--model", required=True)
@@ -33,21 +37,31 @@ def main() -> None:
     p.add_argument("-t", type=int, default=2)
     p.add_argument("-r", type=int, default=5)
     p.add_argument("-b", type=int, default=512)
-    p.add_argument("-d", type=int, default=0, help="context depth before each test")
+    p.add_argument("-d", type=depths, default=[0], help="context depths before each test (e.g. 0,4096)")
+    # llama-bench and llama-server default to flash attention "auto" (on for the CPU), llama-cpp-python off.
+    p.add_argument(
+        "-fa", type=int, choices=[0, 1], default=1, help="flash attention (default 1, llama-bench's auto)"
+    )
     args = p.parse_args()
     llm = llama_cpp.Llama(
         args.model,
-        n_ctx=args.d + args.p + args.n + 16,
+        n_ctx=max(args.d) + args.p + args.n + 16,
         n_batch=args.b,
         n_ubatch=args.b,
         n_threads=args.t,
         n_threads_batch=args.t,
+        flash_attn=bool(args.fa),
         verbose=False,
     )
+    for depth in args.d:
+        run_tests(llm, args, depth)
+
+
+def run_tests(llm: llama_cpp.Llama, args: argparse.Namespace, n_depth: int) -> None:
     vocab = llm.n_vocab()
     rng = random.Random(0)
     prompt = [rng.randrange(vocab) for _ in range(args.p)]
-    depth = [rng.randrange(vocab) for _ in range(args.d)]
+    depth = [rng.randrange(vocab) for _ in range(n_depth)]
     if llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true":
         (depth or prompt or [0])[0] = llm.token_bos()
 
@@ -64,7 +78,7 @@ def main() -> None:
         for _ in range(args.n):
             llm.eval([llm.token_bos()])
 
-    suffix = f" @ d{args.d}" if args.d else ""
+    suffix = f" @ d{n_depth}" if n_depth else ""
     for name, fn, n in (("pp", pp, args.p), ("tg", tg, args.n)):
         if n == 0:
             continue
@@ -75,7 +89,7 @@ def main() -> None:
             if rep:
                 rates.append(n / seconds)
         mean, spread = statistics.mean(rates), statistics.stdev(rates)
-        print(f"llama.cpp {name}{n}{suffix}: {mean:.2f} ± {spread:.2f} t/s")
+        print(f"llama.cpp {name}{n}{suffix}: {mean:.2f} ± {spread:.2f} t/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
 
 KERNELS = ("matmul", "get_rows", "rmsnorm", "rope", "store_kv", "attention", "silu_mul", "gelu_mul")
-KERNELS += ("add_inplace", "scale_inplace")
+KERNELS += ("add_inplace", "add_bias_inplace", "scale_inplace")
 
 
 class Profiler:
@@ -57,8 +57,8 @@ class Profiler:
         self.weight_names[id(model.output)] = "output"
         for layer in model.layers:
             for attr in ("qkv", "attn_out", "gate_up", "down"):
-                for w in getattr(layer, attr).weights:
-                    self.weight_names[id(w)] = attr
+                for group in getattr(layer, attr).groups:
+                    self.weight_names[id(group.weight)] = attr
 
 
 def run_workload(model: LlamaModel, prof: Profiler, name: str, steps: int) -> tuple[float, float]:
@@ -174,8 +174,11 @@ def main() -> None:
         print_profile(name, *results[name], prof.seconds, steps)
     # A prompt token's matmuls: every layer weight once; the embedding table is looked up, not
     # multiplied, and the head runs for the last token only.
-    layer_params = model.n_params - hp.n_vocab * hp.n_embd
-    print_roofline(results, g.n_bytes, kv_cell_bytes, layer_params)
+    tied = model.output is model.token_embd
+    layer_params = model.n_params - hp.n_vocab * hp.n_embd * (1 if tied else 2)
+    # A decode step reads every weight once, but a separate embedding table only for its token's row.
+    step_bytes = g.n_bytes - (0 if tied else g.tensors["token_embd.weight"].n_bytes)
+    print_roofline(results, step_bytes, kv_cell_bytes, layer_params)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ IGNORED_FLAGS: dict[str, bool] = {
     "--checkpoint-min-step": True,
     "--flash-attn": True,
     "-fa": True,
-    "--mlock": False,
     "--no-mmap": False,
     "--numa": True,
     "--cache-type-k": True,
@@ -37,6 +36,13 @@ IGNORED_FLAGS: dict[str, bool] = {
     "--poll": True,
     "--prio": True,
 }
+
+
+# llama-server's -lm/--load-mode. Llamba always reads the file through a memory map and repacks every
+# weight into its own arrays (the map's pages are released after packing), so the modes differ only in
+# whether the packed weights are locked in RAM.
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
+LOCKING_LOAD_MODES = ("mlock", "mmap+mlock")
 
 
 class Settings(BaseModel):
@@ -75,6 +81,7 @@ class Settings(BaseModel):
     context_shift: bool = False
     keep: int = 0
     n_gpu_layers: int = -1  # 0 keeps the model on the CPU; any other value offloads all of it
+    load_mode: str = "auto"  # one of LOAD_MODES
     stream_buffer_size: int = 4 * 1024 * 1024
     stream_ttl: float = 300.0
     stream_max_sessions: int = 256
@@ -92,6 +99,10 @@ class Settings(BaseModel):
     tool_max_tokens: int = -1
     # None is the default policy: any origin, but only localhost ones when MCP servers are configured.
     cors_origins: tuple[str, ...] | None = None
+
+    @property
+    def mlock(self) -> bool:
+        return self.load_mode in LOCKING_LOAD_MODES
 
     @property
     def model_alias(self) -> str:
@@ -136,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_flags(p: argparse.ArgumentParser) -> None:
     """The model, its context and batch sizes, threads."""
     add = p.add_argument_group("model and context").add_argument
-    add("-m", "--model", default=_env("MODEL"), help="GGUF path or model name (smollm2, gemma3)")
+    add("-m", "--model", default=_env("MODEL"), help="GGUF path or model name (smollm2, gemma3, qwen)")
     add("-a", "--alias", default=_env("ALIAS"))
     add("-c", "--ctx-size", type=int, default=int(_env("CTX_SIZE") or 4096))
     add("-np", "--parallel", type=int, default=int(_env("N_PARALLEL") or 1))
@@ -144,6 +155,10 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add("-ub", "--ubatch-size", type=int, default=int(_env("UBATCH") or 512))
     add("-t", "--threads", type=int, default=int(_env("THREADS") or 0) or None)
     add("-n", "--n-predict", type=int, default=int(_env("N_PREDICT") or -1))
+    load_mode = _env("LOAD_MODE") or ("mlock" if _env("MLOCK") else "auto")
+    lock_help = "mlock, mmap+mlock: lock the weights in RAM"
+    add("-lm", "--load-mode", choices=LOAD_MODES, default=load_mode, help=lock_help)
+    add("--mlock", dest="load_mode", action="store_const", const="mlock", help="the same as -lm mlock")
 
 
 def _server_flags(p: argparse.ArgumentParser) -> None:

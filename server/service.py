@@ -108,7 +108,7 @@ class ModelService:
 
     def _load_blocking(self) -> Loaded:
         s = self.settings
-        llm = LLM.load(s.model, device=s.device, n_threads=s.threads)
+        llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock)
         template = ChatTemplate.from_gguf_metadata(llm.gguf.metadata, s.chat_template)
         config = EngineConfig(
             n_slots=s.parallel,

@@ -122,6 +122,15 @@ def test_residual_add_and_scale_match_cpu() -> None:
     close(dx.copy_to_host(), want, 1e-7)
 
 
+def test_add_bias_matches_cpu() -> None:
+    x, bias = rand(5, 40), rand(1, 40)[0]
+    want = x.copy()
+    cpu.add_bias_inplace(want, bias)
+    dx = cuda.to_device(x)
+    gpu.add_bias_inplace(dx, cuda.to_device(bias))
+    close(dx.copy_to_host(), want, 0)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Quantized matmul and get_rows for every block format.
 

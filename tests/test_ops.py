@@ -156,3 +156,10 @@ def test_residual_add_and_scale() -> None:
     ops.add_inplace(x, y)
     ops.scale_inplace(x, 2.5)
     np.testing.assert_allclose(x, expected, rtol=1e-6)
+
+
+def test_add_bias_broadcasts_over_rows() -> None:
+    x, bias = rand(4, 9), rand(1, 9)[0]
+    expected = x + bias[None, :]
+    ops.add_bias_inplace(x, bias)
+    np.testing.assert_array_equal(x, expected)

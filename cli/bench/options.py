@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="extend",
         type=_parse_names,
         metavar="NAME|PATH",
-        help="model name (smollm2, gemma3) or GGUF path (default: smollm2)",
+        help="model name (smollm2, gemma3, qwen2.5-coder) or GGUF path (default: smollm2)",
     )
     lists.add_argument("-p", "--n-prompt", **ints, help="prompt sizes (default: 512)")
     lists.add_argument("-n", "--n-gen", **ints, help="generation sizes (default: 128)")

@@ -16,7 +16,17 @@ from engine.cpu.vecmath import exp
 
 # error_model "numpy": a float division may give inf instead of raising, so loops that divide vectorise.
 _KERNEL = {"cache": True, "nogil": True, "fastmath": True, "error_model": "numpy"}
-__all__ = ["add_inplace", "attention", "gelu_mul", "rmsnorm", "rope", "scale_inplace", "silu_mul", "store_kv"]
+__all__ = [
+    "add_bias_inplace",
+    "add_inplace",
+    "attention",
+    "gelu_mul",
+    "rmsnorm",
+    "rope",
+    "scale_inplace",
+    "silu_mul",
+    "store_kv",
+]
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 
@@ -109,6 +119,15 @@ def add_inplace(x: np.ndarray, y: np.ndarray) -> None:
     for r in range(rows):
         for i in range(dim):
             x[r, i] += y[r, i]
+
+
+@njit(**_KERNEL)
+def add_bias_inplace(x: np.ndarray, bias: np.ndarray) -> None:
+    """x[r] += bias for every row r of a 2-D x (Qwen2's Q/K/V projection biases)."""
+    rows, dim = x.shape
+    for r in range(rows):
+        for i in range(dim):
+            x[r, i] += bias[i]
 
 
 @njit(**_KERNEL)

@@ -209,6 +209,14 @@ def _add_inplace_py(x, y):  # type: ignore[no-untyped-def]
         x[r, i] += y[r, i]
 
 
+def _add_bias_inplace_py(x, bias):  # type: ignore[no-untyped-def]
+    dim = x.shape[1]
+    for e in range(cuda.grid(1), x.shape[0] * dim, cuda.gridsize(1)):
+        r = e // dim
+        i = e - r * dim
+        x[r, i] += bias[i]
+
+
 def _scale_inplace_py(x, factor):  # type: ignore[no-untyped-def]
     dim = x.shape[1]
     for e in range(cuda.grid(1), x.shape[0] * dim, cuda.gridsize(1)):
@@ -224,6 +232,7 @@ _attention = cuda.jit(_attention_py)
 _silu_mul = cuda.jit(_silu_mul_py)
 _gelu_mul = cuda.jit(_gelu_mul_py)
 _add_inplace = cuda.jit(_add_inplace_py)
+_add_bias_inplace = cuda.jit(_add_bias_inplace_py)
 _scale_inplace = cuda.jit(_scale_inplace_py)
 
 
@@ -302,6 +311,11 @@ def _activation(kernel, gate, up, out) -> None:  # type: ignore[no-untyped-def]
 def add_inplace(x, y) -> None:  # type: ignore[no-untyped-def]
     """x += y over 2-D arrays (the residual stream)."""
     _elementwise(_add_inplace, x, device(y))
+
+
+def add_bias_inplace(x, bias) -> None:  # type: ignore[no-untyped-def]
+    """x[r] += bias for every row r of a 2-D x (Qwen2's Q/K/V projection biases)."""
+    _elementwise(_add_bias_inplace, x, device(bias))
 
 
 def scale_inplace(x, factor: float) -> None:  # type: ignore[no-untyped-def]

@@ -6,8 +6,9 @@ from engine.backend import Backend
 from engine.gguf import GGUFFile
 from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
+from engine.models.qwen2 import Qwen2Model
 
-ARCHITECTURES: dict[str, type[LlamaModel]] = {"llama": LlamaModel, "gemma3": Gemma3Model}
+ARCHITECTURES: dict[str, type[LlamaModel]] = {"llama": LlamaModel, "gemma3": Gemma3Model, "qwen2": Qwen2Model}
 
 
 def load_model(g: GGUFFile, backend: Backend) -> LlamaModel:

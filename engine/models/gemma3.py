@@ -21,7 +21,7 @@ class Gemma3Layer(LlamaLayer):
         p = f"blk.{il}."
 
         def weight(name: str) -> np.ndarray:
-            return backend.upload(np.asarray(g.tensors[p + name].data, dtype=np.float32))
+            return backend.upload(np.array(g.tensors[p + name].data, dtype=np.float32))
 
         self.q_norm = weight("attn_q_norm.weight")
         self.k_norm = weight("attn_k_norm.weight")

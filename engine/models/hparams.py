@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from engine.gguf import GGUFFile
 
+_NEOX_ARCHS = frozenset({"qwen2"})
+
 
 @dataclass(frozen=True)
 class HParams:
@@ -60,4 +62,5 @@ class HParams:
                 swa_layers=swa,
                 embed_scale=math.sqrt(n_embd),
             )
-        return cls(**common, rope_neox=False, swa_layers=(False,) * n_layer)
+        # llama.cpp's rope type per architecture: NeoX (rotate halves) for qwen2, "normal" pairs for llama.
+        return cls(**common, rope_neox=arch in _NEOX_ARCHS, swa_layers=(False,) * n_layer)

@@ -7,6 +7,9 @@ in their quantized formats.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from engine.backend import Backend
@@ -17,32 +20,49 @@ from engine.kv import KVCache
 from engine.models.hparams import HParams
 
 
-class Projection:
-    """Weight matrices applied to the same input; fused into one matmul when they share a format."""
+@dataclass(frozen=True)
+class _FusedWeight:
+    """One matmul of a Projection: a packed weight (rows of several matrices), its bias, the split."""
 
-    def __init__(self, backend: Backend, tensors: list[Tensor]) -> None:
+    weight: Any
+    bias: Any  # float32 [sum(sizes)] on the backend, or None
+    sizes: list[int]
+
+
+class Projection:
+    """Weight matrices applied to the same input, with optional biases. Consecutive matrices of one
+    format are fused into one matmul (Qwen2's V is Q6_K in some layers: Q|K fused, V apart)."""
+
+    def __init__(self, backend: Backend, tensors: list[Tensor], biases: list[Tensor] | None = None) -> None:
         self.backend = backend
         self.sizes = [t.shape[0] for t in tensors]
-        n_cols = tensors[0].shape[1]
-        if len({t.ggml_type for t in tensors}) == 1:
-            data = np.concatenate([t.data for t in tensors], axis=0) if len(tensors) > 1 else tensors[0].data
-            self.weights = [backend.pack_weight(data, tensors[0].ggml_type, (sum(self.sizes), n_cols))]
-        else:
-            self.weights = [backend.pack_weight(t.data, t.ggml_type, t.shape) for t in tensors]
+        self.groups: list[_FusedWeight] = []
+        start = 0
+        while start < len(tensors):
+            end = start + 1
+            while end < len(tensors) and tensors[end].ggml_type == tensors[start].ggml_type:
+                end += 1
+            self.groups.append(self._fuse(tensors[start:end], None if biases is None else biases[start:end]))
+            start = end
+
+    def _fuse(self, tensors: list[Tensor], biases: list[Tensor] | None) -> _FusedWeight:
+        sizes = [t.shape[0] for t in tensors]
+        data = np.concatenate([t.data for t in tensors], axis=0) if len(tensors) > 1 else tensors[0].data
+        weight = self.backend.pack_weight(data, tensors[0].ggml_type, (sum(sizes), tensors[0].shape[1]))
+        bias = None
+        if biases is not None:
+            bias = self.backend.upload(np.concatenate([np.asarray(b.data, dtype=np.float32) for b in biases]))
+        return _FusedWeight(weight, bias, sizes)
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         n_tok = x.shape[0]
-        if len(self.weights) == 1:
-            out = self.backend.empty((n_tok, sum(self.sizes)))
-            self.backend.matmul(x, self.weights[0], out)
-            if len(self.sizes) == 1:
-                return [out]
-            return self.backend.split_cols(out, self.sizes)
-        outs = []
-        for w, size in zip(self.weights, self.sizes, strict=True):
-            out = self.backend.empty((n_tok, size))
-            self.backend.matmul(x, w, out)
-            outs.append(out)
+        outs: list[np.ndarray] = []
+        for group in self.groups:
+            out = self.backend.empty((n_tok, sum(group.sizes)))
+            self.backend.matmul(x, group.weight, out)
+            if group.bias is not None:
+                self.backend.add_bias_inplace(out, group.bias)
+            outs.extend([out] if len(group.sizes) == 1 else self.backend.split_cols(out, group.sizes))
         return outs
 
 
@@ -50,14 +70,24 @@ class LlamaLayer:
     def __init__(self, backend: Backend, g: GGUFFile, il: int) -> None:
         t = g.tensors
         p = f"blk.{il}."
-        self.attn_norm = backend.upload(np.asarray(t[p + "attn_norm.weight"].data, dtype=np.float32))
-        self.ffn_norm = backend.upload(np.asarray(t[p + "ffn_norm.weight"].data, dtype=np.float32))
+        # Copies (np.array): a view would keep faulting the released file pages back in.
+        self.attn_norm = backend.upload(np.array(t[p + "attn_norm.weight"].data, dtype=np.float32))
+        self.ffn_norm = backend.upload(np.array(t[p + "ffn_norm.weight"].data, dtype=np.float32))
         self.qkv = Projection(
-            backend, [t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]]
+            backend,
+            [t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]],
+            biases=self.qkv_biases(g, p),
         )
         self.attn_out = Projection(backend, [t[p + "attn_output.weight"]])
         self.gate_up = Projection(backend, [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]])
         self.down = Projection(backend, [t[p + "ffn_down.weight"]])
+
+    def projections(self) -> list[Projection]:
+        return [self.qkv, self.attn_out, self.gate_up, self.down]
+
+    def qkv_biases(self, g: GGUFFile, prefix: str) -> list[Tensor] | None:
+        """Biases of the Q, K and V projections (llama has none)."""
+        return None
 
 
 class LlamaModel:
@@ -76,8 +106,20 @@ class LlamaModel:
         self.output = (
             self.token_embd if head is embd else backend.pack_weight(head.data, head.ggml_type, head.shape)
         )
-        self.output_norm = backend.upload(np.asarray(t["output_norm.weight"].data, dtype=np.float32))
-        self.layers = [self.layer_class(backend, g, il) for il in range(self.hp.n_layer)]
+        self.output_norm = backend.upload(np.array(t["output_norm.weight"].data, dtype=np.float32))
+        # The file's pages are dropped after each packed piece: the weights are not held twice, not even
+        # while loading (peak: the packed weights plus one layer's or the head's pages).
+        g.release_pages()
+        self.layers = []
+        for il in range(self.hp.n_layer):
+            self.layers.append(self.layer_class(backend, g, il))
+            g.release_pages()
+
+    def packed_weights(self) -> list[Any]:
+        """Every packed weight matrix of the model (the head once when it is the tied embedding)."""
+        heads = [self.token_embd] if self.output is self.token_embd else [self.token_embd, self.output]
+        layers = [g.weight for layer in self.layers for p in layer.projections() for g in p.groups]
+        return heads + layers
 
     def rope_base(self, il: int) -> float:
         """RoPE base of layer il (sliding-window layers have their own)."""

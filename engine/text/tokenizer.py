@@ -112,6 +112,16 @@ _SMOLLM_PATTERN = (
     rf"|[{_WS}]+(?![^{_WS}\p{{N}}])|[{_WS}]+"
 )
 
+# Qwen2's `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+
+# |\s+(?!\S)|\s+` (llama.cpp runs it by a hand-written matcher; the same choices as this regex): a letter
+# run takes one leading non-letter (space, punctuation) with it, digits are single words, punctuation
+# keeps the line breaks after it, and a whitespace run up to its last line break is one word.
+_QWEN2_PATTERN = (
+    rf"'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}| ?[^{_WS}\p{{L}}\p{{N}}]+[\r\n]*"
+    rf"|[{_WS}]*[\r\n]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"
+)
+
 
 @dataclass(frozen=True)
 class _PreTokenizer:
@@ -125,6 +135,8 @@ _PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "starcoder": _PreTokenizer(_SMOLLM_PATTERN, clean_spaces=True),
     "refact": _PreTokenizer(_SMOLLM_PATTERN, clean_spaces=True),
     "codeshell": _PreTokenizer(_SMOLLM_PATTERN, clean_spaces=True),
+    "qwen2": _PreTokenizer(_QWEN2_PATTERN, clean_spaces=False),
+    "deepseek-r1-qwen": _PreTokenizer(_QWEN2_PATTERN, clean_spaces=False),
     "gpt-2": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
     "phi-2": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
     "mpt": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
