@@ -140,6 +140,7 @@ def test_registry_names_tools_and_never_overwrites_on_collision() -> None:
     entry = registry.get("x_y_add").to_json()  # type: ignore[union-attr]
     assert entry == {
         "tool": "x_y_add",
+        "server": "x",
         "display_name": "Add",
         "type": "mcp",
         "permissions": {"write": False},
@@ -419,7 +420,7 @@ async def test_stop_during_a_slow_call_is_prompt() -> None:
     await asyncio.sleep(0.3)
     begin = time.monotonic()
     await manager.stop()
-    result = await asyncio.wait_for(pending, 1)
+    result = await asyncio.wait_for(pending, 2)
     assert time.monotonic() - begin < 2.0  # liveness bound: stop answers the pending call, not its 60 s
     assert result.error is not None and "shutting down" in result.error
     after = await manager.call(slow, {"seconds": 0})
