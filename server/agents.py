@@ -60,6 +60,7 @@ class AgentLimits:
     max_rounds: int  # rounds of MCP calls; the round after the last one answers without tools
     tool_timeout_s: float  # each MCP call (a server's own shorter timeout_ms still applies)
     max_tokens: int  # tokens generated over all rounds; -1: no limit
+    max_calls: int = -1  # MCP calls over all rounds (the Responses API's max_tool_calls); -1: no limit
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,13 @@ class AgentRun:
         return asked if index == 0 or asked in (None, "none") else "auto"
 
     def answer_only(self, index: int) -> bool:
-        return index >= self.plan.limits.max_rounds
+        calls = self.plan.limits.max_calls
+        return index >= self.plan.limits.max_rounds or 0 <= calls <= self.n_calls
+
+    @property
+    def n_calls(self) -> int:
+        """The MCP calls answered so far (once max_calls are, the next round only answers)."""
+        return sum(1 for m in self.messages if m["role"] == "tool")
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         job, index = self._first, 0
@@ -305,9 +312,12 @@ class AgentRun:
             return None
 
     async def execute(self, calls: list[ToolCall]) -> AsyncIterator[ToolExecuted]:
-        """Run the calls concurrently; their results in call order. Closing the generator (a stop)
-        cancels the calls still running."""
-        tasks = [asyncio.ensure_future(self.call(c)) for c in calls]
+        """Run the calls concurrently; their results in call order (a call past max_calls is not run:
+        its result says so). Closing the generator (a stop) cancels the calls still running."""
+        cap = self.plan.limits.max_calls
+        room = len(calls) if cap < 0 else max(0, cap - self.n_calls)
+        tasks = [asyncio.ensure_future(self.call(c)) for c in calls[:room]]
+        tasks += [asyncio.ensure_future(refused(c, cap)) for c in calls[room:]]
         try:
             for task in tasks:
                 yield await task
@@ -368,6 +378,12 @@ class AgentRun:
             }
             for r in self.rounds
         ]
+
+
+async def refused(call: ToolCall, cap: int) -> ToolExecuted:
+    return ToolExecuted.of(
+        call, ToolResult(error=f"not run: this response may make {cap} tool calls (max_tool_calls)")
+    )
 
 
 def assistant_message(outcome: Outcome, calls: list[ToolCall]) -> dict[str, Any]:
