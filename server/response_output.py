@@ -51,6 +51,8 @@ class OutputItems:
             out += self._text("message", event.text)
         for step in event.tool_calls:
             out += self._tool_step(step)
+        if event.finish_reason is not None and self._pending and self._open in self._pending.values():
+            out += self.close()  # the round ended: its MCP calls' arguments are done, the calls run now
         return out
 
     def close(self, status: str = "completed") -> list[Payload]:

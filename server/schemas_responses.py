@@ -212,15 +212,6 @@ class NamedMcpTool(Strict):
     server_label: str
     name: str | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _named(cls, v: str | None) -> str | None:
-        if v is None:
-            raise ValueError(
-                "name the MCP server's tool to call (forcing any tool of a server is not supported)"
-            )
-        return v
-
     def chat_name(self) -> str:
         return f"{self.server_label}_{self.name}"
 
@@ -334,6 +325,10 @@ class ResponsesRequest(BaseModel):
         if isinstance(choice, NamedMcpTool) and choice.server_label not in labels:
             raise ValueError(
                 f"tool_choice names server_label {choice.server_label!r}, not among the mcp tools"
+            )
+        if isinstance(choice, NamedMcpTool) and choice.name is None:
+            raise ValueError(
+                "tool_choice.name: name the MCP tool to call (forcing any tool of a server is not supported)"
             )
         return self
 

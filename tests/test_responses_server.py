@@ -3,7 +3,7 @@ server: whole and streamed responses agree, the stream's documented events and s
 function-tool round trip, previous_response_id continuing a stored conversation, structured output via
 text.format, background responses resumed after a socket reset (the same events as an uninterrupted
 stream), retrieve/delete/cancel, the store surviving a restart with --responses-dir, and bad input as a
-400 in OpenAI's shape.
+400 in OpenAI's shape. `mcp` tools (the server-side tool loop): tests/test_responses_mcp_server.py.
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ def test_the_store_keeps_the_newest_responses_max() -> None:
 
 # -- bad input: a 400 in OpenAI's shape, naming the field --------------------------------------------
 BAD_BODIES = {
-    "tools.0": {"tools": [{"type": "mcp", "server_label": "fs", "server_url": "http://127.0.0.1:1/mcp"}]},
+    "tools.0": {"tools": [{"type": "web_search"}]},
     "previous_response_id": {"previous_response_id": "resp_unknown"},
     "input.0.call_id": {"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
     "input.0.message.content.0.input_image": {
@@ -370,7 +370,7 @@ def test_bad_input_is_400_naming_the_field(server: ServerProcess, field: str) ->
     assert error["type"] == "invalid_request_error" and field.split(".")[0] in error["message"]
     assert field in error["message"] or field == "store"
     if field == "tools.0":
-        assert "'mcp'" in error["message"]
+        assert "'web_search'" in error["message"]
 
 
 def test_an_unknown_response_is_404(api: openai.OpenAI, server: ServerProcess) -> None:
