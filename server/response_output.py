@@ -82,6 +82,22 @@ class OutputItems:
         out.append({"type": "response.output_item.done", "output_index": index, "item": copy_item(item)})
         return out
 
+    def abandon_calls(self) -> list[Payload]:
+        """The MCP calls left without a result (the run ended or stopped before they ran): done, as
+        `incomplete`."""
+        out: list[Payload] = []
+        for index in self._pending.values():
+            self.items[index]["status"] = "incomplete"
+            out.append(
+                {
+                    "type": "response.output_item.done",
+                    "output_index": index,
+                    "item": copy_item(self.items[index]),
+                }
+            )
+        self._pending.clear()
+        return out
+
     def finished(self) -> list[dict[str, Any]]:
         """The items done so far (all of them once the response ends)."""
         waiting = {self._open, *self._pending.values()}
@@ -214,8 +230,8 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for item in items:
         kind = item["type"]
-        if kind == "mcp_list_tools":
-            continue
+        if kind == "mcp_list_tools" or item.get("status") == "incomplete" and kind == "mcp_call":
+            continue  # a call that never ran is not part of the conversation
         if kind != "mcp_call":
             out += results
             results = []

@@ -192,7 +192,8 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
                         snap["output"] = items.finished()
                     yield run.frame(payload)
         status = "failed" if end.error else terminal_status(end.final)
-        for payload in items.close("incomplete" if status == "incomplete" else "completed"):
+        closing = items.close("incomplete" if status == "incomplete" else "completed")
+        for payload in closing + items.abandon_calls():
             yield run.frame(payload)
         finish(ctx, run, items, end, status)
         if status != "cancelled":  # the API has no event for it: the stream just ends
@@ -228,6 +229,7 @@ def terminal_status(final: TokenEvent | None) -> str:
 def finish(ctx: RunContext, run: ResponseRun, items: OutputItems, end: RunEnd, status: str) -> None:
     """The Response object's end (status, output, usage), stored with the conversation it ends."""
     snap = run.snapshot
+    items.abandon_calls()  # stopped during a call: it shows, incomplete
     output = items.finished()
     snap |= {"status": status, "output": output, "completed_at": int(time.time())}
     if status == "incomplete":

@@ -279,7 +279,8 @@ def test_cancel_during_a_call_stops_it(srv: ServerProcess, api: openai.OpenAI) -
     time.sleep(0.5)
     assert busy_slots(srv) == 0, "no next round started"
     stored = api.responses.retrieve(cancelled.id)
-    assert stored.status == "cancelled" and [i.type for i in stored.output] == ["mcp_list_tools"]
+    assert stored.status == "cancelled" and [i.type for i in stored.output] == ["mcp_list_tools", "mcp_call"]
+    assert stored.output[1].status == "incomplete" and stored.output[1].output is None
 
 
 # -- bad input: a 400 in OpenAI's shape, naming the field --------------------------------------------
