@@ -1,9 +1,10 @@
 """The server-side tool loop: configured MCP servers offered to the model as function tools, the calls it
 makes run by Llamba, their results fed back, and generation continued, round after round, as one request.
 
-A chat request names MCP servers with the Responses API's `mcp` tool (`{"type": "mcp", "server_label":
-..., "allowed_tools": [...]}`, server/schemas_tools.py). Their tools reach the model under the registry's
-names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools the client declared.
+A chat (or Responses) request names MCP servers with the Responses API's `mcp` tool (`{"type": "mcp",
+"server_label": ..., "allowed_tools": [...]}`, server/schemas_tools.py). Their tools reach the model
+under the registry's names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools the
+client declared.
 
 - Rounds. Each round is a new engine request (`ModelService.submit`) whose prompt is the previous one
   plus the model's calls and the tools' results, so the slot's cached prefix (or the host prompt cache)
@@ -15,6 +16,8 @@ names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools th
   formats without one, they are left out as with tool_choice "none".
 - The end. A round without MCP calls ends the run with its own finish reason. Calls of the client's own
   function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran.
+- Calls. A Responses request's `max_tool_calls` bounds the MCP calls of the run (`AgentLimits.max_calls`):
+  a call past it is not run (its result says so) and the next round may only answer.
 - Faults. A call that fails, times out, or whose server crashed becomes an error result the model reads
   (`Error: ...`), never a 5xx.
 - Stop. The run is an async generator driven by the response (or a resumable session): cancelling it

@@ -255,21 +255,11 @@ def test_a_background_run_resumes_after_a_socket_reset_mid_call(
     assert [e.sequence_number for e in later] == list(range(11, len(events)))
 
 
-def read_until(raw: RawResponseStream, marker: bytes) -> bytes:
-    """The stream's body up to and including the event that holds `marker`."""
-    body = b""
-    while marker not in body:
-        size = int(raw._through(b"\r\n").split(b";")[0], 16)
-        assert size, "the stream ended early"
-        body += raw._take(size + 2)[:-2]
-    return body[: body.index(b"\n\n", body.index(marker)) + 2]
-
-
 def test_cancel_during_a_call_stops_it(srv: ServerProcess, api: openai.OpenAI) -> None:
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         before = len(cancelled_calls(http))
         raw = RawResponseStream(srv.port, raw_body(tool="hang", server="slow", background=True, stream=True))
-        seen = sse_events(read_until(raw, b"response.mcp_call_arguments.done"))
+        seen = sse_events(raw.until(b"response.mcp_call_arguments.done"))
         time.sleep(0.3)  # the call is sent right after the round ends
         assert busy_slots(srv) == 0, "the round ended: the call runs"
         cancelled = api.responses.cancel(seen[0]["response"]["id"])

@@ -222,6 +222,15 @@ class RawResponseStream:
             body += self._take(size + 2)[:-2]
         return body[: _nth_end(body, n)]
 
+    def until(self, marker: bytes) -> bytes:
+        """Body bytes up to the end of the first event that holds `marker`."""
+        body = b""
+        while marker not in body:
+            size = int(self._through(b"\r\n").split(b";")[0], 16)
+            assert size, "the stream ended early"
+            body += self._take(size + 2)[:-2]
+        return body[: body.index(b"\n\n", body.index(marker)) + 2]
+
     def drop(self) -> None:
         """Close with a reset, as a killed client would."""
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
