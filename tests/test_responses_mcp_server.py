@@ -47,6 +47,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             "time": {"command": str(Path(VENV_BIN) / "mcp-server-time")},
             "slow": fixture("slow"),
             "crash": fixture("crash", restart_cooldown_ms=500),
+            "garbage": fixture("garbage"),
         },
     )
     args = ("-m", "smollm2", "-np", "4", "-c", "8192", "--mcp-servers-config", str(config))
@@ -155,6 +156,7 @@ def test_the_sdk_streams_the_mcp_events_in_order(api: openai.OpenAI) -> None:
     [
         ("crash", "die", {}, "exited with code 3"),  # the server crashes mid-call
         ("slow", "hang", {"tool_timeout": 1}, "timed out after 1000 ms"),
+        ("garbage", "junk", {}, "malformed tools/call result"),
     ],
 )
 def test_a_failing_tool_is_a_failed_mcp_call_and_the_run_finishes(
@@ -183,6 +185,17 @@ def test_max_tool_calls_bounds_the_calls_of_a_run(api: openai.OpenAI) -> None:
     response = api.responses.create(**asked)
     assert [item.type for item in response.output].count("mcp_call") == 1
     assert response.output[-1].type == "message" and response.max_tool_calls == 1
+
+
+def test_a_run_cut_by_max_output_tokens_ends_incomplete_and_can_be_continued(api: openai.OpenAI) -> None:
+    cut = api.responses.create(**forced(max_output_tokens=12))
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.output[0].type == "mcp_list_tools" and cut.output[-1].status == "incomplete"
+    assert cut.usage.output_tokens == 12
+    follow = {"model": "any", "input": "Hello?", "max_output_tokens": 4}
+    on = api.responses.create(previous_response_id=cut.id, **follow)
+    alone = api.responses.create(**follow)
+    assert on.status in ("completed", "incomplete") and on.usage.input_tokens > alone.usage.input_tokens
 
 
 # -- continuing a run --------------------------------------------------------------------------------
