@@ -1,9 +1,10 @@
 """The server-side tool loop: configured MCP servers offered to the model as function tools, the calls it
 makes run by Llamba, their results fed back, and generation continued, round after round, as one request.
 
-A chat request names MCP servers with the Responses API's `mcp` tool (`{"type": "mcp", "server_label":
-..., "allowed_tools": [...]}`, server/schemas_tools.py). Their tools reach the model under the registry's
-names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools the client declared.
+A chat (or Responses) request names MCP servers with the Responses API's `mcp` tool (`{"type": "mcp",
+"server_label": ..., "allowed_tools": [...]}`, server/schemas_tools.py). Their tools reach the model
+under the registry's names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools the
+client declared.
 
 - Rounds. Each round is a new engine request (`ModelService.submit`) whose prompt is the previous one
   plus the model's calls and the tools' results, so the slot's cached prefix (or the host prompt cache)
@@ -15,6 +16,8 @@ names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools th
   formats without one, they are left out as with tool_choice "none".
 - The end. A round without MCP calls ends the run with its own finish reason. Calls of the client's own
   function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran.
+- Calls. A Responses request's `max_tool_calls` bounds the MCP calls of the run (`AgentLimits.max_calls`):
+  a call past it is not run (its result says so) and the next round may only answer.
 - Faults. A call that fails, times out, or whose server crashed becomes an error result the model reads
   (`Error: ...`), never a 5xx.
 - Stop. The run is an async generator driven by the response (or a resumable session): cancelling it
@@ -60,6 +63,7 @@ class AgentLimits:
     max_rounds: int  # rounds of MCP calls; the round after the last one answers without tools
     tool_timeout_s: float  # each MCP call (a server's own shorter timeout_ms still applies)
     max_tokens: int  # tokens generated over all rounds; -1: no limit
+    max_calls: int = -1  # MCP calls over all rounds (the Responses API's max_tool_calls); -1: no limit
 
 
 @dataclass(frozen=True)
@@ -260,7 +264,13 @@ class AgentRun:
         return asked if index == 0 or asked in (None, "none") else "auto"
 
     def answer_only(self, index: int) -> bool:
-        return index >= self.plan.limits.max_rounds
+        calls = self.plan.limits.max_calls
+        return index >= self.plan.limits.max_rounds or 0 <= calls <= self.n_calls
+
+    @property
+    def n_calls(self) -> int:
+        """The MCP calls answered so far (once max_calls are, the next round only answers)."""
+        return sum(1 for m in self.messages if m["role"] == "tool")
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         job, index = self._first, 0
@@ -305,9 +315,12 @@ class AgentRun:
             return None
 
     async def execute(self, calls: list[ToolCall]) -> AsyncIterator[ToolExecuted]:
-        """Run the calls concurrently; their results in call order. Closing the generator (a stop)
-        cancels the calls still running."""
-        tasks = [asyncio.ensure_future(self.call(c)) for c in calls]
+        """Run the calls concurrently; their results in call order (a call past max_calls is not run:
+        its result says so). Closing the generator (a stop) cancels the calls still running."""
+        cap = self.plan.limits.max_calls
+        room = len(calls) if cap < 0 else max(0, cap - self.n_calls)
+        tasks = [asyncio.ensure_future(self.call(c)) for c in calls[:room]]
+        tasks += [asyncio.ensure_future(refused(c, cap)) for c in calls[room:]]
         try:
             for task in tasks:
                 yield await task
@@ -368,6 +381,12 @@ class AgentRun:
             }
             for r in self.rounds
         ]
+
+
+async def refused(call: ToolCall, cap: int) -> ToolExecuted:
+    return ToolExecuted.of(
+        call, ToolResult(error=f"not run: this response may make {cap} tool calls (max_tool_calls)")
+    )
 
 
 def assistant_message(outcome: Outcome, calls: list[ToolCall]) -> dict[str, Any]:

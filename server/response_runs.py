@@ -6,11 +6,16 @@ reply drains it, and a background response runs it as a resumable stream session
 (`server/sessions.py`, keyed by the response id), whose readers join at any event: each event's byte
 offset in the stream is kept, so `starting_after=N` replays exactly the bytes an uninterrupted stream
 had from event N+1 on.
+
+A response with `mcp` tools runs the server-side tool loop (`AgentRun`, server/agents.py) instead of
+one generation: the same stream, its rounds' token events and the MCP calls' results between them
+(`mcp_list_tools` and `mcp_call` items), the usage summed over the rounds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -18,11 +23,12 @@ from typing import Any
 
 from engine.api import TokenEvent
 from server import errors, sse
+from server.agents import AgentRun, ToolExecuted
 from server.chat_job import ChatJob
 from server.generation import events_of
 from server.response_output import OutputItems, output_messages
 from server.responses_store import ResponseStore, StoredResponse
-from server.schemas_responses import NamedFunction, ResponsesRequest
+from server.schemas_responses import ResponsesRequest
 from server.service import ModelService
 
 STATE_KEY = "llamba.responses"
@@ -132,7 +138,9 @@ def response_object(
             else {"type": "text"},
             "verbosity": "medium",
         },
-        "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else (choice or "auto"),
+        "tool_choice": (choice or "auto")
+        if choice is None or isinstance(choice, str)
+        else choice.model_dump(),
         "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
         "top_p": sampling.top_p,
         "truncation": "disabled",
@@ -143,41 +151,73 @@ def response_object(
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a run needs besides its own state: the service, the store, the prepared chat job, and the
-    conversation so far (stored with the output appended, when the response is stored)."""
+    """What a run needs besides its own state: the service, the store, the prepared chat job (the
+    first round's, with mcp tools), the conversation so far (stored with the output appended, when the
+    response is stored), and the tool loop when the request has mcp tools."""
 
     svc: ModelService
     state: ResponsesState
     job: ChatJob
     conversation: list[dict[str, Any]]
     store: bool
+    agent: AgentRun | None = None
+
+
+@dataclass
+class RunEnd:
+    """How the generation ended: its last event (the finish reason the run's), and any error."""
+
+    final: TokenEvent | None = None
+    error: str | None = None
 
 
 async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
     """The response's stream events, numbered from 0; the Response object and the store follow them.
     A run stopped before its end (cancel, a client gone) is stored as cancelled."""
     snap = run.snapshot
-    items = OutputItems()
+    items = OutputItems(ctx.agent.plan.tools if ctx.agent else None)
     try:
         yield run.frame({"type": "response.created", "response": snap})
         snap["status"] = "in_progress"
         yield run.frame({"type": "response.in_progress", "response": snap})
-        final: TokenEvent | None = None
-        async for event in events_of(ctx.svc, ctx.job.request):
-            for payload in items.feed(event):
-                if payload["type"] == "response.output_item.done":  # what GET shows meanwhile
-                    snap["output"] = items.finished()
-                yield run.frame(payload)
-            final = event if event.finish_reason is not None else final
-        status = terminal_status(final)
-        for payload in items.close("incomplete" if status == "incomplete" else "completed"):
+        end = RunEnd()
+        for payload in items.list_tools():
             yield run.frame(payload)
-        finish(ctx, run, items, final, status)
+        snap["output"] = items.finished()
+        async with contextlib.aclosing(generation(ctx, end)) as events:
+            async for event in events:
+                payloads = items.tool_result(event) if isinstance(event, ToolExecuted) else items.feed(event)
+                for payload in payloads:
+                    if payload["type"] == "response.output_item.done":  # what GET shows meanwhile
+                        snap["output"] = items.finished()
+                    yield run.frame(payload)
+        status = "failed" if end.error else terminal_status(end.final)
+        closing = items.close("incomplete" if status == "incomplete" else "completed")
+        for payload in closing + items.abandon_calls():
+            yield run.frame(payload)
+        finish(ctx, run, items, end, status)
         if status != "cancelled":  # the API has no event for it: the stream just ends
             yield run.frame({"type": f"response.{status}", "response": snap})
     finally:
         if not run.done:
-            finish(ctx, run, items, None, "cancelled")
+            finish(ctx, run, items, RunEnd(), "cancelled")
+
+
+async def generation(ctx: RunContext, end: RunEnd) -> AsyncIterator[TokenEvent | ToolExecuted]:
+    """The token events of the one generation, or the tool loop's rounds and MCP results; `end` is
+    filled in when they are over."""
+    agent = ctx.agent
+    if agent is None:
+        async for event in events_of(ctx.svc, ctx.job.request):
+            end.final = event if event.finish_reason is not None else end.final
+            yield event
+        return
+    async with contextlib.aclosing(agent.events()) as events:
+        async for event in events:
+            if isinstance(event, TokenEvent | ToolExecuted):
+                yield event
+    end.final = agent.final_outcome().final  # with the run's finish reason
+    end.error = agent.error.message if agent.error is not None else None
 
 
 def terminal_status(final: TokenEvent | None) -> str:
@@ -186,24 +226,43 @@ def terminal_status(final: TokenEvent | None) -> str:
     return {"length": "incomplete", "error": "failed"}.get(final.finish_reason or "", "completed")
 
 
-def finish(
-    ctx: RunContext, run: ResponseRun, items: OutputItems, final: TokenEvent | None, status: str
-) -> None:
+def finish(ctx: RunContext, run: ResponseRun, items: OutputItems, end: RunEnd, status: str) -> None:
     """The Response object's end (status, output, usage), stored with the conversation it ends."""
     snap = run.snapshot
+    items.abandon_calls()  # stopped during a call: it shows, incomplete
     output = items.finished()
     snap |= {"status": status, "output": output, "completed_at": int(time.time())}
     if status == "incomplete":
         snap["incomplete_details"] = {"reason": "max_output_tokens"}
     if status == "failed":
-        message = (final.error if final else None) or "generation failed"
+        message = end.error or (end.final.error if end.final else None) or "generation failed"
         snap["error"] = {"code": "server_error", "message": message}
-    snap["usage"] = response_usage(ctx.job.n_prompt, final, items.n_reasoning_tokens)
+    if ctx.agent is not None:
+        snap["usage"] = agent_usage(ctx.agent, items.n_reasoning_tokens)
+    else:
+        snap["usage"] = response_usage(ctx.job.n_prompt, end.final, items.n_reasoning_tokens)
     run.end()
     if ctx.store:
         ctx.state.store.put(StoredResponse(snap, ctx.conversation + output_messages(output)))
     if not run.background:
         ctx.state.runs.pop(snap["id"], None)
+
+
+def agent_usage(agent: AgentRun, n_reasoning: int) -> dict[str, Any]:
+    """A tool loop's usage over its rounds (each round's prompt counts, as OpenAI counts them)."""
+    if not agent.rounds:
+        return response_usage(0, None, n_reasoning)
+    chat = agent.usage()
+    return {
+        "input_tokens": chat["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": chat["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": chat["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": n_reasoning},
+        "total_tokens": chat["total_tokens"],
+    }
 
 
 def response_usage(n_prompt: int, final: TokenEvent | None, n_reasoning: int) -> dict[str, Any]:

@@ -4,20 +4,21 @@
 turns the body, after the stored conversation its `previous_response_id` continues, into the
 `ChatCompletionRequest` the one generation path takes: `instructions` as the system message, input
 messages with their text parts, `function_call` items as the assistant's tool calls,
-`function_call_output` items as tool messages, `reasoning` items as the assistant's reasoning; flat
-function tools, tool_choice, max_output_tokens, `text.format` and `reasoning.effort` onto their chat
-fields.
+`function_call_output` items as tool messages, `reasoning` items as the assistant's reasoning,
+`mcp_call` items (an earlier run's MCP calls) as the assistant's calls and their results; flat function
+tools, `mcp` tools (configured MCP servers, run by server/agents.py), tool_choice (a function or an MCP
+server's tool), max_output_tokens, `text.format` and `reasoning.effort` onto their chat fields.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from server import errors
 from server.schemas import ChatCompletionRequest
-from server.schemas_tools import TOOL_NAME, check_schema
+from server.schemas_tools import TOOL_NAME, McpServerTool, check_schema
 from server.unsupported import llama_extras
 
 # A reasoning effort that maps onto the chat template's thinking switch; other levels have no meaning
@@ -105,8 +106,50 @@ class ReasoningItem(Strict):
         return "\n".join(part.text for part in (self.content or self.summary))
 
 
+class McpCallItem(Strict):
+    """An earlier response's MCP call (its output sent back): the assistant's call and its result."""
+
+    type: Literal["mcp_call"]
+    id: str = Field(min_length=1)
+    server_label: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    output: str | None = None
+    error: str | dict[str, Any] | None = None
+    status: str | None = None
+    approval_request_id: None = None  # approvals are never asked for here
+
+    def result(self) -> dict[str, Any]:
+        """The tool message the model read (an error as server/agents.py words it)."""
+        if self.error is None:
+            return {"role": "tool", "tool_call_id": self.id, "content": self.output or ""}
+        text = f"Error: {error_text(self.error)}"
+        return {"role": "tool", "tool_call_id": self.id, "content": text, "is_error": True}
+
+
+def error_text(error: str | dict[str, Any]) -> str:
+    if isinstance(error, str):
+        return error
+    parts = error.get("content")
+    if isinstance(parts, list):
+        return "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return str(error.get("message", ""))
+
+
+class McpListToolsItem(Strict):
+    """An earlier response's record of an MCP server's tools. It adds nothing to the conversation:
+    the tools a response offers are its own request's `mcp` tools, listed afresh."""
+
+    type: Literal["mcp_list_tools"]
+    id: str | None = None
+    server_label: str
+    tools: list[dict[str, Any]]
+    error: str | None = None
+
+
 InputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | McpCallItem | McpListToolsItem,
+    Field(discriminator="type"),
 ]
 
 
@@ -123,8 +166,6 @@ class FunctionTool(Strict):
     @classmethod
     def _function_tools_only(cls, data: Any) -> Any:
         kind = data.get("type") if isinstance(data, dict) else None
-        if kind == "mcp":
-            raise ValueError("tool type 'mcp' (remote MCP servers) is not supported yet: give function tools")
         if kind != "function":
             raise ValueError(
                 f"tool type {kind!r} is one of OpenAI's built-in tools, which this server does not run"
@@ -140,9 +181,39 @@ class FunctionTool(Strict):
         return {"type": "function", "function": self.model_dump(exclude_none=True, exclude={"type"})}
 
 
+def tool_kind(data: Any) -> str:
+    """Which tool model validates a `tools` entry: `mcp` ones as MCP servers, every other type as a
+    function tool (whose validator names the built-in tool types this server does not run)."""
+    kind = data.get("type") if isinstance(data, dict) else getattr(data, "type", None)
+    return "mcp" if kind == "mcp" else "function"
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[McpServerTool, Tag("mcp")],
+    Discriminator(tool_kind),
+]
+
+
+def tool_to_chat(tool: FunctionTool | McpServerTool) -> dict[str, Any]:
+    if isinstance(tool, McpServerTool):
+        return tool.model_dump(exclude_none=True)
+    return tool.to_chat()
+
+
 class NamedFunction(Strict):
     type: Literal["function"]
     name: str
+
+
+class NamedMcpTool(Strict):
+    """tool_choice forcing one tool of an MCP server (the model calls it as `<server_label>_<name>`)."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
+
+    def chat_name(self) -> str:
+        return f"{self.server_label}_{self.name}"
 
 
 class TextFormat(Strict):
@@ -194,8 +265,8 @@ class ResponsesRequest(BaseModel):
     model: str | None = None  # one model per server: any name is answered by it
     input: str | list[InputItem] = ""
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | NamedMcpTool | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -210,7 +281,10 @@ class ResponsesRequest(BaseModel):
     include: list[str] | None = None
     truncation: Literal["disabled"] | None = None  # a prompt too long is a 400, never cut silently
     top_logprobs: Literal[0] | None = None
-    max_tool_calls: int | None = Field(default=None, ge=1)  # bounds built-in tools' calls: none here
+    max_tool_calls: int | None = Field(default=None, ge=1)  # the MCP calls a run makes (server/agents.py)
+    # Llamba's tool-loop limits, as on chat requests (only with mcp tools).
+    max_tool_rounds: int | None = Field(default=None, ge=1)
+    tool_timeout: float | None = Field(default=None, gt=0)
     # Accepted, changing nothing generated.
     user: str | None = None
     safety_identifier: str | None = None
@@ -243,10 +317,23 @@ class ResponsesRequest(BaseModel):
         llama_extras(self.model_extra)
         if self.background and not self.store:
             raise ValueError("background responses must be stored: store cannot be false")
-        names = [t.name for t in self.tools or ()]
-        if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in names:
-            raise ValueError(f"tool_choice names {self.tool_choice.name!r}, which is not among the tools")
+        choice = self.tool_choice
+        names = [t.name for t in self.tools or () if isinstance(t, FunctionTool)]
+        if isinstance(choice, NamedFunction) and choice.name not in names:
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
+        labels = [t.server_label for t in self.mcp_tools()]
+        if isinstance(choice, NamedMcpTool) and choice.server_label not in labels:
+            raise ValueError(
+                f"tool_choice names server_label {choice.server_label!r}, not among the mcp tools"
+            )
+        if isinstance(choice, NamedMcpTool) and choice.name is None:
+            raise ValueError(
+                "tool_choice.name: name the MCP tool to call (forcing any tool of a server is not supported)"
+            )
         return self
+
+    def mcp_tools(self) -> list[McpServerTool]:
+        return [t for t in self.tools or () if isinstance(t, McpServerTool)]
 
     def to_chat(self, conversation: list[dict[str, Any]], stream: bool) -> ChatCompletionRequest:
         """The chat request of `conversation` (the stored one continued, then this input's messages)."""
@@ -261,11 +348,12 @@ class ResponsesRequest(BaseModel):
 
     def chat_fields(self) -> dict[str, Any]:
         choice = self.tool_choice
+        named = choice.chat_name() if isinstance(choice, NamedMcpTool) else getattr(choice, "name", None)
         fields: dict[str, Any] = {
-            "tools": [tool.to_chat() for tool in self.tools] if self.tools else None,
-            "tool_choice": {"type": "function", "function": {"name": choice.name}}
-            if isinstance(choice, NamedFunction)
-            else choice,
+            "tools": [tool_to_chat(tool) for tool in self.tools] if self.tools else None,
+            "tool_choice": {"type": "function", "function": {"name": named}} if named else choice,
+            "max_tool_rounds": self.max_tool_rounds,
+            "tool_timeout": self.tool_timeout,
             "max_tokens": self.max_output_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -298,10 +386,18 @@ class ItemTranslation:
         self.calls = calls  # the call ids a function_call_output may answer
         self.out: list[dict[str, Any]] = []
         self.reasoning: list[str] = []  # reasoning waiting for the assistant message it belongs to
+        self.results: list[dict[str, Any]] = []  # MCP results, after the calls of their message
 
     def messages(self, items: list[Any]) -> list[dict[str, Any]]:
         for i, item in enumerate(items):
-            if isinstance(item, ReasoningItem):
+            if not isinstance(item, McpCallItem | McpListToolsItem):
+                self.out += self.results
+                self.results = []
+            if isinstance(item, McpCallItem):
+                self.mcp_call(item)
+            elif isinstance(item, McpListToolsItem):
+                continue
+            elif isinstance(item, ReasoningItem):
                 self.reasoning.append(item.text())
             elif isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function"}
@@ -317,7 +413,16 @@ class ItemTranslation:
                 self.out.append({"role": role, "content": text_of(item.content)})
         if self.reasoning:
             self.assistant()
-        return self.out
+        return self.out + self.results
+
+    def mcp_call(self, item: McpCallItem) -> None:
+        """The call on the assistant message (consecutive calls share one, as a run's round made
+        them), its result after that message."""
+        call = {"id": item.id, "type": "function"}
+        call["function"] = {"name": f"{item.server_label}_{item.name}", "arguments": item.arguments}
+        self.assistant().setdefault("tool_calls", []).append(call)
+        self.calls.add(item.id)
+        self.results.append(item.result())
 
     def assistant(self, text: str | None = None) -> dict[str, Any]:
         """The assistant message being built (a new one after any other message, or for new text)."""

@@ -258,8 +258,11 @@ def test_bad_fields_are_400_in_anthropics_shape(server: ServerProcess) -> None:
         "frobnicate": ok | {"frobnicate": 1},
         "tool_choice": ok | {"tool_choice": {"type": "tool", "name": "nope"}},
         "effort": ok | {"output_config": {"effort": "high"}},
+        # MCP servers run by the server are named as `mcp` tools on chat and Responses requests only.
+        "mcp_servers": ok | {"mcp_servers": [{"type": "url", "url": "http://127.0.0.1:1/mcp", "name": "x"}]},
     }
-    for field, body in cases.items():
+    mcp_tool = ok | {"tools": [{"type": "mcp", "server_label": "time"}]}
+    for field, body in [*cases.items(), ("tools.0", mcp_tool)]:
         reply = httpx.post(server.base_url + "/v1/messages", json=body, timeout=60)
         error = reply.json()
         assert reply.status_code == 400 and error["type"] == "error", (field, error)

@@ -3,7 +3,7 @@ server: whole and streamed responses agree, the stream's documented events and s
 function-tool round trip, previous_response_id continuing a stored conversation, structured output via
 text.format, background responses resumed after a socket reset (the same events as an uninterrupted
 stream), retrieve/delete/cancel, the store surviving a restart with --responses-dir, and bad input as a
-400 in OpenAI's shape.
+400 in OpenAI's shape. `mcp` tools (the server-side tool loop): tests/test_responses_mcp_server.py.
 """
 
 from __future__ import annotations
@@ -222,6 +222,15 @@ class RawResponseStream:
             body += self._take(size + 2)[:-2]
         return body[: _nth_end(body, n)]
 
+    def until(self, marker: bytes) -> bytes:
+        """Body bytes up to the end of the first event that holds `marker`."""
+        body = b""
+        while marker not in body:
+            size = int(self._through(b"\r\n").split(b";")[0], 16)
+            assert size, "the stream ended early"
+            body += self._take(size + 2)[:-2]
+        return body[: body.index(b"\n\n", body.index(marker)) + 2]
+
     def drop(self) -> None:
         """Close with a reset, as a killed client would."""
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -345,7 +354,7 @@ def test_the_store_keeps_the_newest_responses_max() -> None:
 
 # -- bad input: a 400 in OpenAI's shape, naming the field --------------------------------------------
 BAD_BODIES = {
-    "tools.0": {"tools": [{"type": "mcp", "server_label": "fs", "server_url": "http://127.0.0.1:1/mcp"}]},
+    "tools.0": {"tools": [{"type": "web_search"}]},
     "previous_response_id": {"previous_response_id": "resp_unknown"},
     "input.0.call_id": {"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
     "input.0.message.content.0.input_image": {
@@ -370,7 +379,7 @@ def test_bad_input_is_400_naming_the_field(server: ServerProcess, field: str) ->
     assert error["type"] == "invalid_request_error" and field.split(".")[0] in error["message"]
     assert field in error["message"] or field == "store"
     if field == "tools.0":
-        assert "'mcp'" in error["message"]
+        assert "'web_search'" in error["message"]
 
 
 def test_an_unknown_response_is_404(api: openai.OpenAI, server: ServerProcess) -> None:

@@ -4,7 +4,8 @@ POST /v1/responses/{id}/cancel (and unprefixed aliases).
 The body is validated and translated into a chat request (`server/schemas_responses.py`), after the
 stored conversation its `previous_response_id` continues; it runs on the chat path every chat-shaped
 route shares (`server/chat_job.py`), and its token events become output items and numbered stream
-events (`server/response_output.py`, `server/response_runs.py`). Responses are stored
+events (`server/response_output.py`, `server/response_runs.py`); with `mcp` tools it runs the
+server-side tool loop (`server/agents.py`) the same way. Responses are stored
 (`server/responses_store.py`) unless `store` is false. A `background` response runs on its own as a
 stream session: the POST answers at once, GET follows it (`stream=true`, from `starting_after`), and
 cancel stops it. Errors have OpenAI's shape.
@@ -13,12 +14,14 @@ cancel stops it. Errors have OpenAI's shape.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from quart import Blueprint, current_app, request
 
 from server import errors, sse
-from server.chat_job import prepare_chat
+from server.agents import AgentRun, agent_plan
+from server.chat_job import ChatJob, prepare_chat
 from server.response_output import item_id
 from server.response_runs import (
     STATE_KEY,
@@ -30,8 +33,10 @@ from server.response_runs import (
 )
 from server.responses_store import StoredResponse
 from server.routes.stream import sessions
+from server.routes.tools import MANAGER_KEY
+from server.schemas import ChatCompletionRequest
 from server.schemas_responses import ResponsesRequest
-from server.service import service
+from server.service import ModelService, service
 
 bp = Blueprint("responses", __name__)
 
@@ -51,11 +56,11 @@ async def create() -> Any:
     history = state.conversation(body.previous_response_id)
     conversation = history + body.input_messages(history)
     response_id = item_id("resp")  # also the engine request id, and a background run's session id
-    job = await prepare_chat(
-        svc, body.to_chat(conversation, stream=body.stream or body.background), response_id
-    )
+    chat = body.to_chat(conversation, stream=body.stream or body.background)
+    agent = await tool_loop(svc, chat, response_id, body.max_tool_calls)
+    job = await (agent.start() if agent is not None else prepare_chat(svc, chat, response_id))
     run = ResponseRun(response_object(svc, body, response_id, job), body.background)
-    ctx = RunContext(svc, state, job, conversation, body.store)
+    ctx = RunContext(svc, state, job, conversation, body.store, agent)
     source = run_events(ctx, run)
     if body.background:  # its session's task starts once this handler gives way: all is in place then
         session = await sessions().open(response_id, source)
@@ -69,6 +74,25 @@ async def create() -> Any:
     async for _ in source:  # a whole reply: the same events, drained
         pass
     return run.snapshot
+
+
+async def tool_loop(
+    svc: ModelService, chat: ChatCompletionRequest, response_id: str, max_calls: int | None
+) -> AgentRun | None:
+    """The server-side tool loop of a request with `mcp` tools (None without); every problem with
+    them (a server_label not configured, a server_url that is not its server) is a 400 here."""
+    svc.require_ready()
+    manager = current_app.extensions.get(MANAGER_KEY)
+    plan = await agent_plan(manager, svc.settings, chat)
+    if plan is None:
+        return None
+    if max_calls is not None:
+        plan = replace(plan, limits=replace(plan.limits, max_calls=max_calls))
+
+    async def prepare(round_body: ChatCompletionRequest, answer_only: bool) -> ChatJob:
+        return await prepare_chat(svc, round_body, response_id, answer_only)
+
+    return AgentRun(svc, chat, plan, manager, prepare)
 
 
 @bp.get("/v1/responses/<response_id>")
