@@ -6,9 +6,19 @@ from engine.backend import Backend
 from engine.gguf import GGUFFile
 from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
+from engine.models.mistral3 import Mistral3Model
+from engine.models.phi3 import Phi3Model
 from engine.models.qwen2 import Qwen2Model
+from engine.models.qwen3 import Qwen3Model
 
-ARCHITECTURES: dict[str, type[LlamaModel]] = {"llama": LlamaModel, "gemma3": Gemma3Model, "qwen2": Qwen2Model}
+ARCHITECTURES: dict[str, type[LlamaModel]] = {
+    "llama": LlamaModel,
+    "mistral3": Mistral3Model,
+    "gemma3": Gemma3Model,
+    "qwen2": Qwen2Model,
+    "qwen3": Qwen3Model,
+    "phi3": Phi3Model,
+}
 
 
 def load_model(g: GGUFFile, backend: Backend) -> LlamaModel:
