@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -115,3 +116,24 @@ def test_server_with_an_unsupported_architecture_exits_with_one_error_line(tmp_p
     lines = [line for line in server.log().splitlines() if "falcon" in line]
     assert len(lines) == 1 and "unsupported architecture 'falcon'" in lines[0], server.log()
     assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "ministral3", "phi3-long-rope"])
+def test_server_serves_the_family(name: str, golden: dict, tmp_path: Path) -> None:
+    """End to end: llamba-server on the synthetic file, the case's tokens as the prompt; its greedy
+    token and top log-probabilities are llama.cpp's last-position distribution."""
+    case = CASES[name]
+    path = write_gguf(case, tmp_path / f"{name}.gguf")
+    server = ServerProcess("-m", str(path), "-c", str(case.n_ctx), "-np", "1").wait_healthy()
+    try:
+        body = {"prompt": prompt_tokens(case), "n_predict": 1, "temperature": 0, "n_probs": 3}
+        reply = httpx.post(server.base_url + "/completion", json=body, timeout=60).json()
+    finally:
+        server.stop()
+    last = reference_logits(golden, name)[-1].astype(np.float64)
+    logprobs = last - last.max() - np.log(np.exp(last - last.max()).sum())
+    (step,) = reply["completion_probabilities"]
+    assert step["id"] == int(last.argmax())
+    assert [top["id"] for top in step["top_logprobs"]] == np.argsort(-last)[:3].tolist()
+    for top in step["top_logprobs"]:
+        assert top["logprob"] == pytest.approx(logprobs[top["id"]], abs=1e-2)
