@@ -19,6 +19,7 @@ followed by single-token decode steps. What each case checks:
 from __future__ import annotations
 
 import base64
+import dataclasses
 from pathlib import Path
 
 import httpx
@@ -137,3 +138,18 @@ def test_server_serves_the_family(name: str, golden: dict, tmp_path: Path) -> No
     assert [top["id"] for top in step["top_logprobs"]] == np.argsort(-last)[:3].tolist()
     for top in step["top_logprobs"]:
         assert top["logprob"] == pytest.approx(logprobs[top["id"]], abs=1e-2)
+
+
+def test_rope_of_an_unscaled_file_multiplies_by_exactly_one(tmp_path: Path) -> None:
+    """No scaling keys, no factor tensors: every pair scale and the magnitude are 1, so the older models'
+    outputs are bitwise what they were before RoPE scaling existed."""
+    model = load(CASES["qwen3"], tmp_path)
+    assert model.rope.long is None
+    assert np.array_equal(np.asarray(model.rope.table.pair_scale), np.ones(32, dtype=np.float32))
+    assert model.rope.table.mscale == 1.0
+
+
+def test_unknown_rope_scaling_type_fails_with_its_name(tmp_path: Path) -> None:
+    case = dataclasses.replace(CASES["llama-linear-rope"], metadata={"rope.scaling.type": "dynamic"})
+    with pytest.raises(UnsupportedModelError, match="unsupported RoPE scaling type 'dynamic'"):
+        load(case, tmp_path)

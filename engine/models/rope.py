@@ -131,10 +131,12 @@ def rope_from_gguf(g: GGUFFile, backend: Backend, freq_base: float, neox: bool, 
     ramp = s.yarn_ramp(n_rot, freq_base)
     base_scale = s.freq_scale * (1.0 - ramp) + ramp  # YaRN's mix; freq_scale everywhere without YaRN
 
-    def table(factors_name: str | None) -> RopeTable:
+    def table(factors_name: str) -> RopeTable:
         factors = np.ones(n_rot // 2)
-        if factors_name is not None and factors_name in g.tensors:
+        if factors_name in g.tensors:
             factors = np.asarray(g.tensors[factors_name].data, dtype=np.float64)
+            if factors.shape != (n_rot // 2,):
+                raise UnsupportedModelError(f"{factors_name} has {factors.shape}, not ({n_rot // 2},)")
         pair_scale = (base_scale / factors).astype(np.float32)
         return RopeTable(backend.upload(pair_scale), float(np.float32(s.mscale())))
 
