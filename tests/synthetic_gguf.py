@@ -203,6 +203,25 @@ def llama3_rope_freqs(case: ArchCase, rng: np.random.Generator) -> dict[str, np.
     return {"rope_freqs.weight": np.array(factors, dtype=np.float32)}
 
 
+def llama_biases(case: ArchCase, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The optional biases llama.cpp's llama loader takes: Q/K/V, attention output, gate, up, down."""
+    s = case.shape
+    sizes = {
+        "attn_q": s.n_head * s.head_dim,
+        "attn_k": s.n_kv_head * s.head_dim,
+        "attn_v": s.n_kv_head * s.head_dim,
+        "attn_output": s.n_embd,
+        "ffn_gate": s.n_ff,
+        "ffn_up": s.n_ff,
+        "ffn_down": s.n_embd,
+    }
+    return {
+        f"blk.{il}.{name}.bias": (0.5 * rng.standard_normal(n)).astype(np.float32)
+        for il in range(s.n_layer)
+        for name, n in sizes.items()
+    }
+
+
 def phi3_long_rope(case: ArchCase, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """LongRoPE's per-pair factors over the rotated dimensions (rope.dimension_count / 2)."""
     half = int(case.metadata["rope.dimension_count"]) // 2
@@ -237,9 +256,8 @@ CASES: dict[str, ArchCase] = {
             "qwen3", "qwen3", Shape(head_dim=64), rope_base=1e6, explicit_head_dim=True, tied_output=True
         ),
         ArchCase("llama3-rope-scaling", "llama", rope_base=500000.0, extra=llama3_rope_freqs),
-        ArchCase(
-            "llama-linear-rope", "llama", metadata={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}
-        ),
+        ArchCase("llama-linear-rope", "llama", metadata=LINEAR_X4),
+        ArchCase("llama-biases", "llama", extra=llama_biases),
         # Mistral 7B / Nemo convert to `llama`: base 1e6, and Nemo's head_dim (128 under 5120) is not
         # n_embd / n_head: key_length and rope.dimension_count say it.
         ArchCase("mistral-nemo-style", "llama", Shape(head_dim=64), rope_base=1e6, explicit_head_dim=True),

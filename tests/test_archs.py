@@ -9,6 +9,7 @@ followed by single-token decode steps. What each case checks:
 - `qwen3`: per-head Q/K RMS norms, no biases, head_dim 64 under a 128-wide embedding, tied head;
 - `llama3-rope-scaling`: Llama 3's `rope_freqs.weight` (one divisor per RoPE pair);
 - `llama-linear-rope`: `rope.scaling.type` linear with a factor;
+- `llama-biases`: the optional biases llama.cpp's llama takes (Q/K/V, output, gate, up, down);
 - `mistral-nemo-style`: Mistral's `llama` files (base 1e6, head_dim from `attention.key_length`);
 - `ministral3`: `mistral3` with YaRN (factor, betas, log multiplier) and the attention temperature;
 - `phi3-short-rope` / `phi3-long-rope`: fused QKV and gate|up, partial rotary (24 of 32 dimensions),
@@ -153,3 +154,18 @@ def test_unknown_rope_scaling_type_fails_with_its_name(tmp_path: Path) -> None:
     case = dataclasses.replace(CASES["llama-linear-rope"], metadata={"rope.scaling.type": "dynamic"})
     with pytest.raises(UnsupportedModelError, match="unsupported RoPE scaling type 'dynamic'"):
         load(case, tmp_path)
+
+
+def test_a_file_with_tensors_the_model_does_not_use_is_refused(tmp_path: Path) -> None:
+    """An up bias without its gate bias (a set Llamba cannot apply) and an unknown norm: refused with
+    their names, not run without them."""
+
+    def stray(case: ArchCase, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        up_bias, norm = np.zeros(case.shape.n_ff, np.float32), np.ones(case.shape.n_embd, np.float32)
+        return {"blk.1.ffn_up.bias": up_bias, "blk.0.extra_norm.weight": norm}
+
+    case = dataclasses.replace(CASES["mistral-nemo-style"], extra=stray)
+    with pytest.raises(UnsupportedModelError) as failure:
+        load(case, tmp_path)
+    unused = "blk.0.extra_norm.weight, blk.1.ffn_up.bias"
+    assert str(failure.value) == f"llama tensors Llamba does not use: {unused}"

@@ -21,7 +21,7 @@ from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simu
 # isort: split
 from engine import backend as backends
 from engine.batch import Batch, BatchPart
-from engine.gguf import GGUFFile, Tensor
+from engine.gguf import GGUFFile, Tensor, TensorTable
 from engine.kv import KVCache
 from engine.models import load_model
 from engine.quant import BLOCK_LAYOUTS, QType
@@ -106,7 +106,7 @@ class FakeGGUF:
     """What the model classes read from a GGUFFile: metadata and tensors."""
 
     metadata: dict[str, Any]
-    tensors: dict[str, Tensor] = field(default_factory=dict)
+    tensors: TensorTable = field(default_factory=lambda: TensorTable({}))
     path: Path = Path("tiny.gguf")
 
     def arch_value(self, key: str, default: Any = None) -> Any:

@@ -87,6 +87,13 @@ def norm_weight(backend: Backend, g: GGUFFile, name: str) -> Any:
     return backend.upload(np.array(g.tensors[name].data, dtype=np.float32))
 
 
+def optional_biases(g: GGUFFile, prefix: str, names: list[str]) -> list[Tensor] | None:
+    """The biases of these matrices when the file has all of them (llama.cpp's optional biases of llama
+    and mistral3), else None; a partial set stays unread, so the load refuses the file."""
+    keys = [f"{prefix}{name}.bias" for name in names]
+    return [g.tensors[k] for k in keys] if all(k in g.tensors for k in keys) else None
+
+
 class LlamaLayer:
     def __init__(self, backend: Backend, g: GGUFFile, hp: HParams, il: int) -> None:
         t = g.tensors
@@ -94,9 +101,11 @@ class LlamaLayer:
         self.attn_norm = norm_weight(backend, g, p + "attn_norm.weight")
         self.ffn_norm = norm_weight(backend, g, p + "ffn_norm.weight")
         self.qkv = self.qkv_projection(backend, g, hp, p)
-        self.attn_out = Projection(backend, [t[p + "attn_output.weight"]])
+        self.attn_out = Projection(
+            backend, [t[p + "attn_output.weight"]], optional_biases(g, p, ["attn_output"])
+        )
         self.gate_up = self.gate_up_projection(backend, g, hp, p)
-        self.down = Projection(backend, [t[p + "ffn_down.weight"]])
+        self.down = Projection(backend, [t[p + "ffn_down.weight"]], optional_biases(g, p, ["ffn_down"]))
 
     def projections(self) -> list[Projection]:
         return [self.qkv, self.attn_out, self.gate_up, self.down]
@@ -112,11 +121,13 @@ class LlamaLayer:
 
     def gate_up_projection(self, backend: Backend, g: GGUFFile, hp: HParams, p: str) -> Projection:
         t = g.tensors
-        return Projection(backend, [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]])
+        gate_up = [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]]
+        return Projection(backend, gate_up, optional_biases(g, p, ["ffn_gate", "ffn_up"]))
 
     def qkv_biases(self, g: GGUFFile, prefix: str) -> list[Tensor] | None:
-        """Biases of the Q, K and V projections (llama has none)."""
-        return None
+        """Biases of the Q, K and V projections: llama's are optional (and none of its usual files has
+        them), Qwen2's required."""
+        return optional_biases(g, prefix, ["attn_q", "attn_k", "attn_v"])
 
 
 class LlamaModel:
