@@ -116,7 +116,7 @@ class FakeGGUF:
         return str(self.metadata["general.architecture"])
 
     def release_pages(self) -> None:
-        """Nothing is mapped: the tensors are arrays in memory."""
+        """The model classes drop a mapped file's pages after packing; these tensors are in memory."""
 
     @property
     def n_params(self) -> int:
