@@ -4,7 +4,9 @@
   both split after a single matmul (`Projection(split=...)`).
 - RoPE is NeoX-style over `rope.dimension_count` dimensions (Phi-4-mini turns 96 of its 128); the 128k
   files carry LongRoPE's `rope_factors_short` / `rope_factors_long` and `rope.scaling.attn_factor`
-  (`engine/models/rope.py`).
+  (`engine/models/rope.py`). The long factors apply when a slot's context exceeds the original one;
+  llama.cpp decides by its per-sequence context, which is the whole context when llama-server's KV
+  cache is unified (its default when -np is not given), so there the two can pick differently.
 - The file's `attention.sliding_window` is ignored, as llama.cpp ignores it (its Phi SWA is disabled),
   so every layer attends to the whole context.
 """
