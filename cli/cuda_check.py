@@ -39,7 +39,7 @@ def kernels() -> Iterator[tuple[str, Callable[..., None], tuple[Any, ...]]]:
     yield "take_rows", arrays._take_rows_py, (f2, i1, f2)
     yield "copy_cols", arrays._copy_cols_py, (f2, types.int64, f2)
     yield "rmsnorm", ops._rmsnorm_py, (f2, f1, F32, f2)
-    yield "rope", ops._rope_py, (f3, i1, F32, types.boolean)
+    yield "rope", ops._rope_py, (f3, i1, F32, types.boolean, f1, F32)
     h4 = arr(F16, 4)  # the KV cache
     yield "store_kv", ops._store_kv_py, (f3, f3, i1, i1, h4, h4)
     yield "attention", ops._attention_py, (f3, h4, h4, i1, i1, I32, F32, f3)

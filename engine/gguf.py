@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral3", "gemma3", "qwen2", "qwen3", "phi3")
 GGUF_MAGIC = b"GGUF"
 
 # GGUF metadata value types -> numpy dtype (scalars and arrays of them).
@@ -61,6 +61,28 @@ class Tensor:
     @property
     def n_bytes(self) -> int:
         return int(self.data.nbytes)
+
+
+class TensorTable(dict[str, Tensor]):
+    """A file's tensors by name, remembering which were looked up (`[]` or `get`; `in` does not count),
+    so a loader can name the tensors it left unused: a bias or a norm skipped silently would change
+    every output (llama.cpp, too, refuses a file with tensors its architecture does not create)."""
+
+    def __init__(self, tensors: dict[str, Tensor]) -> None:
+        super().__init__(tensors)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name: str) -> Tensor:
+        self.read.add(name)
+        return super().__getitem__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        if name in self:
+            self.read.add(name)
+        return super().get(name, default)
+
+    def unread(self) -> list[str]:
+        return sorted(set(self) - self.read)
 
 
 class _Cursor:
@@ -124,10 +146,12 @@ class GGUFFile:
             infos.append((name, dims, cur.scalar("I"), cur.scalar("Q")))
         alignment = int(self.metadata.get("general.alignment", 32))
         data_start = -(-cur.pos // alignment) * alignment
-        self.tensors: dict[str, Tensor] = {
-            name: self._tensor(name, dims, ggml_type, data_start + offset)
-            for name, dims, ggml_type, offset in infos
-        }
+        self.tensors = TensorTable(
+            {
+                name: self._tensor(name, dims, ggml_type, data_start + offset)
+                for name, dims, ggml_type, offset in infos
+            }
+        )
 
     def _tensor(self, name: str, dims: list[int], ggml_type: int, offset: int) -> Tensor:
         shape = tuple(reversed(dims))  # GGUF lists the contiguous dimension first

@@ -21,19 +21,30 @@ def test_prompt_truncation_keeps_what_llama_server_keeps() -> None:
     assert kept[:10] == prompt[:10] and len(kept) < 128
 
 
+ONES = np.ones(32, dtype=np.float32)  # no RoPE scaling over the 64 dimensions
+
+
 @pytest.mark.parametrize("neox", [False, True])
 def test_shifted_keys_equal_keys_rotated_at_their_new_positions(neox: bool) -> None:
     rng = np.random.default_rng(1)
     heads, dim, n_ctx, start, end, delta = 2, 64, 40, 20, 36, -12
     raw = rng.standard_normal((n_ctx, heads, dim)).astype(np.float32)
     cached = raw.copy()
-    ops.rope(cached, np.arange(n_ctx, dtype=np.int32), 10000.0, neox)
+    ops.rope(cached, np.arange(n_ctx, dtype=np.int32), 10000.0, neox, ONES, 1.0)
     k = np.ascontiguousarray(cached.transpose(1, 0, 2))  # the cache layout: [heads, n_ctx, dim]
     v = rng.standard_normal((heads, n_ctx, dim)).astype(np.float32)
     v_moved = v[:, start:end].copy()
-    shift_cells(cpu_backend(), k, v, start, end, delta, lambda keys, pos: ops.rope(keys, pos, 10000.0, neox))
+    shift_cells(
+        cpu_backend(),
+        k,
+        v,
+        start,
+        end,
+        delta,
+        lambda keys, pos: ops.rope(keys, pos, 10000.0, neox, ONES, 1.0),
+    )
     expected = raw[start:end].copy()
-    ops.rope(expected, np.arange(start + delta, end + delta, dtype=np.int32), 10000.0, neox)
+    ops.rope(expected, np.arange(start + delta, end + delta, dtype=np.int32), 10000.0, neox, ONES, 1.0)
     np.testing.assert_allclose(k[:, start + delta : end + delta], expected.transpose(1, 0, 2), atol=2e-4)
     np.testing.assert_array_equal(v[:, start + delta : end + delta], v_moved)
 

@@ -21,10 +21,11 @@ from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simu
 # isort: split
 from engine import backend as backends
 from engine.batch import Batch, BatchPart
-from engine.gguf import Tensor
+from engine.gguf import GGUFFile, Tensor, TensorTable
 from engine.kv import KVCache
 from engine.models import load_model
 from engine.quant import BLOCK_LAYOUTS, QType
+from tests.synthetic_gguf import CASES, write_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(11)
@@ -105,7 +106,7 @@ class FakeGGUF:
     """What the model classes read from a GGUFFile: metadata and tensors."""
 
     metadata: dict[str, Any]
-    tensors: dict[str, Tensor] = field(default_factory=dict)
+    tensors: TensorTable = field(default_factory=lambda: TensorTable({}))
     path: Path = Path("tiny.gguf")
 
     def arch_value(self, key: str, default: Any = None) -> Any:
@@ -237,6 +238,17 @@ def test_whole_model_forward_matches_cpu(make: Any) -> None:
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err < 3e-2, f"logits differ by {err:.3g} of their range"  # the CPU's int8 activations
         assert np.abs(want).max() > 0.1  # the random model produces real signal
+
+
+@pytest.mark.parametrize("name", ["ministral3", "phi3-short-rope"])
+def test_synthetic_families_forward_matches_cpu(name: str, tmp_path: Path) -> None:
+    """RoPE scaling on the device (YaRN's pair scales and magnitude; LongRoPE's factors over a partial
+    rotary span), Phi-3's split fused projections: the seeded float32 models of tests/test_archs.py."""
+    g = GGUFFile(write_gguf(CASES[name], tmp_path / "model.gguf"))
+    cpu_steps = run_steps(load_model(g, backends.cpu_backend()))
+    gpu_steps = run_steps(load_model(g, backends.cuda_backend()))
+    for want, got in zip(cpu_steps, gpu_steps, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * np.abs(want).max())
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -64,9 +64,10 @@ def test_rope_matches_cpu(neox: bool) -> None:
     x = rand(5, 3, 32)
     positions = np.array([0, 1, 7, 100, 3000], dtype=np.int32)
     want = x.copy()
-    cpu.rope(want, positions, 10000.0, neox)
+    pair_scale = np.linspace(0.2, 1.0, 12).astype(np.float32)  # scaled, and partial: 24 of 32 dims
+    cpu.rope(want, positions, 10000.0, neox, pair_scale, 1.1)
     dx = cuda.to_device(x)
-    gpu.rope(dx, cuda.to_device(positions), 10000.0, neox)
+    gpu.rope(dx, cuda.to_device(positions), 10000.0, neox, pair_scale, 1.1)
     close(dx.copy_to_host(), want, 2e-5)
 
 

@@ -24,19 +24,23 @@ def test_rmsnorm() -> None:
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def rope_reference(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
-    dim = x.shape[2]
-    half = dim // 2
-    freqs = base ** (-np.arange(0, dim, 2) / dim)
+def rope_reference(
+    x: np.ndarray, positions: np.ndarray, base: float, neox: bool, pair_scale: np.ndarray, mscale: float
+) -> np.ndarray:
+    """RoPE over the first n_rot = 2 * len(pair_scale) dimensions; the rest pass through."""
+    half = len(pair_scale)
+    n_rot = 2 * half
+    freqs = base ** (-np.arange(0, n_rot, 2) / n_rot) * pair_scale
     angles = positions[:, None, None] * freqs[None, None, :]
-    cos, sin = np.cos(angles), np.sin(angles)
+    cos, sin = np.cos(angles) * mscale, np.sin(angles) * mscale
+    out = x.copy()
     if neox:
-        a, b = x[..., :half], x[..., half:]
-        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
-    a, b = x[..., 0::2], x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = a * cos - b * sin
-    out[..., 1::2] = a * sin + b * cos
+        a, b = x[..., :half], x[..., half:n_rot]
+        out[..., :n_rot] = np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+        return out
+    a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+    out[..., 0:n_rot:2] = a * cos - b * sin
+    out[..., 1:n_rot:2] = a * sin + b * cos
     return out
 
 
@@ -44,9 +48,23 @@ def rope_reference(x: np.ndarray, positions: np.ndarray, base: float, neox: bool
 def test_rope(neox: bool) -> None:
     x = rand(6, 3, 64)
     positions = np.array([0, 1, 2, 7, 100, 3000], dtype=np.int32)
-    ref = rope_reference(x.astype(np.float64), positions, 10000.0, neox)
-    ops.rope(x, positions, 10000.0, neox)
+    ones = np.ones(32, dtype=np.float32)
+    ref = rope_reference(x.astype(np.float64), positions, 10000.0, neox, ones, 1.0)
+    ops.rope(x, positions, 10000.0, neox, ones, 1.0)
     np.testing.assert_allclose(x, ref, rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_scaled_and_partial(neox: bool) -> None:
+    """Per-pair angle scales (llama3 / YaRN / LongRoPE), an attention factor, and partial rotary: only
+    the first 48 of 64 dimensions turn."""
+    x = rand(5, 2, 64)
+    positions = np.array([0, 3, 17, 250, 4000], dtype=np.int32)
+    pair_scale = RNG.uniform(0.1, 1.0, 24).astype(np.float32)
+    ref = rope_reference(x.astype(np.float64), positions, 500000.0, neox, pair_scale.astype(np.float64), 1.2)
+    ops.rope(x, positions, 500000.0, neox, pair_scale, 1.2)
+    np.testing.assert_allclose(x, ref, rtol=1e-3, atol=2e-3)
+    np.testing.assert_array_equal(x[..., 48:], ref[..., 48:].astype(np.float32))
 
 
 def attention_reference(q, k_cache, v_cache, seq_ids, positions, window, scale):  # type: ignore[no-untyped-def]

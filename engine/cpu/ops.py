@@ -45,22 +45,29 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> N
 
 
 @njit(**_KERNEL)
-def rope(x: np.ndarray, positions: np.ndarray, freq_base: float, neox: bool) -> None:
-    """Rotary position embedding in place on x[T, n_heads, head_dim].
+def rope(
+    x: np.ndarray, positions: np.ndarray, freq_base: float, neox: bool, pair_scale: np.ndarray, mscale: float
+) -> None:
+    """Rotary position embedding in place on x[T, n_heads, head_dim], over its first n_rot dimensions.
 
-    Angles follow ggml: theta_0 = position, theta_{i+1} = theta_i * base^(-2/dim), in float32.
-    `neox` rotates the pairs (i, i + dim/2); otherwise consecutive pairs (2i, 2i+1) ("normal" mode).
+    n_rot = 2 * len(pair_scale); dimensions past it are left as they are (partial rotary, Phi-4-mini).
+    Angles follow ggml: theta_0 = position, theta_{i+1} = theta_i * base^(-2/n_rot), in float32; pair i
+    turns by theta_i * pair_scale[i] (1 without RoPE scaling; llama3's 1/freq_factor, YaRN's mix) and
+    cos/sin are scaled by `mscale` (YaRN's and LongRoPE's attention factor, 1 without).
+    `neox` rotates the pairs (i, i + n_rot/2); otherwise consecutive pairs (2i, 2i+1) ("normal" mode).
     """
-    n_tok, n_heads, dim = x.shape
-    half = dim // 2
-    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / dim)
+    n_tok, n_heads, _ = x.shape
+    half = pair_scale.shape[0]
+    theta_scale = np.float32(freq_base) ** np.float32(-1.0 / half)
     cos_t = np.empty(half, dtype=np.float32)
     sin_t = np.empty(half, dtype=np.float32)
+    m = np.float32(mscale)
     for t in range(n_tok):
         theta = np.float32(positions[t])
         for i in range(half):
-            cos_t[i] = np.float32(math.cos(theta))
-            sin_t[i] = np.float32(math.sin(theta))
+            angle = theta * pair_scale[i]
+            cos_t[i] = np.float32(math.cos(angle)) * m
+            sin_t[i] = np.float32(math.sin(angle)) * m
             theta *= theta_scale
         for h in range(n_heads):
             for i in range(half):

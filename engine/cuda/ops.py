@@ -77,11 +77,12 @@ def _rmsnorm_py(x, weight, eps, out):  # type: ignore[no-untyped-def]
             out[r, i] = x[r, i] * scale * weight[i]
 
 
-def _rope_py(x, positions, theta_scale, neox):  # type: ignore[no-untyped-def]
-    """A block per token, a thread per (head, pair). The angle is built by the CPU kernel's repeated
-    float32 multiplication (not a pow), so both backends rotate by the same angles."""
+def _rope_py(x, positions, theta_scale, neox, pair_scale, mscale):  # type: ignore[no-untyped-def]
+    """A block per token, a thread per (head, pair) of the first n_rot = 2 * len(pair_scale) dimensions.
+    The angle is built by the CPU kernel's repeated float32 multiplication (not a pow), so both backends
+    rotate by the same angles."""
     n_heads = x.shape[1]
-    half = x.shape[2] // 2
+    half = pair_scale.shape[0]
     for t in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):
         for job in range(cuda.threadIdx.x, n_heads * half, cuda.blockDim.x):
             h = job // half
@@ -89,8 +90,9 @@ def _rope_py(x, positions, theta_scale, neox):  # type: ignore[no-untyped-def]
             theta = float32(positions[t])
             for _ in range(i):
                 theta *= theta_scale
-            c = math.cos(theta)
-            s = math.sin(theta)
+            angle = theta * pair_scale[i]
+            c = math.cos(angle) * mscale
+            s = math.sin(angle) * mscale
             a = i if neox else 2 * i
             b = i + half if neox else 2 * i + 1
             x0 = x[t, h, a]
@@ -249,13 +251,15 @@ def rmsnorm(x, weight, eps: float, out) -> None:  # type: ignore[no-untyped-def]
     write_back(out, dout)
 
 
-def rope(x, positions, freq_base: float, neox: bool) -> None:  # type: ignore[no-untyped-def]
+def rope(x, positions, freq_base: float, neox: bool, pair_scale, mscale: float) -> None:  # type: ignore[no-untyped-def]
     """Rotary position embedding in place on x[T, n_heads, head_dim] (see engine.cpu.ops.rope)."""
-    dim = x.shape[2]
-    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / dim)  # the CPU kernel's float32 value
+    half = pair_scale.shape[0]
+    theta_scale = np.float32(freq_base) ** np.float32(-1.0 / half)  # the CPU kernel's float32 value
     dx = device(x)
     if x.shape[0]:
-        _rope[blocks(x.shape[0]), ROW_THREADS](dx, ids(positions), np.float32(theta_scale), bool(neox))
+        _rope[blocks(x.shape[0]), ROW_THREADS](
+            dx, ids(positions), np.float32(theta_scale), bool(neox), device(pair_scale), np.float32(mscale)
+        )
     write_back(x, dx)
 
 

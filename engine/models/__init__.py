@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 from engine.backend import Backend
-from engine.gguf import GGUFFile
+from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
+from engine.models.mistral3 import Mistral3Model
+from engine.models.phi3 import Phi3Model
 from engine.models.qwen2 import Qwen2Model
+from engine.models.qwen3 import Qwen3Model
 
-ARCHITECTURES: dict[str, type[LlamaModel]] = {"llama": LlamaModel, "gemma3": Gemma3Model, "qwen2": Qwen2Model}
+ARCHITECTURES: dict[str, type[LlamaModel]] = {
+    "llama": LlamaModel,
+    "mistral3": Mistral3Model,
+    "gemma3": Gemma3Model,
+    "qwen2": Qwen2Model,
+    "qwen3": Qwen3Model,
+    "phi3": Phi3Model,
+}
 
 
 def load_model(g: GGUFFile, backend: Backend) -> LlamaModel:
-    return ARCHITECTURES[g.require_architecture()](g, backend)
+    """The model of the file's architecture; a file with tensors the model does not use (an unknown
+    norm, an incomplete set of biases) is refused rather than run without them."""
+    arch = g.require_architecture()
+    model = ARCHITECTURES[arch](g, backend)
+    unused = g.tensors.unread()
+    if unused:
+        more = f" (and {len(unused) - 3} more)" if len(unused) > 3 else ""
+        raise UnsupportedModelError(f"{arch} tensors Llamba does not use: {', '.join(unused[:3])}{more}")
+    return model

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.gguf import GGUFFile
+from engine.gguf import GGUFFile, UnsupportedModelError
 
-_NEOX_ARCHS = frozenset({"qwen2"})
+# llama.cpp's rope type per architecture: NeoX (rotate halves) for these, "normal" pairs for llama and
+# mistral3 (Gemma 3 sets its own below).
+_NEOX_ARCHS = frozenset({"qwen2", "qwen3", "phi3"})
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class HParams:
     rope_base: float
     rope_neox: bool
     attn_scale: float
+    n_rot: int  # dimensions RoPE turns (Phi-4-mini: 3/4 of head_dim)
     # Sliding-window attention (Gemma 3): window size and which layers use it, with their RoPE base.
     sliding_window: int = 0
     swa_layers: tuple[bool, ...] = ()
@@ -50,8 +53,11 @@ class HParams:
             n_ctx_train=int(g.arch_value("context_length")),
             rms_eps=float(g.arch_value("attention.layer_norm_rms_epsilon")),
             rope_base=float(g.arch_value("rope.freq_base", 10000.0)),
+            n_rot=int(g.arch_value("rope.dimension_count", head_dim)),
             attn_scale=1.0 / math.sqrt(head_dim),
         )
+        if not 0 < common["n_rot"] <= head_dim:
+            raise UnsupportedModelError(f"rope.dimension_count {common['n_rot']} exceeds head_dim {head_dim}")
         if arch == "gemma3":
             # Every sixth layer is global; the others see a sliding window with RoPE base 10000.
             swa = tuple((i + 1) % 6 != 0 for i in range(n_layer))
@@ -62,5 +68,4 @@ class HParams:
                 swa_layers=swa,
                 embed_scale=math.sqrt(n_embd),
             )
-        # llama.cpp's rope type per architecture: NeoX (rotate halves) for qwen2, "normal" pairs for llama.
         return cls(**common, rope_neox=arch in _NEOX_ARCHS, swa_layers=(False,) * n_layer)

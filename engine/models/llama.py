@@ -18,6 +18,7 @@ from engine.context_shift import shift_cells
 from engine.gguf import GGUFFile, Tensor
 from engine.kv import KVCache
 from engine.models.hparams import HParams
+from engine.models.rope import Rope, rope_from_gguf
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,24 @@ class Projection:
     """Weight matrices applied to the same input, with optional biases. Consecutive matrices of one
     format are fused into one matmul (Qwen2's V is Q6_K in some layers: Q|K fused, V apart)."""
 
-    def __init__(self, backend: Backend, tensors: list[Tensor], biases: list[Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        tensors: list[Tensor],
+        biases: list[Tensor] | None = None,
+        split: list[int] | None = None,
+    ) -> None:
+        """`split`: one tensor whose rows are several matrices (Phi-3's fused QKV and gate|up): its output
+        comes back as columns of these sizes."""
         self.backend = backend
-        self.sizes = [t.shape[0] for t in tensors]
+        self.sizes = [t.shape[0] for t in tensors] if split is None else list(split)
         self.groups: list[_FusedWeight] = []
+        if split is not None:
+            if len(tensors) != 1 or sum(split) != tensors[0].shape[0]:
+                raise ValueError(f"cannot split {[t.shape for t in tensors]} into {split}")
+            fused = self._fuse(tensors, biases)
+            self.groups.append(_FusedWeight(fused.weight, fused.bias, list(split)))
+            return
         start = 0
         while start < len(tensors):
             end = start + 1
@@ -66,28 +81,53 @@ class Projection:
         return outs
 
 
+def norm_weight(backend: Backend, g: GGUFFile, name: str) -> Any:
+    """A norm's weight as float32 on the backend. A copy (np.array): a view would keep faulting the
+    released file pages back in."""
+    return backend.upload(np.array(g.tensors[name].data, dtype=np.float32))
+
+
+def optional_biases(g: GGUFFile, prefix: str, names: list[str]) -> list[Tensor] | None:
+    """The biases of these matrices when the file has all of them (llama.cpp's optional biases of llama
+    and mistral3), else None; a partial set stays unread, so the load refuses the file."""
+    keys = [f"{prefix}{name}.bias" for name in names]
+    return [g.tensors[k] for k in keys] if all(k in g.tensors for k in keys) else None
+
+
 class LlamaLayer:
-    def __init__(self, backend: Backend, g: GGUFFile, il: int) -> None:
+    def __init__(self, backend: Backend, g: GGUFFile, hp: HParams, il: int) -> None:
         t = g.tensors
         p = f"blk.{il}."
-        # Copies (np.array): a view would keep faulting the released file pages back in.
-        self.attn_norm = backend.upload(np.array(t[p + "attn_norm.weight"].data, dtype=np.float32))
-        self.ffn_norm = backend.upload(np.array(t[p + "ffn_norm.weight"].data, dtype=np.float32))
-        self.qkv = Projection(
-            backend,
-            [t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]],
-            biases=self.qkv_biases(g, p),
+        self.attn_norm = norm_weight(backend, g, p + "attn_norm.weight")
+        self.ffn_norm = norm_weight(backend, g, p + "ffn_norm.weight")
+        self.qkv = self.qkv_projection(backend, g, hp, p)
+        self.attn_out = Projection(
+            backend, [t[p + "attn_output.weight"]], optional_biases(g, p, ["attn_output"])
         )
-        self.attn_out = Projection(backend, [t[p + "attn_output.weight"]])
-        self.gate_up = Projection(backend, [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]])
-        self.down = Projection(backend, [t[p + "ffn_down.weight"]])
+        self.gate_up = self.gate_up_projection(backend, g, hp, p)
+        self.down = Projection(backend, [t[p + "ffn_down.weight"]], optional_biases(g, p, ["ffn_down"]))
 
     def projections(self) -> list[Projection]:
         return [self.qkv, self.attn_out, self.gate_up, self.down]
 
+    def qkv_projection(self, backend: Backend, g: GGUFFile, hp: HParams, p: str) -> Projection:
+        """Q, K and V: three matrices, or one fused `attn_qkv` (as llama.cpp accepts for any of these)."""
+        t = g.tensors
+        if p + "attn_qkv.weight" in t:
+            kv = hp.n_kv_head * hp.head_dim
+            return Projection(backend, [t[p + "attn_qkv.weight"]], split=[hp.n_head * hp.head_dim, kv, kv])
+        qkv = [t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]]
+        return Projection(backend, qkv, biases=self.qkv_biases(g, p))
+
+    def gate_up_projection(self, backend: Backend, g: GGUFFile, hp: HParams, p: str) -> Projection:
+        t = g.tensors
+        gate_up = [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]]
+        return Projection(backend, gate_up, optional_biases(g, p, ["ffn_gate", "ffn_up"]))
+
     def qkv_biases(self, g: GGUFFile, prefix: str) -> list[Tensor] | None:
-        """Biases of the Q, K and V projections (llama has none)."""
-        return None
+        """Biases of the Q, K and V projections: llama's are optional (and none of its usual files has
+        them), Qwen2's required."""
+        return optional_biases(g, prefix, ["attn_q", "attn_k", "attn_v"])
 
 
 class LlamaModel:
@@ -106,13 +146,14 @@ class LlamaModel:
         self.output = (
             self.token_embd if head is embd else backend.pack_weight(head.data, head.ggml_type, head.shape)
         )
-        self.output_norm = backend.upload(np.array(t["output_norm.weight"].data, dtype=np.float32))
+        self.output_norm = norm_weight(backend, g, "output_norm.weight")
+        self.rope = rope_from_gguf(g, backend, self.hp.rope_base, self.hp.rope_neox, self.hp.n_rot)
         # The file's pages are dropped after each packed piece: the weights are not held twice, not even
         # while loading (peak: the packed weights plus one layer's or the head's pages).
         g.release_pages()
         self.layers = []
         for il in range(self.hp.n_layer):
-            self.layers.append(self.layer_class(backend, g, il))
+            self.layers.append(self.layer_class(backend, g, self.hp, il))
             g.release_pages()
 
     def packed_weights(self) -> list[Any]:
@@ -121,17 +162,16 @@ class LlamaModel:
         layers = [g.weight for layer in self.layers for p in layer.projections() for g in p.groups]
         return heads + layers
 
-    def rope_base(self, il: int) -> float:
-        """RoPE base of layer il (sliding-window layers have their own)."""
-        hp = self.hp
-        return hp.rope_base_swa if hp.swa_layers[il] else hp.rope_base
+    def rope_for(self, il: int) -> Rope:
+        """RoPE of layer il (sliding-window layers may have their own)."""
+        return self.rope
 
     def shift_kv(self, kv: KVCache, seq: int, start: int, end: int, delta: int) -> None:
         """Move a sequence's cached cells [start, end) by delta positions (context shift), every layer."""
         for il in range(self.hp.n_layer):
 
             def rotate(keys: np.ndarray, positions: np.ndarray, il: int = il) -> None:
-                self.backend.rope(keys, positions, self.rope_base(il), self.hp.rope_neox)
+                self.rope_for(il).shift(self.backend, keys, positions, kv.n_ctx)
 
             shift_cells(self.backend, kv.k[il][seq], kv.v[il][seq], start, end, delta, rotate)
 
@@ -193,11 +233,29 @@ class LlamaModel:
         return out.reshape(q.shape[0], q.shape[1] * q.shape[2])
 
     def attention_block(self, il: int, layer: LlamaLayer, x: np.ndarray, batch: Batch, kv: KVCache) -> None:
-        q, k, v = self.qkv_heads(layer, self.norm(x, layer.attn_norm))
-        self.backend.rope(q, batch.positions, self.hp.rope_base, self.hp.rope_neox)
-        self.backend.rope(k, batch.positions, self.hp.rope_base, self.hp.rope_neox)
-        (o,) = layer.attn_out(self.attend(il, q, k, v, batch, kv))
+        (o,) = layer.attn_out(self.attention(il, layer, self.norm(x, layer.attn_norm), batch, kv))
         self.backend.add_inplace(x, o)
+
+    def attention(self, il: int, layer: LlamaLayer, h: np.ndarray, batch: Batch, kv: KVCache) -> np.ndarray:
+        """Self-attention of the normed input h: project, (norm,) rotate, attend; before the output matrix."""
+        q, k, v = self.qkv_heads(layer, h)
+        self.qk_norm(layer, q, k)
+        rope = self.rope_for(il)
+        rope.apply(self.backend, q, batch.positions, kv.n_ctx)
+        rope.apply(self.backend, k, batch.positions, kv.n_ctx)
+        self.scale_queries(q, batch)
+        return self.attend(il, q, k, v, batch, kv)
+
+    def qk_norm(self, layer: LlamaLayer, q: np.ndarray, k: np.ndarray) -> None:
+        """Per-head norms of queries and keys before RoPE (Qwen3, Gemma 3); llama has none."""
+
+    def scale_queries(self, q: np.ndarray, batch: Batch) -> None:
+        """Position-dependent query scaling (Ministral 3's attention temperature); llama has none."""
+
+    def head_norm(self, x: np.ndarray, weight: np.ndarray) -> None:
+        """RMSNorm of each head of x[T, heads, head_dim], in place."""
+        flat = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
+        self.backend.rmsnorm(flat, weight, self.hp.rms_eps, flat)
 
     def ffn_block(self, layer: LlamaLayer, x: np.ndarray) -> None:
         gate, up = layer.gate_up(self.norm(x, layer.ffn_norm))
