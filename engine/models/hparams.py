@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from engine.gguf import GGUFFile
 
-_NEOX_ARCHS = frozenset({"qwen2"})
+_NEOX_ARCHS = frozenset({"qwen2", "qwen3"})
 
 
 @dataclass(frozen=True)
