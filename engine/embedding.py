@@ -105,6 +105,8 @@ class EmbeddingSequence:
     drafting: None = None
     generating: bool = False  # never generates: always a prompt in progress
     n_cached: int = 0
+    held: bool = False  # never: only generation has `n` choices
+    forks: list[int] = field(default_factory=list)
 
     def take(self, budget: int) -> list[int]:
         chunk, self.pending = self.pending[:budget], self.pending[budget:]

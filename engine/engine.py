@@ -115,6 +115,26 @@ class Engine:
         self._command(lambda: self.scheduler.waiting.append((request, handle.push)))
         return handle
 
+    def submit_choices(
+        self, requests: list[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None
+    ) -> list[RequestHandle]:
+        """`n` choices of one prompt (engine/choices.py): the first request's prompt is evaluated once
+        and its cells copied to the others'. One handle per request, in order."""
+        leader_id = requests[0].request_id or f"req-{next(self._ids)}"
+        requests = [
+            replace(r, request_id=f"{leader_id}-{i}" if i else leader_id) for i, r in enumerate(requests)
+        ]
+        loop = loop or asyncio.get_running_loop()
+        handles = [RequestHandle(r.request_id, loop, self.cancel) for r in requests]
+        others = [(r, h.push) for r, h in zip(requests[1:], handles[1:], strict=True)]
+
+        def enqueue() -> None:
+            self.scheduler.choices.add(requests[0], others)
+            self.scheduler.waiting.append((requests[0], handles[0].push))
+
+        self._command(enqueue)
+        return handles
+
     def cancel(self, request_id: str) -> None:
         self._command(lambda: self.scheduler.cancel(request_id))
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, TokenEvent
 from engine.batch import Batch, BatchPart
+from engine.choices import Choices
 from engine.context_shift import discard_count
 from engine.embedding import EmbeddingSequence, RankHead
 from engine.grammar import prefetch_masks
@@ -44,6 +45,7 @@ class Scheduler:
         self.speculation = speculation
         self.tokenizer = tokenizer
         self.dry = DryVocabulary(tokenizer)  # DRY's breaker tables, built on first use, kept per set
+        self.choices = Choices(pool, tokenizer, self.dry)  # `n` choices waiting for their leader
         self.n_ubatch = n_ubatch
         # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
         self.shift_kv = shift_kv
@@ -62,24 +64,26 @@ class Scheduler:
         still_waiting: deque[tuple[Request, Emit]] = deque()
         for request, emit in self.waiting:
             slot = self.pool.choose(request)
-            if slot is None:
+            if slot is None or not self.choices.room_for(request.request_id):
                 still_waiting.append((request, emit))
                 continue
             reuse = self.pool.claim(slot, request)
             if isinstance(request, EmbeddingRequest):
-                pending = request.prompt_tokens[reuse:]
-                slot.seq = EmbeddingSequence(request, emit, slot.id, self.rank_head, pending, n_cached=reuse)
+                slot.seq = EmbeddingSequence(
+                    request, emit, slot.id, self.rank_head, request.prompt_tokens[reuse:]
+                )
                 continue
             slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse, self.dry)
             if request.request_id in self._end_on_start:
                 self._end_on_start.discard(request.request_id)
                 slot.seq.end_reasoning()
+            self.choices.start(slot.seq)
         self.waiting = still_waiting
 
     # -- one step ----------------------------------------------------------------------------------
     def build_batch(self) -> tuple[Batch, list[Slot]] | None:
         """The next batch and, in output-row order, the slots whose logits it returns."""
-        active = [s.seq for s in self.pool.busy() if s.seq is not None]
+        active = [s.seq for s in self.pool.busy() if s.seq is not None and not s.seq.held]
         active.sort(key=lambda seq: (not seq.generating, seq.t_start))
         budget, parts, outputs = self.n_ubatch, [], []
         self._prefilling, self._embedding = [], []
@@ -130,30 +134,35 @@ class Scheduler:
             seq = slot.seq
             assert isinstance(seq, Sequence)
             rows, row = logits[row : row + 1 + len(seq.drafts)], row + 1 + len(seq.drafts)
-            full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
-            events = seq.verify(rows, room=not full or self.shift_kv is not None)
-            self._keep_accepted(slot, seq)
-            for event in events:
-                seq.emit(event)
-            if events[-1].finish_reason is not None:
-                self._finish(slot)
-            elif full:
-                self._shift_context(slot, seq)
+            if seq.forks:  # its `n` choices start from copies of its prompt cells and logits
+                for fork in self.choices.release(slot):
+                    self._advance(fork, rows.copy())
+            self._advance(slot, rows)
         # The next masks are computed on a worker thread while the next batch runs (GIL released).
         prefetch_masks(s.seq.grammar for s in outputs if s.seq is not None and s.seq.grammar is not None)
+
+    def _advance(self, slot: Slot, rows: np.ndarray) -> None:
+        seq = slot.seq
+        assert isinstance(seq, Sequence)
+        full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
+        events = seq.verify(rows, room=not full or self.shift_kv is not None)
+        self._keep_accepted(slot, seq)
+        for event in events:
+            seq.emit(event)
+        if events[-1].finish_reason is not None:
+            self._finish(slot)
+        elif full:
+            self._shift_context(slot, seq)
 
     def _apply_hidden(self, hidden: np.ndarray | None) -> None:
         """Hand each embedding sequence its rows; answer and release those whose prompt is done."""
         start = 0
         for slot, n in self._embedding:
-            seq = slot.seq
-            assert isinstance(seq, EmbeddingSequence) and hidden is not None
-            event = seq.add_rows(hidden[start : start + n])
-            start += n
+            assert isinstance(slot.seq, EmbeddingSequence) and hidden is not None
+            event, start = slot.seq.add_rows(hidden[start : start + n]), start + n
             if event is not None:
-                seq.emit(event)
+                slot.seq.emit(event)
                 self._finish(slot)
-        self._embedding = []
 
     def _keep_accepted(self, slot: Slot, seq: Sequence) -> None:
         """Drop the cells of refused draft tokens; tell the speculator how its draft fared."""
@@ -170,6 +179,9 @@ class Scheduler:
     def _finish(self, slot: Slot) -> None:
         if self.speculation is not None and slot.seq is not None:
             self.speculation.forget(slot.seq.request.request_id)
+        if isinstance(slot.seq, Sequence) and slot.seq.forks:
+            for held in self.choices.drop_held(slot.seq, "cancelled"):
+                self.pool.release(held)
         self.pool.release(slot)
 
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
@@ -200,6 +212,7 @@ class Scheduler:
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> None:
         self._end_on_start.discard(request_id)
+        self.choices.cancel_waiting(request_id, reason)
         for slot in self.pool.busy():
             if slot.seq is not None and slot.seq.request.request_id == request_id:
                 slot.seq.emit(slot.seq.finished_early(reason))

@@ -315,6 +315,12 @@ class ModelService:
         self.counters.requests_total += 1
         return engine.submit(request, asyncio.get_running_loop())
 
+    def submit_choices(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
+        """`n` choices of one prompt: evaluated once, its cells copied to the other choices' slots."""
+        engine = self._require().engine
+        self.counters.requests_total += 1
+        return engine.submit_choices(requests, asyncio.get_running_loop())
+
     async def control(self, request_id: str, action: str) -> ControlResult:
         engine = self._require().engine
         try:
