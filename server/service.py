@@ -368,12 +368,19 @@ class ModelService:
         self.counters.requests_total += 1
         handles = [loaded.engine.submit(EmbeddingRequest(p, loaded.pooling), loop) for p in prompts]
         try:
-            return [await _final_event(h) for h in handles]
+            events = [await _final_event(h) for h in handles]
         finally:
             for handle in handles:
                 handle.cancel()  # a no-op for the finished ones
+        for event in events:
+            self.counters.record(event)  # /metrics: their prompt tokens
+        return events
 
-    def rerank_tokens(self, query: str, document: str) -> list[int]:
+    async def rerank_tokens(self, query: str, document: str) -> list[int]:
+        """The rerank prompt's tokens, on a worker thread (documents may be long)."""
+        return await anyio.to_thread.run_sync(self._rerank_tokens, query, document)
+
+    def _rerank_tokens(self, query: str, document: str) -> list[int]:
         """llama-server's rerank prompt: the GGUF's `rerank` template with {query} and {document}, else
         BOS query EOS document EOS (each special token where the vocabulary adds it)."""
         tok = self._tokenizer

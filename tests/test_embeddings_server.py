@@ -205,3 +205,27 @@ def test_reranking_a_model_without_a_head_does_not_start(tmp_path: Path) -> None
     with pytest.raises(RuntimeError, match="classifier head"):
         proc.wait_healthy()
     proc.stop()
+
+
+def test_embeddings_and_generation_share_batches_unchanged(mean_server: ServerProcess) -> None:
+    completion = {"prompt": "The history of the sea", "max_tokens": 48, "temperature": 0}
+    alone_text = post(mean_server, "/v1/completions", completion).json()["choices"][0]["text"]
+    alone = embeddings(mean_server, TEXTS[:8])
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        text = pool.submit(lambda: post(mean_server, "/v1/completions", completion).json())
+        vectors = [pool.submit(embeddings, mean_server, TEXTS[:8]) for _ in range(2)]
+        assert text.result()["choices"][0]["text"] == alone_text
+        assert [v.result() for v in vectors] == [alone, alone]
+
+
+def test_flags() -> None:
+    from server.cli import parse_settings
+
+    settings, _ = parse_settings(["--reranking"])
+    assert settings.embedding and settings.pooling == "rank"
+    settings, _ = parse_settings(["--embeddings", "--pooling", "last", "--embd-normalize", "0"])
+    assert (settings.embedding, settings.pooling, settings.embd_normalize) == (True, "last", 0)
+    for bad in (["--pooling", "max"], ["--embd-normalize", "-2"]):
+        with pytest.raises(SystemExit) as exc:
+            parse_settings(bad)
+        assert exc.value.code == 2

@@ -122,7 +122,7 @@ async def rerank() -> Any:
     svc.require_ready()
     body = RerankBody.model_validate(await request.get_json(force=True))
     docs = body.docs
-    prompts = [svc.rerank_tokens(body.query, doc) for doc in docs]
+    prompts = [await svc.rerank_tokens(body.query, doc) for doc in docs]
     for tokens in prompts:
         if len(tokens) > svc.n_ctx_slot:
             raise errors.exceed_context(len(tokens), svc.n_ctx_slot)
