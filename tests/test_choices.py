@@ -4,6 +4,7 @@ request with its seed run alone. The routes' side is tests/test_choices_server.p
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 from engine.api import GenerationRequest, TokenEvent
@@ -34,7 +35,8 @@ def test_choices_share_one_prompt_evaluation(smollm2_llm: LLM) -> None:
 
         async def run() -> tuple[list, list]:
             together = await _tokens(engine.submit_choices(seeded))
-            steps_tokens = engine._n_tokens
+            # Read between two steps (the last step counts its tokens after emitting its events).
+            steps_tokens = await asyncio.wrap_future(engine.call(lambda: engine._n_tokens))
             alone = [(await _tokens([engine.submit(replace(r, cache_prompt=False))]))[0] for r in seeded]
             return together, [steps_tokens, alone]
 
@@ -48,3 +50,28 @@ def test_choices_share_one_prompt_evaluation(smollm2_llm: LLM) -> None:
     timings = [final.timings for _, final in together]
     assert timings[0].prompt_n == len(prompt) and timings[0].cache_n == 0
     assert all(t.prompt_n == 0 and t.cache_n == len(prompt) for t in timings[1:])
+
+
+def test_cancelling_the_choices_frees_every_slot(smollm2_llm: LLM) -> None:
+    engine = Engine(smollm2_llm, EngineConfig(n_slots=3, n_ctx=3072, cache_ram_mib=0))
+    engine.start(warm_up=False)
+    prompt = smollm2_llm.tokenizer.encode("word " * 600, True, True)  # two prompt chunks: time to cancel
+    requests = [GenerationRequest(prompt, n_predict=8) for _ in range(3)]
+    try:
+
+        async def run() -> list[str | None]:
+            handles = engine.submit_choices(requests)
+            handles[0].cancel()  # the leader, before its prompt is in: the held choices end with it
+            finals = await _tokens(handles)
+            return [final.finish_reason for _, final in finals]
+
+        reasons = asyncio.run(run())
+        for _ in range(100):
+            if not any(s.is_processing for s in engine.snapshot.slots):
+                break
+            time.sleep(0.02)
+    finally:
+        engine.stop()
+    assert reasons == ["cancelled"] * 3
+    assert not any(s.is_processing for s in engine.snapshot.slots)
+    assert not engine.scheduler.choices.waiting
