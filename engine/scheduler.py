@@ -28,6 +28,12 @@ from engine.text.tokenizer import Tokenizer
 ShiftKV = Callable[[int, int, int, int], None]
 Request = GenerationRequest | EmbeddingRequest
 
+# Drafts only fill a step up to this many tokens (decode tokens first): on the CPU a step stops being
+# cheap per token early (T=16 costs ~3.7-4.5x T=1, docs/performance.md), so with many sequences decoding
+# a verified draft token costs about what it saves. Measured with llamba-bench-serve --workload copy,
+# 16 streams, SmolLM2, n-gram drafts on every sequence: 0.94x the aggregate without speculation.
+SPEC_STEP_TOKENS = 17
+
 
 class Scheduler:
     def __init__(
@@ -86,6 +92,7 @@ class Scheduler:
         active = [s.seq for s in self.pool.busy() if s.seq is not None and not s.seq.held]
         active.sort(key=lambda seq: (not seq.generating, seq.t_start))
         budget, parts, outputs = self.n_ubatch, [], []
+        drafts_left = max(0, SPEC_STEP_TOKENS - sum(seq.generating for seq in active))
         self._prefilling, self._embedding = [], []
         for seq in active:
             if budget <= 0:
@@ -100,8 +107,9 @@ class Scheduler:
                 slot.tokens.extend(chunk)
                 self._embedding.append((slot, len(chunk)))
                 continue
-            seq.drafts = self._drafts(slot, seq, chunk, budget - len(chunk))
+            seq.drafts = self._drafts(slot, seq, chunk, min(budget - len(chunk), drafts_left))
             budget -= len(chunk) + len(seq.drafts)
+            drafts_left -= len(seq.drafts)
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
             parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want))
             slot.tokens.extend(chunk + seq.drafts)

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from engine.api import POOLING_TYPES
-from engine.sampling import SamplingParams, parse_samplers
+from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
@@ -436,40 +436,13 @@ def _sampling_params(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             samplers = parse_samplers(args.sampler_seq)
         return SamplingParams(
             temperature=max(args.temp, 0.0),  # llama-server clamps a negative --temp to 0
-            **{name: getattr(args, name) for name in _SAMPLING_FLAGS},
+            **{name: getattr(args, name) for name in NUMBER_FIELDS if name != "temperature"},
             dry_sequence_breakers=_breaker_flags(args.dry_sequence_breaker),
             logit_bias=_logit_bias_flags(args.logit_bias or []),
             **({"samplers": samplers} if samplers is not None else {}),
         )
     except ValueError as exc:
         parser.error(f"sampling: {exc}")
-
-
-# Flags whose dest is the SamplingParams field of the same name.
-_SAMPLING_FLAGS = (
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "top_n_sigma",
-    "min_keep",
-    "xtc_probability",
-    "xtc_threshold",
-    "seed",
-    "repeat_penalty",
-    "repeat_last_n",
-    "presence_penalty",
-    "frequency_penalty",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "mirostat",
-    "mirostat_eta",
-    "mirostat_tau",
-)
 
 
 def _breaker_flags(values: list[str] | None) -> tuple[str, ...]:

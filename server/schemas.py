@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.sampling import SamplingParams, parse_samplers
+from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from server.schemas_tools import ConstraintFields, ToolFields
 from server.unsupported import unsupported
 
@@ -107,7 +107,7 @@ class GenerationFields(ConstraintFields):
     ) -> SamplingParams:
         """The request's sampler settings over the server's defaults. `tokenize` turns a logit_bias
         string into the tokens it biases (llama-server's: no special tokens)."""
-        given = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        given = {name: getattr(self, name) for name in NUMBER_FIELDS}
         values = {name: getattr(defaults, name) if v is None else v for name, v in given.items()}
         if self.samplers is not None:
             values["samplers"] = parse_samplers(self.samplers)
@@ -116,34 +116,6 @@ class GenerationFields(ConstraintFields):
         if self.logit_bias is not None:  # replaces the server's --logit-bias, as in llama-server
             values["logit_bias"] = parse_logit_bias(self.logit_bias, n_vocab, tokenize)
         return replace(defaults, **values, n_probs=n_probs, post_sampling_probs=self.post_sampling_probs)
-
-
-# Request fields that are SamplingParams fields of the same name and meaning.
-SAMPLING_FIELDS = (
-    "temperature",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "top_n_sigma",
-    "min_keep",
-    "xtc_probability",
-    "xtc_threshold",
-    "repeat_penalty",
-    "repeat_last_n",
-    "presence_penalty",
-    "frequency_penalty",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-    "seed",
-)
 
 
 def parse_logit_bias(

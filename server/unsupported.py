@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.sampling import NUMBER_FIELDS
+
 # Accepted and without effect on what is generated.
 METADATA = frozenset(
     {
@@ -56,13 +58,6 @@ NOT_YET: dict[str, Any] = {
 # acts on them or refuses them as it does on /v1/chat/completions.
 LLAMA_EXTRAS = frozenset(
     {
-        "seed",
-        "top_k",
-        "min_p",
-        "repeat_penalty",
-        "repeat_last_n",
-        "presence_penalty",
-        "frequency_penalty",
         "logit_bias",
         "cache_prompt",
         "id_slot",
@@ -71,29 +66,15 @@ LLAMA_EXTRAS = frozenset(
         "reasoning_format",
         "reasoning_budget_tokens",
         "reasoning_budget_message",
-        # llama-server's samplers beyond the default chain
-        "typical_p",
-        "top_n_sigma",
-        "min_keep",
-        "xtc_probability",
-        "xtc_threshold",
-        "dynatemp_range",
-        "dynatemp_exponent",
-        "dry_multiplier",
-        "dry_base",
-        "dry_allowed_length",
-        "dry_penalty_last_n",
-        "dry_sequence_breakers",
-        "mirostat",
-        "mirostat_tau",
-        "mirostat_eta",
         "samplers",
+        "dry_sequence_breakers",
         # per-request speculation
         "speculative.type",
         "speculative.n_max",
         "speculative.n_min",
         "speculative.p_min",
     }
+    | set(NUMBER_FIELDS)
     | NOT_YET.keys()
 )
 

@@ -114,6 +114,9 @@ class FakeGGUF:
     def require_architecture(self) -> str:
         return str(self.metadata["general.architecture"])
 
+    def release_pages(self) -> None:
+        """The model classes drop a mapped file's pages after packing; these tensors are in memory."""
+
     @property
     def n_params(self) -> int:
         return sum(int(np.prod(t.shape)) for t in self.tensors.values())

@@ -18,11 +18,18 @@ defaults only the bias, top-k, top-p, min-p and temperature act, and that chain 
 
 from engine.sampling.distribution import Distribution
 from engine.sampling.dry import Breakers, DryVocabulary
-from engine.sampling.params import DEFAULT_SAMPLERS, SAMPLER_LETTERS, SamplingParams, parse_samplers
+from engine.sampling.params import (
+    DEFAULT_SAMPLERS,
+    NUMBER_FIELDS,
+    SAMPLER_LETTERS,
+    SamplingParams,
+    parse_samplers,
+)
 from engine.sampling.sampler import Sampler
 
 __all__ = [
     "DEFAULT_SAMPLERS",
+    "NUMBER_FIELDS",
     "SAMPLER_LETTERS",
     "Breakers",
     "Distribution",

@@ -14,6 +14,34 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
+# SamplingParams fields that a flag or a request field of the same name sets with one number (the
+# temperature, `--temp` on the command line, is the request field only).
+NUMBER_FIELDS = (
+    "temperature",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "top_n_sigma",
+    "min_keep",
+    "xtc_probability",
+    "xtc_threshold",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "seed",
+)
+
 # llama-server's default order (common/common.h) and its one-letter names (--sampler-seq).
 DEFAULT_SAMPLERS = (
     "penalties",
