@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from engine.sampling import SamplingParams
 from engine.speculative.base import SpecParams
@@ -18,6 +20,11 @@ if TYPE_CHECKING:  # the grammar engine loads only where grammars are used
     from engine.grammar import CompiledGrammar
 
 CONTROL_ACTIONS = ("reasoning_end",)
+
+# llama-server's --pooling: per-token vectors, their mean, the first token's, the last token's, or the
+# rerank classifier's scores (of the last token with a causal model, as llama.cpp does).
+Pooling = Literal["none", "mean", "cls", "last", "rank"]
+POOLING_TYPES: tuple[Pooling, ...] = ("none", "mean", "cls", "last", "rank")
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,22 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class EmbeddingRequest:
+    """Run a prompt and answer with its pooled final hidden states (or, pooling rank, the classifier's
+    scores) instead of generating. Its one event carries `embedding`: [n_tokens, n_embd] for pooling
+    none, [n_embd] pooled, [n_cls_out] for rank; not normalised (the route does llama-server's
+    `embd_normalize`). Every token is evaluated (no prefix reuse): each token's state is wanted."""
+
+    prompt_tokens: list[int]
+    pooling: Pooling = "mean"
+    request_id: str = ""
+    id_slot: int = -1
+    cache_prompt: bool = False  # the slot pool's view: nothing of a slot's cells is kept
+    return_progress: bool = False
+    reasoning: None = None  # no reasoning block to end (the control endpoint's view)
+
+
+@dataclass(frozen=True)
 class Timings:
     """llama-server's `timings` object."""
 
@@ -186,6 +209,7 @@ class TokenEvent:
     progress: PromptProgress | None = None  # set on prompt-progress events (no token, no text)
     truncated: bool = False  # on the final event: the context was shifted or the prompt cut
     tool_calls: tuple[ToolCallDelta, ...] = ()  # tool-call steps this event completes (see ToolCallDelta)
+    embedding: np.ndarray | None = None  # an EmbeddingRequest's answer (float32), on its final event
 
 
 @dataclass(frozen=True)
@@ -250,3 +274,4 @@ class ModelInfo:
     size: int  # bytes of the weights
     backend: str
     chat_template: str  # the GGUF's own template, "" when it has none
+    n_cls_out: int = 0  # scores of the rerank classifier head (cls.output), 0 when the GGUF has none

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -21,6 +21,9 @@ class BatchPart:
     start: int
     tokens: Sequence[int]
     want_logits: WantLogits = "last"
+    # Every token's final hidden state (after the output norm) instead of logits: embeddings and rerank
+    # pool these (engine/embedding.py).
+    want_hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class Batch:
     positions: np.ndarray  # int32 [T]: position of each token in its sequence (= its KV cache cell)
     seq_ids: np.ndarray  # int32 [T]: the KV cache sequence (slot) each token belongs to
     output_rows: np.ndarray  # int32 [n_out]: the rows of T whose logits the caller wants
+    # int32 [n_hidden]: the rows of T whose final hidden states (after the output norm) the caller wants
+    hidden_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -46,6 +51,7 @@ class Batch:
         positions: list[int] = []
         seq_ids: list[int] = []
         outputs: list[int] = []
+        hidden: list[int] = []
         for part in parts:
             base, n = len(tokens), len(part.tokens)
             tokens.extend(part.tokens)
@@ -55,9 +61,12 @@ class Batch:
                 outputs.extend(range(base, base + n))
             elif part.want_logits == "last":
                 outputs.append(base + n - 1)
+            if part.want_hidden:
+                hidden.extend(range(base, base + n))
         return cls(
             np.asarray(tokens, dtype=np.int32),
             np.asarray(positions, dtype=np.int32),
             np.asarray(seq_ids, dtype=np.int32),
             np.asarray(outputs, dtype=np.int32),
+            np.asarray(hidden, dtype=np.int32),
         )

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import structlog
 
-from engine.api import ControlResult, EngineSnapshot, GenerationRequest
+from engine.api import ControlResult, EmbeddingRequest, EngineSnapshot, GenerationRequest
 from engine.batch import Batch, BatchPart
 from engine.handle import RequestHandle
 from engine.llm import LLM
@@ -62,7 +62,13 @@ class Engine:
         shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
         drafter = DraftModel(draft, config.n_slots, self.kv.n_ctx) if draft is not None else None
         self.scheduler = Scheduler(
-            self.pool, llm.tokenizer, config.n_ubatch, shift, config.n_keep, speculation(drafter)
+            self.pool,
+            llm.tokenizer,
+            config.n_ubatch,
+            shift,
+            config.n_keep,
+            speculation(drafter),
+            llm.model.rank_head,
         )
         self.identity = ModelIdentity.of(tuple(self.kv.k.shape), llm.tokenizer.n_vocab, llm.path.name)
         self.snapshot = EngineSnapshot(self.pool.snapshot())  # replaced whole by the engine thread
@@ -101,13 +107,33 @@ class Engine:
             self._thread.join(timeout)
 
     def submit(
-        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
+        self, request: GenerationRequest | EmbeddingRequest, loop: asyncio.AbstractEventLoop | None = None
     ) -> RequestHandle:
         if not request.request_id:
             request = replace(request, request_id=f"req-{next(self._ids)}")
         handle = RequestHandle(request.request_id, loop or asyncio.get_running_loop(), self.cancel)
         self._command(lambda: self.scheduler.waiting.append((request, handle.push)))
         return handle
+
+    def submit_choices(
+        self, requests: list[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None
+    ) -> list[RequestHandle]:
+        """`n` choices of one prompt (engine/choices.py): the first request's prompt is evaluated once
+        and its cells copied to the others'. One handle per request, in order."""
+        leader_id = requests[0].request_id or f"req-{next(self._ids)}"
+        requests = [
+            replace(r, request_id=f"{leader_id}-{i}" if i else leader_id) for i, r in enumerate(requests)
+        ]
+        loop = loop or asyncio.get_running_loop()
+        handles = [RequestHandle(r.request_id, loop, self.cancel) for r in requests]
+        others = [(r, h.push) for r, h in zip(requests[1:], handles[1:], strict=True)]
+
+        def enqueue() -> None:
+            self.scheduler.choices.add(requests[0], others)
+            self.scheduler.waiting.append((requests[0], handles[0].push))
+
+        self._command(enqueue)
+        return handles
 
     def cancel(self, request_id: str) -> None:
         self._command(lambda: self.scheduler.cancel(request_id))
@@ -177,7 +203,7 @@ class Engine:
             return
         batch, outputs = planned
         try:
-            logits = self.llm.model.forward(batch, self.kv)
+            out = self.llm.model.run(batch, self.kv)
         except Exception as exc:  # a kernel failure must not kill the thread or hang clients
             log.exception("engine.step_failed", error=str(exc))
             for seq_id in set(batch.seq_ids.tolist()):  # their cells may be half written
@@ -185,7 +211,7 @@ class Engine:
                 self.kv.clear(seq_id)
             self.scheduler.cancel_all("error")
         else:
-            self.scheduler.apply(logits, outputs)
+            self.scheduler.apply(out.logits, outputs, out.hidden)
             self._n_steps += 1
             self._n_tokens += batch.n_tokens
         self._publish()

@@ -82,6 +82,7 @@ class LLM:
             size=self.model.n_bytes,
             backend=self.backend.name,
             chat_template=str(meta.get("tokenizer.chat_template", "")),
+            n_cls_out=self.model.rank_head.n_out if self.model.rank_head is not None else 0,
         )
 
     def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:

@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.api import ControlResult, GenerationRequest, TokenEvent
+from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, TokenEvent
 from engine.batch import Batch, BatchPart
+from engine.choices import Choices
 from engine.context_shift import discard_count
+from engine.embedding import EmbeddingSequence, RankHead
 from engine.grammar import prefetch_masks
 from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
@@ -24,6 +26,7 @@ from engine.text.reasoning import end_before_start
 from engine.text.tokenizer import Tokenizer
 
 ShiftKV = Callable[[int, int, int, int], None]
+Request = GenerationRequest | EmbeddingRequest
 
 # Drafts only fill a step up to this many tokens (decode tokens first): on the CPU a step stops being
 # cheap per token early (T=16 costs ~3.7-4.5x T=1, docs/performance.md), so with many sequences decoding
@@ -41,17 +44,22 @@ class Scheduler:
         shift_kv: ShiftKV | None = None,
         n_keep: int = 0,
         speculation: Speculation | None = None,
+        rank_head: RankHead | None = None,
     ) -> None:
         self.pool = pool
+        self.rank_head = rank_head  # the model's rerank classifier, for pooling rank
         self.speculation = speculation
         self.tokenizer = tokenizer
         self.dry = DryVocabulary(tokenizer)  # DRY's breaker tables, built on first use, kept per set
+        self.choices = Choices(pool, tokenizer, self.dry)  # `n` choices waiting for their leader
         self.n_ubatch = n_ubatch
         # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
         self.shift_kv = shift_kv
         self.n_keep = n_keep
-        self.waiting: deque[tuple[GenerationRequest, Emit]] = deque()
-        self._prefilling: list[Sequence] = []  # sequences with a prompt chunk in the batch in flight
+        self.waiting: deque[tuple[Request, Emit]] = deque()
+        self._prefilling: list[Sequence | EmbeddingSequence] = []  # with a prompt chunk in the batch
+        # Embedding sequences with a chunk in the batch, and its length, in batch order (their hidden rows).
+        self._embedding: list[tuple[Slot, int]] = []
         self._end_on_start: set[str] = set()  # reasoning_end asked for before the request got a slot
 
     def has_work(self) -> bool:
@@ -59,27 +67,33 @@ class Scheduler:
 
     def admit(self) -> None:
         """Move waiting requests into free slots, in arrival order (a pinned slot that is busy waits)."""
-        still_waiting: deque[tuple[GenerationRequest, Emit]] = deque()
+        still_waiting: deque[tuple[Request, Emit]] = deque()
         for request, emit in self.waiting:
             slot = self.pool.choose(request)
-            if slot is None:
+            if slot is None or not self.choices.room_for(request.request_id):
                 still_waiting.append((request, emit))
                 continue
             reuse = self.pool.claim(slot, request)
+            if isinstance(request, EmbeddingRequest):
+                slot.seq = EmbeddingSequence(
+                    request, emit, slot.id, self.rank_head, request.prompt_tokens[reuse:]
+                )
+                continue
             slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse, self.dry)
             if request.request_id in self._end_on_start:
                 self._end_on_start.discard(request.request_id)
                 slot.seq.end_reasoning()
+            self.choices.start(slot.seq)
         self.waiting = still_waiting
 
     # -- one step ----------------------------------------------------------------------------------
     def build_batch(self) -> tuple[Batch, list[Slot]] | None:
         """The next batch and, in output-row order, the slots whose logits it returns."""
-        active = [s.seq for s in self.pool.busy() if s.seq is not None]
+        active = [s.seq for s in self.pool.busy() if s.seq is not None and not s.seq.held]
         active.sort(key=lambda seq: (not seq.generating, seq.t_start))
         budget, parts, outputs = self.n_ubatch, [], []
         drafts_left = max(0, SPEC_STEP_TOKENS - sum(seq.generating for seq in active))
-        self._prefilling = []
+        self._prefilling, self._embedding = [], []
         for seq in active:
             if budget <= 0:
                 break
@@ -87,6 +101,12 @@ class Scheduler:
                 self._prefilling.append(seq)
             slot = self.pool[seq.slot_id]
             chunk = seq.take(budget)
+            if isinstance(seq, EmbeddingSequence):
+                budget -= len(chunk)
+                parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none", want_hidden=True))
+                slot.tokens.extend(chunk)
+                self._embedding.append((slot, len(chunk)))
+                continue
             seq.drafts = self._drafts(slot, seq, chunk, min(budget - len(chunk), drafts_left))
             budget -= len(chunk) + len(seq.drafts)
             drafts_left -= len(seq.drafts)
@@ -110,27 +130,47 @@ class Scheduler:
         seq.drafting.source, draft = proposal
         return draft
 
-    def apply(self, logits: np.ndarray, outputs: list[Slot]) -> None:
-        """Advance every sequence that got logits; release the finished, shift the full."""
+    def apply(self, logits: np.ndarray, outputs: list[Slot], hidden: np.ndarray | None = None) -> None:
+        """Advance every sequence that got logits; release the finished, shift the full. `hidden`: the
+        batch's hidden rows, for its embedding sequences."""
         for seq in self._prefilling:
-            if seq.request.return_progress:
+            if seq.request.return_progress and isinstance(seq, Sequence):
                 seq.emit(seq.progress())
+        self._apply_hidden(hidden)
         row = 0
         for slot in outputs:
             seq = slot.seq
-            assert seq is not None
+            assert isinstance(seq, Sequence)
             rows, row = logits[row : row + 1 + len(seq.drafts)], row + 1 + len(seq.drafts)
-            full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
-            events = seq.verify(rows, room=not full or self.shift_kv is not None)
-            self._keep_accepted(slot, seq)
-            for event in events:
-                seq.emit(event)
-            if events[-1].finish_reason is not None:
-                self._finish(slot)
-            elif full:
-                self._shift_context(slot, seq)
+            if seq.forks:  # its `n` choices start from copies of its prompt cells and logits
+                for fork in self.choices.release(slot):
+                    self._advance(fork, rows.copy())
+            self._advance(slot, rows)
         # The next masks are computed on a worker thread while the next batch runs (GIL released).
         prefetch_masks(s.seq.grammar for s in outputs if s.seq is not None and s.seq.grammar is not None)
+
+    def _advance(self, slot: Slot, rows: np.ndarray) -> None:
+        seq = slot.seq
+        assert isinstance(seq, Sequence)
+        full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
+        events = seq.verify(rows, room=not full or self.shift_kv is not None)
+        self._keep_accepted(slot, seq)
+        for event in events:
+            seq.emit(event)
+        if events[-1].finish_reason is not None:
+            self._finish(slot)
+        elif full:
+            self._shift_context(slot, seq)
+
+    def _apply_hidden(self, hidden: np.ndarray | None) -> None:
+        """Hand each embedding sequence its rows; answer and release those whose prompt is done."""
+        start = 0
+        for slot, n in self._embedding:
+            assert isinstance(slot.seq, EmbeddingSequence) and hidden is not None
+            event, start = slot.seq.add_rows(hidden[start : start + n]), start + n
+            if event is not None:
+                slot.seq.emit(event)
+                self._finish(slot)
 
     def _keep_accepted(self, slot: Slot, seq: Sequence) -> None:
         """Drop the cells of refused draft tokens; tell the speculator how its draft fared."""
@@ -147,6 +187,9 @@ class Scheduler:
     def _finish(self, slot: Slot) -> None:
         if self.speculation is not None and slot.seq is not None:
             self.speculation.forget(slot.seq.request.request_id)
+        if isinstance(slot.seq, Sequence) and slot.seq.forks:
+            for held in self.choices.drop_held(slot.seq, "cancelled"):
+                self.pool.release(held)
         self.pool.release(slot)
 
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
@@ -165,10 +208,10 @@ class Scheduler:
         if action != "reasoning_end":
             return ControlResult(False, f"unknown action {action!r}")
         for slot in self.pool.busy():
-            if slot.seq is not None and slot.seq.request.request_id == request_id:
+            if isinstance(slot.seq, Sequence) and slot.seq.request.request_id == request_id:
                 return slot.seq.end_reasoning()
         for request, _ in self.waiting:
-            if request.request_id == request_id:
+            if isinstance(request, GenerationRequest) and request.request_id == request_id:
                 result = end_before_start(request.reasoning)
                 if result.success:
                     self._end_on_start.add(request_id)
@@ -177,6 +220,7 @@ class Scheduler:
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> None:
         self._end_on_start.discard(request_id)
+        self.choices.cancel_waiting(request_id, reason)
         for slot in self.pool.busy():
             if slot.seq is not None and slot.seq.request.request_id == request_id:
                 slot.seq.emit(slot.seq.finished_early(reason))

@@ -92,6 +92,9 @@ class Sequence:
     drafting: Drafting | None = None  # speculative decoding, when the request asks for it
     drafts: list[int] = field(default_factory=list)  # draft tokens in the batch in flight
     drafts_accepted: int = 0  # of the last verified drafts
+    # `n` choices (engine/choices.py): the slots of the other choices, which wait for this prompt (held).
+    forks: list[int] = field(default_factory=list)
+    held: bool = False  # a choice waiting for its leader's prompt cells; not in any batch until then
 
     @property
     def generating(self) -> bool:

@@ -12,11 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.api import GenerationRequest, SlotSnapshot
+from engine.api import EmbeddingRequest, GenerationRequest, SlotSnapshot
 from engine.kv import KVCache
 from engine.prompt_cache import PromptCache, common_prefix
 
 if TYPE_CHECKING:
+    from engine.embedding import EmbeddingSequence
     from engine.sequence import Sequence
 
 # A conversation's next turn discards at most a re-tokenized tail of the slot's cells; a request that
@@ -29,7 +30,7 @@ SAVE_TAIL = 4
 class Slot:
     id: int
     tokens: list[int] = field(default_factory=list)  # what the slot's KV cells hold, position by position
-    seq: Sequence | None = None
+    seq: Sequence | EmbeddingSequence | None = None
     last_used: float = 0.0
     id_task: int = -1
 
@@ -66,7 +67,7 @@ class SlotPool:
             for s in self.slots
         )
 
-    def choose(self, request: GenerationRequest) -> Slot | None:
+    def choose(self, request: GenerationRequest | EmbeddingRequest) -> Slot | None:
         """The slot for `request` (its pinned one, the most similar, or the least recently used)."""
         if request.id_slot >= 0:
             slot = self.slots[request.id_slot]
@@ -84,7 +85,7 @@ class SlotPool:
             return best
         return min(idle, key=lambda s: s.last_used)
 
-    def claim(self, slot: Slot, request: GenerationRequest) -> int:
+    def claim(self, slot: Slot, request: GenerationRequest | EmbeddingRequest) -> int:
         """Prepare `slot` for `request`: the prompt tokens whose cells it keeps (at least one is left)."""
         prompt = request.prompt_tokens
         reuse = common_prefix(slot.tokens, prompt) if request.cache_prompt else 0

@@ -21,7 +21,19 @@ from server.mcp import McpManager
 from server.response_runs import STATE_KEY as RESPONSES_KEY
 from server.response_runs import ResponsesState
 from server.responses_store import ResponseStore
-from server.routes import anthropic, control, metrics, native, openai, responses, slots, stream, tools, webui
+from server.routes import (
+    anthropic,
+    control,
+    embeddings,
+    metrics,
+    native,
+    openai,
+    responses,
+    slots,
+    stream,
+    tools,
+    webui,
+)
 from server.service import EXTENSION_KEY, ModelService
 from server.sessions import SessionLimits, SessionStore
 
@@ -55,7 +67,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
     store = ResponseStore(settings.responses_max, settings.responses_dir)
     app.extensions[RESPONSES_KEY] = ResponsesState(store)
-    for routes in (openai, anthropic, responses, control, native, slots, metrics, stream, webui):
+    for routes in (openai, anthropic, responses, control, native, embeddings, slots, metrics, stream, webui):
         app.register_blueprint(routes.bp)
     _install_auth(app, settings)
     _install_cors(app, settings)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from engine.api import POOLING_TYPES
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
@@ -99,6 +100,11 @@ class Settings(BaseModel):
     tool_max_tokens: int = -1
     # None is the default policy: any origin, but only localhost ones when MCP servers are configured.
     cors_origins: tuple[str, ...] | None = None
+    # Embeddings (--embedding) and rerank (--reranking: pooling rank): the routes answer only with them;
+    # pooling None is the model's own (its GGUF's pooling_type, else none, as llama.cpp decides).
+    embedding: bool = False
+    pooling: str | None = None
+    embd_normalize: int = 2  # -1 none, 0 max absolute (int16 range), 1 taxicab, 2 euclidean, >2 p-norm
 
     @property
     def mlock(self) -> bool:
@@ -295,6 +301,20 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--stream-buffer-size", type=int, default=int(_env("STREAM_BUFFER_SIZE") or 4 * 1024 * 1024))
     add("--stream-ttl", type=float, default=float(_env("STREAM_TTL") or 300.0))
     add("--stream-max-sessions", type=int, default=int(_env("STREAM_MAX_SESSIONS") or 256))
+    _embedding_flags(p)
+
+
+def _embedding_flags(p: argparse.ArgumentParser) -> None:
+    """Embeddings and rerank (llama-server's flags and variables)."""
+    add = p.add_argument_group("embeddings and rerank").add_argument
+    on = {"action": "store_true"}
+    add("--embedding", "--embeddings", dest="embedding", default=bool(_env("EMBEDDINGS")), **on,
+        help="serve /embedding and /v1/embeddings")  # fmt: skip
+    add("--rerank", "--reranking", dest="reranking", default=bool(_env("RERANKING")), **on,
+        help="serve /rerank (embeddings with pooling rank: the model's classifier head)")  # fmt: skip
+    add("--pooling", choices=POOLING_TYPES, default=_env("POOLING"), help="the model's own when not given")
+    add("--embd-normalize", type=int, default=2,
+        help="-1 none, 0 max absolute int16, 1 taxicab, 2 euclidean, >2 p-norm")  # fmt: skip
 
 
 def _tool_flags(p: argparse.ArgumentParser) -> None:
@@ -375,6 +395,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     values["responses_dir"] = Path(args.responses_dir) if args.responses_dir else None
     if args.n_gpu_layers == 0:
         values["device"] = "cpu"
+    if args.reranking:  # as llama-server: --reranking is --embedding with pooling rank
+        values.update(embedding=True, pooling="rank")
+    if args.embd_normalize < -1:
+        parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
     return Settings(**values), ignored
 
 

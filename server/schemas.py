@@ -53,7 +53,8 @@ class GenerationFields(ConstraintFields):
     samplers: list[str] | str | None = None
     post_sampling_probs: bool = False
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1)  # choices (at most the server's slots: checked by the route)
+    n_cmpl: int | None = Field(default=None, ge=1)  # llama-server's name for it (wins over `n`)
     cache_prompt: bool = True
     id_slot: int = -1
     ignore_eos: bool = False
@@ -84,6 +85,9 @@ class GenerationFields(ConstraintFields):
 
     def stop_list(self) -> tuple[str, ...]:
         return tuple(self.stop or ())  # type: ignore[arg-type]
+
+    def n_choices(self) -> int:
+        return self.n_cmpl if self.n_cmpl is not None else self.n
 
     def max_new_tokens(self, server_default: int) -> int:
         for value in (self.max_completion_tokens, self.max_tokens, self.n_predict):

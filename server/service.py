@@ -20,7 +20,16 @@ import anyio
 import structlog
 from quart import current_app
 
-from engine.api import ControlResult, EngineSnapshot, GenerationRequest, ModelInfo, TokenEvent
+from engine.api import (
+    POOLING_TYPES,
+    ControlResult,
+    EmbeddingRequest,
+    EngineSnapshot,
+    GenerationRequest,
+    ModelInfo,
+    Pooling,
+    TokenEvent,
+)
 from engine.context_shift import truncate_prompt
 from engine.engine import Engine, EngineConfig, EngineStopped
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpec
@@ -85,6 +94,7 @@ class Loaded:
     info: ModelInfo
     grammars: GrammarCompiler
     tool_format: ToolCallFormat  # how the template's model writes tool calls
+    pooling: Pooling  # what embedding requests pool (engine/embedding.py)
 
 
 class ModelService:
@@ -123,12 +133,22 @@ class ModelService:
         if s.model_draft:  # draft-simple speculation: refused at start-up if it speaks another vocabulary
             draft = LLM.load(s.model_draft, device=s.device, n_threads=s.threads)
             check_vocabulary(draft, llm)
+        pooling = self._pooling_of(llm)
+        if s.embedding and pooling == "rank" and llm.model.rank_head is None:
+            raise ValueError("pooling rank needs a reranker: the model has no classifier head (cls.output)")
         engine = Engine(llm, config, draft)
         engine.start()
         # The grammar engine's view of the vocabulary holds the GIL for 0.1 s (SmolLM2) to 1.6 s (Gemma
         # 3): built here, at load, never while requests are served.
         grammars = GrammarCompiler.for_tokenizer(llm.tokenizer)
-        return Loaded(llm, engine, template, llm.info(), grammars, detect_format(template.source))
+        return Loaded(llm, engine, template, llm.info(), grammars, detect_format(template.source), pooling)
+
+    def _pooling_of(self, llm: LLM) -> Pooling:
+        """--pooling, else the GGUF's pooling_type (llama.cpp's numbering), else none: llama.cpp's rule."""
+        if self.settings.pooling is not None:
+            return self.settings.pooling  # type: ignore[return-value]
+        stored = llm.gguf.arch_value("pooling_type")
+        return POOLING_TYPES[int(stored)] if stored is not None and 0 <= int(stored) < 5 else "none"
 
     def stop(self) -> None:
         if self._loaded is not None:
@@ -295,6 +315,12 @@ class ModelService:
         self.counters.requests_total += 1
         return engine.submit(request, asyncio.get_running_loop())
 
+    def submit_choices(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
+        """`n` choices of one prompt: evaluated once, its cells copied to the other choices' slots."""
+        engine = self._require().engine
+        self.counters.requests_total += 1
+        return engine.submit_choices(requests, asyncio.get_running_loop())
+
     async def control(self, request_id: str, action: str) -> ControlResult:
         engine = self._require().engine
         try:
@@ -329,6 +355,43 @@ class ModelService:
         except OSError as exc:  # the save directory is missing or not writable
             raise errors.APIError(500, f"failed to save slot: {exc.strerror}", "server_error") from None
 
+    # -- embeddings and rerank --------------------------------------------------------------------------
+    @property
+    def pooling(self) -> Pooling:
+        return self._require().pooling
+
+    async def embed(self, prompts: list[list[int]]) -> list[TokenEvent]:
+        """Each prompt's final event (its `embedding`), run as concurrent engine requests; cancelling
+        the caller (a client gone) cancels every one still running."""
+        loaded = self._require()
+        loop = asyncio.get_running_loop()
+        self.counters.requests_total += 1
+        handles = [loaded.engine.submit(EmbeddingRequest(p, loaded.pooling), loop) for p in prompts]
+        try:
+            events = [await _final_event(h) for h in handles]
+        finally:
+            for handle in handles:
+                handle.cancel()  # a no-op for the finished ones
+        for event in events:
+            self.counters.record(event)  # /metrics: their prompt tokens
+        return events
+
+    async def rerank_tokens(self, query: str, document: str) -> list[int]:
+        """The rerank prompt's tokens, on a worker thread (documents may be long)."""
+        return await anyio.to_thread.run_sync(self._rerank_tokens, query, document)
+
+    def _rerank_tokens(self, query: str, document: str) -> list[int]:
+        """llama-server's rerank prompt: the GGUF's `rerank` template with {query} and {document}, else
+        BOS query EOS document EOS (each special token where the vocabulary adds it)."""
+        tok = self._tokenizer
+        template = self._require().llm.gguf.metadata.get("tokenizer.chat_template.rerank")
+        if isinstance(template, str):
+            text = template.replace("{query}", query).replace("{document}", document)
+            return tok.encode(text, False, True)
+        bos = [tok.bos_id] if tok.add_bos else []
+        eos = [tok.eos_id] if tok.add_eos else []
+        return [*bos, *tok.encode(query, False, False), *eos, *tok.encode(document, False, False), *eos]
+
     # -- request bookkeeping ----------------------------------------------------------------------------
     def log_prompt(self, request_id: str, text: str) -> None:
         folder = self.settings.log_prompts_dir
@@ -340,3 +403,12 @@ class ModelService:
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+async def _final_event(handle: RequestHandle) -> TokenEvent:
+    async for event in handle:
+        if event.finish_reason is not None:
+            if event.embedding is None:
+                raise errors.APIError(500, f"the request ended: {event.finish_reason}", "server_error")
+            return event
+    raise errors.APIError(500, "the request ended without an answer", "server_error")

@@ -25,7 +25,6 @@ METADATA = frozenset(
         "prompt_cache_key",
         "stream_options",
         "id",
-        "n_cmpl",  # checked by `n` (one choice per request here)
     }
 )
 

@@ -15,6 +15,7 @@ import numpy as np
 from engine.backend import Backend
 from engine.batch import Batch
 from engine.context_shift import shift_cells
+from engine.embedding import RankHead
 from engine.gguf import GGUFFile, Tensor
 from engine.kv import KVCache
 from engine.models.hparams import HParams
@@ -130,6 +131,12 @@ class LlamaLayer:
         return optional_biases(g, prefix, ["attn_q", "attn_k", "attn_v"])
 
 
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: np.ndarray  # float32 [len(batch.output_rows), n_vocab]
+    hidden: np.ndarray  # float32 [len(batch.hidden_rows), n_embd]
+
+
 class LlamaModel:
     layer_class: type[LlamaLayer] = LlamaLayer
 
@@ -148,6 +155,7 @@ class LlamaModel:
         )
         self.output_norm = norm_weight(backend, g, "output_norm.weight")
         self.rope = rope_from_gguf(g, backend, self.hp.rope_base, self.hp.rope_neox, self.hp.n_rot)
+        self.rank_head = RankHead.from_gguf(g, self.hp.arch)  # a reranker's classifier, on the host
         # The file's pages are dropped after each packed piece: the weights are not held twice, not even
         # while loading (peak: the packed weights plus one layer's or the head's pages).
         g.release_pages()
@@ -181,6 +189,11 @@ class LlamaModel:
 
     def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
         """Logits float32 [len(batch.output_rows), n_vocab] after running every token of the batch."""
+        return self.run(batch, kv).logits
+
+    def run(self, batch: Batch, kv: KVCache) -> ForwardOutput:
+        """Run every token of the batch: the logits of its output rows and the final hidden states
+        (after the output norm, what llama.cpp pools for embeddings) of its hidden rows."""
         kv.check_batch(batch.seq_ids, batch.positions)
         be = self.backend
         # The batch's indices go to the backend once per step, not once per kernel.
@@ -192,7 +205,11 @@ class LlamaModel:
             self.attention_block(il, layer, x, on_device, kv)
             self.ffn_block(layer, x)
         kv.commit(batch.seq_ids, batch.positions)
-        return be.download(self.logits(be.take_rows(x, batch.output_rows)))
+        logits = be.download(self.logits(be.take_rows(x, batch.output_rows)))
+        hidden = np.zeros((0, self.hp.n_embd), dtype=np.float32)
+        if len(batch.hidden_rows):
+            hidden = be.download(self.norm(be.take_rows(x, batch.hidden_rows), self.output_norm))
+        return ForwardOutput(logits, hidden)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         x = self.backend.empty((len(tokens), self.hp.n_embd))

@@ -2,7 +2,8 @@
 
 No Q/K/V biases (Qwen2 had them); RoPE is NeoX-style with the file's base (1e6), head_dim comes from
 `attention.key_length` (128 also where n_embd / n_head is not: Qwen3-0.6B's 1024 / 16), and the output
-head is `output.weight` or the tied embedding.
+head is `output.weight` or the tied embedding. Qwen3-Reranker GGUFs add the `cls.output` classifier
+that pooling rank uses (engine/embedding.py).
 """
 
 from __future__ import annotations

@@ -139,6 +139,10 @@ def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> 
 async def completion() -> Any:
     svc = service()
     body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
+    if body.n_choices() > 1:
+        raise errors.invalid_request(
+            "'n': several choices are served on /v1/completions and /v1/chat/completions"
+        )
     gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
     if body.stream:
         return sse.response(native_stream(svc, body, gen, len(tokens)))

@@ -10,9 +10,10 @@ from typing import Any
 from quart import Blueprint, Response, current_app, request
 
 from engine.api import GenerationRequest, TokenEvent
-from server import sse
+from server import errors, sse
 from server.agents import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
 from server.chat_job import ChatJob, prepare_chat
+from server.choices import choice_events, choice_requests, choices_usage, collect_choices, request_timings
 from server.generation import (
     Outcome,
     build_request,
@@ -53,9 +54,13 @@ async def chat_completions() -> Any:
     svc.require_ready()
     plan = await agent_plan(mcp_manager(), svc.settings, body)
     if plan is not None:
+        if body.n_choices() > 1:
+            raise errors.invalid_request("'n': one choice only when the server runs mcp tools")
         return await agent_completion(svc, body, plan, completion_id)
     job = await prepare_chat(svc, body, completion_id)
     created = int(time.time())
+    if body.n_choices() > 1:
+        return await chat_choices(svc, body, job, completion_id, created)
     if body.stream:
         head = base_fields(svc, "chat.completion.chunk", completion_id, created)
         return await streamed(chat_stream(svc, body, job.request, head, job.n_prompt))
@@ -94,14 +99,16 @@ def mcp_manager() -> McpManager | None:
     return current_app.extensions.get(MANAGER_KEY)
 
 
-def chat_choice(svc: ModelService, body: ChatCompletionRequest, out: Outcome) -> dict[str, Any]:
+def chat_choice(
+    svc: ModelService, body: ChatCompletionRequest, out: Outcome, index: int = 0
+) -> dict[str, Any]:
     """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended."""
     message: dict[str, Any] = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
     if out.reasoning:
         message["reasoning_content"] = out.reasoning
     if out.tool_calls:
         message["tool_calls"] = [call.to_openai() for call in out.tool_calls]
-    choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason, "message": message}
+    choice: dict[str, Any] = {"index": index, "finish_reason": out.finish_reason, "message": message}
     if body.logprobs:
         choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
     return choice
@@ -114,11 +121,11 @@ class ChatChunks:
         self.svc, self.body, self.head = svc, body, head
         self.timings: dict[str, Any] = {}
 
-    def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "finish_reason": finish, "delta": delta, **extra}
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0, **extra: Any) -> bytes:
+        choice = {"index": index, "finish_reason": finish, "delta": delta, **extra}
         return sse.event({**self.head, "choices": [choice], **self.timings})
 
-    def event(self, event: TokenEvent) -> list[bytes]:
+    def event(self, event: TokenEvent, index: int = 0) -> list[bytes]:
         """An engine event's chunks (none for an event that carries nothing to show)."""
         if event.progress is not None:
             return [sse.event({**self.head, "choices": [], "prompt_progress": event.progress.as_dict()})]
@@ -128,17 +135,22 @@ class ChatChunks:
         if self.body.logprobs and has_probs(event):
             extra["logprobs"] = {"content": openai_logprobs(self.svc, [event])}
         deltas = event_deltas(event)
-        out = [self.chunk(delta) for delta in deltas[:-1]]
+        out = [self.chunk(delta, index=index) for delta in deltas[:-1]]
         if deltas or extra:  # the logprobs ride on the event's last chunk
-            out.append(self.chunk(deltas[-1] if deltas else {}, **extra))
+            out.append(self.chunk(deltas[-1] if deltas else {}, index=index, **extra))
         return out
 
-    def end(self, final: TokenEvent | None, usage_fields: dict[str, Any]) -> list[bytes]:
-        """The finish chunk (with the timings), the usage chunk if asked for, and [DONE]."""
-        last = {**self.head, "choices": [{"index": 0, "finish_reason": final_reason(final), "delta": {}}]}
+    def finish(self, final: TokenEvent | None, index: int = 0) -> bytes:
+        """A choice's finish chunk, with its timings."""
+        last = {**self.head, "choices": [{"index": index, "finish_reason": final_reason(final), "delta": {}}]}
         if final is not None and final.timings is not None:
             last["timings"] = final.timings.as_dict()
-        out = [sse.event(last)]
+        return sse.event(last)
+
+    def end(self, final: TokenEvent | None, usage_fields: dict[str, Any], n: int = 1) -> list[bytes]:
+        """The finish chunk (with the timings; `n` choices: theirs came as they finished), the usage
+        chunk if asked for, and [DONE]."""
+        out = [self.finish(final)] if n == 1 else []
         if (self.body.stream_options or {}).get("include_usage"):
             out.append(sse.event({**self.head, "choices": [], "usage": usage_fields}))
         return [*out, sse.DONE]
@@ -160,6 +172,49 @@ async def chat_stream(
         if event.finish_reason is not None:
             final = event
     for data in chunks.end(final, usage(n_prompt, final)):
+        yield data
+
+
+async def chat_choices(
+    svc: ModelService, body: ChatCompletionRequest, job: ChatJob, completion_id: str, created: int
+) -> Any:
+    """`n` choices of one chat (server/choices.py): one stream with each chunk's choice index, or one
+    reply with n choices; usage and timings count the prompt once."""
+    requests = choice_requests(svc, job.request, body.n_choices())
+    if body.stream:
+        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+        return await streamed(chat_choices_stream(svc, body, requests, head, job.n_prompt))
+    outs = await collect_choices(svc, requests)
+    finals = [out.final for out in outs]
+    reply: dict[str, Any] = {
+        **base_fields(svc, "chat.completion", completion_id, created),
+        "choices": [chat_choice(svc, body, out, i) for i, out in enumerate(outs)],
+        "usage": choices_usage(job.n_prompt, finals),
+    }
+    timings = request_timings(finals)
+    if timings is not None:
+        reply["timings"] = timings.as_dict()
+    return reply
+
+
+async def chat_choices_stream(
+    svc: ModelService,
+    body: ChatCompletionRequest,
+    requests: list[GenerationRequest],
+    head: dict[str, Any],
+    n_prompt: int,
+) -> AsyncIterator[bytes]:
+    chunks = ChatChunks(svc, body, head)
+    for index in range(len(requests)):
+        yield chunks.chunk({"role": "assistant", "content": None}, index=index)
+    finals: list[TokenEvent | None] = [None] * len(requests)
+    async for index, event in choice_events(svc, requests):
+        for data in chunks.event(event, index):
+            yield data
+        if event.finish_reason is not None:
+            finals[index] = event
+            yield chunks.finish(event, index)
+    for data in chunks.end(None, choices_usage(n_prompt, finals), n=len(requests)):
         yield data
 
 
@@ -245,41 +300,68 @@ async def completions() -> Any:
     completion_id = svc.new_id("cmpl")
     n_probs = body.logprobs or 0
     gen = await build_request(svc, body, tokens, n_probs, completion_id, truncated)
+    requests = choice_requests(svc, gen, body.n_choices())
     created = int(time.time())
     head = base_fields(svc, "text_completion", completion_id, created)
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
-        return sse.response(completion_stream(svc, body, gen, head, len(tokens), prefix))
-    out = await collect(svc, gen)
-    choice = {"index": 0, "text": prefix + out.text, "finish_reason": out.finish_reason, "logprobs": None}
-    if n_probs:
-        choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
-    reply = {**head, "choices": [choice], "usage": usage(len(tokens), out.final)}
-    if out.timings:
-        reply["timings"] = out.timings.as_dict()
+        return sse.response(completion_stream(svc, body, requests, head, len(tokens), prefix))
+    outs = await collect_choices(svc, requests) if len(requests) > 1 else [await collect(svc, gen)]
+    choices = []
+    for index, out in enumerate(outs):
+        choice = {
+            "index": index,
+            "text": prefix + out.text,
+            "finish_reason": out.finish_reason,
+            "logprobs": None,
+        }
+        if n_probs:
+            choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
+        choices.append(choice)
+    finals = [out.final for out in outs]
+    reply = {**head, "choices": choices, "usage": choices_usage(len(tokens), finals)}
+    timings = request_timings(finals)
+    if timings is not None:
+        reply["timings"] = timings.as_dict()
     return reply
 
 
 async def completion_stream(
-    svc: ModelService, body: GenerationFields, gen: Any, head: dict[str, Any], n_prompt: int, prefix: str
+    svc: ModelService,
+    body: GenerationFields,
+    requests: list[GenerationRequest],
+    head: dict[str, Any],
+    n_prompt: int,
+    prefix: str,
 ) -> AsyncIterator[bytes]:
-    def chunk(text: str, finish: str | None) -> bytes:
-        return sse.event(
-            {**head, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
-        )
+    def chunk(text: str, finish: str | None, index: int) -> bytes:
+        choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+        return sse.event({**head, "choices": [choice]})
 
-    if prefix:
-        yield chunk(prefix, None)
-    final: TokenEvent | None = None
-    async for event in events_of(svc, gen):
+    for index in range(len(requests) if prefix else 0):
+        yield chunk(prefix, None, index)
+    finals: list[TokenEvent | None] = [None] * len(requests)
+    async for index, event in indexed_events(svc, requests):
         if event.finish_reason is not None:
-            final = event
-            yield chunk(event.text, final_reason(event))
+            finals[index] = event
+            yield chunk(event.text, final_reason(event), index)
         elif event.text:
-            yield chunk(event.text, None)
+            yield chunk(event.text, None, index)
     if (body.stream_options or {}).get("include_usage"):
-        yield sse.event({**head, "choices": [], "usage": usage(n_prompt, final)})
+        yield sse.event({**head, "choices": [], "usage": choices_usage(n_prompt, finals)})
     yield sse.DONE
+
+
+async def indexed_events(
+    svc: ModelService, requests: list[GenerationRequest]
+) -> AsyncIterator[tuple[int, TokenEvent]]:
+    """One request's events (index 0), or n choices' (server/choices.py)."""
+    if len(requests) > 1:
+        async for item in choice_events(svc, requests):
+            yield item
+        return
+    async for event in events_of(svc, requests[0]):
+        yield 0, event
 
 
 # -- models ----------------------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""The embedding and rerank bodies (llama-server's and OpenAI's shapes); bad input is a 400 naming the field.
+
+An embedding input is what llama-server's tokenize_input_prompts takes: a string, a list of token ids,
+or a list whose items are strings, token lists or mixed lists of both (one embedding per item).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+
+# One prompt: a text, or token ids with texts mixed in (llama-server's mixed prompt).
+Piece = StrictStr | StrictInt
+Prompt = StrictStr | list[Piece]
+
+
+class EmbeddingsBody(BaseModel):
+    """POST /embedding, /embeddings (llama-server's `content`) and /v1/embeddings (OpenAI's `input`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input: Prompt | list[Prompt] | None = None
+    content: Prompt | list[Prompt] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    embd_normalize: StrictInt | None = Field(default=None, ge=-1)
+    model: StrictStr | None = None  # echoed back, as llama-server does
+    user: StrictStr | None = None  # OpenAI's end-user id: metadata
+
+    @model_validator(mode="after")
+    def _one_input(self) -> EmbeddingsBody:
+        if self.input is None and self.content is None:
+            raise ValueError('"input" or "content" must be provided')
+        if self.input is not None and self.content is not None:
+            raise ValueError('give "input" or "content", not both')
+        return self
+
+    def prompts(self) -> list[str | list[Piece]]:
+        """One entry per embedding wanted: a list of ids (or mixed) is one prompt, other lists several."""
+        value = self.input if self.input is not None else self.content
+        assert value is not None
+        if isinstance(value, str):
+            return [value]
+        if value and all(isinstance(v, int) for v in value) or not value:
+            return [value]  # type: ignore[list-item]
+        return [v if isinstance(v, (str, list)) else [v] for v in value]  # type: ignore[misc]
+
+
+class RerankBody(BaseModel):
+    """POST /rerank, /reranking, /v1/rerank, /v1/reranking: Jina's shape (`documents`, results with
+    `relevance_score`) or TEI's (`texts`, a bare list with `score`; `return_text` adds each text)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    query: StrictStr
+    documents: list[StrictStr] | None = None
+    texts: list[StrictStr] | None = None
+    top_n: StrictInt | None = Field(default=None, ge=0)
+    return_text: bool = False
+    model: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _documents(self) -> RerankBody:
+        docs = self.documents if self.documents is not None else self.texts
+        if not docs:
+            raise ValueError('"documents" must be a non-empty string array')
+        if self.documents is not None and self.texts is not None:
+            raise ValueError('give "documents" or "texts", not both')
+        return self
+
+    @property
+    def tei(self) -> bool:
+        return self.texts is not None
+
+    @property
+    def docs(self) -> list[str]:
+        return list(self.documents if self.documents is not None else self.texts or [])
