@@ -151,7 +151,7 @@ def random_weight(qtype: QType, rows: int, cols: int) -> np.ndarray:
 
     scale_at = 208 if qtype == QType.Q6_K else 0
     f16(scale_at, 0.001, 0.02)
-    if qtype in (QType.Q4_1, QType.Q4_K):
+    if qtype in (QType.Q4_1, QType.Q5_1, QType.Q4_K, QType.Q5_K):
         f16(2, -0.05, 0.05)  # the block minimum / dmin
     return raw.reshape(rows, -1)
 

@@ -12,9 +12,15 @@ from engine.gguf import GGUFFile
 from engine.quant import QType
 
 RNG = np.random.default_rng(0)
-QUANTIZED = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K]
+QUANTIZED = [q for q in QType if q not in (QType.F32, QType.F16, QType.BF16)]
 # Byte offsets of the f16 scale fields per block, set to sane values in random K-quant blocks.
-_F16_FIELDS = {QType.Q4_K: (0, 2), QType.Q6_K: (208,)}
+_F16_FIELDS = {
+    QType.Q4_K: (0, 2),
+    QType.Q5_K: (0, 2),
+    QType.Q6_K: (208,),
+    QType.IQ4_NL: (0,),
+    QType.IQ4_XS: (0,),
+}
 
 
 def random_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
@@ -23,7 +29,7 @@ def random_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
         return RNG.standard_normal((rows, cols)).astype(np.float32)
     if qtype == QType.F16:
         return RNG.standard_normal((rows, cols)).astype(np.float16)
-    if qtype in _F16_FIELDS:  # gguf-py cannot quantize K-quants: random bits, finite scales
+    if qtype in _F16_FIELDS:  # gguf-py cannot quantize K-quants or IQ4: random bits, finite scales
         layout = quant.BLOCK_LAYOUTS[qtype]
         raw = RNG.integers(0, 256, (rows, cols // layout.block_size, layout.type_size), dtype=np.uint8)
         for offset in _F16_FIELDS[qtype]:
@@ -81,10 +87,10 @@ def test_model_types_are_covered(model: str, request: pytest.FixtureRequest) -> 
 
 
 def test_unsupported_type_is_named() -> None:
-    with pytest.raises(quant.UnsupportedTensorTypeError, match="Q5_K"):
-        quant.qtype_of(int(GGMLQuantizationType.Q5_K))
-    with pytest.raises(quant.UnsupportedTensorTypeError, match="IQ4_XS"):
-        quant.pack_weight(np.zeros((1, 136), np.uint8), int(GGMLQuantizationType.IQ4_XS), (1, 256))
+    with pytest.raises(quant.UnsupportedTensorTypeError, match="IQ2_XXS"):
+        quant.qtype_of(int(GGMLQuantizationType.IQ2_XXS))
+    with pytest.raises(quant.UnsupportedTensorTypeError, match="IQ3_S"):
+        quant.pack_weight(np.zeros((1, 110), np.uint8), int(GGMLQuantizationType.IQ3_S), (1, 256))
     with pytest.raises(quant.UnsupportedTensorTypeError, match="unknown"):
         quant.dequantize(np.zeros((1, 4), np.uint8), 999, (1, 4))
 
