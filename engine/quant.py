@@ -7,6 +7,10 @@ Stored layouts (ggml-common.h), per block of `block_size` weights along a row:
     Q5_0  32 w, 22 B: f16 d | u32 high bits | 16 B    w = d * (q - 16), q = nibble | high bit << 4
     Q5_1  32 w, 24 B: f16 d | f16 m | u32 high bits | 16 B    w = d * q + m, q as Q5_0
     Q8_0  32 w, 34 B: f16 d | 32 x int8               w = d * q
+    Q2_K 256 w, 84 B: 16 B (scale | min << 4) per 16 | 64 B two-bit quants | f16 d | f16 dmin
+                      w = d * sc * q - dmin * mn; byte l of 32-chunk c holds sub-blocks 4c..4c+3
+    Q3_K 256 w, 110 B: 32 B high bits | 64 B two-bit quants as Q2_K | 12 B six-bit scales | f16 d
+                      w = d * (sc - 32) * q, q = low two bits - (4 unless the high bit is set)
     Q4_K 256 w, 144 B: f16 d | f16 dmin | 12 B six-bit (scale, min) x 8 | 128 B nibbles
                       w = d * sc[s] * q - dmin * mn[s] for sub-block s of 32
     Q5_K 256 w, 176 B: f16 d | f16 dmin | 12 B scales as Q4_K | 32 B fifth bits | 128 B nibbles as Q4_K
@@ -54,6 +58,8 @@ class QType(IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
@@ -76,6 +82,8 @@ BLOCK_LAYOUTS: dict[QType, BlockLayout] = {
     QType.Q5_0: BlockLayout(32, 22),
     QType.Q5_1: BlockLayout(32, 24),
     QType.Q8_0: BlockLayout(32, 34),
+    QType.Q2_K: BlockLayout(256, 84),
+    QType.Q3_K: BlockLayout(256, 110),
     QType.Q4_K: BlockLayout(256, 144),
     QType.Q5_K: BlockLayout(256, 176),
     QType.Q6_K: BlockLayout(256, 210),
@@ -179,6 +187,29 @@ def _iq4_xs_scales(b: np.ndarray) -> np.ndarray:
     return (low.reshape(*b.shape[:-1], 8) | (high << 4)).astype(np.int8) - np.int8(32)
 
 
+def _two_bit_quants(qs: np.ndarray) -> np.ndarray:
+    """(..., 64) Q2_K/Q3_K bytes -> (..., 256) two-bit values: byte l of chunk c (32 bytes) holds
+    weight l of 32-sub-blocks 4c .. 4c + 3 in bits 0-1 .. 6-7."""
+    lead = qs.shape[:-1]
+    shifted = qs.reshape(*lead, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    return (shifted & 3).reshape(*lead, 256)
+
+
+def _q3_k_quants(hmask: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """(..., 32) high-bit and (..., 64) low-bit bytes -> (..., 256) signed quants (-4..3)."""
+    high = (hmask[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (..., sub-block, 32)
+    low = _two_bit_quants(qs).astype(np.int8)
+    return low - ((1 - high.reshape(*hmask.shape[:-1], 256)) << 2).astype(np.int8)
+
+
+def _q3_k_scales(scales: np.ndarray) -> np.ndarray:
+    """(..., 12) bytes -> (..., 16) signed six-bit scales (sc - 32) per 16 weights."""
+    low = (scales[..., None, 0:8] >> np.array([0, 4], np.uint8)[:, None]) & 0x0F  # (..., 2, 8)
+    high = (scales[..., None, 8:12] >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (..., 4, 4)
+    lead = scales.shape[:-1]
+    return (low.reshape(*lead, 16) | (high.reshape(*lead, 16) << 4)).astype(np.int8) - np.int8(32)
+
+
 def _q6_k_quants(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
     """(..., 128) low and (..., 64) high bytes -> (..., 256) unsigned six-bit quants (0..63)."""
     lead = ql.shape[:-1]
@@ -219,6 +250,16 @@ def dequantize(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> np.ndarr
         w = dl[..., None] * levels
     elif qt == QType.Q8_0:
         w = b[..., 2:].view(np.int8).astype(np.float32) * _as_f32(_f16(b[..., 0:2]))[..., None]
+    elif qt == QType.Q2_K:
+        d, dmin = _as_f32(_f16(b[..., 80:82]))[..., None], _as_f32(_f16(b[..., 82:84]))[..., None]
+        dl = d * (b[..., 0:16] & 0x0F).astype(np.float32)
+        ml = dmin * (b[..., 0:16] >> 4).astype(np.float32)
+        q = _two_bit_quants(b[..., 16:80]).reshape(rows, -1, 16, 16).astype(np.float32)
+        w = dl[..., None] * q - ml[..., None]
+    elif qt == QType.Q3_K:
+        dl = _as_f32(_f16(b[..., 108:110]))[..., None] * _q3_k_scales(b[..., 96:108]).astype(np.float32)
+        q = _q3_k_quants(b[..., 0:32], b[..., 32:96]).reshape(rows, -1, 16, 16).astype(np.float32)
+        w = dl[..., None] * q
     elif qt == QType.Q4_K:
         d, dmin = _as_f32(_f16(b[..., 0:2]))[..., None], _as_f32(_f16(b[..., 2:4]))[..., None]
         sc, mn = _q4_k_scales(b[..., 4:16])
@@ -260,6 +301,10 @@ class PackedWeight:
         IQ4_NL qs, d as Q4_0 (the nibbles index IQ4_LEVELS)
         IQ4_XS qs as IQ4_NL per 32-sub-block; sc int8 (g, nb * 32) ls - 32; d uint16 f16 (g, ns * 32)
         Q8_0  qs int8 (g, nb * 32 * 32) weight k of block b; d as Q4_0
+        Q2_K  qs q as nibbles, paired as Q4_0 per 32-block (4 bits for 2: simple, 2x the stored bytes)
+              sc, mn uint8 (g, nb * 2 * 32) scale and min per 16; d, m uint16 f16 (g, ns * 32)
+        Q3_K  qs q + 4 (0..7) as nibbles, paired as Q4_0 (4 bits for 3.4: +33% of the stored bytes)
+              sc int8 (g, nb * 2 * 32) sc - 32 per 16; d uint16 f16 (g, ns * 32)
         Q4_K  qs as Q4_0 per 32-sub-block (re-paired from ggml's 64-weight chunks)
               sc, mn uint8 (g, nb * 32) six-bit scale and min per sub-block
               d, m uint16 f16 (g, ns * 32) super-block scale and dmin
@@ -407,6 +452,28 @@ def _k_nibble_pairs(qs: np.ndarray) -> np.ndarray:
     return np.stack([even, odd], axis=-2).reshape(rows, -1, 16)
 
 
+def _pack_q2_k(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    rows = b.shape[0]
+    q = _two_bit_quants(b[..., 16:80]).reshape(rows, -1, 32)
+    return {
+        "qs": _interleave(_pair_nibbles(q), n_groups),
+        "sc": _interleave((b[..., 0:16] & 0x0F).reshape(rows, -1), n_groups),
+        "mn": _interleave((b[..., 0:16] >> 4).reshape(rows, -1), n_groups),
+        "d": _interleave(_f16(b[..., 80:82]), n_groups),
+        "m": _interleave(_f16(b[..., 82:84]), n_groups),
+    }
+
+
+def _pack_q3_k(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    rows = b.shape[0]
+    q = (_q3_k_quants(b[..., 0:32], b[..., 32:96]) + 4).astype(np.uint8).reshape(rows, -1, 32)
+    return {
+        "qs": _interleave(_pair_nibbles(q), n_groups),
+        "sc": _interleave(_q3_k_scales(b[..., 96:108]).reshape(rows, -1), n_groups),
+        "d": _interleave(_f16(b[..., 108:110]), n_groups),
+    }
+
+
 def _pack_q4_k(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
     rows = b.shape[0]
     qs = _k_nibble_pairs(b[..., 16:])
@@ -453,6 +520,8 @@ _PACKERS = {
     QType.IQ4_NL: _pack_q4_0,
     QType.IQ4_XS: _pack_iq4_xs,
     QType.Q8_0: _pack_q8_0,
+    QType.Q2_K: _pack_q2_k,
+    QType.Q3_K: _pack_q3_k,
     QType.Q4_K: _pack_q4_k,
     QType.Q5_K: _pack_q5_k,
     QType.Q6_K: _pack_q6_k,

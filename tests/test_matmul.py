@@ -17,15 +17,10 @@ from engine.quant import QType
 from tests.test_quant import random_blocks
 
 RNG = np.random.default_rng(1)
-INTEGER_PATH = (
-    {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K}
-    | {
-        QType.IQ4_NL,
-        QType.IQ4_XS,
-    }
-    | ({QType.Q8_0} if mm.HAS_VNNI else set())
-)
 INT16_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K}
+INT16_PATH |= {QType.Q2_K, QType.Q3_K}
+# The types whose activations the kernels quantize to int8 (IQ4 sums in int32; Q8_0 on VNNI CPUs).
+INTEGER_PATH = INT16_PATH | {QType.IQ4_NL, QType.IQ4_XS} | ({QType.Q8_0} if mm.HAS_VNNI else set())
 
 
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
@@ -117,6 +112,14 @@ def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
     elif qtype == QType.Q6_K:
         raw[..., 208:210] = scale
         raw[..., 192:208] = 127
+    elif qtype == QType.Q3_K:  # stored as q + 4: all high bits set and low bits 3 (q = 3, stored 7)
+        raw[..., 108:110] = scale
+        raw[..., 0:96] = 0xFF
+        raw[..., 96:108] = 0xFF  # scales 63 - 32 = 31
+    elif qtype == QType.Q2_K:  # q = 3 everywhere, scales and mins 15
+        raw[..., 80:82] = scale
+        raw[..., 82:84] = scale
+        raw[..., 0:80] = 0xFF
     else:
         raw[..., 0:2] = scale
         if qtype == QType.Q4_0:

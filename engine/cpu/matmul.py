@@ -7,7 +7,7 @@ a tile of up to 8 tokens, keeping 32 per-row sums per token in vector registers:
 Each weight byte is read from memory once per call (decode, T small, is bound by that) and decoded
 once per tile of 8 tokens (prefill, bound by arithmetic).
 
-Integer path (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K; IQ4_NL, IQ4_XS with int32 sums): the
+Integer path (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K; IQ4_NL, IQ4_XS with int32 sums): the
 activations are quantized once per call to int8 values (held as int16 so one load broadcasts them)
 exactly as llama.cpp's q8_0/q8_1/q8_K blocks (see ACTIVATIONS); the inner loop multiplies and adds
 int16 lanes (vpmullw/vpaddw, 32 rows per instruction).
@@ -61,6 +61,8 @@ ACTIVATIONS = {
     QType.Q8_0: ACT_Q8_0,
     QType.IQ4_NL: ACT_Q8_0,
     QType.IQ4_XS: ACT_Q8_K,
+    QType.Q2_K: ACT_Q8_K,
+    QType.Q3_K: ACT_Q8_K,
     QType.Q4_K: ACT_Q8_K,
     QType.Q5_K: ACT_Q8_K,
     QType.Q6_K: ACT_Q8_K,
@@ -814,6 +816,83 @@ def _matmul_iq4_xs(x, qs, d, sc, out) -> None:  # type: ignore[no-untyped-def]
 
 
 # ---------------------------------------------------------------------------------------------------
+# Q3_K and Q2_K: a scale per 16 weights, quants stored as nibbles (Q3_K's q + 4, Q2_K's q) paired as
+# the 4-bit layout. Positions j and j + 16 of a 32-block lie in different 16-weight sub-blocks, so
+# they keep separate sums (as Q6_K); 16 products of at most 7 * 127 fit int16. The constant part of
+# each weight (Q3_K's -4 * d * sc, Q2_K's -dmin * mn) goes through the 16-weight activation sums.
+
+
+@njit(inline="always")
+def _k16_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    qs, d, m, sc, mn, is_q2, xq, xd, xs16, out = a
+    acc = stack_tile_f32()
+    slo = stack_tile_i16()
+    shi = stack_tile_i16()
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        _zero_tile(slo, n_tok)
+        _zero_tile(shi, n_tok)
+        for j in range(16):
+            wq = _lanes(qs, g, b * 16 + j)
+            for t in range(n_tok):
+                xlo = xq[t0 + t, b * QK + j]
+                xhi = xq[t0 + t, b * QK + j + 16]
+                for r in range(ROWS):
+                    v = np.int16(wq[r])
+                    slo[t, r] += np.int16(v & 15) * xlo
+                    shi[t, r] += np.int16(v >> 4) * xhi
+        dq, sclo, schi = _lanes(d, g, b >> 3), _lanes(sc, g, 2 * b), _lanes(sc, g, 2 * b + 1)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                lo = np.float32(sclo[r]) * np.float32(slo[t, r])
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * (lo + np.float32(schi[r]) * np.float32(shi[t, r]))
+        if is_q2:
+            mq, mnlo, mnhi = _lanes(m, g, b >> 3), _lanes(mn, g, 2 * b), _lanes(mn, g, 2 * b + 1)
+            for t in range(n_tok):
+                xa, xb = xs16[t0 + t, 2 * b], xs16[t0 + t, 2 * b + 1]
+                for r in range(ROWS):
+                    acc[t, r] -= f16_to_f32(mq[r]) * (np.float32(mnlo[r]) * xa + np.float32(mnhi[r]) * xb)
+        else:
+            for t in range(n_tok):
+                xa, xb = xs16[t0 + t, 2 * b], xs16[t0 + t, 2 * b + 1]
+                for r in range(ROWS):
+                    low = np.float32(sclo[r]) * xa + np.float32(schi[r]) * xb
+                    acc[t, r] -= np.float32(4.0) * f16_to_f32(dq[r]) * low
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(**_KERNEL)
+def _sums16(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    """d * sum(q) per 16 activations (llama.cpp's q8_K bsums, scaled)."""
+    n_tok, k = xq.shape
+    out = np.empty((n_tok, k // 16), np.float32)
+    for t in range(n_tok):
+        for h in range(k // 16):
+            total = 0
+            for i in range(16):
+                total += np.int32(xq[t, h * 16 + i])
+            out[t, h] = xd[t, h // 2] * np.float32(total)
+    return out
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q3k(x, qs, d, sc, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, d, d, sc, sc, False, xq, xd, _sums16(xq, xd), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _k16_tile, a, _k16_tile, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q2k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, d, m, sc, mn, True, xq, xd, _sums16(xq, xd), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _k16_tile, a, _k16_tile, a, g)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Q6_K: low nibbles as the 4-bit layout; top two bits of positions (j, j + 16) in qh byte j // 2 of
 # the block, bits 4 * (j % 2) + (0..1, 2..3). Positions j (< 16) and j + 16 lie in different
 # 16-weight sub-blocks, so they keep separate sums; 8 products of at most 32 * 127 fit int16.
@@ -1069,6 +1148,28 @@ def _rows_iq4(ids, qs, d, sc, per_sub_block, out) -> None:  # type: ignore[no-un
 
 
 @njit(**_KERNEL)
+def _rows_k16(ids, qs, d, m, sc, mn, is_q2, out) -> None:  # type: ignore[no-untyped-def]
+    """Q3_K (stored q + 4) and Q2_K (w = d * sc * q - dmin * mn) rows."""
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            ds = f16_to_f32(d[g, (b >> 3) * ROWS + r])
+            dlo = ds * np.float32(sc[g, (2 * b) * ROWS + r])
+            dhi = ds * np.float32(sc[g, (2 * b + 1) * ROWS + r])
+            for j in range(16):
+                v = np.int32(qs[g, (b * 16 + j) * ROWS + r])
+                if is_q2:
+                    dm = f16_to_f32(m[g, (b >> 3) * ROWS + r])
+                    mlo = dm * np.float32(mn[g, (2 * b) * ROWS + r])
+                    mhi = dm * np.float32(mn[g, (2 * b + 1) * ROWS + r])
+                    out[i, b * QK + j] = dlo * np.float32(v & 15) - mlo
+                    out[i, b * QK + j + 16] = dhi * np.float32(v >> 4) - mhi
+                else:
+                    out[i, b * QK + j] = dlo * np.float32((v & 15) - 4)
+                    out[i, b * QK + j + 16] = dhi * np.float32((v >> 4) - 4)
+
+
+@njit(**_KERNEL)
 def _rows_q6k(ids, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
     for i in range(ids.shape[0]):
         g, r = ids[i] // ROWS, ids[i] % ROWS
@@ -1146,6 +1247,8 @@ _MATMUL = {
         x, w.qs, w.d, w.m, w.sc, w.mn, out
     ),
     QType.Q5_0: lambda x, w, out: _matmul_q5(x, w.qs, w.qh, w.d, out),
+    QType.Q3_K: lambda x, w, out: _matmul_q3k(x, w.qs, w.d, w.sc, out),
+    QType.Q2_K: lambda x, w, out: _matmul_q2k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
     QType.Q5_1: lambda x, w, out: _matmul_q5_1(x, w.qs, w.qh, w.d, w.m, out),
     QType.Q5_K: lambda x, w, out: _matmul_q5k(x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out),
     QType.Q6_K: lambda x, w, out: _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out),
@@ -1162,6 +1265,8 @@ _GET_ROWS = {
     QType.Q4_1: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_1, out),
     QType.Q4_K: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_K, out),
     QType.Q5_0: lambda w, ids, out: _rows_q5(ids, w.qs, w.qh, w.d, out),
+    QType.Q3_K: lambda w, ids, out: _rows_k16(ids, w.qs, w.d, w.d, w.sc, w.sc, False, out),
+    QType.Q2_K: lambda w, ids, out: _rows_k16(ids, w.qs, w.d, w.m, w.sc, w.mn, True, out),
     QType.Q5_1: lambda w, ids, out: _rows_q5_1(ids, w.qs, w.qh, w.d, w.m, out),
     QType.Q5_K: lambda w, ids, out: _rows_q5k(ids, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out),
     QType.Q6_K: lambda w, ids, out: _rows_q6k(ids, w.qs, w.qh, w.sc, w.d, out),

@@ -30,7 +30,7 @@ from engine.cuda.arrays import blocks, device, ids, write_back
 from engine.quant import IQ4_LEVELS, ROWS, QType
 
 (KIND_Q4_0, KIND_Q4_1, KIND_Q4_K, KIND_Q5_0, KIND_Q6_K, KIND_Q8_0, KIND_FLOAT) = range(7)
-KIND_Q5_K, KIND_Q5_1, KIND_IQ4_NL, KIND_IQ4_XS = range(7, 11)
+KIND_Q5_K, KIND_Q5_1, KIND_IQ4_NL, KIND_IQ4_XS, KIND_Q3_K, KIND_Q2_K = range(7, 13)
 KINDS = {
     QType.Q4_0: KIND_Q4_0,
     QType.Q4_1: KIND_Q4_1,
@@ -40,6 +40,8 @@ KINDS = {
     QType.Q5_1: KIND_Q5_1,
     QType.IQ4_NL: KIND_IQ4_NL,
     QType.IQ4_XS: KIND_IQ4_XS,
+    QType.Q3_K: KIND_Q3_K,
+    QType.Q2_K: KIND_Q2_K,
     QType.Q6_K: KIND_Q6_K,
     QType.Q8_0: KIND_Q8_0,
     QType.F32: KIND_FLOAT,
@@ -139,11 +141,15 @@ def block_params(kind, d, m, sc, mn, g, b, r):  # type: ignore[no-untyped-def]
     if kind == KIND_IQ4_XS:
         s = float32(d[g, (b >> 3) * 32 + r]) * float32(sc[g, b * 32 + r])
         return s, float32(0.0), s, float32(0.0)
-    # Q6_K: one int8 scale per 16 weights
+    # Q6_K, Q3_K (quants stored + 32, + 4) and Q2_K (a min): one scale per 16 weights
     ds = float32(d[g, (b >> 3) * 32 + r])
     s_lo = ds * float32(sc[g, (2 * b) * 32 + r])
     s_hi = ds * float32(sc[g, (2 * b + 1) * 32 + r])
-    return s_lo, float32(-32.0) * s_lo, s_hi, float32(-32.0) * s_hi
+    if kind == KIND_Q2_K:
+        dm = float32(m[g, (b >> 3) * 32 + r])
+        return s_lo, -dm * float32(mn[g, (2 * b) * 32 + r]), s_hi, -dm * float32(mn[g, (2 * b + 1) * 32 + r])
+    offset = float32(-4.0) if kind == KIND_Q3_K else float32(-32.0)
+    return s_lo, offset * s_lo, s_hi, offset * s_hi
 
 
 @cuda.jit(device=True)
@@ -273,7 +279,7 @@ def _dequant_row(kind, row, qs, qh, d, m, sc, mn, f, out, i):  # type: ignore[no
             out[i, b * 32 + j + 16] = s_hi * q_hi + l_hi
 
 
-ALL_KINDS = tuple(range(11))  # every KIND_* above
+ALL_KINDS = tuple(range(13))  # every KIND_* above
 MATMUL_PY = {(kind, tile): _make_matmul(kind, tile) for kind in ALL_KINDS for tile in TILES}
 GET_ROWS_PY = {kind: _make_get_rows(kind) for kind in ALL_KINDS}
 _MATMUL = {key: cuda.jit(fn) for key, fn in MATMUL_PY.items()}
