@@ -227,3 +227,17 @@ def test_vnni_path_is_bitwise_the_int16_path(qtype: QType, monkeypatch: pytest.M
         vnni = run_matmul(w, x)
         monkeypatch.setattr(mm, "HAS_VNNI", False)
         np.testing.assert_array_equal(vnni, run_matmul(w, x))
+
+
+@pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("qtype", [QType.IQ4_NL, QType.IQ4_XS], ids=lambda q: q.name)
+def test_iq4_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU has VNNI the IQ4 kernels decode the levels with pshufb; the portable kernels (a
+    table lookup per lane, int32 sums) must give the same exact product on the other CPUs."""
+    rows, cols = 70, 512
+    data = random_blocks(qtype, rows, cols)
+    monkeypatch.setattr(mm, "HAS_VNNI", False)
+    for n_tok in (1, 13):
+        x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
+        weights = quant.dequantize(data, qtype, (rows, cols))
+        check(qtype, quant.pack_weight(data, qtype, (rows, cols)), weights, x)
