@@ -301,10 +301,12 @@ class PackedWeight:
         IQ4_NL qs, d as Q4_0 (the nibbles index IQ4_LEVELS)
         IQ4_XS qs as IQ4_NL per 32-sub-block; sc int8 (g, nb * 32) ls - 32; d uint16 f16 (g, ns * 32)
         Q8_0  qs int8 (g, nb * 32 * 32) weight k of block b; d as Q4_0
-        Q2_K  qs q as nibbles, paired as Q4_0 per 32-block (4 bits for 2: simple, 2x the stored bytes)
-              sc, mn uint8 (g, nb * 2 * 32) scale and min per 16; d, m uint16 f16 (g, ns * 32)
-        Q3_K  qs q + 4 (0..7) as nibbles, paired as Q4_0 (4 bits for 3.4: +33% of the stored bytes)
-              sc int8 (g, nb * 2 * 32) sc - 32 per 16; d uint16 f16 (g, ns * 32)
+        Q2_K  qs uint8 (g, nb * 8 * 32): byte p of block b holds the two-bit quants of weights p, p + 8,
+              p + 16, p + 24 in bits 0-1 .. 6-7 (p < 8); sc, mn uint8 (g, nb * 2 * 32) scale and min
+              per 16 weights; d, m uint16 f16 (g, ns * 32)
+        Q3_K  qs as Q2_K holding the low two bits of q + 4 (0..7); qh uint8 (g, nb * 4 * 32): byte c of
+              block b holds the third bits of weights c + 8k in bit k and of c + 4 + 8k in bit 4 + k;
+              sc int8 (g, nb * 2 * 32) sc - 32 per 16 weights; d uint16 f16 (g, ns * 32)
         Q4_K  qs as Q4_0 per 32-sub-block (re-paired from ggml's 64-weight chunks)
               sc, mn uint8 (g, nb * 32) six-bit scale and min per sub-block
               d, m uint16 f16 (g, ns * 32) super-block scale and dmin
@@ -452,11 +454,24 @@ def _k_nibble_pairs(qs: np.ndarray) -> np.ndarray:
     return np.stack([even, odd], axis=-2).reshape(rows, -1, 16)
 
 
+def _crumbs(q: np.ndarray) -> np.ndarray:
+    """(..., 32) two-bit values of a 32-block -> (..., 8) bytes, byte p = q[p + 8k] << 2k for k < 4."""
+    parts = q.reshape(*q.shape[:-1], 4, 8).astype(np.uint8) << (2 * np.arange(4, dtype=np.uint8))[:, None]
+    return np.bitwise_or.reduce(parts, axis=-2)
+
+
+def _third_bits(high: np.ndarray) -> np.ndarray:
+    """(..., 32) bits of a 32-block -> (..., 4) bytes; byte c: bit(c + 8k) at k, bit(c + 4 + 8k) at 4 + k."""
+    parts = high.reshape(*high.shape[:-1], 4, 2, 4).astype(np.uint8)  # [k, half, c] = weight 8k + 4 half + c
+    shifts = (np.arange(4, dtype=np.uint8)[:, None] + np.array([0, 4], np.uint8)[None, :])[..., None]
+    return np.bitwise_or.reduce((parts << shifts).reshape(*high.shape[:-1], 8, 4), axis=-2)
+
+
 def _pack_q2_k(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
     rows = b.shape[0]
     q = _two_bit_quants(b[..., 16:80]).reshape(rows, -1, 32)
     return {
-        "qs": _interleave(_pair_nibbles(q), n_groups),
+        "qs": _interleave(_crumbs(q), n_groups),
         "sc": _interleave((b[..., 0:16] & 0x0F).reshape(rows, -1), n_groups),
         "mn": _interleave((b[..., 0:16] >> 4).reshape(rows, -1), n_groups),
         "d": _interleave(_f16(b[..., 80:82]), n_groups),
@@ -468,7 +483,8 @@ def _pack_q3_k(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
     rows = b.shape[0]
     q = (_q3_k_quants(b[..., 0:32], b[..., 32:96]) + 4).astype(np.uint8).reshape(rows, -1, 32)
     return {
-        "qs": _interleave(_pair_nibbles(q), n_groups),
+        "qs": _interleave(_crumbs(q & 3), n_groups),
+        "qh": _interleave(_third_bits(q >> 2), n_groups),
         "sc": _interleave(_q3_k_scales(b[..., 96:108]).reshape(rows, -1), n_groups),
         "d": _interleave(_f16(b[..., 108:110]), n_groups),
     }

@@ -155,6 +155,17 @@ def block_params(kind, d, m, sc, mn, g, b, r):  # type: ignore[no-untyped-def]
 @cuda.jit(device=True)
 def quants(kind, qs, qh, g, b, j, r):  # type: ignore[no-untyped-def]
     """The unsigned quants of weights j and j + 16 of block b (j < 16), as floats."""
+    if kind in (KIND_Q2_K, KIND_Q3_K):  # two-bit crumbs: byte p holds weights p + 8k, k < 4
+        p = j & 7
+        k = j >> 3
+        v = int32(qs[g, (b * 8 + p) * 32 + r])
+        lo = (v >> (2 * k)) & 3
+        hi = (v >> (2 * k + 4)) & 3
+        if kind == KIND_Q3_K:
+            h = int32(qh[g, (b * 4 + (p & 3)) * 32 + r]) >> (4 * (p >> 2))
+            lo |= ((h >> k) & 1) << 2
+            hi |= ((h >> (k + 2)) & 1) << 2
+        return float32(lo), float32(hi)
     v = int32(qs[g, (b * 16 + j) * 32 + r])
     lo = v & 15
     hi = v >> 4
