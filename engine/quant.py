@@ -30,10 +30,11 @@ ROWS (32, zero-padded at the end) and every field is stored "row-interleaved": f
 and one position inside the block, the values of the 32 rows are contiguous. A kernel then loads the
 same weight position of 32 rows as one vector, multiplies it by one broadcast activation and keeps 32
 per-row sums in vector lanes: no horizontal reductions, and each weight byte is read once per call.
-The bit budget of every format is kept (only Q4_K grows, by 3%: its six-bit scales and mins get a byte
-each), so decode, which is bound by bytes read, reads what llama.cpp reads. The 4/5/6-bit quants keep
-ggml's nibble pairing (j, j + 16); the fifth and sixth bits are regrouped so that the bit a kernel
-needs for position j sits at a shift known when the kernel is compiled (see PackedWeight).
+The bit budget of every format is kept (the K-quants' packed scales get a byte each: Q4_K, Q5_K and
+Q3_K grow by 2-4%, Q2_K by 19%), so decode, which is bound by bytes read, reads about what llama.cpp
+reads. The 4/5/6-bit quants keep ggml's nibble pairing (j, j + 16), Q2_K/Q3_K hold four two-bit
+quants (p, p + 8, p + 16, p + 24) a byte; the third, fifth and sixth bits are regrouped so that the
+bit a kernel needs for a position sits at a shift known when the kernel is compiled (see PackedWeight).
 """
 
 from __future__ import annotations
