@@ -8,7 +8,7 @@
     in ms per token and effective GB/s over the bytes of the packed weights;
     then the same step for 4 and 16 tokens (batched decode of several sequences);
 (b) prefill: T tokens through every layer matrix (not the head), in GFLOP/s (2 * N * K * T per matrix).
-With --types, one random matrix (tests/synthetic_gguf.py) per tensor type instead of a model: T=1
+With --types, one random matrix (tests/synthetic_quant_gguf.py) per tensor type instead of a model: T=1
 (matvec: ms, GB/s over the packed bytes) and T=16 (ms, its ratio to T=1), one table row per type.
 With --fuse, q|k|v and gate|up of a layer are concatenated into one matrix each (where their types
 match), as the model code may do: fewer, larger calls.
@@ -170,7 +170,7 @@ def bench_types(args: argparse.Namespace) -> None:
 
     from engine import quant
     from engine.cpu.matmul import matmul
-    from tests.synthetic_gguf import random_matrix
+    from tests.synthetic_quant_gguf import random_matrix
 
     rows, cols = (int(v) for v in args.shape.split("x"))
     rng = np.random.default_rng(0)

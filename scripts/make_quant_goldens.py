@@ -2,7 +2,7 @@
 
 Two steps, two virtual environments (llama-cpp-python's venv has no `gguf`, Llamba's no llama.cpp):
 
-    # 1. write the synthetic models (tests/synthetic_gguf.py, seeded: the test rebuilds the same bytes)
+    # 1. write the synthetic models (tests/synthetic_quant_gguf.py, seeded: the test rebuilds the same bytes)
     .venv/bin/python scripts/make_quant_goldens.py --write /tmp/quant-ggufs Q5_K BF16 ...
     # 2. llama.cpp's logits for every token of TOKENS, teacher-forced, into the golden file
     /work/llcpp-venv/bin/python scripts/make_quant_goldens.py --llama-cpp /tmp/quant-ggufs \\
@@ -32,7 +32,7 @@ SEED = 0
 
 def write(out_dir: Path, types: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from tests.synthetic_gguf import write_llama_gguf
+    from tests.synthetic_quant_gguf import write_llama_gguf
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in types:
@@ -74,7 +74,7 @@ def compare(golden_path: Path) -> None:
     from engine.batch import Batch, BatchPart
     from engine.gguf import GGUFFile
     from engine.models import load_model
-    from tests.synthetic_gguf import write_llama_gguf
+    from tests.synthetic_quant_gguf import write_llama_gguf
 
     golden = dict(np.load(golden_path))
     tokens = [int(t) for t in golden["tokens"]]

@@ -24,7 +24,7 @@ from engine.backend import select_backend
 from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile
 from engine.models import load_model
-from tests.synthetic_gguf import write_llama_gguf
+from tests.synthetic_quant_gguf import write_llama_gguf
 
 GOLDEN = Path(__file__).parent / "golden" / "quant_logits.npz"
 SEED = 0  # scripts/make_quant_goldens.py's
