@@ -66,7 +66,13 @@ def _weight_types(matmul: Any) -> Iterator[tuple[str, int, tuple[Any, ...]]]:
     for name, kind in (("q4_0", matmul.KIND_Q4_0), ("q4_1", matmul.KIND_Q4_1), ("q4_k", matmul.KIND_Q4_K)):
         yield name, kind, (u8, u8, h, h, u8, u8, arr(F32, 2))
     yield "q5_0", matmul.KIND_Q5_0, (u8, u8, h, h, u8, u8, arr(F32, 2))
+    yield "q5_1", matmul.KIND_Q5_1, (u8, u8, h, h, u8, u8, arr(F32, 2))
+    yield "q5_k", matmul.KIND_Q5_K, (u8, u8, h, h, u8, u8, arr(F32, 2))
+    yield "q2_k", matmul.KIND_Q2_K, (u8, u8, h, h, u8, u8, arr(F32, 2))
+    yield "q3_k", matmul.KIND_Q3_K, (u8, u8, h, h, i8, u8, arr(F32, 2))
     yield "q6_k", matmul.KIND_Q6_K, (u8, u8, h, h, i8, u8, arr(F32, 2))
+    yield "iq4_nl", matmul.KIND_IQ4_NL, (u8, u8, h, h, u8, u8, arr(F32, 2))
+    yield "iq4_xs", matmul.KIND_IQ4_XS, (u8, u8, h, h, i8, u8, arr(F32, 2))
     yield "q8_0", matmul.KIND_Q8_0, (i8, u8, h, h, u8, u8, arr(F32, 2))
     yield "f32", matmul.KIND_FLOAT, (u8, u8, h, h, u8, u8, arr(F32, 2))
     yield "f16", matmul.KIND_FLOAT, (u8, u8, h, h, u8, u8, h)

@@ -2,11 +2,14 @@
 
     .venv/bin/python scripts/bench_matmul.py [--model smollm2|gemma3|all] [--threads 2] [--repeat 7]
         [--prefill-tokens 512] [--spin N] [--fuse]
+    .venv/bin/python scripts/bench_matmul.py --types [Q4_K Q5_K ...] [--shape 4096x2048]
 
 (a) decode: one token (T = 1) through every weight matrix of the model (and the tied output head),
     in ms per token and effective GB/s over the bytes of the packed weights;
     then the same step for 4 and 16 tokens (batched decode of several sequences);
 (b) prefill: T tokens through every layer matrix (not the head), in GFLOP/s (2 * N * K * T per matrix).
+With --types, one random matrix (tests/synthetic_quant_gguf.py) per tensor type instead of a model: T=1
+(matvec: ms, GB/s over the packed bytes) and T=16 (ms, its ratio to T=1), one table row per type.
 With --fuse, q|k|v and gate|up of a layer are concatenated into one matrix each (where their types
 match), as the model code may do: fewer, larger calls.
 
@@ -44,6 +47,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--spin", type=int, default=None, help="GOMP_SPINCOUNT for the OpenMP workers")
     p.add_argument("--fuse", action="store_true", help="concatenate q|k|v and gate|up as a model may")
+    p.add_argument("--types", nargs="*", default=None, help="bench these tensor types (all when none named)")
+    p.add_argument("--shape", default="4096x2048", help="rows x columns of the --types matrix")
     return p.parse_args()
 
 
@@ -155,6 +160,38 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
         print(f"      {kind}: {len(sub)} matmuls {f / t.best / 1e9:.1f} GFLOP/s")
 
 
+BENCH_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+BENCH_TYPES += ["IQ4_NL", "IQ4_XS", "F16", "BF16"]
+
+
+def bench_types(args: argparse.Namespace) -> None:
+    """A markdown table: each type's matvec (T = 1) and 16-token tile (T = 16) on one random matrix."""
+    import numpy as np
+
+    from engine import quant
+    from engine.cpu.matmul import matmul
+    from tests.synthetic_quant_gguf import random_matrix
+
+    rows, cols = (int(v) for v in args.shape.split("x"))
+    rng = np.random.default_rng(0)
+    print(f"{rows} x {cols} weights, best of {args.repeat} (median in brackets)\n")
+    print("| type | packed MB | T=1 ms | T=1 GB/s | T=16 ms | T=16 / T=1 |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in args.types or BENCH_TYPES:
+        qtype = quant.QType[name]
+        w = quant.pack_weight(random_matrix(rng, name, rows, cols, 0.02), qtype, (rows, cols))
+        t = {}
+        for n_tok in (1, 16):
+            x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+            out = np.empty((n_tok, rows), np.float32)
+            t[n_tok] = time_it(lambda x=x, w=w, out=out: matmul(x, w, out), args.repeat)
+        print(
+            f"| {name} | {w.nbytes / 1e6:.1f} | {t[1].best * 1e3:.3f} ({t[1].median * 1e3:.3f}) |"
+            f" {w.nbytes / t[1].best / 1e9:.1f} | {t[16].best * 1e3:.3f} ({t[16].median * 1e3:.3f}) |"
+            f" {t[16].best / t[1].best:.2f} |"
+        )
+
+
 def main() -> None:
     args = parse_args()
     if args.spin is not None:
@@ -169,6 +206,9 @@ def main() -> None:
         f"threads {args.threads}, layer {numba.config.THREADING_LAYER}, {env},"
         f" load average {load[0]:.2f} {load[1]:.2f}"
     )
+    if args.types is not None:
+        bench_types(args)
+        return
     for name in ["smollm2", "gemma3"] if args.model == "all" else [args.model]:
         bench_model(name, args)
 

@@ -150,9 +150,11 @@ def random_weight(qtype: QType, rows: int, cols: int) -> np.ndarray:
         values = RNG.uniform(low, high, (rows, nb)).astype(np.float16)
         raw[..., offset : offset + 2] = values.view(np.uint8).reshape(rows, nb, 2)
 
-    scale_at = 208 if qtype == QType.Q6_K else 0
+    scale_at = {QType.Q6_K: 208, QType.Q3_K: 108, QType.Q2_K: 80}.get(qtype, 0)
     f16(scale_at, 0.001, 0.02)
-    if qtype in (QType.Q4_1, QType.Q4_K):
+    if qtype == QType.Q2_K:
+        f16(82, -0.05, 0.05)  # dmin
+    if qtype in (QType.Q4_1, QType.Q5_1, QType.Q4_K, QType.Q5_K):
         f16(2, -0.05, 0.05)  # the block minimum / dmin
     return raw.reshape(rows, -1)
 

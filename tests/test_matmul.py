@@ -17,10 +17,10 @@ from engine.quant import QType
 from tests.test_quant import random_blocks
 
 RNG = np.random.default_rng(1)
-INTEGER_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q4_K, QType.Q6_K} | (
-    {QType.Q8_0} if mm.HAS_VNNI else set()
-)
-INT16_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q4_K, QType.Q6_K}
+INT16_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K}
+INT16_PATH |= {QType.Q2_K, QType.Q3_K}
+# The types whose activations the kernels quantize to int8 (IQ4 sums in int32; Q8_0 on VNNI CPUs).
+INTEGER_PATH = INT16_PATH | {QType.IQ4_NL, QType.IQ4_XS} | ({QType.Q8_0} if mm.HAS_VNNI else set())
 
 
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
@@ -31,10 +31,16 @@ def rel_max(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got - ref).max() / np.sqrt(np.mean(ref**2)))
 
 
-def quantized_x(x: np.ndarray) -> np.ndarray:
-    """x as the integer kernels see it: int8 values times the block scale."""
-    xq, xd, _ = mm.quantize_activations(x)
+def quantized_x(x: np.ndarray, qtype: int) -> np.ndarray:
+    """x as the integer kernels see it for the type: int8 values times the block scale."""
+    xq, xd, _ = mm.quantize_activations(x, mm.ACTIVATIONS[QType(qtype)])
     return (xq.reshape(len(x), -1, quant.QK) * xd[..., None]).reshape(x.shape).astype(np.float32)
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (ties to even), as float32."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
 
 
 def run_matmul(w: quant.PackedWeight, x: np.ndarray) -> np.ndarray:
@@ -43,15 +49,32 @@ def run_matmul(w: quant.PackedWeight, x: np.ndarray) -> np.ndarray:
     return out
 
 
+def exact_product(qtype: int, w: quant.PackedWeight, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """What the integer kernels compute exactly: x as they quantize it times W, where the q8_1 types
+    (Q4_1, Q5_1) take their block minimum times llama.cpp's f16-rounded block sum instead."""
+    exact = quantized_x(x, qtype) @ weights.T
+    if mm.ACTIVATIONS[QType(qtype)] == mm.ACT_Q8_1:
+        xq, xd, xs = mm.quantize_activations(x, mm.ACT_Q8_1)
+        sums = xd * xq.reshape(len(x), -1, quant.QK).sum(axis=-1, dtype=np.float32)
+        nb = w.n_cols // quant.QK
+        mins = w.m.view(np.float16).astype(np.float32).reshape(w.n_groups, nb, quant.ROWS)
+        mins = mins.transpose(0, 2, 1).reshape(-1, nb)[: w.n_rows]
+        exact += (xs - sums) @ mins.T
+    return exact
+
+
 def check(qtype: int, w: quant.PackedWeight, weights: np.ndarray, x: np.ndarray, tol: float = 1e-2) -> None:
     got = run_matmul(w, x)
     assert np.isfinite(got).all()
     ref = x @ weights.T
     if qtype in INTEGER_PATH:
+        if mm.ACTIVATIONS[QType(qtype)] == mm.ACT_Q8_K:
+            tol *= 1.5  # q8_K: one activation scale per 256 values, not per 32: coarser
         assert rel_rms(got, ref) < tol
         assert rel_max(got, ref) < 10 * tol  # the largest of thousands of outputs: heavy-tailed
-        exact = quantized_x(x) @ weights.T
-        assert rel_max(got, exact) < 1e-4
+        assert rel_max(got, exact_product(qtype, w, weights, x)) < 1e-4
+    elif qtype == QType.BF16:  # the activations are rounded to bf16 as llama.cpp's are
+        assert rel_max(got, bf16(x) @ weights.T) < 1e-4
     else:
         assert rel_max(got, ref) < 1e-4
 
@@ -74,7 +97,7 @@ def test_float_odd_width() -> None:
 
 def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
     """Every quant at the value whose int16 products are largest: nibble 15 where the kernel sums
-    unsigned nibbles (Q4_0, Q4_1, Q4_K), the most negative centred value where it sums q - 16 (Q5_0)
+    unsigned nibbles (Q4_0, Q4_1, Q4_K), the most negative centred value where it sums q - 16 (Q5_0, Q5_K)
     or q - 32 (Q6_K): all bits clear."""
     layout = quant.BLOCK_LAYOUTS[qtype]
     raw = np.zeros((rows, cols // layout.block_size, layout.type_size), np.uint8)
@@ -83,15 +106,27 @@ def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
         raw[..., 0:2] = scale
         raw[..., 4:16] = 0x3F  # six-bit scales and mins of 63
         raw[..., 16:] = 0xFF
+    elif qtype == QType.Q5_K:  # summed as q - 16: all quants 0
+        raw[..., 0:2] = scale
+        raw[..., 4:16] = 0x3F
     elif qtype == QType.Q6_K:
         raw[..., 208:210] = scale
         raw[..., 192:208] = 127
+    elif qtype == QType.Q3_K:  # stored as q + 4: all high bits set and low bits 3 (q = 3, stored 7)
+        raw[..., 108:110] = scale
+        raw[..., 0:96] = 0xFF
+        raw[..., 96:108] = 0xFF  # scales 63 - 32 = 31
+    elif qtype == QType.Q2_K:  # q = 3 everywhere, scales and mins 15
+        raw[..., 80:82] = scale
+        raw[..., 82:84] = scale
+        raw[..., 0:80] = 0xFF
     else:
         raw[..., 0:2] = scale
         if qtype == QType.Q4_0:
             raw[..., 2:] = 0xFF
         elif qtype == QType.Q4_1:
             raw[..., 4:] = 0xFF
+        # Q5_0 and Q5_1 (summed as q - 16): all quant bits clear
     return raw.reshape(rows, -1)
 
 
@@ -192,3 +227,17 @@ def test_vnni_path_is_bitwise_the_int16_path(qtype: QType, monkeypatch: pytest.M
         vnni = run_matmul(w, x)
         monkeypatch.setattr(mm, "HAS_VNNI", False)
         np.testing.assert_array_equal(vnni, run_matmul(w, x))
+
+
+@pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("qtype", [QType.IQ4_NL, QType.IQ4_XS], ids=lambda q: q.name)
+def test_iq4_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU has VNNI the IQ4 kernels decode the levels with pshufb; the portable kernels (a
+    table lookup per lane, int32 sums) must give the same exact product on the other CPUs."""
+    rows, cols = 70, 512
+    data = random_blocks(qtype, rows, cols)
+    monkeypatch.setattr(mm, "HAS_VNNI", False)
+    for n_tok in (1, 13):
+        x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
+        weights = quant.dequantize(data, qtype, (rows, cols))
+        check(qtype, quant.pack_weight(data, qtype, (rows, cols)), weights, x)

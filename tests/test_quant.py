@@ -12,9 +12,21 @@ from engine.gguf import GGUFFile
 from engine.quant import QType
 
 RNG = np.random.default_rng(0)
-QUANTIZED = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K]
+QUANTIZED = [q for q in QType if q not in (QType.F32, QType.F16, QType.BF16)]
 # Byte offsets of the f16 scale fields per block, set to sane values in random K-quant blocks.
-_F16_FIELDS = {QType.Q4_K: (0, 2), QType.Q6_K: (208,)}
+_F16_FIELDS = {
+    QType.Q2_K: (80, 82),
+    QType.Q3_K: (108,),
+    QType.Q4_K: (0, 2),
+    QType.Q5_K: (0, 2),
+    QType.Q6_K: (208,),
+    QType.IQ4_NL: (0,),
+    QType.IQ4_XS: (0,),
+}
+
+
+# Q2_K's four-bit scales and mins get a byte each: 100 bytes per 256 weights against 84 stored.
+SCALE_GROWTH = {QType.Q2_K: 1.2}
 
 
 def random_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
@@ -23,7 +35,7 @@ def random_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
         return RNG.standard_normal((rows, cols)).astype(np.float32)
     if qtype == QType.F16:
         return RNG.standard_normal((rows, cols)).astype(np.float16)
-    if qtype in _F16_FIELDS:  # gguf-py cannot quantize K-quants: random bits, finite scales
+    if qtype in _F16_FIELDS:  # gguf-py cannot quantize K-quants or IQ4: random bits, finite scales
         layout = quant.BLOCK_LAYOUTS[qtype]
         raw = RNG.integers(0, 256, (rows, cols // layout.block_size, layout.type_size), dtype=np.uint8)
         for offset in _F16_FIELDS[qtype]:
@@ -81,10 +93,10 @@ def test_model_types_are_covered(model: str, request: pytest.FixtureRequest) -> 
 
 
 def test_unsupported_type_is_named() -> None:
-    with pytest.raises(quant.UnsupportedTensorTypeError, match="Q5_K"):
-        quant.qtype_of(int(GGMLQuantizationType.Q5_K))
-    with pytest.raises(quant.UnsupportedTensorTypeError, match="IQ4_XS"):
-        quant.pack_weight(np.zeros((1, 136), np.uint8), int(GGMLQuantizationType.IQ4_XS), (1, 256))
+    with pytest.raises(quant.UnsupportedTensorTypeError, match="IQ2_XXS"):
+        quant.qtype_of(int(GGMLQuantizationType.IQ2_XXS))
+    with pytest.raises(quant.UnsupportedTensorTypeError, match="IQ3_S"):
+        quant.pack_weight(np.zeros((1, 110), np.uint8), int(GGMLQuantizationType.IQ3_S), (1, 256))
     with pytest.raises(quant.UnsupportedTensorTypeError, match="unknown"):
         quant.dequantize(np.zeros((1, 4), np.uint8), 999, (1, 4))
 
@@ -103,9 +115,9 @@ def test_pack_layout(qtype: QType) -> None:
     assert (w.qtype, w.n_rows, w.n_cols, w.n_groups) == (int(qtype), rows, cols, 3)
     for a in (w.qs, w.qh, w.d, w.m, w.sc, w.mn, w.f):
         assert a.ndim == 2 and a.shape[0] == 3 and a.flags.c_contiguous
-    # The packed bytes hold what the stored ones do, bar the six-bit K-quant scales spread to a byte each.
+    # The packed bytes hold what the stored ones do, bar the K-quant scales spread to a byte each.
     stored = quant.row_bytes(qtype, cols) * 96
-    assert stored <= w.nbytes <= stored * 1.05
+    assert stored <= w.nbytes <= stored * SCALE_GROWTH.get(qtype, 1.05)
 
 
 @pytest.mark.parametrize("model", list(MODEL_TYPES))

@@ -7,13 +7,14 @@ a tile of up to 8 tokens, keeping 32 per-row sums per token in vector registers:
 Each weight byte is read from memory once per call (decode, T small, is bound by that) and decoded
 once per tile of 8 tokens (prefill, bound by arithmetic).
 
-Integer path (Q4_0, Q4_1, Q4_K, Q5_0, Q6_K): the activations are quantized once per call to int8
-values (held as int16 so one load broadcasts them) with one scale per 32-block, as llama.cpp's q8
-blocks; the inner loop multiplies and adds int16 lanes (vpmullw/vpaddw, 32 rows per instruction).
+Integer path (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K; IQ4_NL, IQ4_XS with int32 sums): the
+activations are quantized once per call to int8 values (held as int16 so one load broadcasts them)
+exactly as llama.cpp's q8_0/q8_1/q8_K blocks (see ACTIVATIONS); the inner loop multiplies and adds
+int16 lanes (vpmullw/vpaddw, 32 rows per instruction).
 Half a block's products always fit int16; the weight and activation scales are applied per half
 block in float, the block minimum (Q4_1, Q4_K, Q4_0's -8) once per block through the activation sum.
 
-Float path (Q8_0, F16, F32): the weights are converted to float per position (once per token tile)
+Float path (Q8_0, F16, BF16, F32): the weights are converted to float per position (once per token tile)
 and multiplied by the unquantized activations with FMAs. For int8 weights this measured faster than
 the int16 path (two int8 products already overflow int16) and it adds no activation rounding.
 
@@ -33,17 +34,39 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from engine.cpu.f16 import float_to_half
 from engine.cpu.vecmath import bits_to_f32, f32_to_bits
-from engine.quant import QK, ROWS, PackedWeight, QType
+from engine.quant import IQ4_LEVELS, QK, ROWS, PackedWeight, QType
 
 # fastmath without "reassoc": with it LLVM turned acc += (w * d) * x into a multiply and an FMA per
 # token ((w * x) * d) instead of one FMA, 1.35x slower on Q8_0. The lanes need no reassociation.
 _KERNEL = {"cache": True, "nogil": True, "fastmath": {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}}
+# The activation quantizers divide exactly as llama.cpp does: under fastmath's "arcp" LLVM turned
+# amax / 127 into a multiply by 1/127, and that one-ulp change flipped a rounding now and then (a
+# synthetic Q4_1 model's logits were 0.7% off llama.cpp's on one token of 16; exact division: 1e-7).
+_EXACT = {"cache": True, "nogil": True}
 F0 = np.float32(0.0)
 
 # The scale/min rule of the 4-bit tiles; each kind has its own kernel with the kind as a constant.
 KIND_Q4_0, KIND_Q4_1, KIND_Q4_K = 0, 1, 2
 PARALLEL_QUANTIZE_TOKENS = 32  # below this the activations are quantized on the calling thread
+# How activations are quantized, as llama.cpp pairs them with each weight type (its vec_dot_type):
+# q8_0 (Q4_0, Q5_0, Q8_0, IQ4_NL), q8_1 (Q4_1, Q5_1: the block sum stored too), q8_K (K-quants, IQ4_XS).
+ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = 0, 1, 2
+ACTIVATIONS = {
+    QType.Q4_0: ACT_Q8_0,
+    QType.Q4_1: ACT_Q8_1,
+    QType.Q5_0: ACT_Q8_0,
+    QType.Q5_1: ACT_Q8_1,
+    QType.Q8_0: ACT_Q8_0,
+    QType.IQ4_NL: ACT_Q8_0,
+    QType.IQ4_XS: ACT_Q8_K,
+    QType.Q2_K: ACT_Q8_K,
+    QType.Q3_K: ACT_Q8_K,
+    QType.Q4_K: ACT_Q8_K,
+    QType.Q5_K: ACT_Q8_K,
+    QType.Q6_K: ACT_Q8_K,
+}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,6 +239,33 @@ def _int8_pairs(context, builder, packed_type, packed, at0, step: int, lane: int
     return _int16_pairs(builder, first, second)
 
 
+def _iq4_level_pairs(context, builder, packed_type, packed, at0, step: int, lane: int):  # type: ignore[no-untyped-def]
+    """IQ4 layout, position j = step: the byte of each of 16 rows -> (level of the low nibble, level of
+    the high nibble). One pshufb per nibble looks the 16 levels up (the gather LLVM makes of a table
+    lookup in a lane loop measured 6x slower than Q4_0's tiles)."""
+    byte = ir.IntType(8)
+    at = builder.add(at0, ir.Constant(ir.IntType(64), step * ROWS + lane * 16))
+    raw = builder.load(_vector_at(context, builder, packed_type, packed, at, _V16I8), align=1)
+    low = builder.and_(raw, ir.Constant(_V16I8, [15] * 16))
+    high = builder.lshr(raw, ir.Constant(_V16I8, [4] * 16))
+    table = ir.Constant(_V16I8, [ir.Constant(byte, int(v)) for v in IQ4_LEVELS])
+    pshufb = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V16I8, [_V16I8, _V16I8]), "llvm.x86.ssse3.pshuf.b.128"
+    )
+    levels = [builder.sext(builder.call(pshufb, [table, nibbles]), _V16I32) for nibbles in (low, high)]
+    return _int16_pairs(builder, *levels)
+
+
+# Half an IQ4 block (8 positions) per call, per tile size (several accumulator chains for few tokens).
+_iq4_half_sums = {
+    8: _register_sums(8, 8, _iq4_level_pairs),
+    4: _register_sums(4, 8, _iq4_level_pairs),
+    2: _register_sums(2, 8, _iq4_level_pairs, chains=2),
+    1: _register_sums(1, 8, _iq4_level_pairs, chains=4),
+}
+_iq4_half_sums8, _iq4_half_sums4 = _iq4_half_sums[8], _iq4_half_sums[4]
+_iq4_half_sums2, _iq4_half_sums1 = _iq4_half_sums[2], _iq4_half_sums[1]
+
 # Half a 4-bit block (8 positions) per call, per tile size.
 _half_block_sums8 = _register_sums(8, 8, _nibble_pairs)
 _half_block_sums4 = _register_sums(4, 8, _nibble_pairs)
@@ -244,6 +294,11 @@ def stack_tile_i16() -> np.ndarray:
 
 
 @njit(inline="always")
+def stack_tile_i32() -> np.ndarray:
+    return carray(_alloca_i32(256), (8, 32))
+
+
+@njit(inline="always")
 def stack_tile_f32() -> np.ndarray:
     return carray(_alloca_f32(256), (8, 32))
 
@@ -255,17 +310,44 @@ def to_f32(v):  # type: ignore[no-untyped-def]
 
 @overload(to_f32, inline="always")
 def _to_f32(v):  # type: ignore[no-untyped-def]
-    if isinstance(v, types.Integer) and v.bitwidth == 16:
+    if isinstance(v, types.Integer) and v.bitwidth == 16 and not v.signed:
         return lambda v: f16_to_f32(v)
+    if isinstance(v, types.Integer) and v.bitwidth == 16:  # bf16 bits, packed as int16
+        return lambda v: bits_to_f32(np.int32(v) << 16)
     return lambda v: np.float32(v)
+
+
+@njit(**_EXACT)
+def _round_to_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (ties to even) and back: llama.cpp's BF16 dot products take bf16
+    activations (ggml's vec_dot_type for BF16), so Llamba's float path rounds them alike."""
+    out = np.empty_like(x)
+    for t in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            bits = np.int64(f32_to_bits(x[t, k])) & 0xFFFFFFFF
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            out[t, k] = bits_to_f32(bits)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
 # Activations: per 32-block, int8 values (stored as int16), the scale and the sum of the block.
 
 
-@njit(**_KERNEL)
-def _quantize_row(x: np.ndarray, t: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+@njit(**_EXACT)
+def _round_f16(x: np.float32) -> np.float32:
+    """x rounded to the nearest float16 (ties to even), as ggml stores its q8 activation scales."""
+    return f16_to_f32(float_to_half(x))
+
+
+@njit(**_EXACT)
+def _quantize_row(x: np.ndarray, t: int, q8_1: bool, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+    """llama.cpp's q8_0 (q8_1 with `q8_1`) blocks of row t: its rounding, scales and sums exactly.
+
+    The scale d = amax / 127 is stored as float16 as ggml stores it: a float32 d (Llamba's first
+    version) moved each output ~1e-4, which the next layers' int8 roundings amplified to 1.3% of the
+    logits of a 2-layer synthetic model (scripts/make_quant_goldens.py; with float16 d: 1e-7).
+    """
     for b in range(xd.shape[1]):
         amax = F0
         for i in range(QK):
@@ -277,40 +359,80 @@ def _quantize_row(x: np.ndarray, t: int, xq: np.ndarray, xd: np.ndarray, xs: np.
             q = np.int16(np.rint(x[t, b * QK + i] * inv))
             xq[t, b * QK + i] = q
             total += np.int32(q)
-        xd[t, b] = scale
+        xd[t, b] = _round_f16(scale)
         # The sum of the quantized values, not of x: the block-minimum term then rounds like the
-        # quant term, so w = d*q + m sees x's rounding through w itself, not through the larger d*q.
-        xs[t, b] = scale * np.float32(total)
+        # quant term. q8_0 (Q4_0's -8) multiplies the integer sum by the stored d; q8_1 stores
+        # d * sum as float16 (with d before its rounding).
+        if q8_1:
+            xs[t, b] = _round_f16(scale * np.float32(total))
+        else:
+            xs[t, b] = xd[t, b] * np.float32(total)
 
 
-@njit(**_KERNEL)
-def _quantize_serial(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+@njit(**_EXACT)
+def _quantize_row_k(x: np.ndarray, t: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+    """llama.cpp's q8_K of row t (the activations of its K-quant and IQ4_XS dot products): one float32
+    scale per 256, from the first largest-magnitude value v (scale -127 / v, so v becomes -127), with
+    its rounding; stored per 32-block as the kernels read it (the scale repeated, the block's sum)."""
+    for sb in range(xd.shape[1] // 8):
+        base = sb * 8 * QK
+        vmax = F0
+        amax = F0
+        for i in range(8 * QK):
+            v = x[t, base + i]
+            if abs(v) > amax:
+                amax = abs(v)
+                vmax = v
+        iscale = np.float32(-127.0) / vmax if amax > F0 else F0
+        d = np.float32(1.0) / iscale if amax > F0 else F0
+        for b in range(sb * 8, sb * 8 + 8):
+            total = 0
+            for i in range(QK):
+                q = np.int16(min(np.rint(iscale * x[t, b * QK + i]), np.float32(127.0)))
+                xq[t, b * QK + i] = q
+                total += np.int32(q)
+            xd[t, b] = d
+            xs[t, b] = d * np.float32(total)
+
+
+@njit(**_EXACT)
+def _quantize_rows(x: np.ndarray, t: int, kind: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+    if kind == ACT_Q8_K:
+        _quantize_row_k(x, t, xq, xd, xs)
+    else:
+        _quantize_row(x, t, kind == ACT_Q8_1, xq, xd, xs)
+
+
+@njit(**_EXACT)
+def _quantize_serial(x: np.ndarray, kind: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
     for t in range(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
+        _quantize_rows(x, t, kind, xq, xd, xs)
 
 
-@njit(parallel=True, **_KERNEL)
-def _quantize_parallel(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+@njit(parallel=True, **_EXACT)
+def _quantize_parallel(x: np.ndarray, kind: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
     for t in prange(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
+        _quantize_rows(x, t, kind, xq, xd, xs)
 
 
-@njit(**_KERNEL)
-def _quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@njit(**_EXACT)
+def _quantize(x: np.ndarray, kind: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """int8 activations (held as int16), their scale and block sums per 32-block, in the q8 kind
+    (ACT_Q8_0, ACT_Q8_1, ACT_Q8_K) llama.cpp pairs with the weight type."""
     n_tok, k = x.shape
     xq = np.empty((n_tok, k), np.int16)
     xd = np.empty((n_tok, k // QK), np.float32)
     xs = np.empty((n_tok, k // QK), np.float32)
     if n_tok >= PARALLEL_QUANTIZE_TOKENS:
-        _quantize_parallel(x, xq, xd, xs)
+        _quantize_parallel(x, kind, xq, xd, xs)
     else:
-        _quantize_serial(x, xq, xd, xs)
+        _quantize_serial(x, kind, xq, xd, xs)
     return xq, xd, xs
 
 
-def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(xq int16 (T, K), scale (T, K/32), block sums scale * sum(xq) (T, K/32)): what the kernels see."""
-    return _quantize(np.ascontiguousarray(x, dtype=np.float32))
+def quantize_activations(x: np.ndarray, kind: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(xq int16 (T, K), scale (T, K/32), block sums (T, K/32)): what the kernels see, for a q8 kind."""
+    return _quantize(np.ascontiguousarray(x, dtype=np.float32), kind)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -499,7 +621,7 @@ def _matmul_q4_0_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q4_1_vnni(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x)
+    xq, xd, xs = _quantize(x, ACT_Q8_1)
     xp = _activation_pairs(xq)
     a = (qs, d, m, d, d, KIND_Q4_1, xq, xd, xs, out)
     a_vnni = (qs, d, m, d, d, KIND_Q4_1, xp, xd, xs, out)
@@ -509,7 +631,7 @@ def _matmul_q4_1_vnni(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q4_k_vnni(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x)
+    xq, xd, xs = _quantize(x, ACT_Q8_K)
     xp = _activation_pairs(xq)
     a = (qs, d, m, sc, mn, KIND_Q4_K, xq, xd, xs, out)
     a_vnni = (qs, d, m, sc, mn, KIND_Q4_K, xp, xd, xs, out)
@@ -531,7 +653,7 @@ def _matmul_q4_0(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q4_1(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x)
+    xq, xd, xs = _quantize(x, ACT_Q8_1)
     a = (qs, d, m, d, d, KIND_Q4_1, xq, xd, xs, out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q4_tile, a, _q4_tile, a, g)
@@ -539,7 +661,7 @@ def _matmul_q4_1(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q4_k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x)
+    xq, xd, xs = _quantize(x, ACT_Q8_K)
     a = (qs, d, m, sc, mn, KIND_Q4_K, xq, xd, xs, out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q4_tile, a, _q4_tile, a, g)
@@ -569,7 +691,9 @@ def _q5_position(s16, qs, wh, shift, xq, g, b, j, t0, n_tok) -> None:  # type: i
 
 @njit(inline="always")
 def _q5_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    qs, qh, d, xq, xd, out = a
+    """Q5_0, and Q5_1 when `with_min`: its w = d*q + m summed as d*(q - 16) + (16*d*sum(x) + m*s),
+    with llama.cpp's q8_1 terms (sum(x) from the stored d, s = d * sum(q) rounded to f16)."""
+    qs, qh, d, m, with_min, xq, xd, xs, xsum, out = a
     acc = stack_tile_f32()
     s16 = stack_tile_i16()
     _zero_tile(acc, n_tok)
@@ -587,15 +711,293 @@ def _q5_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 xdt = xd[t0 + t, b]
                 for r in range(ROWS):
                     acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s16[t, r])
+        if with_min:
+            mq = _lanes(m, g, b)
+            for t in range(n_tok):
+                xst, xsumt = xs[t0 + t, b], xsum[t0 + t, b]
+                for r in range(ROWS):
+                    acc[t, r] += np.float32(16.0) * f16_to_f32(dq[r]) * xsumt + f16_to_f32(mq[r]) * xst
     _store_tile(acc, out, g, t0, n_tok)
 
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q5(x, qs, qh, d, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, _ = _quantize(x)
-    a = (qs, qh, d, xq, xd, out)
+    xq, xd, xs = _quantize(x)
+    a = (qs, qh, d, d, False, xq, xd, xs, xs, out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q5_tile, a, _q5_tile, a, g)
+
+
+@njit(**_KERNEL)
+def _integer_sums(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    """d * sum(q) per 32-block with the stored d (q8_0's sum; q8_1's own sum is rounded to f16)."""
+    n_tok, nb = xd.shape
+    out = np.empty((n_tok, nb), np.float32)
+    for t in range(n_tok):
+        for b in range(nb):
+            total = 0
+            for i in range(QK):
+                total += np.int32(xq[t, b * QK + i])
+            out[t, b] = xd[t, b] * np.float32(total)
+    return out
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q5_1(x, qs, qh, d, m, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x, ACT_Q8_1)
+    a = (qs, qh, d, m, True, xq, xd, xs, _integer_sums(xq, xd), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q5_tile, a, _q5_tile, a, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Q5_K: Q4_K's scales and mins with Q5_0's fifth bits, per 32-sub-block. The quants are summed as
+# q - 16 (Q5_0's position code, so half a block fits int16), and w = d*sc*q - dmin*mn is rewritten as
+# d*sc*(q - 16) + (16*d*sc - dmin*mn): the second term goes through the block's activation sum.
+
+
+@njit(inline="always")
+def _q5k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    qs, qh, d, m, sc, mn, xq, xd, xs, out = a
+    acc = stack_tile_f32()
+    s16 = stack_tile_i16()
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        for half in range(2):
+            _zero_tile(s16, n_tok)
+            for c in range(2 * half, 2 * half + 2):
+                wh = _lanes(qh, g, b * 4 + c)
+                _q5_position(s16, qs, wh, 0, xq, g, b, 4 * c, t0, n_tok)
+                _q5_position(s16, qs, wh, 2, xq, g, b, 4 * c + 1, t0, n_tok)
+                _q5_position(s16, qs, wh, 4, xq, g, b, 4 * c + 2, t0, n_tok)
+                _q5_position(s16, qs, wh, 6, xq, g, b, 4 * c + 3, t0, n_tok)
+            _q4_add_half(acc, s16, d, sc, KIND_Q4_K, g, b, xd, t0, n_tok)
+        dq, mq, scq, mnq = _lanes(d, g, b >> 3), _lanes(m, g, b >> 3), _lanes(sc, g, b), _lanes(mn, g, b)
+        for t in range(n_tok):
+            xst = xs[t0 + t, b]
+            for r in range(ROWS):
+                low = np.float32(16.0) * f16_to_f32(dq[r]) * np.float32(scq[r])
+                acc[t, r] += (low - f16_to_f32(mq[r]) * np.float32(mnq[r])) * xst
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q5k(x, qs, qh, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, d, m, sc, mn, xq, xd, xs, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q5k_tile, a, _q5k_tile, a, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# IQ4_NL and IQ4_XS: each nibble indexes IQ4_LEVELS (-127..113). Two level-times-int8 products are
+# already 32258, so the sums of a block are int32. `per_sub_block` (IQ4_XS) scales each 32-block by
+# d(super-block) * (ls - 32); IQ4_NL by its block's d.
+
+
+@njit(inline="always")
+def _iq4_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    qs, d, sc, per_sub_block, xq, xd, out = a
+    acc = stack_tile_f32()
+    s32 = stack_tile_i32()
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        _zero_tile(s32, n_tok)
+        for j in range(16):
+            wq = _lanes(qs, g, b * 16 + j)
+            for t in range(n_tok):
+                xlo = np.int32(xq[t0 + t, b * QK + j])
+                xhi = np.int32(xq[t0 + t, b * QK + j + 16])
+                for r in range(ROWS):
+                    v = wq[r]
+                    s32[t, r] += np.int32(IQ4_LEVELS[v & 15]) * xlo + np.int32(IQ4_LEVELS[v >> 4]) * xhi
+        if per_sub_block:
+            dq, scq = _lanes(d, g, b >> 3), _lanes(sc, g, b)
+            for t in range(n_tok):
+                xdt = xd[t0 + t, b]
+                for r in range(ROWS):
+                    acc[t, r] += f16_to_f32(dq[r]) * np.float32(scq[r]) * xdt * np.float32(s32[t, r])
+        else:
+            dq = _lanes(d, g, b)
+            for t in range(n_tok):
+                xdt = xd[t0 + t, b]
+                for r in range(ROWS):
+                    acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s32[t, r])
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _iq4_add_half(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    if per_sub_block:
+        dq, scq = _lanes(d, g, b >> 3), _lanes(sc, g, b)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] += f16_to_f32(dq[r]) * np.float32(scq[r]) * xdt * np.float32(sums[t, r])
+    else:
+        dq = _lanes(d, g, b)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(sums[t, r])
+
+
+@njit(inline="always")
+def _iq4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """The VNNI IQ4 tile, every tile size: int32 sums of half a block in registers (vpdpwssd of the
+    pshufb-decoded levels with the activation pairs (x[j], x[j + 16]))."""
+    qs, d, sc, per_sub_block, xp, xd, out = a
+    acc = stack_tile_f32()
+    sums_ptr = _alloca_i32(256)
+    sums = carray(sums_ptr, (8, 32))
+    flat_sums = carray(sums_ptr, (256,))
+    qs_g = qs[g]
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        for half in range(2):
+            first = (b * 16 + half * 8) * ROWS
+            if n_tok == 8:
+                _iq4_half_sums8(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
+            elif n_tok == 4:
+                _iq4_half_sums4(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
+            elif n_tok == 2:
+                _iq4_half_sums2(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
+            else:
+                _iq4_half_sums1(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
+            _iq4_add_half(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_iq4_nl_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_0)
+    xp = _activation_pairs(xq)
+    a = (qs, d, qs, False, xp, xd, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xp.shape[0], _iq4_tile_vnni, a, _iq4_tile_vnni, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_iq4_xs_vnni(x, qs, d, sc, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    xp = _activation_pairs(xq)
+    a = (qs, d, sc, True, xp, xd, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xp.shape[0], _iq4_tile_vnni, a, _iq4_tile_vnni, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_iq4_nl(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_0)
+    a = (qs, d, qs, False, xq, xd, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _iq4_tile, a, _iq4_tile, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_iq4_xs(x, qs, d, sc, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, d, sc, True, xq, xd, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _iq4_tile, a, _iq4_tile, a, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Q3_K and Q2_K: a scale per 16 weights; byte p of a 32-block holds the two-bit quants of weights
+# p, p + 8 (first 16-weight sub-block) and p + 16, p + 24 (second), so each sub-block keeps its sum
+# (as Q6_K); Q3_K's third bits (of its q + 4) come from qh. 16 products of at most 7 * 127 fit int16.
+# The constant part of each weight (Q3_K's -4 * d * sc, Q2_K's -dmin * mn) goes through the 16-weight
+# activation sums.
+
+
+@njit(inline="always")
+def _k16_positions(slo, shi, qs, qh, shift, is_q2, xq, g, b, p0, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """Positions p0 .. p0 + 3; `shift` (a literal, see Q5_0) selects their third bits in qh."""
+    for p in range(p0, p0 + 4):
+        wq = _lanes(qs, g, b * 8 + p)
+        wh = _lanes(qh, g, b * 4 + p - p0)
+        for t in range(n_tok):
+            x0, x1 = xq[t0 + t, b * QK + p], xq[t0 + t, b * QK + p + 8]
+            x2, x3 = xq[t0 + t, b * QK + p + 16], xq[t0 + t, b * QK + p + 24]
+            for r in range(ROWS):
+                if is_q2:
+                    u = wq[r]
+                    slo[t, r] += np.int16(u & 3) * x0 + np.int16((u >> 2) & 3) * x1
+                    shi[t, r] += np.int16((u >> 4) & 3) * x2 + np.int16(u >> 6) * x3
+                else:
+                    # Q3_K: int16 casts on every step, as in Q6_K; without them its tiles ran 3.4x (T=1)
+                    # and 3.2x (T=16) slower. The same casts made Q2_K's 1.4x slower, so it has none.
+                    v = np.int16(wq[r])
+                    h = np.int16(wh[r] >> shift)
+                    c0 = np.int16(np.int16(v & 3) | np.int16((h & 1) << 2))
+                    c1 = np.int16(np.int16(np.int16(v >> 2) & 3) | np.int16((h & 2) << 1))
+                    c2 = np.int16(np.int16(np.int16(v >> 4) & 3) | np.int16(h & 4))
+                    c3 = np.int16(np.int16(v >> 6) | np.int16((h & 8) >> 1))
+                    slo[t, r] += c0 * x0 + c1 * x1
+                    shi[t, r] += c2 * x2 + c3 * x3
+
+
+@njit(inline="always")
+def _k16_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    qs, qh, d, m, sc, mn, is_q2, xq, xd, xs16, out = a
+    acc = stack_tile_f32()
+    slo = stack_tile_i16()
+    shi = stack_tile_i16()
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        _zero_tile(slo, n_tok)
+        _zero_tile(shi, n_tok)
+        _k16_positions(slo, shi, qs, qh, 0, is_q2, xq, g, b, 0, t0, n_tok)
+        _k16_positions(slo, shi, qs, qh, 4, is_q2, xq, g, b, 4, t0, n_tok)
+        dq, sclo, schi = _lanes(d, g, b >> 3), _lanes(sc, g, 2 * b), _lanes(sc, g, 2 * b + 1)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                lo = np.float32(sclo[r]) * np.float32(slo[t, r])
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * (lo + np.float32(schi[r]) * np.float32(shi[t, r]))
+        if is_q2:
+            mq, mnlo, mnhi = _lanes(m, g, b >> 3), _lanes(mn, g, 2 * b), _lanes(mn, g, 2 * b + 1)
+            for t in range(n_tok):
+                xa, xb = xs16[t0 + t, 2 * b], xs16[t0 + t, 2 * b + 1]
+                for r in range(ROWS):
+                    acc[t, r] -= f16_to_f32(mq[r]) * (np.float32(mnlo[r]) * xa + np.float32(mnhi[r]) * xb)
+        else:
+            for t in range(n_tok):
+                xa, xb = xs16[t0 + t, 2 * b], xs16[t0 + t, 2 * b + 1]
+                for r in range(ROWS):
+                    low = np.float32(sclo[r]) * xa + np.float32(schi[r]) * xb
+                    acc[t, r] -= np.float32(4.0) * f16_to_f32(dq[r]) * low
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(**_KERNEL)
+def _sums16(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    """d * sum(q) per 16 activations (llama.cpp's q8_K bsums, scaled)."""
+    n_tok, k = xq.shape
+    out = np.empty((n_tok, k // 16), np.float32)
+    for t in range(n_tok):
+        for h in range(k // 16):
+            total = 0
+            for i in range(16):
+                total += np.int32(xq[t, h * 16 + i])
+            out[t, h] = xd[t, h // 2] * np.float32(total)
+    return out
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q3k(x, qs, qh, d, sc, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, d, d, sc, sc, False, xq, xd, _sums16(xq, xd), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _k16_tile, a, _k16_tile, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q2k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qs, d, m, sc, mn, True, xq, xd, _sums16(xq, xd), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _k16_tile, a, _k16_tile, a, g)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -648,7 +1050,7 @@ def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, _ = _quantize(x)
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (qs, qh, sc, d, xq, xd, out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q6k_tile, a, _q6k_tile, a, g)
@@ -799,6 +1201,19 @@ def _rows_q4(ids, qs, d, m, sc, mn, kind, out) -> None:  # type: ignore[no-untyp
 
 
 @njit(**_KERNEL)
+def _rows_q5_1(ids, qs, qh, d, m, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            dv, mv = f16_to_f32(d[g, b * ROWS + r]), f16_to_f32(m[g, b * ROWS + r])
+            for j in range(16):
+                v = qs[g, (b * 16 + j) * ROWS + r]
+                h = qh[g, (b * 4 + (j >> 2)) * ROWS + r] >> (2 * (j & 3))
+                out[i, b * QK + j] = dv * np.float32((v & 15) | ((h & 1) << 4)) + mv
+                out[i, b * QK + j + 16] = dv * np.float32((v >> 4) | ((h & 2) << 3)) + mv
+
+
+@njit(**_KERNEL)
 def _rows_q5(ids, qs, qh, d, out) -> None:  # type: ignore[no-untyped-def]
     for i in range(ids.shape[0]):
         g, r = ids[i] // ROWS, ids[i] % ROWS
@@ -809,6 +1224,60 @@ def _rows_q5(ids, qs, qh, d, out) -> None:  # type: ignore[no-untyped-def]
                 h = qh[g, (b * 4 + (j >> 2)) * ROWS + r] >> (2 * (j & 3))
                 out[i, b * QK + j] = dv * np.float32(np.int32((v & 15) | ((h & 1) << 4)) - 16)
                 out[i, b * QK + j + 16] = dv * np.float32(np.int32((v >> 4) | ((h & 2) << 3)) - 16)
+
+
+@njit(**_KERNEL)
+def _rows_q5k(ids, qs, qh, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            scale = f16_to_f32(d[g, (b >> 3) * ROWS + r]) * np.float32(sc[g, b * ROWS + r])
+            low = -f16_to_f32(m[g, (b >> 3) * ROWS + r]) * np.float32(mn[g, b * ROWS + r])
+            for j in range(16):
+                v = qs[g, (b * 16 + j) * ROWS + r]
+                h = qh[g, (b * 4 + (j >> 2)) * ROWS + r] >> (2 * (j & 3))
+                out[i, b * QK + j] = scale * np.float32((v & 15) | ((h & 1) << 4)) + low
+                out[i, b * QK + j + 16] = scale * np.float32((v >> 4) | ((h & 2) << 3)) + low
+
+
+@njit(**_KERNEL)
+def _rows_iq4(ids, qs, d, sc, per_sub_block, out) -> None:  # type: ignore[no-untyped-def]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            if per_sub_block:
+                scale = f16_to_f32(d[g, (b >> 3) * ROWS + r]) * np.float32(sc[g, b * ROWS + r])
+            else:
+                scale = f16_to_f32(d[g, b * ROWS + r])
+            for j in range(16):
+                v = qs[g, (b * 16 + j) * ROWS + r]
+                out[i, b * QK + j] = scale * np.float32(IQ4_LEVELS[v & 15])
+                out[i, b * QK + j + 16] = scale * np.float32(IQ4_LEVELS[v >> 4])
+
+
+@njit(**_KERNEL)
+def _rows_k16(ids, qs, qh, d, m, sc, mn, is_q2, out) -> None:  # type: ignore[no-untyped-def]
+    """Q3_K (stored q + 4) and Q2_K (w = d * sc * q - dmin * mn) rows."""
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            ds = f16_to_f32(d[g, (b >> 3) * ROWS + r])
+            for p in range(8):
+                v = np.int32(qs[g, (b * 8 + p) * ROWS + r])
+                for k in range(4):
+                    u = (v >> (2 * k)) & 3
+                    half = (
+                        k >> 1
+                    )  # weights p, p + 8 in the first 16-weight sub-block, p + 16, p + 24 in the second
+                    scale = ds * np.float32(sc[g, (2 * b + half) * ROWS + r])
+                    if is_q2:
+                        low = f16_to_f32(m[g, (b >> 3) * ROWS + r]) * np.float32(
+                            mn[g, (2 * b + half) * ROWS + r]
+                        )
+                        out[i, b * QK + p + 8 * k] = scale * np.float32(u) - low
+                    else:
+                        h = (np.int32(qh[g, (b * 4 + (p & 3)) * ROWS + r]) >> (4 * (p >> 2) + k)) & 1
+                        out[i, b * QK + p + 8 * k] = scale * np.float32((u | (h << 2)) - 4)
 
 
 @njit(**_KERNEL)
@@ -889,10 +1358,19 @@ _MATMUL = {
         x, w.qs, w.d, w.m, w.sc, w.mn, out
     ),
     QType.Q5_0: lambda x, w, out: _matmul_q5(x, w.qs, w.qh, w.d, out),
+    QType.Q3_K: lambda x, w, out: _matmul_q3k(x, w.qs, w.qh, w.d, w.sc, out),
+    QType.Q2_K: lambda x, w, out: _matmul_q2k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
+    QType.Q5_1: lambda x, w, out: _matmul_q5_1(x, w.qs, w.qh, w.d, w.m, out),
+    QType.Q5_K: lambda x, w, out: _matmul_q5k(x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out),
     QType.Q6_K: lambda x, w, out: _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out),
+    QType.IQ4_NL: lambda x, w, out: (_matmul_iq4_nl_vnni if HAS_VNNI else _matmul_iq4_nl)(x, w.qs, w.d, out),
+    QType.IQ4_XS: lambda x, w, out: (_matmul_iq4_xs_vnni if HAS_VNNI else _matmul_iq4_xs)(
+        x, w.qs, w.d, w.sc, out
+    ),
     QType.Q8_0: lambda x, w, out: (_matmul_q8_vnni if HAS_VNNI else _matmul_q8)(x, w.qs, w.d, out),
     QType.F32: lambda x, w, out: _matmul_float(x, w.f, out),
     QType.F16: lambda x, w, out: _matmul_float(x, w.f, out),
+    QType.BF16: lambda x, w, out: _matmul_float(_round_to_bf16(x), w.f, out),
 }
 
 _GET_ROWS = {
@@ -900,8 +1378,15 @@ _GET_ROWS = {
     QType.Q4_1: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_1, out),
     QType.Q4_K: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_K, out),
     QType.Q5_0: lambda w, ids, out: _rows_q5(ids, w.qs, w.qh, w.d, out),
+    QType.Q3_K: lambda w, ids, out: _rows_k16(ids, w.qs, w.qh, w.d, w.d, w.sc, w.sc, False, out),
+    QType.Q2_K: lambda w, ids, out: _rows_k16(ids, w.qs, w.qs, w.d, w.m, w.sc, w.mn, True, out),
+    QType.Q5_1: lambda w, ids, out: _rows_q5_1(ids, w.qs, w.qh, w.d, w.m, out),
+    QType.Q5_K: lambda w, ids, out: _rows_q5k(ids, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out),
     QType.Q6_K: lambda w, ids, out: _rows_q6k(ids, w.qs, w.qh, w.sc, w.d, out),
+    QType.IQ4_NL: lambda w, ids, out: _rows_iq4(ids, w.qs, w.d, w.sc, False, out),
+    QType.IQ4_XS: lambda w, ids, out: _rows_iq4(ids, w.qs, w.d, w.sc, True, out),
     QType.Q8_0: lambda w, ids, out: _rows_q8(ids, w.qs, w.d, out),
     QType.F32: lambda w, ids, out: _rows_float(ids, w.f, out),
     QType.F16: lambda w, ids, out: _rows_float(ids, w.f, out),
+    QType.BF16: lambda w, ids, out: _rows_float(ids, w.f, out),
 }

@@ -27,18 +27,26 @@ from numba import cuda, float32, int32
 
 from engine import quant
 from engine.cuda.arrays import blocks, device, ids, write_back
-from engine.quant import ROWS, QType
+from engine.quant import IQ4_LEVELS, ROWS, QType
 
-KIND_Q4_0, KIND_Q4_1, KIND_Q4_K, KIND_Q5_0, KIND_Q6_K, KIND_Q8_0, KIND_FLOAT = range(7)
+(KIND_Q4_0, KIND_Q4_1, KIND_Q4_K, KIND_Q5_0, KIND_Q6_K, KIND_Q8_0, KIND_FLOAT) = range(7)
+KIND_Q5_K, KIND_Q5_1, KIND_IQ4_NL, KIND_IQ4_XS, KIND_Q3_K, KIND_Q2_K = range(7, 13)
 KINDS = {
     QType.Q4_0: KIND_Q4_0,
     QType.Q4_1: KIND_Q4_1,
     QType.Q4_K: KIND_Q4_K,
     QType.Q5_0: KIND_Q5_0,
+    QType.Q5_K: KIND_Q5_K,
+    QType.Q5_1: KIND_Q5_1,
+    QType.IQ4_NL: KIND_IQ4_NL,
+    QType.IQ4_XS: KIND_IQ4_XS,
+    QType.Q3_K: KIND_Q3_K,
+    QType.Q2_K: KIND_Q2_K,
     QType.Q6_K: KIND_Q6_K,
     QType.Q8_0: KIND_Q8_0,
     QType.F32: KIND_FLOAT,
     QType.F16: KIND_FLOAT,
+    QType.BF16: KIND_FLOAT,
 }
 TILES = (1, 8)  # tokens per block: decode, batches
 MAX_SPLITS = 8  # the most K slices of a block (blockDim.y)
@@ -78,8 +86,12 @@ def _field(a: np.ndarray, f16: bool = False) -> Any:
 
 
 def upload(pw: quant.PackedWeight) -> DeviceWeight:
-    """Copy a packed weight to the device (f16 bit fields reinterpreted as float16, no conversion)."""
+    """Copy a packed weight to the device (f16 bit fields reinterpreted as float16, no conversion).
+
+    BF16 is widened to float32 here (twice its bytes on the device): numba.cuda has no bf16 type, and
+    a kernel that shifts the bits is not written yet."""
     qt = QType(pw.qtype)
+    f = pw.f if qt != QType.BF16 else (pw.f.astype(np.int32) << 16).view(np.float32)
     return DeviceWeight(
         qtype=int(qt),
         kind=KINDS[qt],
@@ -91,7 +103,7 @@ def upload(pw: quant.PackedWeight) -> DeviceWeight:
         m=_field(pw.m, f16=True),
         sc=_field(pw.sc),
         mn=_field(pw.mn),
-        f=_field(pw.f, f16=qt == QType.F16),
+        f=_field(f, f16=qt == QType.F16),
         nbytes=pw.nbytes,
     )
 
@@ -112,34 +124,57 @@ def block_params(kind, d, m, sc, mn, g, b, r):  # type: ignore[no-untyped-def]
     if kind == KIND_Q4_0:
         s = float32(d[g, b * 32 + r])
         return s, float32(-8.0) * s, s, float32(-8.0) * s
-    if kind == KIND_Q4_1:
+    if kind in (KIND_Q4_1, KIND_Q5_1):
         s = float32(d[g, b * 32 + r])
         low = float32(m[g, b * 32 + r])
         return s, low, s, low
-    if kind == KIND_Q4_K:
+    if kind in (KIND_Q4_K, KIND_Q5_K):
         s = float32(d[g, (b >> 3) * 32 + r]) * float32(sc[g, b * 32 + r])
         low = -float32(m[g, (b >> 3) * 32 + r]) * float32(mn[g, b * 32 + r])
         return s, low, s, low
     if kind == KIND_Q5_0:
         s = float32(d[g, b * 32 + r])
         return s, float32(-16.0) * s, s, float32(-16.0) * s
-    # Q6_K: one int8 scale per 16 weights
+    if kind == KIND_IQ4_NL:
+        s = float32(d[g, b * 32 + r])
+        return s, float32(0.0), s, float32(0.0)
+    if kind == KIND_IQ4_XS:
+        s = float32(d[g, (b >> 3) * 32 + r]) * float32(sc[g, b * 32 + r])
+        return s, float32(0.0), s, float32(0.0)
+    # Q6_K, Q3_K (quants stored + 32, + 4) and Q2_K (a min): one scale per 16 weights
     ds = float32(d[g, (b >> 3) * 32 + r])
     s_lo = ds * float32(sc[g, (2 * b) * 32 + r])
     s_hi = ds * float32(sc[g, (2 * b + 1) * 32 + r])
-    return s_lo, float32(-32.0) * s_lo, s_hi, float32(-32.0) * s_hi
+    if kind == KIND_Q2_K:
+        dm = float32(m[g, (b >> 3) * 32 + r])
+        return s_lo, -dm * float32(mn[g, (2 * b) * 32 + r]), s_hi, -dm * float32(mn[g, (2 * b + 1) * 32 + r])
+    offset = float32(-4.0) if kind == KIND_Q3_K else float32(-32.0)
+    return s_lo, offset * s_lo, s_hi, offset * s_hi
 
 
 @cuda.jit(device=True)
 def quants(kind, qs, qh, g, b, j, r):  # type: ignore[no-untyped-def]
     """The unsigned quants of weights j and j + 16 of block b (j < 16), as floats."""
+    if kind in (KIND_Q2_K, KIND_Q3_K):  # two-bit crumbs: byte p holds weights p + 8k, k < 4
+        p = j & 7
+        k = j >> 3
+        v = int32(qs[g, (b * 8 + p) * 32 + r])
+        lo = (v >> (2 * k)) & 3
+        hi = (v >> (2 * k + 4)) & 3
+        if kind == KIND_Q3_K:
+            h = int32(qh[g, (b * 4 + (p & 3)) * 32 + r]) >> (4 * (p >> 2))
+            lo |= ((h >> k) & 1) << 2
+            hi |= ((h >> (k + 2)) & 1) << 2
+        return float32(lo), float32(hi)
     v = int32(qs[g, (b * 16 + j) * 32 + r])
     lo = v & 15
     hi = v >> 4
-    if kind == KIND_Q5_0:
+    if kind in (KIND_Q5_0, KIND_Q5_K, KIND_Q5_1):
         h = int32(qh[g, (b * 4 + (j >> 2)) * 32 + r]) >> (2 * (j & 3))
         lo |= (h & 1) << 4
         hi |= (h & 2) << 3
+    elif kind in (KIND_IQ4_NL, KIND_IQ4_XS):
+        return float32(IQ4_LEVELS[lo]), float32(IQ4_LEVELS[hi])
     elif kind == KIND_Q6_K:
         h = int32(qh[g, (b * 8 + (j >> 1)) * 32 + r]) >> (4 * (j & 1))
         lo |= (h & 3) << 4
@@ -255,7 +290,7 @@ def _dequant_row(kind, row, qs, qh, d, m, sc, mn, f, out, i):  # type: ignore[no
             out[i, b * 32 + j + 16] = s_hi * q_hi + l_hi
 
 
-ALL_KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q4_K, KIND_Q5_0, KIND_Q6_K, KIND_Q8_0, KIND_FLOAT)
+ALL_KINDS = tuple(range(13))  # every KIND_* above
 MATMUL_PY = {(kind, tile): _make_matmul(kind, tile) for kind in ALL_KINDS for tile in TILES}
 GET_ROWS_PY = {kind: _make_get_rows(kind) for kind in ALL_KINDS}
 _MATMUL = {key: cuda.jit(fn) for key, fn in MATMUL_PY.items()}
