@@ -34,7 +34,7 @@ from engine.text.tool_calls.stream import (
     SkipSpace,
     State,
 )
-from engine.text.tool_calls.syntax import Json, ToolGrammar, any_of
+from engine.text.tool_calls.syntax import CLOSED, Json, ToolGrammar, any_of
 
 SYSTEM_PROMPT = (
     "Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` reply "
@@ -71,9 +71,19 @@ def answer_schema(choice: ToolChoice, parallel: bool) -> dict[str, Any]:
     calls = [_call_schema(t, parallel) for t in choice.tools]
     if parallel:
         items = {"type": "array", "items": any_of(calls), "minItems": 1}
-        tool_call = {"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"]}
+        tool_call = {
+            "type": "object",
+            "properties": {"tool_calls": items},
+            "required": ["tool_calls"],
+            **CLOSED,
+        }
     else:
-        tool_call = {"type": "object", "properties": {"tool_call": any_of(calls)}, "required": ["tool_call"]}
+        tool_call = {
+            "type": "object",
+            "properties": {"tool_call": any_of(calls)},
+            "required": ["tool_call"],
+            **CLOSED,
+        }
     if choice.mode == "required":
         return tool_call
     return {"anyOf": [tool_call, RESPONSE_SCHEMA]}
@@ -88,7 +98,7 @@ def _call_schema(tool: Mapping[str, Any], parallel: bool) -> dict[str, Any]:
     if parallel:
         properties["id"] = {"type": "string", "minLength": 4}
         required.append("id")
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required, **CLOSED}
     description = tool.get("function", tool).get("description")
     if description is not None:
         schema["description"] = description

@@ -23,7 +23,7 @@ from engine.text.tool_calls.stream import (
     SkipSpace,
     State,
 )
-from engine.text.tool_calls.syntax import Json, Lit, ToolGrammar, Trigger, any_of, seq
+from engine.text.tool_calls.syntax import CLOSED, Json, Lit, ToolGrammar, Trigger, any_of, seq
 
 MARKER = "[TOOL_CALLS]"
 _KEYS = CallKeys(id=("id",))
@@ -58,4 +58,4 @@ def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
         "arguments": tool_parameters(tool),
         "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"},
     }
-    return {"type": "object", "properties": properties, "required": ["name", "arguments", "id"]}
+    return {"type": "object", "properties": properties, "required": ["name", "arguments", "id"], **CLOSED}

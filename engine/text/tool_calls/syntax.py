@@ -126,6 +126,12 @@ class ToolGrammar:
     triggers: tuple[Trigger, ...] = ()
 
 
+# No members beyond those named: llama.cpp's json-schema-to-grammar closes objects that do not say
+# otherwise, while llguidance follows JSON Schema (open); a call object open to any key let Gemma 3,
+# sampling at temperature 1, write `"value": 5` after the arguments and the reply stopped being a call.
+CLOSED: dict[str, Any] = {"additionalProperties": False}
+
+
 def call_object_schema(
     name: str, parameters: dict[str, Any], name_key: str = "name", arguments_key: str = "arguments"
 ) -> dict[str, Any]:
@@ -134,6 +140,7 @@ def call_object_schema(
         "type": "object",
         "properties": {name_key: {"type": "string", "const": name}, arguments_key: parameters},
         "required": [name_key, arguments_key],
+        "additionalProperties": False,
     }
 
 
