@@ -87,6 +87,22 @@ class Loaded:
     tool_format: ToolCallFormat  # how the template's model writes tool calls
 
 
+# Where each load stage starts in the whole load's progress (router mode reports it on /models/sse); the
+# repack stage advances layer by layer.
+LOAD_STAGES = {"read": (0.02, 0.03), "repack": (0.05, 0.65), "compile": (0.7, 0.0), "grammar": (0.9, 0.0)}
+
+
+def _log_progress(stage: str, fraction: float) -> None:
+    """A load stage as a log event (a router reads its children's JSON logs)."""
+    start, span = LOAD_STAGES[stage]
+    log.info("model.load_progress", stage=stage, value=round(start + span * fraction, 3))
+
+
+def _info_dict(info: ModelInfo) -> dict[str, Any]:
+    fields = ("name", "arch", "n_vocab", "n_ctx_train", "n_embd", "n_params", "size")
+    return {"path": str(info.path), **{name: getattr(info, name) for name in fields}}
+
+
 class ModelService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -104,11 +120,12 @@ class ModelService:
             self.load_error = str(exc)
             log.error("model.load_failed", error=str(exc))
             raise
-        log.info("model.loaded", path=str(self._loaded.info.path), slots=self.settings.parallel)
+        info = self._loaded.info
+        log.info("model.loaded", path=str(info.path), slots=self.settings.parallel, info=_info_dict(info))
 
     def _load_blocking(self) -> Loaded:
         s = self.settings
-        llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock)
+        llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock, progress=_log_progress)
         template = ChatTemplate.from_gguf_metadata(llm.gguf.metadata, s.chat_template)
         config = EngineConfig(
             n_slots=s.parallel,
@@ -124,7 +141,11 @@ class ModelService:
             draft = LLM.load(s.model_draft, device=s.device, n_threads=s.threads)
             check_vocabulary(draft, llm)
         engine = Engine(llm, config, draft)
+        _log_progress(
+            "compile", 0.0
+        )  # the engine's start compiles (or loads) every kernel in a warm-up batch
         engine.start()
+        _log_progress("grammar", 0.0)
         # The grammar engine's view of the vocabulary holds the GIL for 0.1 s (SmolLM2) to 1.6 s (Gemma
         # 3): built here, at load, never while requests are served.
         grammars = GrammarCompiler.for_tokenizer(llm.tokenizer)
