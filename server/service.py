@@ -89,7 +89,7 @@ class Loaded:
 
 # Where each load stage starts in the whole load's progress (router mode reports it on /models/sse); the
 # repack stage advances layer by layer.
-LOAD_STAGES = {"read": (0.02, 0.03), "repack": (0.05, 0.65), "compile": (0.7, 0.0), "grammar": (0.9, 0.0)}
+LOAD_STAGES = {"read": (0.02, 0.03), "repack": (0.05, 0.65), "compile": (0.72, 0.0), "grammar": (0.9, 0.0)}
 
 
 def _log_progress(stage: str, fraction: float) -> None:

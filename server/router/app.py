@@ -150,12 +150,14 @@ async def health() -> Any:
 @bp.get("/models")
 @bp.get("/v1/models")
 async def models() -> Any:
-    return {"object": "list", "data": [s.listing() for s in router().pool.states.values()]}
+    pool = router().pool
+    return {"object": "list", "data": [pool.listing(s) for s in pool.states.values()]}
 
 
 @bp.get("/v1/models/<path:name>")
 async def model(name: str) -> Any:
-    return router().pool.state(name).listing()
+    pool = router().pool
+    return pool.listing(pool.state(name))
 
 
 async def _model_from_body() -> ModelState:

@@ -69,6 +69,13 @@ class ModelPool:
             raise errors.invalid_request(f"model '{name}' not found (GET /models lists them)")
         return self.states[entry.id]
 
+    def queued(self, state: ModelState) -> int:
+        """Requests waiting for this model (its load, or room for it)."""
+        return len(self._queue.get(state.id, ()))
+
+    def listing(self, state: ModelState) -> dict[str, Any]:
+        return state.listing() | {"queued": self.queued(state)}
+
     # -- requests -------------------------------------------------------------------------------------
     async def acquire(self, state: ModelState, autoload: bool = True) -> Lease:
         if state.status in RUNNING and not state.stopping:

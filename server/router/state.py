@@ -57,7 +57,7 @@ class ModelState:
         entry = self.entry
         item: dict[str, Any] = {"id": entry.id, "object": "model", "owned_by": "llamba", "created": 0}
         item |= {"aliases": list(entry.aliases), "source": entry.source, "path": entry.model}
-        item |= {"status": self.status_object(), "in_flight": self.in_flight}
+        item |= {"status": self.status_object(), "in_flight": self.in_flight, "loads": self.loads}
         if self.info is not None:
             item["meta"] = self.info
         return item

@@ -1,0 +1,274 @@
+"""Router mode end to end: a real router (`llamba-server` without -m), real child servers, real models.
+
+Most tests use a preset whose sections are SmolLM2 under other names (`smol-a`, `smol-b`, `smol-c`): three
+catalogue models that load in seconds, so the queue and eviction rules can be watched on real children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server_process import ServerProcess, wait_until
+
+LOAD_S = 240.0  # a child's load: generous, the JIT cache may be cold on a fresh worktree
+CHAT = {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8, "temperature": 0, "seed": 42}
+
+
+def write_preset(folder: Path, text: str) -> Path:
+    path = folder / "models.ini"
+    path.write_text(text)
+    return path
+
+
+SMOL_PRESET = """
+version = 1
+[*]
+c = 1024
+[smol-a]
+model = smollm2
+[smol-b]
+model = smollm2
+alias = smol-b-alias
+[smol-c]
+model = smollm2
+"""
+
+
+@pytest.fixture
+def preset(tmp_path: Path) -> Path:
+    return write_preset(tmp_path, SMOL_PRESET)
+
+
+def start_router(*args: str) -> ServerProcess:
+    return ServerProcess(*args).wait_healthy()
+
+
+@pytest.fixture
+def make_router():  # type: ignore[no-untyped-def]
+    started: list[ServerProcess] = []
+
+    def make(*args: str) -> ServerProcess:
+        proc = start_router(*args)
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        pids = child_pids(proc)
+        proc.stop()
+        for pid in pids:  # no child outlives its router
+            wait_until(lambda pid=pid: not pid_alive(pid), 15, f"child {pid} gone")
+
+
+def models(proc: ServerProcess) -> dict[str, dict[str, Any]]:
+    body = httpx.get(proc.base_url + "/models", timeout=10).json()
+    return {m["id"]: m for m in body["data"]}
+
+
+def status(proc: ServerProcess, model: str) -> str:
+    return models(proc)[model]["status"]["value"]
+
+
+def child_pids(proc: ServerProcess) -> list[int]:
+    try:
+        listing = models(proc)
+    except httpx.HTTPError:
+        return []
+    return [m["status"]["pid"] for m in listing.values() if m["status"].get("pid")]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state != "Z"
+
+
+def wait_status(proc: ServerProcess, model: str, wanted: str, within: float = LOAD_S) -> None:
+    wait_until(lambda: status(proc, model) == wanted, within, f"{model} {wanted}")
+
+
+def load(proc: ServerProcess, model: str) -> None:
+    r = httpx.post(proc.base_url + "/models/load", json={"model": model}, timeout=10)
+    assert r.status_code == 200 and r.json() == {"success": True}, r.text
+    wait_status(proc, model, "loaded")
+
+
+def chat(proc: ServerProcess, model: str | None, timeout: float = LOAD_S, **extra: Any) -> httpx.Response:
+    body = CHAT | ({"model": model} if model else {}) | extra
+    return httpx.post(proc.base_url + "/v1/chat/completions", json=body, timeout=timeout)
+
+
+def long_completion(proc: ServerProcess, model: str) -> httpx.Response:
+    """A request that keeps its model busy for a while (400 tokens, end of generation ignored)."""
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "n_predict": 400,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    return httpx.post(proc.base_url + "/completion", json=body, timeout=LOAD_S)
+
+
+class Background:
+    """One request on a thread: its response or error, and when it finished."""
+
+    def __init__(self, fn: Any) -> None:
+        self.result: httpx.Response | None = None
+        self.error: Exception | None = None
+        self.done_at = 0.0
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any) -> None:
+        try:
+            self.result = fn()
+        except Exception as exc:  # kept for the assertion that reads it
+            self.error = exc
+        self.done_at = time.monotonic()
+
+    def ok(self, timeout: float = LOAD_S) -> httpx.Response:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the request did not finish"
+        assert self.error is None, repr(self.error)
+        assert self.result is not None and self.result.status_code == 200, self.result and self.result.text
+        return self.result
+
+
+# -- start-up, catalogue, routing ------------------------------------------------------------------------
+def test_catalogue_routing_and_status(make_router, preset: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "tiny.gguf").write_bytes(b"not a model")  # listed; it fails when loaded
+    proc = make_router("--models-preset", str(preset), "--models-dir", str(tmp_path / "dir"))
+    listing = models(proc)
+    assert {"smollm2", "gemma3", "smol-a", "smol-b", "smol-c", "tiny"} <= set(listing)
+    assert all(m["status"]["value"] == "unloaded" for m in listing.values())
+    assert "smol-b-alias" in listing["smol-b"]["aliases"]
+    props = httpx.get(proc.base_url + "/props").json()
+    assert props["role"] == "router" and props["models_max"] == 4 and props["models_autoload"] is True
+
+    r = chat(proc, "smol-b-alias")  # an alias names the model; the child loads on demand
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"]
+    smol_b = models(proc)["smol-b"]
+    assert smol_b["status"]["value"] == "loaded" and smol_b["meta"]["arch"] == "llama"
+    assert "-c" in smol_b["status"]["args"] and "1024" in smol_b["status"]["args"]  # the preset's [*]
+    # a GET names its model in the query string
+    r = httpx.get(proc.base_url + "/props", params={"model": "smol-b"}, timeout=30)
+    assert r.status_code == 200 and r.json()["model_alias"] == "smol-b"
+
+    r = chat(proc, "no-such-model")
+    assert r.status_code == 400 and "no-such-model" in r.json()["error"]["message"]
+    body = {"model": "no-such-model", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    r = httpx.post(proc.base_url + "/v1/messages", json=body, timeout=10)
+    assert r.status_code == 400 and r.json()["type"] == "error"  # Anthropic's shape on its route
+
+    r = chat(proc, "tiny")  # a file that is no model: its child fails, the router reports it
+    assert r.status_code == 503 and "failed" in r.json()["error"]["message"]
+    tiny = models(proc)["tiny"]["status"]
+    assert tiny["value"] == "failed" and tiny["exit_code"] != 0 and tiny["log"]
+
+
+def test_replies_equal_a_single_model_server(make_router, preset: Path, server) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset))
+    routed = chat(proc, "smol-a", max_tokens=24)
+    direct = httpx.post(server.base_url + "/v1/chat/completions", json=CHAT | {"max_tokens": 24}, timeout=60)
+    assert routed.status_code == 200 and direct.status_code == 200
+    assert routed.json()["choices"][0]["message"] == direct.json()["choices"][0]["message"]
+
+
+def test_streaming_through_the_router(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset))
+    load(proc, "smol-a")
+    chunks = []
+    body = CHAT | {"model": "smol-a", "stream": True, "max_tokens": 16}
+    with httpx.stream("POST", proc.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    assert len(chunks) > 3 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_default_router_serves_a_chat_without_model(make_router) -> None:  # type: ignore[no-untyped-def]
+    """`make serve`: no flags at all; the default model loads at start-up, a chat without `model` works."""
+    proc = make_router("-c", "1024")
+    r = chat(proc, None)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    assert status(proc, "smollm2") == "loaded" and status(proc, "gemma3") == "unloaded"
+    props = httpx.get(proc.base_url + "/props", timeout=10).json()
+    assert props["role"] == "router" and props["total_slots"] == 1  # the default model's props under it
+
+
+def test_load_unload_and_no_autoload(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--no-models-autoload")
+    r = chat(proc, "smol-a")
+    assert r.status_code == 400 and "smol-a" in r.json()["error"]["message"]
+    assert status(proc, "smol-a") == "unloaded"
+    load(proc, "smol-a")
+    assert chat(proc, "smol-a").status_code == 200
+    r = httpx.post(proc.base_url + "/models/unload", json={"model": "smol-a"}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    assert status(proc, "smol-a") == "unloaded"
+    r = httpx.post(proc.base_url + "/models/unload", json={"model": "smol-a"}, timeout=30)
+    assert r.status_code == 400
+    r = httpx.post(proc.base_url + "/models/load", json={"nope": 1}, timeout=30)
+    assert r.status_code == 400
+
+
+def test_api_key(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--api-key", "sk-router")
+    assert chat(proc, "smol-a").status_code == 401
+    assert httpx.get(proc.base_url + "/models").status_code == 200  # the model list is public
+    assert httpx.get(proc.base_url + "/health").status_code == 200
+    r = httpx.post(proc.base_url + "/models/load", json={"model": "smol-a"})
+    assert r.status_code == 401
+    r = httpx.post(
+        proc.base_url + "/v1/chat/completions",
+        json=CHAT | {"model": "smol-a"},
+        headers={"Authorization": "Bearer sk-router"},
+        timeout=LOAD_S,
+    )
+    assert r.status_code == 200, r.text
+    # the child is not reachable with the router's key, nor without one: it has its own secret
+    port = int(models(proc)["smol-a"]["status"]["args"][-1])
+    child = f"http://127.0.0.1:{port}/v1/chat/completions"
+    assert httpx.post(child, json=CHAT, headers={"Authorization": "Bearer sk-router"}).status_code == 401
+
+
+def test_models_sse_reports_load_progress(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset))
+    events: list[dict[str, Any]] = []
+
+    def listen() -> None:
+        with httpx.stream("GET", proc.base_url + "/models/sse", timeout=LOAD_S) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    if event["model"] == "smol-c":
+                        events.append(event)
+                    if event["data"].get("status") == "loaded" and event["model"] == "smol-c":
+                        return
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    wait_until(lambda: len(events) >= 1, 30, "the SSE stream's first state")
+    assert chat(proc, "smol-c").status_code == 200
+    listener.join(LOAD_S)
+    values = [e["data"]["progress"]["value"] for e in events if "progress" in e["data"]]
+    stages = [e["data"]["progress"]["stage"] for e in events if "progress" in e["data"]]
+    assert values == sorted(values) and len(set(values)) > 3, values
+    assert {"read", "repack", "compile"} <= set(stages)
+    assert events[-1]["data"]["status"] == "loaded" and events[-1]["data"]["info"]["arch"] == "llama"
