@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -272,3 +271,108 @@ def test_models_sse_reports_load_progress(make_router, preset: Path) -> None:  #
     assert values == sorted(values) and len(set(values)) > 3, values
     assert {"read", "repack", "compile"} <= set(stages)
     assert events[-1]["data"]["status"] == "loaded" and events[-1]["data"]["info"]["arch"] == "llama"
+
+
+# -- --models-max and the queue ----------------------------------------------------------------------
+def busy(proc: ServerProcess, model: str) -> Background:
+    """A long request on `model`, once the router counts it in flight."""
+    job = Background(lambda: long_completion(proc, model))
+    wait_until(lambda: models(proc)[model]["in_flight"] == 1, 30, f"{model} busy")
+    return job
+
+
+def queued(proc: ServerProcess, model: str, n: int = 1) -> None:
+    wait_until(lambda: models(proc)[model]["queued"] == n, 30, f"{n} queued for {model}")
+
+
+def test_busy_model_is_not_evicted(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--models-max", "1")
+    load(proc, "smol-a")
+    running = busy(proc, "smol-a")
+    waiting = Background(lambda: chat(proc, "smol-b"))
+    queued(proc, "smol-b")
+    assert status(proc, "smol-a") == "loaded"  # no room, and the only model is busy: the request waits
+    assert running.ok().json()["timings"]["predicted_n"] == 400  # the busy model's answer is whole
+    waiting.ok()
+    assert status(proc, "smol-b") == "loaded" and status(proc, "smol-a") == "unloaded"
+
+
+def test_loads_are_coalesced(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--models-max", "2")
+    load(proc, "smol-a")
+    load(proc, "smol-b")
+    running = busy(proc, "smol-a")  # smol-b is the one idle model: the only one that may go
+    waiters = [Background(lambda: chat(proc, "smol-c")) for _ in range(3)]
+    for waiter in waiters:
+        waiter.ok()
+    running.ok()
+    listing = models(proc)
+    assert listing["smol-c"]["loads"] == 1  # three requests, one load
+    assert listing["smol-a"]["status"]["value"] == "loaded"  # one eviction for the three
+    assert listing["smol-b"]["status"]["value"] == "unloaded"
+
+
+def test_queue_is_fifo(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--models-max", "1")
+    load(proc, "smol-a")
+    running = busy(proc, "smol-a")
+    first = Background(lambda: chat(proc, "smol-b"))
+    queued(proc, "smol-b")
+    second = Background(lambda: chat(proc, "smol-c"))
+    queued(proc, "smol-c")
+    running.ok()
+    first.ok()
+    second.ok()
+    assert first.done_at < second.done_at
+
+
+def test_client_leaving_the_queue_keeps_the_model(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--models-max", "1")
+    load(proc, "smol-a")
+    running = busy(proc, "smol-a")
+    with pytest.raises(httpx.TimeoutException):
+        chat(proc, "smol-b", timeout=1.0)
+    queued(proc, "smol-b", 0)  # its client left: nobody waits for smol-b any more
+    running.ok()
+    time.sleep(2)  # were smol-b still wanted, smol-a would be stopped for it now that it is idle
+    assert status(proc, "smol-a") == "loaded" and status(proc, "smol-b") == "unloaded"
+    assert models(proc)["smol-b"]["loads"] == 0
+
+
+def test_two_waiters_share_one_eviction(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--models-max", "1")
+    load(proc, "smol-a")
+    first = Background(lambda: chat(proc, "smol-b"))
+    second = Background(lambda: chat(proc, "smol-c"))
+    first.ok()
+    second.ok()
+    listing = models(proc)
+    assert listing["smol-a"]["status"]["value"] == "unloaded"
+    assert sum(m["status"]["value"] == "loaded" for m in listing.values()) == 1
+
+
+@pytest.mark.slow
+def test_alternating_models_with_one_loaded(make_router, server, gemma_server) -> None:  # type: ignore[no-untyped-def]
+    """The acceptance run: SmolLM2 and Gemma 3 in turns under --models-max 1; each reply equals a single-
+    model server's with the same seed, and each load shows on /models/sse."""
+    proc = make_router("--models-max", "1", "-c", "4096", "-np", "4", "--no-models-autoload")
+    loads: list[str] = []
+
+    def listen() -> None:
+        with httpx.stream("GET", proc.base_url + "/models/sse", timeout=None) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    if event["data"].get("status") == "loaded":
+                        loads.append(event["model"])
+
+    threading.Thread(target=listen, daemon=True).start()
+    body = CHAT | {"max_tokens": 16, "temperature": 0.8, "seed": 7}
+    for model, single in [("smollm2", server), ("gemma3", gemma_server)] * 2:
+        load(proc, model)
+        direct = httpx.post(single.base_url + "/v1/chat/completions", json=body, timeout=60)
+        routed = chat(proc, model, **{k: v for k, v in body.items() if k != "messages"})
+        assert routed.status_code == 200, routed.text
+        assert routed.json()["choices"][0]["message"] == direct.json()["choices"][0]["message"]
+        assert sum(m["status"]["value"] == "loaded" for m in models(proc).values()) == 1
+    assert loads == ["smollm2", "gemma3", "smollm2", "gemma3"]
