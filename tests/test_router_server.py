@@ -109,18 +109,6 @@ def chat(proc: ServerProcess, model: str | None, timeout: float = LOAD_S, **extr
     return httpx.post(proc.base_url + "/v1/chat/completions", json=body, timeout=timeout)
 
 
-def long_completion(proc: ServerProcess, model: str) -> httpx.Response:
-    """A request that keeps its model busy for a while (400 tokens, end of generation ignored)."""
-    body = {
-        "model": model,
-        "prompt": "Once upon a time",
-        "n_predict": 400,
-        "ignore_eos": True,
-        "temperature": 0,
-    }
-    return httpx.post(proc.base_url + "/completion", json=body, timeout=LOAD_S)
-
-
 class Background:
     """One request on a thread: its response or error, and when it finished."""
 
@@ -274,11 +262,42 @@ def test_models_sse_reports_load_progress(make_router, preset: Path) -> None:  #
 
 
 # -- --models-max and the queue ----------------------------------------------------------------------
-def busy(proc: ServerProcess, model: str) -> Background:
-    """A long request on `model`, once the router counts it in flight."""
-    job = Background(lambda: long_completion(proc, model))
-    wait_until(lambda: models(proc)[model]["in_flight"] == 1, 30, f"{model} busy")
-    return job
+class Busy:
+    """A streamed completion that keeps `model` busy until `end()` closes it (a client leaving): the
+    model's request is in flight as long as the test wants, whatever the machine's speed."""
+
+    def __init__(self, proc: ServerProcess, model: str) -> None:
+        self.chunks = 0
+        self.error: Exception | None = None
+        self._end = threading.Event()
+        body = {"model": model, "prompt": "Once upon a time", "n_predict": 100_000, "ignore_eos": True}
+        self._thread = threading.Thread(target=self._read, args=(proc, body | {"stream": True}), daemon=True)
+        self._thread.start()
+        wait_until(lambda: self.chunks > 0, LOAD_S, f"{model} streaming")
+        assert models(proc)[model]["in_flight"] == 1
+
+    def _read(self, proc: ServerProcess, body: dict[str, Any]) -> None:
+        try:
+            with httpx.stream("POST", proc.base_url + "/completion", json=body, timeout=LOAD_S) as r:
+                for line in r.iter_lines():
+                    self.chunks += line.startswith("data: ")
+                    if self._end.is_set():
+                        return
+        except Exception as exc:  # kept for the assertion that reads it
+            self.error = exc
+
+    def end(self) -> int:
+        """Close the stream once it has gone on a little further (it was not cut); the chunks read."""
+        seen = self.chunks
+        wait_until(lambda: self.chunks > seen + 2, 60, "the busy stream goes on")
+        self._end.set()
+        self._thread.join(30)
+        assert self.error is None, repr(self.error)
+        return self.chunks
+
+
+def busy(proc: ServerProcess, model: str) -> Busy:
+    return Busy(proc, model)
 
 
 def queued(proc: ServerProcess, model: str, n: int = 1) -> None:
@@ -292,7 +311,7 @@ def test_busy_model_is_not_evicted(make_router, preset: Path) -> None:  # type: 
     waiting = Background(lambda: chat(proc, "smol-b"))
     queued(proc, "smol-b")
     assert status(proc, "smol-a") == "loaded"  # no room, and the only model is busy: the request waits
-    assert running.ok().json()["timings"]["predicted_n"] == 400  # the busy model's answer is whole
+    running.end()  # the busy model's stream was never cut
     waiting.ok()
     assert status(proc, "smol-b") == "loaded" and status(proc, "smol-a") == "unloaded"
 
@@ -305,7 +324,7 @@ def test_loads_are_coalesced(make_router, preset: Path) -> None:  # type: ignore
     waiters = [Background(lambda: chat(proc, "smol-c")) for _ in range(3)]
     for waiter in waiters:
         waiter.ok()
-    running.ok()
+    running.end()
     listing = models(proc)
     assert listing["smol-c"]["loads"] == 1  # three requests, one load
     assert listing["smol-a"]["status"]["value"] == "loaded"  # one eviction for the three
@@ -320,7 +339,7 @@ def test_queue_is_fifo(make_router, preset: Path) -> None:  # type: ignore[no-un
     queued(proc, "smol-b")
     second = Background(lambda: chat(proc, "smol-c"))
     queued(proc, "smol-c")
-    running.ok()
+    running.end()
     first.ok()
     second.ok()
     assert first.done_at < second.done_at
@@ -333,7 +352,7 @@ def test_client_leaving_the_queue_keeps_the_model(make_router, preset: Path) -> 
     with pytest.raises(httpx.TimeoutException):
         chat(proc, "smol-b", timeout=1.0)
     queued(proc, "smol-b", 0)  # its client left: nobody waits for smol-b any more
-    running.ok()
+    running.end()
     time.sleep(2)  # were smol-b still wanted, smol-a would be stopped for it now that it is idle
     assert status(proc, "smol-a") == "loaded" and status(proc, "smol-b") == "unloaded"
     assert models(proc)["smol-b"]["loads"] == 0
