@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -395,3 +396,35 @@ def test_alternating_models_with_one_loaded(make_router, server, gemma_server) -
         assert routed.json()["choices"][0]["message"] == direct.json()["choices"][0]["message"]
         assert sum(m["status"]["value"] == "loaded" for m in models(proc).values()) == 1
     assert loads == ["smollm2", "gemma3", "smollm2", "gemma3"]
+
+
+# -- crashes -------------------------------------------------------------------------------------------
+def test_killed_child_is_failed_then_reloaded(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset))
+    load(proc, "smol-a")
+    load(proc, "smol-b")
+    running = busy(proc, "smol-a")
+    pid = models(proc)["smol-a"]["status"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_status(proc, "smol-a", "failed", 30)
+    failed = models(proc)["smol-a"]["status"]
+    assert failed["exit_code"] == -signal.SIGKILL and failed["log"]  # its last log lines
+    running._thread.join(30)  # the stream it was serving ended with it, and the router is fine
+    assert not running._thread.is_alive()
+    assert httpx.get(proc.base_url + "/health").status_code == 200
+    assert chat(proc, "smol-b").status_code == 200  # the other child never noticed
+    r = chat(proc, "smol-a")  # the next request restarts it
+    assert r.status_code == 200, r.text
+    smol_a = models(proc)["smol-a"]
+    assert smol_a["status"]["value"] == "loaded" and smol_a["loads"] == 2 and smol_a["in_flight"] == 0
+
+
+def test_children_die_with_a_killed_router(preset: Path) -> None:
+    proc = start_router("--models-preset", str(preset))
+    try:
+        load(proc, "smol-a")
+        pid = models(proc)["smol-a"]["status"]["pid"]
+    finally:
+        proc.proc.kill()
+        proc.stop()
+    wait_until(lambda: not pid_alive(pid), 15, "the child of a SIGKILLed router gone")
