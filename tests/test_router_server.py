@@ -428,3 +428,101 @@ def test_children_die_with_a_killed_router(preset: Path) -> None:
         proc.proc.kill()
         proc.stop()
     wait_until(lambda: not pid_alive(pid), 15, "the child of a SIGKILLed router gone")
+
+
+# -- conversations across the router -------------------------------------------------------------------
+SLASHED = "org/smol-GGUF:Q4_1"  # a model name with a slash and a colon, as hub names have
+CONVERSATION_PRESET = SMOL_PRESET + f"\n[{SLASHED}]\nmodel = smollm2\n"
+
+
+def conversation_chat(
+    proc: ServerProcess, model: str, conversation: str, n: int, timeout: float = LOAD_S
+) -> Any:
+    body = CHAT | {"model": model, "stream": True, "max_tokens": n, "ignore_eos": True}
+    headers = {"X-Conversation-Id": conversation}
+    return httpx.stream(
+        "POST", proc.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=timeout
+    )
+
+
+def replay(proc: ServerProcess, conversation: str) -> httpx.Response:
+    return httpx.get(proc.base_url + "/v1/stream", params={"conv_id": conversation}, timeout=LOAD_S)
+
+
+def content_of(sse: str) -> str:
+    lines = [line[6:] for line in sse.splitlines() if line.startswith("data: {")]
+    return "".join(
+        json.loads(c)["choices"][0]["delta"].get("content") or "" for c in lines if json.loads(c)["choices"]
+    )
+
+
+def test_resume_and_stop_a_conversation_of_a_slashed_model(make_router, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(write_preset(tmp_path, CONVERSATION_PRESET)))
+    load(proc, SLASHED)
+    conversation = f"{SLASHED}/chat 1"
+    with conversation_chat(proc, SLASHED, conversation, 24) as r:  # the client leaves after the head
+        assert r.status_code == 200
+        first = next(r.iter_lines())
+        assert first.startswith("data: ")
+    resumed = replay(proc, conversation)  # the whole generation, from byte 0, from the owner child
+    assert resumed.status_code == 200 and resumed.text.rstrip().endswith("data: [DONE]")
+    assert resumed.text.startswith(first) and content_of(resumed.text)
+    lookup = httpx.post(proc.base_url + "/v1/streams/lookup", json={"conversation_ids": [conversation, "x"]})
+    assert [s["conversation_id"] for s in lookup.json()] == [conversation]
+
+    long_one = f"{SLASHED}/chat 2"
+    with conversation_chat(proc, SLASHED, long_one, 100_000) as r:
+        lines = r.iter_lines()
+        next(lines)
+        stop = httpx.delete(proc.base_url + "/v1/stream", params={"conv_id": long_one}, timeout=30)
+        assert stop.status_code == 204
+        rest = "\n".join(lines)  # the stopped generation's stream ends
+    assert "[DONE]" not in rest  # cut, not finished
+    assert models(proc)[SLASHED]["in_flight"] == 0
+    assert replay(proc, "never-seen").status_code == 404
+
+
+def test_stop_during_load_cancels_the_parked_request(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset))
+    answer: dict[str, Any] = {}
+
+    def send() -> None:
+        body = CHAT | {"model": "smol-a", "stream": True}
+        headers = {"X-Conversation-Id": "conv-stop"}
+        r = httpx.post(proc.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=LOAD_S)
+        answer.update(status=r.status_code, body=r.json())
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    queued(proc, "smol-a")
+    assert status(proc, "smol-a") == "loading"
+    r = httpx.delete(proc.base_url + "/v1/stream", params={"conv_id": "conv-stop"}, timeout=30)
+    assert r.status_code == 204
+    sender.join(30)
+    assert answer["status"] == 400
+    assert answer["body"]["error"]["message"] == "request cancelled by a stop while the model was loading"
+    wait_status(proc, "smol-a", "loaded")  # the load itself goes on (others may want the model)
+    assert replay(proc, "conv-stop").status_code == 404  # it never reached the child
+
+
+def test_reload_during_load_gets_the_whole_generation(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset))
+    # the page reloads while the model loads
+    with (
+        pytest.raises(httpx.TimeoutException),
+        conversation_chat(proc, "smol-b", "conv-reload", 24, 0.5) as r,
+    ):
+        r.read()
+    statuses = []
+    while True:
+        r = replay(proc, "conv-reload")
+        statuses.append(r.status_code)
+        if r.status_code != 503:
+            break
+        assert r.headers["Retry-After"] == "1" and r.json()["error"]["message"] == "model is loading"
+        assert len(statuses) < 1000
+        time.sleep(0.2)
+    assert statuses[0] == 503 and statuses[-1] == 200, statuses
+    assert r.text.rstrip().endswith("data: [DONE]") and content_of(r.text)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"  # whole

@@ -32,33 +32,36 @@ async def forward_conversation(
     ctx: Router, state: ModelState, conversation: str, body: bytes, autoload: bool
 ) -> Response:
     parked = ctx.conversations.park(conversation, state.id)
-    task = asyncio.get_running_loop().create_task(_wait_and_send(ctx, state, parked, body, autoload))
+    send = _wait_and_send(ctx, state, conversation, parked, body, autoload)
+    task = asyncio.get_running_loop().create_task(send)
     try:
         lease, upstream = await asyncio.shield(task)
     except asyncio.CancelledError:  # the client left: the request goes on, nobody reads its answer here
         task.add_done_callback(_discard_result)
         raise
-    finally:
-        ctx.conversations.unpark(conversation, parked)
     return client_response(upstream, lease)
 
 
 async def _wait_and_send(
-    ctx: Router, state: ModelState, parked: Parked, body: bytes, autoload: bool
+    ctx: Router, state: ModelState, conversation: str, parked: Parked, body: bytes, autoload: bool
 ) -> tuple[Lease, httpx.Response]:
-    acquiring = asyncio.ensure_future(ctx.pool.acquire(state, autoload))
-    stopping = asyncio.ensure_future(parked.stopped.wait())
-    await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if not acquiring.done():
-        acquiring.cancel()
-        raise errors.invalid_request(STOPPED_WHILE_LOADING)
-    lease = acquiring.result()
+    """Wait for the model (or a stop), then send; the conversation stays parked until the child has it."""
     try:
-        return lease, await ctx.forward(lease, body)
-    except BaseException:
-        lease.release()
-        raise
+        acquiring = asyncio.ensure_future(ctx.pool.acquire(state, autoload))
+        stopping = asyncio.ensure_future(parked.stopped.wait())
+        await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not acquiring.done():
+            acquiring.cancel()
+            raise errors.invalid_request(STOPPED_WHILE_LOADING)
+        lease = acquiring.result()
+        try:
+            return lease, await ctx.forward(lease, body)
+        except BaseException:
+            lease.release()
+            raise
+    finally:
+        ctx.conversations.unpark(conversation, parked)
 
 
 def _discard_result(task: asyncio.Task[tuple[Lease, httpx.Response]]) -> None:
