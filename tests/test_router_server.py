@@ -526,3 +526,25 @@ def test_reload_during_load_gets_the_whole_generation(make_router, preset: Path)
     assert r.text.rstrip().endswith("data: [DONE]") and content_of(r.text)
     chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"  # whole
+
+
+# -- sleeping children ---------------------------------------------------------------------------------
+def test_a_child_sleeps_and_wakes(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_sleep_server import rss_bytes
+
+    proc = make_router("--models-preset", str(preset), "--sleep-idle-seconds", "1")
+    before = chat(proc, "smol-a")
+    assert before.status_code == 200
+    running = busy(proc, "smol-a")
+    pid = models(proc)["smol-a"]["status"]["pid"]
+    awake_rss = rss_bytes(pid)
+    running.end()
+    wait_status(proc, "smol-a", "sleeping", 30)
+    props = httpx.get(proc.base_url + "/props", params={"model": "smol-a"}, timeout=10).json()
+    assert props["is_sleeping"] is True
+    weights = models(proc)["smol-a"]["meta"]["size"]
+    wait_until(lambda: awake_rss - rss_bytes(pid) >= weights, 30, "the child's RSS down by the weights")
+    after = chat(proc, "smol-a")  # wakes it
+    assert after.status_code == 200
+    assert after.json()["choices"][0]["message"] == before.json()["choices"][0]["message"]
+    assert models(proc)["smol-a"]["status"]["pid"] == pid  # the same child, awake again
