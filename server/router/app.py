@@ -206,6 +206,7 @@ async def props() -> Any:
         return await proxy_to(ctx.pool.state(request.args["model"]), b"")
     s = ctx.settings
     own = {"role": "router", "models_max": s.models_max, "max_instances": s.models_max}
+    own["model_alias"] = ctx.catalogue.default_id  # what a chat without `model` runs on
     own |= {
         "models_autoload": s.models_autoload,
         "default_model": ctx.catalogue.default_id,
