@@ -33,6 +33,8 @@ async def run(argv: list[str] | None = None) -> int:
         log.warning(
             "cli.flag_ignored", flag=flag, reason="accepted for llama-server compatibility, no effect here"
         )
+    if settings.model is not None and (settings.models_dir or settings.models_preset):
+        log.warning("cli.flag_ignored", flag="--models-dir/--models-preset", reason="-m serves one model")
     if settings.model is None:  # no -m: a router of many models, one child server each
         from server.router.main import run_router
 
