@@ -58,6 +58,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     app.extensions[RESPONSES_KEY] = ResponsesState(store)
     for routes in (openai, anthropic, responses, control, native, slots, metrics, stream, webui):
         app.register_blueprint(routes.bp)
+    app.config[webui.ENABLED_KEY] = settings.webui
     _install_auth(app, settings)
     _install_cors(app, settings)
     _install_error_handlers(app)

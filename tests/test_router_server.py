@@ -202,6 +202,9 @@ def test_default_router_serves_a_chat_without_model(make_router) -> None:  # typ
 
 def test_load_unload_and_no_autoload(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
     proc = make_router("--models-preset", str(preset), "--no-models-autoload")
+    page = httpx.get(proc.base_url + "/", timeout=10)  # the router serves the web UI itself
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert all(m["status"]["value"] == "unloaded" for m in models(proc).values())
     r = chat(proc, "smol-a")
     assert r.status_code == 400 and "smol-a" in r.json()["error"]["message"]
     assert status(proc, "smol-a") == "unloaded"

@@ -25,11 +25,20 @@ from server.router.events import EventHub
 from server.router.pool import Lease, ModelPool
 from server.router.proxy import client_response, discard, new_client, open_upstream
 from server.router.state import RUNNING, ModelState
+from server.routes import webui
 
 log = structlog.get_logger("router")
 
 ROUTER_KEY = "llamba.router"
 PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models"}
+
+
+def is_public(path: str) -> bool:
+    """What answers without the API key: health, the model list, and the web UI's files (the page asks
+    for the key itself), as on a model server."""
+    return path in PUBLIC_PATHS or path in ("/", "/index.html") or path.startswith("/assets/")
+
+
 ANTHROPIC_PREFIX = "/v1/messages"  # server/routes/anthropic.py's: errors in Anthropic's shape
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -76,6 +85,8 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
     from server.router import streams  # the conversation routes, registered before the catch-all
 
     app.register_blueprint(streams.bp)
+    app.register_blueprint(webui.bp)  # the router serves the UI itself: it answers while models load
+    app.config[webui.ENABLED_KEY] = settings.webui
     app.register_blueprint(bp)
     _install_auth(app, settings)
     _install_errors(app)
@@ -112,7 +123,7 @@ def _install_auth(app: Quart, settings: Settings) -> None:
     async def check_key() -> Any:
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:12])
-        if not settings.api_keys or request.method == "OPTIONS" or request.path in PUBLIC_PATHS:
+        if not settings.api_keys or request.method == "OPTIONS" or is_public(request.path):
             return None
         auth = request.headers.get("Authorization", "")
         key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
