@@ -5,7 +5,8 @@
 2. time to first token of a sleeping model (`--sleep-idle-seconds 1`: the child wakes it);
 3. the proxy's cost: aggregate tokens/s of 16 concurrent streams through the router against the same
    load sent to a single-model server with the child's flags, alternated (router, direct, router,
-   direct) so machine-load drift hits both; the ratio is the figure (issue: >= 0.95).
+   direct) so machine-load drift hits both; the ratio is the figure (issue: >= 0.95), and the router
+   process's own CPU time per streamed token (which machine load does not change).
 
     .venv/bin/python scripts/bench_router.py [--rounds 2] [-n 64]
 """
@@ -65,6 +66,12 @@ def cold_and_sleeping(repeats: int) -> None:
         router.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process (not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def overhead(rounds: int, n_predict: int) -> None:
     router = ServerProcess(*SERVER_FLAGS).wait_healthy()  # the router; its default model loads at start
     direct = ServerProcess("-m", "smollm2", *SERVER_FLAGS).wait_healthy()
@@ -73,8 +80,12 @@ def overhead(rounds: int, n_predict: int) -> None:
         rates: dict[str, list[float]] = {"router": [], "direct": []}
         for _ in range(2):
             for name, proc in (("router", router), ("direct", direct)):
+                cpu = cpu_seconds(router.proc.pid)
                 level = asyncio.run(run_level(proc.base_url, 16, rounds, n_predict))
                 rates[name].append(level.tokens_per_second)
+                if name == "router":  # the proxy's own CPU per streamed token: independent of machine load
+                    spent = cpu_seconds(router.proc.pid) - cpu
+                    print(f"router process CPU: {1000 * spent / level.tokens:.3f} ms per streamed token")
                 load = os.getloadavg()[0]
                 rate, ttft = level.tokens_per_second, level.ttft_p50
                 print(f"{name}: {rate:.1f} t/s, TTFT p50 {ttft:.2f} s (load {load:.1f})", flush=True)
