@@ -129,6 +129,8 @@ class ModelPool:
             if state.status == LOADING or state.stopping:
                 continue  # its load (or its stop, then a load) is under way
             if not self._has_room():
+                if any(s.stopping for s in self.states.values()):
+                    return  # a stop is under way: its room goes to the head, no second eviction
                 victim = self._least_recently_used()
                 if victim is not None:
                     self._spawn_task(self.stop(victim, reason="evicted"))
