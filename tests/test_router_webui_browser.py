@@ -67,9 +67,10 @@ def test_reload_during_a_load_gets_the_whole_answer(page: Any, router: ServerPro
     settings(page, Temperature="0", **{"Max tokens": "32"})
     send(page, "Tell me about dragons.")
     wait_until(lambda: bool(posts), 30, "the chat sent")
-    # the picker's load and the chat both wait for the model (one load for both)
+    # the picker's load and the chat both wait for the model (one load for both; it may first wait for
+    # room: the page's GET /tools went to the default model, which took the second place)
     wait_until(lambda: models(router)["smol-c"]["queued"] == 2, 30, "the chat waits for its model")
-    assert status(router, "smol-c") == "loading"
+    assert status(router, "smol-c") in ("unloaded", "loading")
     page.reload()  # while the model still loads: the resume answers 503 until the child has the chat
     wait_status(page, "done", timeout=240)
     assert posts and posts[0]["body"]["model"] == "smol-c"
