@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,15 +44,25 @@ class LLM:
 
     @classmethod
     def load(
-        cls, model: str | None = None, device: str = "cpu", n_threads: int | None = None, mlock: bool = False
+        cls,
+        model: str | None = None,
+        device: str = "cpu",
+        n_threads: int | None = None,
+        mlock: bool = False,
+        progress: Callable[[str, float], None] | None = None,
     ) -> LLM:
         """`model` is a known model name (see engine.model_files), a GGUF path, or None for the default.
-        `mlock` locks the packed weights in RAM (host weights only; a GPU's are on the device)."""
+        `mlock` locks the packed weights in RAM (host weights only; a GPU's are on the device).
+        `progress(stage, fraction)` hears the stages: `read` (the GGUF's metadata and tensor index),
+        `repack` (after each layer's weights are packed for the kernels)."""
+        report = progress or (lambda stage, value: None)
         start = time.perf_counter()
         path = resolve(model)
+        report("read", 0.0)
         g = GGUFFile(path)
         backend = select_backend(device, n_threads)
-        net = load_model(g, backend)
+        report("repack", 0.0)
+        net = load_model(g, backend, lambda done, total: report("repack", done / total))
         if mlock:
             lock_weights(net)
         tokenizer = Tokenizer.from_gguf(g)

@@ -171,13 +171,14 @@ def fetch(spec: ModelSpec, progress: Callable[[str], None] | None = None) -> Pat
     return target
 
 
-def resolve(model: str | None) -> Path:
-    """A model argument (a known name, a path, or None for the default) -> a local GGUF path."""
+def resolve(model: str | None, progress: Callable[[str], None] | None = None) -> Path:
+    """A model argument (a known name, a path, or None for the default) -> a local GGUF path; `progress`
+    hears each part of a known model that has to be fetched."""
     if model is None:
-        return fetch(MODELS[DEFAULT_MODEL])
+        return fetch(MODELS[DEFAULT_MODEL], progress)
     spec = lookup(model)
     if spec is not None:
-        return fetch(spec)
+        return fetch(spec, progress)
     path = Path(model).expanduser()
     if not path.is_file():
         known = ", ".join(known_names())

@@ -21,6 +21,11 @@ from server.service import EXTENSION_KEY as SERVICE_KEY
 log = structlog.get_logger("server")
 
 
+def _log_fetch(message: str) -> None:
+    """A part of a known model being fetched (a router turns it into `download_progress`)."""
+    log.info("model.fetch", message=message)
+
+
 async def run(argv: list[str] | None = None) -> int:
     settings, ignored = parse_settings(argv)
     logs.configure(settings.log_format, settings.verbose)
@@ -28,8 +33,14 @@ async def run(argv: list[str] | None = None) -> int:
         log.warning(
             "cli.flag_ignored", flag=flag, reason="accepted for llama-server compatibility, no effect here"
         )
+    if settings.model is not None and (settings.models_dir or settings.models_preset):
+        log.warning("cli.flag_ignored", flag="--models-dir/--models-preset", reason="-m serves one model")
+    if settings.model is None:  # no -m: a router of many models, one child server each
+        from server.router.main import run_router
+
+        return await run_router(settings, list(sys.argv[1:] if argv is None else argv))
     try:
-        model_path = await anyio.to_thread.run_sync(resolve, settings.model)
+        model_path = await anyio.to_thread.run_sync(resolve, settings.model, _log_fetch)
     except ModelFetchError as exc:
         print(f"llamba-server: error: {exc}", file=sys.stderr)
         return 1

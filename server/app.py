@@ -36,6 +36,7 @@ from server.routes import (
 )
 from server.service import EXTENSION_KEY, ModelService
 from server.sessions import SessionLimits, SessionStore
+from server.sleep import IdleSleeper
 
 log = structlog.get_logger("server")
 
@@ -69,12 +70,29 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     app.extensions[RESPONSES_KEY] = ResponsesState(store)
     for routes in (openai, anthropic, responses, control, native, embeddings, slots, metrics, stream, webui):
         app.register_blueprint(routes.bp)
+    app.config[webui.ENABLED_KEY] = settings.webui
     _install_auth(app, settings)
     _install_cors(app, settings)
     _install_error_handlers(app)
     _install_mcp(app, settings)
     _install_lifespan(app, service, sessions, store, on_load_failure)
+    if settings.sleep_idle_seconds > 0:
+        _install_sleep(app, service, settings.sleep_idle_seconds)
     return app
+
+
+def _install_sleep(app: Quart, service: ModelService, idle_seconds: float) -> None:
+    """--sleep-idle-seconds: the middleware that wakes the model, and its idle watch (server/sleep.py)."""
+    sleeper = IdleSleeper(app.asgi_app, service, idle_seconds)
+    app.asgi_app = sleeper  # type: ignore[method-assign]
+
+    @app.before_serving
+    async def watch_idle() -> None:
+        sleeper.start()
+
+    @app.after_serving
+    async def stop_watching() -> None:
+        await sleeper.stop()
 
 
 def _install_auth(app: Quart, settings: Settings) -> None:

@@ -105,6 +105,13 @@ class Settings(BaseModel):
     embedding: bool = False
     pooling: str | None = None
     embd_normalize: int = 2  # -1 none, 0 max absolute (int16 range), 1 taxicab, 2 euclidean, >2 p-norm
+    # Router mode (no -m): the catalogue's sources and policy (server/router/).
+    models_dir: Path | None = None
+    models_preset: Path | None = None
+    models_max: int = 4  # loaded models at once; 0: no limit
+    models_autoload: bool = True
+    # Seconds without work before the model frees its weights and KV memory (-1: never); also per child.
+    sleep_idle_seconds: float = -1
 
     @property
     def mlock(self) -> bool:
@@ -145,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         _feature_flags,
         _spec_flags,
         _tool_flags,
+        _router_flags,
     ):
         add_group(p)
     return p
@@ -333,6 +341,19 @@ def _tool_flags(p: argparse.ArgumentParser) -> None:
         help="tokens one tool-loop run may generate over all its rounds; -1: no limit")  # fmt: skip
 
 
+def _router_flags(p: argparse.ArgumentParser) -> None:
+    """Router mode (no -m) and sleeping when idle."""
+    add = p.add_argument_group("router and sleep").add_argument
+    add("--models-dir", default=_env("MODELS_DIR"), help="router: serve every GGUF in this directory")
+    add("--models-preset", default=_env("MODELS_PRESET"), help="router: an INI file, one section per model")
+    add("--models-max", type=int, default=int(_env("MODELS_MAX") or 4), help="router: loaded models (0: any)")
+    add("--models-autoload", dest="models_autoload", action="store_true", default=True)
+    add("--no-models-autoload", dest="models_autoload", action="store_false",
+        help="router: a request for an unloaded model is a 400 until POST /models/load")  # fmt: skip
+    add("--sleep-idle-seconds", type=float, default=float(_env("SLEEP_IDLE_SECONDS") or -1),
+        help="free the model's memory after this many idle seconds; -1: never")  # fmt: skip
+
+
 def _split_ignored(argv: list[str]) -> tuple[list[str], list[str]]:
     """Take out the llama-server flags Llamba knows but ignores, so they warn instead of failing."""
     kept, ignored = [], []
@@ -367,6 +388,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("responses-max", args.responses_max, 1),
         ("tool-max-rounds", args.tool_max_rounds, 1),
         ("tool-max-tokens", args.tool_max_tokens, -1),
+        ("models-max", args.models_max, 0),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -393,6 +415,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
     values["slot_save_path"] = Path(args.slot_save_path) if args.slot_save_path else None
     values["responses_dir"] = Path(args.responses_dir) if args.responses_dir else None
+    values["models_dir"] = Path(args.models_dir) if args.models_dir else None
+    values["models_preset"] = Path(args.models_preset) if args.models_preset else None
+    if not (args.sleep_idle_seconds > 0 or args.sleep_idle_seconds == -1):
+        parser.error(f"--sleep-idle-seconds must be > 0 or -1, got {args.sleep_idle_seconds}")
     if args.n_gpu_layers == 0:
         values["device"] = "cpu"
     if args.reranking:  # as llama-server: --reranking is --embedding with pooling rank

@@ -10,9 +10,12 @@ thread-safe surface. Routes import no `engine.*` module but the public types of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import gc
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +100,45 @@ class Loaded:
     pooling: Pooling  # what embedding requests pool (engine/embedding.py)
 
 
+# Where each load stage starts in the whole load's progress (router mode reports it on /models/sse); the
+# repack stage advances layer by layer.
+LOAD_STAGES = {"read": (0.02, 0.03), "repack": (0.05, 0.65), "compile": (0.72, 0.0), "grammar": (0.9, 0.0)}
+
+
+def _log_progress(stage: str, fraction: float) -> None:
+    """A load stage as a log event (a router reads its children's JSON logs)."""
+    start, span = LOAD_STAGES[stage]
+    log.info("model.load_progress", stage=stage, value=round(start + span * fraction, 3))
+
+
+def _info_dict(info: ModelInfo) -> dict[str, Any]:
+    fields = ("name", "arch", "n_vocab", "n_ctx_train", "n_embd", "n_params", "size")
+    return {"path": str(info.path), **{name: getattr(info, name) for name in fields}}
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the routes report about the model, kept while it sleeps."""
+
+    info: ModelInfo
+    n_slots: int
+    n_ctx_slot: int
+    template_source: str
+    snapshot: EngineSnapshot = EngineSnapshot()
+
+
+def _release(loaded: Loaded) -> None:
+    loaded.engine.stop()
+
+
+def _return_memory() -> None:
+    """Collect the freed model's arrays and hand the heap's free pages back to the system: glibc keeps
+    them otherwise (engine/__init__.py raises its trim threshold to 1 GB for the forward passes)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 class ModelService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -104,21 +146,29 @@ class ModelService:
         self.fingerprint = "b0-llamba"
         self.load_error: str | None = None
         self._loaded: Loaded | None = None
+        # Kept while the model sleeps (--sleep-idle-seconds): what /props, /models and /slots report.
+        self._facts: Facts | None = None
+        self.sleeping = False
+        self._waking: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def load(self) -> None:
         """Load the model on a worker thread; /health answers 503 until this finishes."""
         try:
-            self._loaded = await anyio.to_thread.run_sync(self._load_blocking)
+            self._loaded = loaded = await anyio.to_thread.run_sync(self._load_blocking)
+            self._facts = Facts(
+                loaded.info, loaded.engine.config.n_slots, loaded.engine.n_ctx_slot, loaded.template.source
+            )
         except Exception as exc:
             self.load_error = str(exc)
             log.error("model.load_failed", error=str(exc))
             raise
-        log.info("model.loaded", path=str(self._loaded.info.path), slots=self.settings.parallel)
+        info = self._loaded.info
+        log.info("model.loaded", path=str(info.path), slots=self.settings.parallel, info=_info_dict(info))
 
     def _load_blocking(self) -> Loaded:
         s = self.settings
-        llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock)
+        llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock, progress=_log_progress)
         template = ChatTemplate.from_gguf_metadata(llm.gguf.metadata, s.chat_template)
         config = EngineConfig(
             n_slots=s.parallel,
@@ -137,7 +187,11 @@ class ModelService:
         if s.embedding and pooling == "rank" and llm.model.rank_head is None:
             raise ValueError("pooling rank needs a reranker: the model has no classifier head (cls.output)")
         engine = Engine(llm, config, draft)
+        _log_progress(
+            "compile", 0.0
+        )  # the engine's start compiles (or loads) every kernel in a warm-up batch
         engine.start()
+        _log_progress("grammar", 0.0)
         # The grammar engine's view of the vocabulary holds the GIL for 0.1 s (SmolLM2) to 1.6 s (Gemma
         # 3): built here, at load, never while requests are served.
         grammars = GrammarCompiler.for_tokenizer(llm.tokenizer)
@@ -154,9 +208,44 @@ class ModelService:
         if self._loaded is not None:
             self._loaded.engine.stop()
 
+    # -- sleeping (--sleep-idle-seconds; server/sleep.py decides when) -----------------------------------
+    async def sleep(self) -> None:
+        """Free the weights, KV cache and engine thread; the model's facts stay for /props and /models."""
+        loaded = self._loaded
+        if loaded is None or self.sleeping:
+            return
+        self._facts = replace(self._facts, snapshot=loaded.engine.snapshot)  # type: ignore[arg-type]
+        self._loaded, self.sleeping = None, True
+        await anyio.to_thread.run_sync(_release, loaded)
+        del loaded
+        await anyio.to_thread.run_sync(_return_memory)
+        log.info("model.sleeping")
+
+    async def wake(self) -> None:
+        """Load the model again (one load however many requests wait for it)."""
+        if not self.sleeping:
+            return
+        if self._waking is None:
+            self._waking = asyncio.get_running_loop().create_task(self._wake())
+        await asyncio.shield(self._waking)
+
+    async def _wake(self) -> None:
+        try:
+            await self.load()
+            self.sleeping = False
+            log.info("model.awake")
+        finally:
+            self._waking = None
+
+    @property
+    def loaded(self) -> bool:
+        """The weights are in memory (not loading, not sleeping)."""
+        return self._loaded is not None
+
     @property
     def ready(self) -> bool:
-        return self._loaded is not None
+        """The model is loaded, or sleeps (and wakes on the next request)."""
+        return self._loaded is not None or self.sleeping
 
     def _require(self) -> Loaded:
         if self._loaded is None:
@@ -168,22 +257,31 @@ class ModelService:
         self._require()
 
     # -- model facts ----------------------------------------------------------------------------------
+    def _known(self) -> Facts:
+        """The model's facts: loaded, or sleeping (503 while the first load runs)."""
+        if self._facts is None or not self.ready:
+            raise errors.unavailable()
+        return self._facts
+
     def model_info(self) -> ModelInfo:
-        return self._require().info
+        return self._known().info
 
     @property
     def n_slots(self) -> int:
-        return self._require().engine.config.n_slots
+        return self._known().n_slots
 
     @property
     def n_ctx_slot(self) -> int:
-        return self._require().engine.n_ctx_slot
+        return self._known().n_ctx_slot
 
     def template_source(self) -> str:
-        return self._require().template.source
+        return self._known().template_source
 
     def snapshot(self) -> EngineSnapshot:
-        """The engine's state as its thread last published it (slots, queue, counts)."""
+        """The engine's state as its thread last published it (slots, queue, counts); while the model
+        sleeps, the one it published last."""
+        if self.sleeping:
+            return self._known().snapshot
         return self._require().engine.snapshot
 
     # -- tokens and templates -------------------------------------------------------------------------
@@ -287,7 +385,7 @@ class ModelService:
 
     def reasoning_tags(self) -> ReasoningTags | None:
         """The thinking tags of the chat template, None when it has no thinking block."""
-        return detect_tags(self.template_source()) if self._loaded is not None else None
+        return detect_tags(self.template_source()) if self.ready else None
 
     # -- structured output ------------------------------------------------------------------------------
     def tool_format(self) -> ToolCallFormat:

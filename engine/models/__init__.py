@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine.backend import Backend
 from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.models.gemma3 import Gemma3Model
@@ -21,11 +23,14 @@ ARCHITECTURES: dict[str, type[LlamaModel]] = {
 }
 
 
-def load_model(g: GGUFFile, backend: Backend) -> LlamaModel:
-    """The model of the file's architecture; a file with tensors the model does not use (an unknown
-    norm, an incomplete set of biases) is refused rather than run without them."""
+def load_model(
+    g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
+) -> LlamaModel:
+    """The model of the file's architecture; `on_layer(done, total)` is told after each packed layer
+    (load progress). A file with tensors the model does not use (an unknown norm, an incomplete set of
+    biases) is refused rather than run without them."""
     arch = g.require_architecture()
-    model = ARCHITECTURES[arch](g, backend)
+    model = ARCHITECTURES[arch](g, backend, on_layer)
     unused = g.tensors.unread()
     if unused:
         more = f" (and {len(unused) - 3} more)" if len(unused) > 3 else ""

@@ -6,6 +6,8 @@ five sliding-window layers (unscaled RoPE, base 10000) with one global layer (th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from engine.backend import Backend
@@ -30,8 +32,10 @@ class Gemma3Layer(LlamaLayer):
 class Gemma3Model(LlamaModel):
     layer_class = Gemma3Layer
 
-    def __init__(self, g: GGUFFile, backend: Backend) -> None:
-        super().__init__(g, backend)
+    def __init__(
+        self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
+    ) -> None:
+        super().__init__(g, backend, on_layer)
         hp = self.hp
         self.rope_swa = Rope.plain(backend, hp.rope_base_swa, hp.rope_neox, hp.n_rot)
 

@@ -7,6 +7,7 @@ in their quantized formats.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,7 +141,9 @@ class ForwardOutput:
 class LlamaModel:
     layer_class: type[LlamaLayer] = LlamaLayer
 
-    def __init__(self, g: GGUFFile, backend: Backend) -> None:
+    def __init__(
+        self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
+    ) -> None:
         self.hp = HParams.from_gguf(g)
         self.backend = backend
         self.name = str(g.metadata.get("general.name", g.path.stem))
@@ -163,6 +166,8 @@ class LlamaModel:
         for il in range(self.hp.n_layer):
             self.layers.append(self.layer_class(backend, g, self.hp, il))
             g.release_pages()
+            if on_layer is not None:
+                on_layer(il + 1, self.hp.n_layer)
 
     def packed_weights(self) -> list[Any]:
         """Every packed weight matrix of the model (the head once when it is the tied embedding)."""

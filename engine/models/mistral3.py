@@ -10,6 +10,8 @@ temperature `attention.temperature_scale` (beta): a query at position p is scale
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 
 import numpy as np
@@ -21,8 +23,10 @@ from engine.models.llama import LlamaModel
 
 
 class Mistral3Model(LlamaModel):
-    def __init__(self, g: GGUFFile, backend: Backend) -> None:
-        super().__init__(g, backend)
+    def __init__(
+        self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
+    ) -> None:
+        super().__init__(g, backend, on_layer)
         self.temperature_beta = float(g.arch_value("attention.temperature_scale", 0.0))
 
     def scale_queries(self, q: np.ndarray, batch: Batch) -> None:

@@ -39,7 +39,8 @@ async def health() -> Any:
     svc = service()
     if svc.load_error:
         raise errors.APIError(500, f"model failed to load: {svc.load_error}", "server_error")
-    svc.require_ready()
+    if not svc.ready:  # a sleeping model is healthy: it wakes on the next request
+        raise errors.unavailable()
     return {"status": "ok"}
 
 
@@ -60,6 +61,7 @@ async def props() -> Any:
             },
         },
         "total_slots": svc.n_slots,
+        "is_sleeping": svc.sleeping,
         "model_alias": svc.settings.model_alias,
         "model_path": str(info.path),
         "chat_template": svc.template_source(),

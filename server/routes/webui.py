@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response, current_app, request
 
 from server import errors
-from server.service import service
 
 bp = Blueprint("webui", __name__)
+
+# app.config key: whether the UI is served (--no-webui sets it False); the model server and the router
+# both serve it.
+ENABLED_KEY = "LLAMBA_WEBUI"
 
 # Package data (pyproject), so an installed wheel serves the UI as the source tree does.
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
@@ -78,7 +81,7 @@ def _accepts_gzip() -> bool:
 
 
 def _serve(relative: str) -> Response:
-    if not service().settings.webui:
+    if not current_app.config.get(ENABLED_KEY, True):
         raise errors.not_found(f"File Not Found: {request.path} (the web UI is off: --no-webui)")
     asset = _load(_resolve(relative))
     headers = {"ETag": asset.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}

@@ -26,6 +26,39 @@ export class Api {
     return this.json("/props");
   }
 
+  /** Router mode: the models and their status; load one. */
+  models() {
+    return this.json("/models");
+  }
+
+  loadModel(model) {
+    return this.json("/models/load", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model }),
+    });
+  }
+
+  /** Router mode: call `onEvent` with each /models/sse event until the stream ends. */
+  async modelEvents(onEvent) {
+    const response = await fetch("/models/sse", { headers: this.headers(), cache: "no-store" });
+    if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let pending = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      pending += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = pending.indexOf("\n\n")) >= 0) {
+        const event = pending.slice(0, end);
+        pending = pending.slice(end + 2);
+        if (event.startsWith("data: ")) onEvent(JSON.parse(event.slice(6)));
+      }
+    }
+  }
+
   /** The MCP servers' tools (GET /tools), or [] when the server has none configured (404). */
   async tools() {
     const response = await fetch("/tools", { headers: this.headers() });

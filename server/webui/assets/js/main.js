@@ -8,6 +8,7 @@ import { Settings } from "./settings.js";
 import { openStore } from "./store.js";
 import { download, exportJson, parseImport } from "./transfer.js";
 import { SettingsDialog } from "./view/settings-dialog.js";
+import { ModelPicker } from "./view/model-picker.js";
 import { Sidebar } from "./view/sidebar.js";
 import { Thread } from "./view/thread.js";
 import { toast } from "./view/toast.js";
@@ -20,6 +21,15 @@ class App {
     this.settings = new Settings();
     this.api = new Api(this.settings);
     this.model = null;
+    // Router mode: the picked model is the one the next chats name (`model`).
+    this.picker = new ModelPicker(
+      this.api,
+      (id) => {
+        this.model = id;
+        if (!this.current?.messages.length) this.thread.show(this.current, this.model);
+      },
+      (text) => this.#banner(text),
+    );
     this.current = null; // the open conversation, or null for a new chat not sent yet
     this.mcpServers = []; // [{label, tools: [names]}] from GET /tools
     this.toolsLoaded = false;
@@ -84,6 +94,7 @@ class App {
         this.model = props.model_alias || "default";
         this.settings.setServerDefaults(props.default_generation_settings?.params || {}, props.tool_loop);
         $("#model-name").textContent = this.model;
+        if (props.role === "router") await this.picker.show(this.model);
         this.#banner("");
         if (!this.current?.messages.length) this.thread.show(this.current, this.model);
         return;

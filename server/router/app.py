@@ -1,0 +1,284 @@
+"""The router's Quart app: its own routes (/health, /props, /models, load, unload, SSE) and the proxy of
+every other route to the child of the request's model (body `model`, else the `model` query parameter,
+else the default model)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import structlog
+from pydantic import ValidationError
+from quart import Blueprint, Quart, Response, current_app, request
+from werkzeug.exceptions import HTTPException
+
+from server import errors
+from server.cli import Settings
+from server.router.catalogue import Catalogue
+from server.router.child import Child
+from server.router.conversations import CONVERSATION_HEADER, Conversations
+from server.router.events import EventHub
+from server.router.pool import Lease, ModelPool
+from server.router.proxy import client_response, discard, new_client, open_upstream
+from server.router.state import RUNNING, ModelState
+from server.routes import webui
+
+log = structlog.get_logger("router")
+
+ROUTER_KEY = "llamba.router"
+PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models"}
+
+
+def is_public(path: str) -> bool:
+    """What answers without the API key: health, the model list, and the web UI's files (the page asks
+    for the key itself), as on a model server."""
+    return path in PUBLIC_PATHS or path in ("/", "/index.html") or path.startswith("/assets/")
+
+
+ANTHROPIC_PREFIX = "/v1/messages"  # server/routes/anthropic.py's: errors in Anthropic's shape
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+bp = Blueprint("router", __name__)
+
+
+@dataclass
+class Router:
+    """What the router's routes share: settings, catalogue, pool, events, owners, the HTTP client."""
+
+    settings: Settings
+    catalogue: Catalogue
+    pool: ModelPool
+    events: EventHub
+    conversations: Conversations
+    client: httpx.AsyncClient
+    secret: str  # every child's API key: only the router can call them
+
+    async def forward(self, lease: Lease, body: bytes) -> httpx.Response:
+        path = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
+        return await open_upstream(
+            self.client, lease, request.method, path, request.headers, body, self.secret
+        )
+
+
+def router() -> Router:
+    return current_app.extensions[ROUTER_KEY]
+
+
+def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list[str]) -> Quart:
+    app = Quart("llamba-router")
+    events = EventHub()
+    secret = secrets.token_hex(16)
+
+    def spawn(state: ModelState, on_event: Any) -> Child:
+        entry = state.entry
+        args = ["-m", entry.model, "-a", entry.id, "--log-format", "json"]
+        env = {**dict(entry.env), "LLAMA_ARG_API_KEY": secret}  # not in the args /models shows
+        return Child(entry.id, [*args, *entry.args, *child_args], env, on_event)
+
+    pool = ModelPool(catalogue, settings.models_max, events, spawn)
+    ctx = Router(settings, catalogue, pool, events, Conversations(), new_client(), secret)
+    app.extensions[ROUTER_KEY] = ctx
+    from server.router import streams  # the conversation routes, registered before the catch-all
+
+    app.register_blueprint(streams.bp)
+    app.register_blueprint(webui.bp)  # the router serves the UI itself: it answers while models load
+    app.config[webui.ENABLED_KEY] = settings.webui
+    app.register_blueprint(bp)
+    _install_auth(app, settings)
+    _install_errors(app)
+    _install_lifespan(app, ctx)
+    return app
+
+
+def _install_lifespan(app: Quart, ctx: Router) -> None:
+    @app.before_serving
+    async def load_on_startup() -> None:
+        s = ctx.settings
+        builtins_only = s.models_dir is None and s.models_preset is None
+        for state in ctx.pool.states.values():
+            entry = state.entry
+            if entry.load_on_startup or (
+                builtins_only and s.models_autoload and entry is ctx.catalogue.default
+            ):
+                ctx.pool.load(state)
+
+    @app.after_serving
+    async def stop_children() -> None:
+        await ctx.pool.shutdown()
+        await ctx.client.aclose()
+
+
+def error_reply(err: errors.APIError) -> tuple[dict[str, Any], int]:
+    if request.path == ANTHROPIC_PREFIX or request.path.startswith(ANTHROPIC_PREFIX + "/"):
+        return errors.anthropic_body(err), err.status
+    return err.body(), err.status
+
+
+def _install_auth(app: Quart, settings: Settings) -> None:
+    @app.before_request
+    async def check_key() -> Any:
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:12])
+        if not settings.api_keys or request.method == "OPTIONS" or is_public(request.path):
+            return None
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
+        return None if key in settings.api_keys else error_reply(errors.authentication())
+
+
+def _install_errors(app: Quart) -> None:
+    @app.errorhandler(errors.APIError)
+    async def api_error(exc: errors.APIError) -> Any:
+        return error_reply(exc)
+
+    @app.errorhandler(ValidationError)
+    async def validation_error(exc: ValidationError) -> Any:
+        return error_reply(errors.from_validation(exc))
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Any:
+        return error_reply(
+            errors.APIError(exc.code or 500, exc.description or exc.name, "invalid_request_error")
+        )
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Any:
+        log.exception("router.request_failed", error=str(exc))
+        return error_reply(errors.APIError(500, f"internal error: {exc}", "server_error"))
+
+
+# -- the router's own routes ---------------------------------------------------------------------------
+@bp.get("/health")
+@bp.get("/v1/health")
+async def health() -> Any:
+    return {"status": "ok"}
+
+
+@bp.get("/models")
+@bp.get("/v1/models")
+async def models() -> Any:
+    pool = router().pool
+    return {"object": "list", "data": [pool.listing(s) for s in pool.states.values()]}
+
+
+@bp.get("/v1/models/<path:name>")
+async def model(name: str) -> Any:
+    pool = router().pool
+    return pool.listing(pool.state(name))
+
+
+async def _model_from_body() -> ModelState:
+    body = await request.get_json(force=True, silent=True)
+    name = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise errors.invalid_request('the body must be JSON: {"model": string}')
+    return router().pool.state(name)
+
+
+@bp.post("/models/load")
+async def load() -> Any:
+    router().pool.load(await _model_from_body())
+    return {"success": True}
+
+
+@bp.post("/models/unload")
+async def unload() -> Any:
+    state = await _model_from_body()
+    if state.child is None:
+        raise errors.invalid_request(f"model '{state.id}' is not loaded")
+    await router().pool.stop(state)
+    return {"success": True}
+
+
+@bp.get("/models/sse")
+async def models_sse() -> Any:
+    ctx = router()
+    first = [
+        {"model": s.id, "event": "model_status", "data": {"status": s.status}}
+        for s in ctx.pool.states.values()
+    ]
+    response = Response(
+        ctx.events.listen(first), headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    response.timeout = None
+    return response
+
+
+@bp.get("/props")
+async def props() -> Any:
+    """The router's props; with `?model=`, that model's child's (it says whether it sleeps). Without,
+    the default model's props under the router's, when it runs (the web UI reads them)."""
+    ctx = router()
+    if request.args.get("model"):
+        return await proxy_to(ctx.pool.state(request.args["model"]), b"")
+    s = ctx.settings
+    own = {"role": "router", "models_max": s.models_max, "max_instances": s.models_max}
+    own["model_alias"] = ctx.catalogue.default_id  # what a chat without `model` runs on
+    own |= {
+        "models_autoload": s.models_autoload,
+        "default_model": ctx.catalogue.default_id,
+        "build_info": "b0-llamba",
+    }
+    default = ctx.pool.states[ctx.catalogue.default_id]
+    if default.status not in RUNNING or default.stopping:
+        return own | {"is_sleeping": False}
+    lease = await ctx.pool.acquire(default)
+    try:
+        upstream = await ctx.forward(lease, b"")
+        child_props = json.loads(await upstream.aread()) if upstream.status_code == 200 else {}
+        await upstream.aclose()
+    finally:
+        lease.release()
+    return child_props | own
+
+
+@bp.route("/", methods=ALL_METHODS, defaults={"path": ""})
+@bp.route("/<path:path>", methods=ALL_METHODS)
+async def catch_all(path: str) -> Any:
+    body = await request.get_data()
+    return await proxy_to(requested_model(body), body)
+
+
+def requested_model(body: bytes) -> ModelState:
+    """The request's model: the body's `model`, else the `model` query parameter, else the default."""
+    name = None
+    if body and request.method in ("POST", "PUT", "PATCH"):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("model"), str) and data["model"]:
+            name = data["model"]
+    name = name or request.args.get("model")
+    pool = router().pool
+    return pool.state(name) if name else pool.states[router().catalogue.default_id]
+
+
+def _autoload() -> bool:
+    value = request.args.get("autoload")
+    if value is None:
+        return router().settings.models_autoload
+    return value.lower() in ("1", "true", "yes")
+
+
+async def proxy_to(state: ModelState, body: bytes) -> Response:
+    ctx = router()
+    conversation = request.headers.get(CONVERSATION_HEADER)
+    if conversation and request.method == "POST":
+        from server.router.streams import forward_conversation
+
+        return await forward_conversation(ctx, state, conversation, body, _autoload())
+    lease = await ctx.pool.acquire(state, _autoload())
+    try:
+        upstream = await ctx.forward(lease, body)
+    except BaseException:
+        lease.release()
+        raise
+    return client_response(upstream, lease)
+
+
+__all__ = ["Router", "create_router_app", "discard", "proxy_to", "router"]

