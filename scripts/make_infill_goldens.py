@@ -73,9 +73,12 @@ def main() -> None:
                 time.sleep(0.5)
         cases = []
         for case in CASES:
-            reply = post(base + "/infill", {**case, **REQUEST, "return_tokens": True})
+            reply = post(base + "/infill", {**case, **REQUEST, "return_tokens": True, "n_probs": 2})
+            top2 = [
+                [p["logprob"] for p in step["top_logprobs"][:2]] for step in reply["completion_probabilities"]
+            ]
             cases.append({"request": case, "content": reply["content"], "tokens": reply["tokens"],
-                          "tokens_evaluated": reply["tokens_evaluated"]})  # fmt: skip
+                          "tokens_evaluated": reply["tokens_evaluated"], "top2_logprobs": top2})  # fmt: skip
         doc = {"model": Path(args.model).name, "request": REQUEST, "cases": cases}
         Path(args.out).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     finally:

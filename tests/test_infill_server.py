@@ -4,6 +4,7 @@ FIM tokens answers 501, bad input 400 naming the field."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -61,20 +62,48 @@ def test_small_contexts_keep_only_the_tail_of_the_extra_chunks(qwen_tokenizer: T
     assert cut == full[-13:]  # 4096 - 2048 - 2 * 1020 = 8 extra tokens, then [pre] 1 [suf] 2 [mid]
 
 
+# llama.cpp's top two log-probabilities closer than this are a tie the two kernels' rounding may break
+# either way (Qwen's Q4_K_M: case 2 has one at its 11th token, -0.836 against -0.868).
+NEAR_TIE = 0.1
+
+
 @pytest.mark.slow
 def test_greedy_infill_equals_llama_server_on_qwen() -> None:
+    """Each answer equals llama-server's token for token, up to a near tie of llama.cpp's top two
+    where the two may part (then the rest differs, and is not compared); at least 4 of 5 whole."""
     proc = ServerProcess("-m", "qwen", "-c", "4096", "-np", "1").wait_healthy(timeout=600)
     try:
+        whole = 0
         for case in GOLDEN["cases"]:
             body = {**case["request"], **GOLDEN["request"]}
             reply = httpx.post(proc.base_url + "/infill", json=body, timeout=300)
             assert reply.status_code == 200, reply.text
             out = reply.json()
             assert out["tokens_evaluated"] == case["tokens_evaluated"]
-            assert out["tokens"] == case["tokens"], (out["content"], case["content"])
-            assert out["content"] == case["content"]
+            ours, ref = out["tokens"], case["tokens"]
+            split = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), None)
+            if split is None:
+                assert out["content"] == case["content"]
+                whole += 1
+                continue
+            first, second = case["top2_logprobs"][split]
+            assert first - second < NEAR_TIE, f"parts at token {split}, not a tie: {out['content']!r}"
+        assert whole >= 4
+        _check_stream_and_probabilities(proc, GOLDEN["cases"][0])
     finally:
         proc.stop()
+
+
+def _check_stream_and_probabilities(proc: ServerProcess, case: dict[str, Any]) -> None:
+    """/infill's stream (chunks, then the final fields) and n_probs, as on /completion."""
+    body = {**case["request"], **GOLDEN["request"], "stream": True}
+    with httpx.stream("POST", proc.base_url + "/infill", json=body, timeout=300) as reply:
+        chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: ")]
+    assert "".join(c["content"] for c in chunks) == case["content"]
+    assert chunks[-1]["stop"] is True and chunks[-1]["tokens_evaluated"] == case["tokens_evaluated"]
+    body = {**case["request"], **GOLDEN["request"], "n_probs": 2}
+    out = httpx.post(proc.base_url + "/infill", json=body, timeout=300).json()
+    assert [p["id"] for p in out["completion_probabilities"]] == case["tokens"]
 
 
 def test_a_model_without_fim_tokens_answers_501(server: ServerProcess) -> None:

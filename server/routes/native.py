@@ -170,7 +170,10 @@ async def infill() -> Any:
     if body.stream:
         return sse.response(native_stream(svc, body, gen, len(tokens)))
     out = await collect(svc, gen)
-    return {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
+    reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
+    if body.n_probs:
+        reply["completion_probabilities"] = openai_logprobs(svc, out.events)
+    return reply
 
 
 async def native_stream(
