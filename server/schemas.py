@@ -289,3 +289,11 @@ class InfillRequest(CompletionRequest):
     input_prefix: str | list[int]
     input_suffix: str | list[int]
     input_extra: list[InfillChunk] = []
+
+    @model_validator(mode="after")
+    def _no_openai_only_fields(self) -> InfillRequest:
+        """OpenAI's `echo` and `logprobs` belong to /v1/completions; /infill answers n_probs."""
+        for name in ("echo", "logprobs"):
+            if name in self.model_fields_set:
+                raise ValueError(f"'{name}' is not an /infill field (use n_probs for probabilities)")
+        return self

@@ -129,6 +129,8 @@ def test_a_model_without_fim_tokens_answers_501(server: ServerProcess) -> None:
          "input_extra.0.filename"),
         ({**AB, "temperature": -1}, "temperature"),
         ({**AB, "no_such_field": 1}, "no_such_field"),
+        ({**AB, "echo": True}, "echo"),
+        ({**AB, "logprobs": 2}, "logprobs"),
     ],
 )  # fmt: skip
 def test_bad_input_is_400_naming_the_field(server: ServerProcess, body: dict[str, Any], field: str) -> None:
