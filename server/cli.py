@@ -15,27 +15,20 @@ from engine.api import POOLING_TYPES
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
+from server.llama_server_flags import FLAGS, LlamaServerFlag
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
-# Flags llama-server has that Llamba accepts but does not act on (yet): (flag, takes a value).
-IGNORED_FLAGS: dict[str, bool] = {
-    # Context checkpoints: Llamba's KV cache keeps every position, sliding-window layers included, so
-    # any cached prefix can be reused by truncation and no checkpoint is ever needed.
-    "--ctx-checkpoints": True,
-    "--swa-checkpoints": True,
-    "--checkpoint-min-step": True,
-    "--flash-attn": True,
-    "-fa": True,
-    "--no-mmap": False,
-    "--numa": True,
-    "--cache-type-k": True,
-    "-ctk": True,
-    "--cache-type-v": True,
-    "-ctv": True,
-    "--threads-batch": True,
-    "-tb": True,
-    "--poll": True,
-    "--prio": True,
+# llama-server's flags that Llamba accepts but that have no effect here (`server/llama_server_flags.py`,
+# the README's table, says why for each), and those it refuses with a reason. Context checkpoints, for
+# one: Llamba's KV cache keeps every position, sliding-window layers included, so any cached prefix can
+# be reused by truncation and no checkpoint is ever needed.
+IGNORED_FLAGS: dict[str, LlamaServerFlag] = {
+    form: flag for flag in FLAGS if flag.status == "ignored" for form in flag.forms
+}
+# Older llama-server names, no longer in its README, that launch scripts still carry.
+IGNORED_FLAGS.update({"--no-mmap": LlamaServerFlag(("--no-mmap",), "", "", "ignored")})
+REFUSED_FLAGS: dict[str, LlamaServerFlag] = {
+    form: flag for flag in FLAGS if flag.status == "refused" for form in flag.forms
 }
 
 
@@ -142,8 +135,10 @@ class _ListDevices(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="llamba-server", description="An LLM server speaking llama-server's API."
+        prog="llamba-server", description="An LLM server speaking llama-server's API.", add_help=False
     )
+    p.add_argument("-h", "--help", "--usage", action="help", help="show this help and exit")
+    p.add_argument("--version", action="version", version=f"llamba-server {_version()}")
     for add_group in (
         _model_flags,
         _server_flags,
@@ -168,7 +163,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add("-b", "--batch-size", type=int, default=int(_env("BATCH") or 2048))
     add("-ub", "--ubatch-size", type=int, default=int(_env("UBATCH") or 512))
     add("-t", "--threads", type=int, default=int(_env("THREADS") or 0) or None)
-    add("-n", "--n-predict", type=int, default=int(_env("N_PREDICT") or -1))
+    add("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=int(_env("N_PREDICT") or -1))
     load_mode = _env("LOAD_MODE") or ("mlock" if _env("MLOCK") else "auto")
     lock_help = "mlock, mmap+mlock: lock the weights in RAM"
     add("-lm", "--load-mode", choices=LOAD_MODES, default=load_mode, help=lock_help)
@@ -271,10 +266,19 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     add("--spec-ngram-size-n", type=int, default=12)
     add("--spec-ngram-size-m", type=int, default=48)
     add("--spec-ngram-min-hits", type=int, default=1)
-    add("-md", "--model-draft", default=_env("MODEL_DRAFT"), help="a draft model (GGUF path or name)")
+    add(
+        "-md",
+        "--model-draft",
+        "--spec-draft-model",
+        dest="model_draft",
+        default=_env("MODEL_DRAFT"),
+        help="a draft model (GGUF path or name)",
+    )
     add("-cd", "--ctx-size-draft", type=int, default=0, help="the draft's context (0: the target's)")
-    add("-devd", "--device-draft", default=None, help="the draft's device (the target's)")
-    add("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", type=int, default=-1)
+    draft_device = ("-devd", "--device-draft", "--spec-draft-device")
+    add(*draft_device, dest="device_draft", default=None, help="the draft's device (the target's)")
+    draft_layers = ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl")
+    add(*draft_layers, dest="gpu_layers_draft", type=int, default=-1)
 
 
 def _feature_flags(p: argparse.ArgumentParser) -> None:
@@ -283,9 +287,10 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--slots", dest="slots", action="store_true", default=True)
     add("--no-slots", dest="slots", action="store_false")
     add("--metrics", action="store_true", default=bool(_env("ENDPOINT_METRICS")))
-    add("--no-webui", "--no-ui", dest="webui", action="store_false", default=True)
+    add("--ui", "--webui", dest="webui", action="store_true", default=True)
+    add("--no-webui", "--no-ui", dest="webui", action="store_false")
     add("-to", "--timeout", type=int, default=600)
-    add("-v", "--verbose", action="store_true")
+    add("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true")
     add("--log-format", choices=["text", "json"], default="text")
     add("--log-prompts-dir", default=None)
     add(
@@ -302,8 +307,16 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--context-shift", dest="context_shift", action="store_true", default=bool(_env("CONTEXT_SHIFT")))
     add("--no-context-shift", dest="context_shift", action="store_false")
     add("--keep", type=int, default=int(_env("KEEP") or 0), help="tokens kept by a context shift (-1: all)")
-    add("--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu", "cuda"])
-    add("-ngl", "--n-gpu-layers", type=int, default=int(_env("N_GPU_LAYERS") or -1), help="0: the CPU")
+    add("-dev", "--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu", "cuda"])
+    add(
+        "-ngl",
+        "--gpu-layers",
+        "--n-gpu-layers",
+        dest="n_gpu_layers",
+        type=int,
+        default=int(_env("N_GPU_LAYERS") or -1),
+        help="0: the CPU",
+    )
     add("--list-devices", action=_ListDevices, nargs=0, help="print the available GPUs and exit")
     # Resumable stream sessions (X-Conversation-Id): ring buffer bytes each, seconds kept once done, count.
     add("--stream-buffer-size", type=int, default=int(_env("STREAM_BUFFER_SIZE") or 4 * 1024 * 1024))
@@ -354,26 +367,47 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
         help="free the model's memory after this many idle seconds; -1: never")  # fmt: skip
 
 
-def _split_ignored(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Take out the llama-server flags Llamba knows but ignores, so they warn instead of failing."""
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llamba")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _split_ignored(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """Take out the llama-server flags that have no effect here, so they warn instead of failing;
+    a refused one exits 2 naming it and why."""
     kept, ignored = [], []
     i = 0
     while i < len(argv):
         flag = argv[i].split("=", 1)[0]
+        if flag in REFUSED_FLAGS:
+            parser.error(f"{flag} is not supported by Llamba: {REFUSED_FLAGS[flag].note}")
         if flag in IGNORED_FLAGS:
-            takes_value = IGNORED_FLAGS[flag] and "=" not in argv[i]
             ignored.append(flag)
-            i += 2 if takes_value else 1
+            i += 1 + _value_count(IGNORED_FLAGS[flag], argv[i], argv[i + 1 : i + 2])
             continue
         kept.append(argv[i])
         i += 1
     return kept, ignored
 
 
+def _value_count(flag: LlamaServerFlag, arg: str, rest: list[str]) -> int:
+    """How many of the next arguments are this ignored flag's value: none for a switch or `--f=v`, the
+    next one for a value, and for an optional value (`[on|off]`) the next one unless it is a flag."""
+    if not flag.value or "=" in arg or not rest:
+        return 0
+    if flag.value.startswith("[") and rest[0].startswith("-"):
+        return 0
+    return 1
+
+
 def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     """Settings, and the ignored flags to warn about. Bad input exits 2 with a one-line reason."""
     parser = build_parser()
-    kept, ignored = _split_ignored(list(sys.argv[1:] if argv is None else argv))
+    kept, ignored = _split_ignored(parser, list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(kept)
     keys = _api_keys(parser, args)
     for name, value, low in (

@@ -269,3 +269,31 @@ class ApplyTemplateRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool | None = None  # as on chat: None continues a final assistant message
     add_generation_prompt: bool | None = None
+
+
+class InfillChunk(BaseModel):
+    """One repo-level chunk of /infill's `input_extra`: a file's text and its name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(CompletionRequest):
+    """llama-server's /infill: code around a hole (`input_prefix`, `input_suffix`), other files of the
+    repository (`input_extra`), and `prompt`, text the middle starts with; the generation fields of
+    /completion."""
+
+    prompt: str = ""  # type: ignore[assignment]
+    input_prefix: str | list[int]
+    input_suffix: str | list[int]
+    input_extra: list[InfillChunk] = []
+
+    @model_validator(mode="after")
+    def _no_openai_only_fields(self) -> InfillRequest:
+        """OpenAI's `echo` and `logprobs` belong to /v1/completions; /infill answers n_probs."""
+        for name in ("echo", "logprobs"):
+            if name in self.model_fields_set:
+                raise ValueError(f"'{name}' is not an /infill field (use n_probs for probabilities)")
+        return self

@@ -42,6 +42,7 @@ from engine.sampling import SamplingParams
 from engine.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, check_filename
 from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate, ChatTemplateError
+from engine.text.fim import ExtraChunk, InfillLimits, infill_tokens
 from engine.text.reasoning import ReasoningSpec, ReasoningTags, detect_tags, resolve_spec
 from engine.text.tokenizer import Tokenizer
 from engine.text.tool_calls import ToolCallFormat, detect_format
@@ -353,6 +354,33 @@ class ModelService:
         if tok.add_bos and (not tokens or tokens[0] != tok.bos_id):
             tokens = [tok.bos_id, *tokens]
         return tokens
+
+    async def infill_prompt(
+        self, prefix: str | list[int], suffix: str | list[int], extra: list[tuple[str, str]], prompt: str
+    ) -> list[int]:
+        """llama-server's /infill prompt from the model's FIM tokens (501 when it has none): the
+        extra chunks are (filename, text); prefix and suffix are text or token ids."""
+        tok = self._tokenizer
+        missing = tok.fim.missing()
+        if missing:
+            reasons = " ".join(f"{role} token is missing." for role in missing)
+            raise errors.not_supported(f"Infill is not supported by this model: {reasons}")
+
+        def build() -> list[int]:
+            def encode(text: str) -> list[int]:
+                return tok.encode(text, False, False)
+
+            def part(value: str | list[int]) -> list[int]:
+                return encode(value) if isinstance(value, str) else self.check_tokens(list(value))
+
+            s = self.settings
+            limits = InfillLimits(s.batch_size, s.n_predict, self.n_ctx_slot)
+            chunks = [ExtraChunk(text, filename) for filename, text in extra]
+            prompt_ids = tok.encode(prompt, False, True)
+            bos = tok.bos_id if tok.add_bos else None
+            return infill_tokens(tok.fim, encode, part(prefix), part(suffix), chunks, prompt_ids, limits, bos)
+
+        return await anyio.to_thread.run_sync(build)
 
     def fit_prompt(self, tokens: list[int]) -> tuple[list[int], bool]:
         """The prompt as it will run, and whether it was cut: too long is 400, or cut with context shift."""

@@ -10,9 +10,8 @@ temperature `attention.temperature_scale` (beta): a query at position p is scale
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
 
 import numpy as np
 

@@ -26,6 +26,7 @@ from typing import Any
 import regex
 
 from engine.gguf import GGUFFile, UnsupportedModelError
+from engine.text.fim import FimTokens
 
 # GGUF `tokenizer.ggml.token_type` values.
 TOKEN_TYPE_NORMAL = 1
@@ -558,6 +559,7 @@ class Tokenizer:
             piece(text) if attr == _NORMAL else _special_piece(text, attr)
             for text, attr in zip(tokens, attrs, strict=True)
         ]
+        self.fim = FimTokens()  # the fill-in-the-middle tokens (from_gguf finds them)
         self._pieces_plain = [b"" if a & _HIDDEN else p for a, p in zip(attrs, self._pieces, strict=True)]
 
     @classmethod
@@ -602,7 +604,9 @@ class Tokenizer:
         if (options.add_bos and ids.bos is None) or (options.add_eos and ids.eos is None):
             raise UnsupportedModelError("the tokenizer adds a BOS/EOS token the vocabulary does not define")
         ids, eog_ids = _resolve_eog(meta, tokens, token_to_id, attrs, ids)
-        return cls(tokens, attrs, model, ids, eog_ids, options)
+        tokenizer = cls(tokens, attrs, model, ids, eog_ids, options)
+        tokenizer.fim = FimTokens.from_vocab(meta, token_to_id)
+        return tokenizer
 
     # -- encoding -------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""llama-server's native routes: /health /props /completion /tokenize /detokenize /apply-template."""
+"""llama-server's native routes: /health /props /completion /infill /tokenize /detokenize
+/apply-template."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    InfillRequest,
     TokenizeRequest,
 )
 from server.service import ModelService, service
@@ -145,6 +147,27 @@ async def completion() -> Any:
         raise errors.invalid_request(
             "'n': several choices are served on /v1/completions and /v1/chat/completions"
         )
+    gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
+    if body.stream:
+        return sse.response(native_stream(svc, body, gen, len(tokens)))
+    out = await collect(svc, gen)
+    reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
+    if body.n_probs:
+        reply["completion_probabilities"] = openai_logprobs(svc, out.events)
+    return reply
+
+
+@bp.post("/infill")
+async def infill() -> Any:
+    """llama-server's /infill: the model's FIM prompt around the code, then /completion's reply."""
+    svc = service()
+    body = InfillRequest.model_validate(await request.get_json(force=True))
+    svc.require_ready()
+    extra = [(chunk.filename, chunk.text) for chunk in body.input_extra]
+    prompt = await svc.infill_prompt(body.input_prefix, body.input_suffix, extra, body.prompt)
+    tokens, truncated = svc.fit_prompt(prompt)
+    if body.n_choices() > 1:
+        raise errors.invalid_request("'n': several choices are served on /v1/completions")
     gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
     if body.stream:
         return sse.response(native_stream(svc, body, gen, len(tokens)))
