@@ -10,7 +10,8 @@ once per tile of 8 tokens (prefill, bound by arithmetic).
 Integer path (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K; IQ4_NL, IQ4_XS with int32 sums): the
 activations are quantized once per call to int8 values (held as int16 so one load broadcasts them)
 exactly as llama.cpp's q8_0/q8_1/q8_K blocks (see ACTIVATIONS); the inner loop multiplies and adds
-int16 lanes (vpmullw/vpaddw, 32 rows per instruction).
+int16 lanes (vpmullw/vpaddw, 32 rows per instruction), or, on AVX-512 VNNI CPUs, vpdpwssd/vpdpbusd
+from LLVM-IR intrinsics (the same integer sums).
 Half a block's products always fit int16; the weight and activation scales are applied per half
 block in float, the block minimum (Q4_1, Q4_K, Q4_0's -8) once per block through the activation sum.
 
@@ -269,6 +270,105 @@ _iq4_half_sums2, _iq4_half_sums1 = _iq4_half_sums[2], _iq4_half_sums[1]
 # Half a 4-bit block (8 positions) per call, per tile size.
 _half_block_sums8 = _register_sums(8, 8, _nibble_pairs)
 _half_block_sums4 = _register_sums(4, 8, _nibble_pairs)
+# Tiles of 1 and 2 tokens (decode) of the 4-bit layout: vpdpbusd multiplies 4 unsigned weight bytes of
+# one row by 4 signed activation bytes and adds the 4 products to the row's int32 lane: 64 multiply-adds
+# an instruction where vpdpwssd does 32 and the int16 path 32 in two. Its 4 bytes must be 4 positions of
+# one row, and the packed layout keeps the 32 rows of a position together, so 4 positions (128 bytes,
+# two loads) are transposed in registers by one byte shuffle per 16 rows (vpermt2b on AVX512-VBMI).
+# Integer sums: the same half-block sums as the int16 path, bit for bit.
+_V64I8 = ir.VectorType(ir.IntType(8), 64)
+# Shuffle of (positions p, p + 1 | positions p + 2, p + 3), 32 row bytes each: byte 4r + k of lane L's
+# vector is position p + k of row 16L + r.
+_QUAD_MASKS = [
+    ir.Constant(
+        ir.VectorType(ir.IntType(32), 64), [32 * k + lane * 16 + r for r in range(16) for k in range(4)]
+    )
+    for lane in (0, 1)
+]
+
+
+def _vpdpbusd(builder):  # type: ignore[no-untyped-def]
+    return cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpbusd.512"
+    )
+
+
+def _nibble_quads(context, builder, packed_type, packed, at0, q: int):  # type: ignore[no-untyped-def]
+    """Positions 4q .. 4q + 3 after at0, per 16-row lane: (low nibbles, high nibbles), 4 bytes a row."""
+    first, second = (
+        builder.load(
+            _vector_at(
+                context,
+                builder,
+                packed_type,
+                packed,
+                builder.add(at0, ir.Constant(ir.IntType(64), at)),
+                _V64I8,
+            ),
+            align=1,
+        )
+        for at in ((4 * q) * ROWS, (4 * q + 2) * ROWS)
+    )
+    out = []
+    for lane in (0, 1):
+        rows = builder.shuffle_vector(first, second, _QUAD_MASKS[lane])
+        low = builder.and_(rows, ir.Constant(_V64I8, [15] * 64))
+        high = builder.lshr(rows, ir.Constant(_V64I8, [4] * 64))
+        out.append(tuple(builder.bitcast(v, _V16I32) for v in (low, high)))
+    return out
+
+
+def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+    """An intrinsic computing half a 4-bit block's sums for a tile of n_tok tokens and 32 rows:
+    sums[t * 32 + r] = sum over positions j < 8 of w[r, j] * x[t, j] + w[r, j + 16] * x[t, j + 16], where
+    xb[row0 + t, col0 + q] holds the 4 int8 activations x[4q .. 4q + 3] and xb[., col0 + 4 + q] those
+    16 positions on. Integer sums, so the `chains` accumulators that break vpdpbusd's latency chain
+    change nothing."""
+
+    @intrinsic
+    def quad_sums(typingctx, sums, packed, packed_at, xb, row0, col0):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            sums_type, packed_type, _, xb_type, _, _ = sig.args
+            i64 = ir.IntType(64)
+            at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
+            xb_array = context.make_array(xb_type)(context, builder, args[3])
+            dpbusd = _vpdpbusd(builder)
+            acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
+            for q in (0, 1):
+                lanes = _nibble_quads(context, builder, packed_type, args[1], at0, q)
+                for t in range(n_tok):
+                    for nibble in (0, 1):  # low nibbles: positions 4q.., high: 16 + 4q..
+                        index = [
+                            builder.add(row, ir.Constant(i64, t)),
+                            builder.add(col, ir.Constant(i64, q + 4 * nibble)),
+                        ]
+                        x_ptr = cgutils.get_item_pointer(
+                            context, builder, xb_type, xb_array, index, wraparound=False
+                        )
+                        x = _broadcast(builder, builder.load(x_ptr))
+                        chain = (2 * q + nibble) % chains
+                        for lane in (0, 1):
+                            c = acc[t][lane]
+                            c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][nibble], x])
+            for t in range(n_tok):
+                for lane in (0, 1):
+                    total = acc[t][lane][0]
+                    for partial in acc[t][lane][1:]:
+                        total = builder.add(total, partial)
+                    at = ir.Constant(i64, t * ROWS + lane * 16)
+                    builder.store(
+                        total, _vector_at(context, builder, sums_type, args[0], at, _V16I32), align=4
+                    )
+            return context.get_dummy_value()
+
+        return types.void(sums, packed, packed_at, xb, row0, col0), codegen
+
+    return quad_sums
+
+
+_quad_sums1 = _quad_sums(1, 4)
+_quad_sums2 = _quad_sums(2, 2)
+
 # A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where the memory-accumulated
 # _dot_int8_pairs16 was latency-bound (2.4x slower than the float path at T = 1).
 _q8_block_sums1 = _register_sums(1, 16, _int8_pairs, chains=4)
@@ -569,15 +669,15 @@ def _q4_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     _store_tile(acc, out, g, t0, n_tok)
 
 
-# The VNNI twin of _q4_tile for tiles of 4 and 8 tokens: each weight byte (positions j and j + 16 of
-# one row) becomes one int32 lane of two int16 nibbles, multiplied by the int32 pair of activations
-# (x[j], x[j + 16]). The half-block integer sums are the int16 path's exactly, then scaled the same
-# way, so a token's output does not depend on which path its tile took.
+# The VNNI twin of _q4_tile. Tiles of 1 and 2 tokens take vpdpbusd (above); tiles of 4 and 8 vpdpwssd:
+# each weight byte (positions j and j + 16 of one row) becomes one int32 lane of two int16 nibbles,
+# multiplied by the int32 pair of activations (x[j], x[j + 16]). Both give the int16 path's half-block
+# integer sums exactly, scaled the same way, so a token's output does not depend on its tile.
 
 
 @njit(inline="always")
 def _q4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    qs, d, m, sc, mn, kind, xp, xd, xs, out = a
+    qs, d, m, sc, mn, kind, xp, xb, xd, xs, out = a
     acc = stack_tile_f32()
     sums_ptr = _alloca_i32(256)
     sums = carray(sums_ptr, (8, 32))
@@ -589,11 +689,29 @@ def _q4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             first = (b * 16 + half * 8) * ROWS
             if n_tok == 8:
                 _half_block_sums8(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
-            else:
+            elif n_tok == 4:
                 _half_block_sums4(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
+            elif n_tok == 2:
+                _quad_sums2(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
+            else:
+                _quad_sums1(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
             _q4_add_half(acc, sums, d, sc, kind, g, b, xd, t0, n_tok)
         _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(**_KERNEL)
+def _activation_quads(xq: np.ndarray) -> np.ndarray:
+    """int32 holding the int8 activations x[4i .. 4i + 3] as bytes 0..3: vpdpbusd's broadcast operand."""
+    n_tok, k = xq.shape
+    xb = np.empty((n_tok, k // 4), np.int32)
+    for t in range(n_tok):
+        for i in range(k // 4):
+            v = np.int64(0)
+            for c in range(4):
+                v |= (np.int64(xq[t, 4 * i + c]) & 0xFF) << (8 * c)
+            xb[t, i] = v
+    return xb
 
 
 @njit(**_KERNEL)
@@ -613,30 +731,30 @@ def _activation_pairs(xq: np.ndarray) -> np.ndarray:
 def _matmul_q4_0_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, xs = _quantize(x)
     xp = _activation_pairs(xq)
-    a = (qs, d, d, d, d, KIND_Q4_0, xq, xd, xs, out)
-    a_vnni = (qs, d, d, d, d, KIND_Q4_0, xp, xd, xs, out)
+    xb = _activation_quads(xq)
+    a_vnni = (qs, d, d, d, d, KIND_Q4_0, xp, xb, xd, xs, out)
     for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile, a, g)
+        _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile_vnni, a_vnni, g)
 
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q4_1_vnni(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, xs = _quantize(x, ACT_Q8_1)
     xp = _activation_pairs(xq)
-    a = (qs, d, m, d, d, KIND_Q4_1, xq, xd, xs, out)
-    a_vnni = (qs, d, m, d, d, KIND_Q4_1, xp, xd, xs, out)
+    xb = _activation_quads(xq)
+    a_vnni = (qs, d, m, d, d, KIND_Q4_1, xp, xb, xd, xs, out)
     for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile, a, g)
+        _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile_vnni, a_vnni, g)
 
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q4_k_vnni(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, xs = _quantize(x, ACT_Q8_K)
     xp = _activation_pairs(xq)
-    a = (qs, d, m, sc, mn, KIND_Q4_K, xq, xd, xs, out)
-    a_vnni = (qs, d, m, sc, mn, KIND_Q4_K, xp, xd, xs, out)
+    xb = _activation_quads(xq)
+    a_vnni = (qs, d, m, sc, mn, KIND_Q4_K, xp, xb, xd, xs, out)
     for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile, a, g)
+        _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile_vnni, a_vnni, g)
 
 
 # One kernel per kind, so the kind is a constant in the tiles (a runtime kind halved Q4_K's speed at
@@ -1342,8 +1460,8 @@ def get_rows(w: PackedWeight, ids: np.ndarray, out: np.ndarray) -> None:
     _GET_ROWS[w.qtype](w, ids, out)
 
 
-# Tiles of 4 or more tokens take the VNNI kernels where the CPU has them (T = 1 is bound by memory,
-# and the int16 path keeps it compiling everywhere).
+# Tiles of 4 or more tokens take the VNNI kernels where the CPU has them (the int16 path keeps T < 4
+# compiling everywhere); the 4-bit types take them at every T (vpdpbusd tiles for 1 and 2 tokens).
 VNNI_MIN_TOKENS = 4
 
 
@@ -1352,9 +1470,9 @@ def _vnni(x: np.ndarray) -> bool:
 
 
 _MATMUL = {
-    QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if _vnni(x) else _matmul_q4_0)(x, w.qs, w.d, out),
-    QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if _vnni(x) else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
-    QType.Q4_K: lambda x, w, out: (_matmul_q4_k_vnni if _vnni(x) else _matmul_q4_k)(
+    QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if HAS_VNNI else _matmul_q4_0)(x, w.qs, w.d, out),
+    QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if HAS_VNNI else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
+    QType.Q4_K: lambda x, w, out: (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(
         x, w.qs, w.d, w.m, w.sc, w.mn, out
     ),
     QType.Q5_0: lambda x, w, out: _matmul_q5(x, w.qs, w.qh, w.d, out),
