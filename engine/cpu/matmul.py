@@ -285,6 +285,14 @@ _QUAD_MASKS = [
     )
     for lane in (0, 1)
 ]
+# The same from one 64-byte load of two positions, each twice (Q6_K's qh byte j // 2 for positions j).
+_PAIR_MASKS = [
+    ir.Constant(
+        ir.VectorType(ir.IntType(32), 64),
+        [32 * (k // 2) + lane * 16 + r for r in range(16) for k in range(4)],
+    )
+    for lane in (0, 1)
+]
 
 
 def _vpdpbusd(builder):  # type: ignore[no-untyped-def]
@@ -293,8 +301,8 @@ def _vpdpbusd(builder):  # type: ignore[no-untyped-def]
     )
 
 
-def _nibble_quads(context, builder, packed_type, packed, at0, q: int):  # type: ignore[no-untyped-def]
-    """Positions 4q .. 4q + 3 after at0, per 16-row lane: (low nibbles, high nibbles), 4 bytes a row."""
+def _transposed_quads(context, builder, packed_type, packed, at0, positions, masks=_QUAD_MASKS):  # type: ignore[no-untyped-def]
+    """Per 16-row lane, 4 bytes a row: those of `positions` (each the start of 64 bytes: 2 x 32 rows)."""
     first, second = (
         builder.load(
             _vector_at(
@@ -307,15 +315,69 @@ def _nibble_quads(context, builder, packed_type, packed, at0, q: int):  # type: 
             ),
             align=1,
         )
-        for at in ((4 * q) * ROWS, (4 * q + 2) * ROWS)
+        for at in positions
     )
+    return [builder.shuffle_vector(first, second, masks[lane]) for lane in (0, 1)]
+
+
+def _bytes(value: int | list[int]):  # type: ignore[no-untyped-def]
+    return ir.Constant(_V64I8, value if isinstance(value, list) else [value] * 64)
+
+
+def _nibble_quads(context, builder, packed_type, packed, at0, q: int):  # type: ignore[no-untyped-def]
+    """Positions 4q .. 4q + 3 after at0, per 16-row lane: (low nibbles, high nibbles), 4 bytes a row."""
     out = []
-    for lane in (0, 1):
-        rows = builder.shuffle_vector(first, second, _QUAD_MASKS[lane])
-        low = builder.and_(rows, ir.Constant(_V64I8, [15] * 64))
-        high = builder.lshr(rows, ir.Constant(_V64I8, [4] * 64))
+    for rows in _transposed_quads(
+        context, builder, packed_type, packed, at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS)
+    ):
+        low = builder.and_(rows, _bytes(15))
+        high = builder.lshr(rows, _bytes(4))
         out.append(tuple(builder.bitcast(v, _V16I32) for v in (low, high)))
     return out
+
+
+# Q6_K's two top bits of positions j (byte k = j % 4 of a row's 4) sit at bits 0-1 / 2-3 of qh byte j // 2
+# for even j and 4-5 / 6-7 for odd j: moved to bits 4-5 by shifts kept or dropped per byte with masks.
+_EVEN_TOPS = [0x30 if k % 2 == 0 else 0 for _ in range(16) for k in range(4)]
+_ODD_TOPS = [0 if k % 2 == 0 else 0x30 for _ in range(16) for k in range(4)]
+
+
+def _q6k_quads(context, builder, packed_type, packed, at0, high_type, high, high_at0, q: int):  # type: ignore[no-untyped-def]
+    """Q6_K positions 4q .. 4q + 3 after at0 (and their qh bytes after high_at0), per 16-row lane:
+    (unsigned 6-bit weights j, unsigned 6-bit weights j + 16), 4 bytes a row."""
+    quads = _transposed_quads(
+        context, builder, packed_type, packed, at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS)
+    )
+    at = (2 * q) * ROWS
+    tops = _transposed_quads(context, builder, high_type, high, high_at0, (at, at), _PAIR_MASKS)
+    out = []
+    for rows, h in zip(quads, tops, strict=True):
+        even, odd = _bytes(_EVEN_TOPS), _bytes(_ODD_TOPS)
+        low_tops = builder.or_(builder.and_(builder.shl(h, _bytes(4)), even), builder.and_(h, odd))
+        high_tops = builder.or_(
+            builder.and_(builder.shl(h, _bytes(2)), even), builder.and_(builder.lshr(h, _bytes(2)), odd)
+        )
+        low = builder.or_(builder.and_(rows, _bytes(15)), low_tops)
+        high6 = builder.or_(builder.lshr(rows, _bytes(4)), high_tops)
+        out.append(tuple(builder.bitcast(v, _V16I32) for v in (low, high6)))
+    return out
+
+
+def _broadcast_at(context, builder, xb_type, xb_array, row, col):  # type: ignore[no-untyped-def]
+    """xb[row, col] (an int32) in all 16 lanes."""
+    ptr = cgutils.get_item_pointer(context, builder, xb_type, xb_array, [row, col], wraparound=False)
+    return _broadcast(builder, builder.load(ptr))
+
+
+def _store_chains(context, builder, sums_type, sums, acc) -> None:  # type: ignore[no-untyped-def]
+    """sums[t * 32 + 16 * lane:][:16] = the sum of acc[t][lane]'s chains."""
+    for t, per_lane in enumerate(acc):
+        for lane, chains in enumerate(per_lane):
+            total = chains[0]
+            for partial in chains[1:]:
+                total = builder.add(total, partial)
+            at = ir.Constant(ir.IntType(64), t * ROWS + lane * 16)
+            builder.store(total, _vector_at(context, builder, sums_type, sums, at, _V16I32), align=4)
 
 
 def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
@@ -329,7 +391,6 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     def quad_sums(typingctx, sums, packed, packed_at, xb, row0, col0):  # type: ignore[no-untyped-def]
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
             sums_type, packed_type, _, xb_type, _, _ = sig.args
-            i64 = ir.IntType(64)
             at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
             xb_array = context.make_array(xb_type)(context, builder, args[3])
             dpbusd = _vpdpbusd(builder)
@@ -338,27 +399,19 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
                 lanes = _nibble_quads(context, builder, packed_type, args[1], at0, q)
                 for t in range(n_tok):
                     for nibble in (0, 1):  # low nibbles: positions 4q.., high: 16 + 4q..
-                        index = [
-                            builder.add(row, ir.Constant(i64, t)),
-                            builder.add(col, ir.Constant(i64, q + 4 * nibble)),
-                        ]
-                        x_ptr = cgutils.get_item_pointer(
-                            context, builder, xb_type, xb_array, index, wraparound=False
+                        x = _broadcast_at(
+                            context,
+                            builder,
+                            xb_type,
+                            xb_array,
+                            _plus(builder, row, t),
+                            _plus(builder, col, q + 4 * nibble),
                         )
-                        x = _broadcast(builder, builder.load(x_ptr))
                         chain = (2 * q + nibble) % chains
                         for lane in (0, 1):
                             c = acc[t][lane]
                             c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][nibble], x])
-            for t in range(n_tok):
-                for lane in (0, 1):
-                    total = acc[t][lane][0]
-                    for partial in acc[t][lane][1:]:
-                        total = builder.add(total, partial)
-                    at = ir.Constant(i64, t * ROWS + lane * 16)
-                    builder.store(
-                        total, _vector_at(context, builder, sums_type, args[0], at, _V16I32), align=4
-                    )
+            _store_chains(context, builder, sums_type, args[0], acc)
             return context.get_dummy_value()
 
         return types.void(sums, packed, packed_at, xb, row0, col0), codegen
@@ -366,6 +419,54 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     return quad_sums
 
 
+def _plus(builder, value, n: int):  # type: ignore[no-untyped-def]
+    return builder.add(value, ir.Constant(ir.IntType(64), n))
+
+
+def _q6k_quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+    """Q6_K's half block (positions 8 at `packed_at`, their qh bytes at `high_at`) for n_tok tokens and
+    32 rows, the unsigned 6-bit weights times the activations: low[t * 32 + r] over positions j < 8,
+    high[t * 32 + r] over positions j + 16 (another sub-block, another scale); xb as in _quad_sums.
+    The caller subtracts 32 x the activations' sum (the weights are q - 32)."""
+
+    @intrinsic
+    def q6k_sums(typingctx, low, high, packed, packed_at, qh, qh_at, xb, row0, col0):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            low_type, _, packed_type, _, qh_type, _, xb_type, _, _ = sig.args
+            at0, qh_at0, row, col = (
+                context.cast(builder, args[i], sig.args[i], types.intp) for i in (3, 5, 7, 8)
+            )
+            xb_array = context.make_array(xb_type)(context, builder, args[6])
+            dpbusd = _vpdpbusd(builder)
+            acc = [
+                [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)] for _ in (0, 1)
+            ]
+            for q in (0, 1):
+                lanes = _q6k_quads(context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q)
+                for t in range(n_tok):
+                    for part in (0, 1):  # weights j (low sums), weights j + 16 (high sums)
+                        x = _broadcast_at(
+                            context,
+                            builder,
+                            xb_type,
+                            xb_array,
+                            _plus(builder, row, t),
+                            _plus(builder, col, q + 4 * part),
+                        )
+                        for lane in (0, 1):
+                            c = acc[part][t][lane]
+                            c[q % chains] = builder.call(dpbusd, [c[q % chains], lanes[lane][part], x])
+            for part in (0, 1):
+                _store_chains(context, builder, low_type, args[part], acc[part])
+            return context.get_dummy_value()
+
+        return types.void(low, high, packed, packed_at, qh, qh_at, xb, row0, col0), codegen
+
+    return q6k_sums
+
+
+_q6k_quad_sums1 = _q6k_quad_sums(1, 2)
+_q6k_quad_sums2 = _q6k_quad_sums(2, 2)
 _quad_sums1 = _quad_sums(1, 4)
 _quad_sums2 = _quad_sums(2, 2)
 
@@ -1166,12 +1267,68 @@ def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     _store_tile(acc, out, g, t0, n_tok)
 
 
+# Tiles of 1 and 2 tokens on VNNI CPUs: the unsigned 6-bit weights on vpdpbusd (see _quad_sums), minus
+# 32 x the activations' sum of each 8 positions: the int16 path's sums exactly, scaled the same way.
+
+
+@njit(inline="always")
+def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    qs, qh, sc, d, xb, x8, xd, out = a
+    acc = stack_tile_f32()
+    low_ptr, high_ptr = _alloca_i32(256), _alloca_i32(256)
+    slo, shi = carray(low_ptr, (8, 32)), carray(high_ptr, (8, 32))
+    flat_lo, flat_hi = carray(low_ptr, (256,)), carray(high_ptr, (256,))
+    qs_g, qh_g = qs[g], qh[g]
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        dq = _lanes(d, g, b >> 3)
+        sclo, schi = _lanes(sc, g, 2 * b), _lanes(sc, g, 2 * b + 1)
+        for half in range(2):
+            at, qh_at = (b * 16 + 8 * half) * ROWS, (b * 8 + 4 * half) * ROWS
+            if n_tok == 2:
+                _q6k_quad_sums2(flat_lo, flat_hi, qs_g, at, qh_g, qh_at, xb, t0, b * 8 + 2 * half)
+            else:
+                _q6k_quad_sums1(flat_lo, flat_hi, qs_g, at, qh_g, qh_at, xb, t0, b * 8 + 2 * half)
+            for t in range(n_tok):
+                xdt = xd[t0 + t, b]
+                low_shift = np.int32(32) * x8[t0 + t, b * 4 + half]
+                high_shift = np.int32(32) * x8[t0 + t, b * 4 + 2 + half]
+                for r in range(ROWS):
+                    lo = np.float32(sclo[r]) * np.float32(np.int32(slo[t, r] - low_shift))
+                    hi = np.float32(schi[r]) * np.float32(np.int32(shi[t, r] - high_shift))
+                    acc[t, r] += f16_to_f32(dq[r]) * xdt * (lo + hi)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(**_KERNEL)
+def _activation_sums8(xq: np.ndarray) -> np.ndarray:
+    """The integer sum of each 8 consecutive int8 activations."""
+    n_tok, k = xq.shape
+    out = np.empty((n_tok, k // 8), np.int32)
+    for t in range(n_tok):
+        for i in range(k // 8):
+            total = 0
+            for c in range(8):
+                total += np.int32(xq[t, 8 * i + c])
+            out[t, i] = total
+    return out
+
+
 @njit(parallel=True, **_KERNEL)
 def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (qs, qh, sc, d, xq, xd, out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q6k_tile, a, _q6k_tile, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q6k_vnni(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, sc, d, xq, xd, out)
+    a_quads = (qs, qh, sc, d, _activation_quads(xq), _activation_sums8(xq), xd, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q6k_tile, a, _q6k_tile_quads, a_quads, g)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1480,7 +1637,9 @@ _MATMUL = {
     QType.Q2_K: lambda x, w, out: _matmul_q2k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
     QType.Q5_1: lambda x, w, out: _matmul_q5_1(x, w.qs, w.qh, w.d, w.m, out),
     QType.Q5_K: lambda x, w, out: _matmul_q5k(x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out),
-    QType.Q6_K: lambda x, w, out: _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out),
+    QType.Q6_K: lambda x, w, out: (_matmul_q6k_vnni if HAS_VNNI else _matmul_q6k)(
+        x, w.qs, w.qh, w.sc, w.d, out
+    ),
     QType.IQ4_NL: lambda x, w, out: (_matmul_iq4_nl_vnni if HAS_VNNI else _matmul_iq4_nl)(x, w.qs, w.d, out),
     QType.IQ4_XS: lambda x, w, out: (_matmul_iq4_xs_vnni if HAS_VNNI else _matmul_iq4_xs)(
         x, w.qs, w.d, w.sc, out
