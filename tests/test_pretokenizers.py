@@ -17,8 +17,10 @@ import pytest
 import regex
 
 from engine.gguf import GGUFFile, UnsupportedModelError
+from engine.llm import LLM
 from engine.text.tokenizer import _PRE_TOKENIZERS, Tokenizer
 from tests.conftest import load_golden
+from tests.synthetic_gguf import CASES, write_gguf
 
 VOCAB_DIR = Path(__file__).resolve().parent / "data" / "vocab"
 VOCABS = ("llama-bpe", "tekken", "gpt-4o")
@@ -122,6 +124,17 @@ def test_unknown_pre_tokenizer_fails_at_load_naming_it(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(UnsupportedModelError, match="unsupported BPE pre-tokenizer 'no-such-pre'"):
         Tokenizer.from_gguf(GGUFFile(path))
+
+
+def test_model_with_an_unknown_pre_tokenizer_fails_to_load_naming_it(tmp_path: Path) -> None:
+    # A whole (synthetic) model: the load stops at the vocabulary, before any weight is packed, with one
+    # line that names the pre-tokenizer and lists the supported ones.
+    path = write_gguf(CASES["qwen3"], tmp_path / "model.gguf", pre="no-such-pre")
+    with pytest.raises(UnsupportedModelError) as failure:
+        LLM.load(str(path))
+    message = str(failure.value)
+    assert message.startswith("unsupported BPE pre-tokenizer 'no-such-pre'") and "\n" not in message
+    assert all(name in message for name in VOCABS)
 
 
 # -- the case-splitting regexes equal llama.cpp's way of running them ---------------------------------------
