@@ -39,6 +39,8 @@ EXTRA = [
     "emoji 😀🎉🚀🇫🇷👨‍👩‍👧 ❤️ ✨ mixed😀text",
     "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'VE 'M 'LL 'D ''' x'y",
     "a\u200bb\u200cc\u200dd\ufeffe \u0301 \u20dd",
+    # Llama 3 tokens its merges do not rebuild (llama.cpp's ignore_merges takes the word whole).
+    " việc hợp nhiều điều jeho mektedir Việt ngoài nhiên lardan biệt",
 ]
 SPECIALS = {
     "llama-bpe": ["<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"],
