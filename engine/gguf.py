@@ -107,9 +107,9 @@ class _Cursor:
         return bytes(self.take(self.scalar("Q"))).decode("utf-8", errors="replace")
 
     def strings(self, count: int) -> list[str]:
-        """`count` strings in a row, in one pass over a memoryview. A `string()` per item made parsing a
-        vocabulary of 200k tokens and 446k merges (tests/data/vocab/gpt-4o) take 10.8 s, this 1.7-1.9 s
-        (same run, load average 11)."""
+        """`count` strings in a row, in one pass over a memoryview. With a `string()` per item, parsing
+        took 2.4 s of CPU for a vocabulary of 200k tokens and 446k merges (tests/data/vocab/gpt-4o), 1.0 s
+        for Gemma 3's, 1.1 s for Qwen2.5-Coder's; this way 0.30, 0.13 and 0.15 s (same runs)."""
         view, size = memoryview(self.buf), len(self.buf)
         length = _U64.unpack_from
         pos, out = self.pos, []
