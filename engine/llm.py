@@ -60,12 +60,14 @@ class LLM:
         path = resolve(model)
         report("read", 0.0)
         g = GGUFFile(path)
+        # The tokenizer first: a vocabulary Llamba cannot tokenize (an unknown pre-tokenizer) fails the load
+        # before minutes of weight packing, not after.
+        tokenizer = Tokenizer.from_gguf(g)
         backend = select_backend(device, n_threads)
         report("repack", 0.0)
         net = load_model(g, backend, lambda done, total: report("repack", done / total))
         if mlock:
             lock_weights(net)
-        tokenizer = Tokenizer.from_gguf(g)
         return cls(path, g, backend, net, tokenizer, time.perf_counter() - start)
 
     @property

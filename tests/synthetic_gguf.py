@@ -149,10 +149,10 @@ def _write_metadata(w: gguf.GGUFWriter, case: ArchCase) -> None:
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
 
-def _write_vocabulary(w: gguf.GGUFWriter) -> None:
+def _write_vocabulary(w: gguf.GGUFWriter, pre: str) -> None:
     tokens, types, merges = vocabulary()
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -161,11 +161,11 @@ def _write_vocabulary(w: gguf.GGUFWriter) -> None:
     w.add_add_bos_token(False)
 
 
-def write_gguf(case: ArchCase, path: Path) -> Path:
-    """The case's model as a GGUF file at `path` (same name, same bytes)."""
+def write_gguf(case: ArchCase, path: Path, pre: str = "gpt-2") -> Path:
+    """The case's model as a GGUF file at `path` (same name, same bytes); `pre` is its pre-tokenizer."""
     w = gguf.GGUFWriter(str(path), case.arch)
     _write_metadata(w, case)
-    _write_vocabulary(w)
+    _write_vocabulary(w, pre)
     for name, data in model_tensors(case).items():
         w.add_tensor(name, data)
     w.write_header_to_file()

@@ -124,13 +124,54 @@ _QWEN2_PATTERN = (
 )
 
 
+# Llama 3's `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
+# |\s*[\r\n]+|\s+(?!\S)|\s+`: Qwen2's, but digits in groups of up to three (llama.cpp's hand-written
+# matcher cuts a digit run left to right every three digits, as the greedy `\p{N}{1,3}` does).
+_LLAMA3_PATTERN = _QWEN2_PATTERN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1)
+
+# Tekken (Mistral Nemo) and GPT-4o (Phi-4) split a letter run at case changes. llama.cpp has no
+# hand-written matcher for them: it runs its ECMAScript adaptation of the tokenizer.json regex (std::regex),
+# which cannot say \p{Lu}/\p{Ll}, on a copy of the text where every non-ASCII code point is replaced by one
+# byte per category (letter, number, ...). "Upper-case" there means "a letter other than a-z" and
+# "lower-case" "a letter other than A-Z": every non-ASCII letter is both, combining marks (\p{M}) are
+# no letters. The same sets on the real text: `[^\P{L}a-z]` and `[^\P{L}A-Z]`; `\s` is the C locale's six
+# ASCII spaces plus the non-ASCII white space llama.cpp's tables name (`_WS`).
+_CASED_UPPER = r"[^\P{L}a-z]"
+_CASED_LOWER = r"[^\P{L}A-Z]"
+_CASED_OPENER = r"[^\r\n\p{L}\p{N}]?"  # one optional non-letter, non-digit, not a line break
+
+
+def _cased_word(contraction: str) -> str:
+    """The two letter-run alternatives (upper-case then lower-case letters, or upper-case ones alone)."""
+    run = f"{_CASED_OPENER}{_CASED_UPPER}*{_CASED_LOWER}+{contraction}"
+    return f"{run}|{_CASED_OPENER}{_CASED_UPPER}+{_CASED_LOWER}*{contraction}"
+
+
+_CASED_TAIL = rf" ?[^{_WS}\p{{L}}\p{{N}}]+[\r\n/]*|[{_WS}]*[\r\n]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"
+# tokenizer.json's `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|... |\p{N}
+# | ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+` as llama.cpp runs it (above): digits one by one.
+_TEKKEN_PATTERN = _cased_word("") + rf"|\p{{N}}|{_CASED_TAIL}"
+# GPT-4o's (o200k): Tekken's word with an optional contraction after each letter run, digits by three.
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O_PATTERN = _cased_word(_CONTRACTION) + rf"|\p{{N}}{{1,3}}|{_CASED_TAIL}"
+
+
 @dataclass(frozen=True)
 class _PreTokenizer:
+    """One `tokenizer.ggml.pre` family: its split regex and the vocabulary flags llama.cpp sets with it."""
+
     pattern: str
     clean_spaces: bool  # llama.cpp's detokenizer clean-up (" ?" -> "?" ...), per pre-tokenizer
+    # A pre-token word that is itself a token is that token, merges or not (llama.cpp's `ignore_merges`:
+    # tiktoken-made vocabularies, whose merge lists are derived and do not always rebuild every token).
+    ignore_merges: bool = False
+    add_bos: bool = False  # llama.cpp's default before `tokenizer.ggml.add_bos_token` overrides it
 
 
-# `tokenizer.ggml.pre` -> pre-tokenizer, for the names whose llama.cpp regexes are reproduced here.
+_LLAMA3 = _PreTokenizer(_LLAMA3_PATTERN, clean_spaces=True, ignore_merges=True, add_bos=True)
+
+# `tokenizer.ggml.pre` -> pre-tokenizer, for the names whose llama.cpp regexes are reproduced here. Names
+# llama.cpp maps to the same pre-tokenizer type share an entry (llama-vocab.cpp's name -> type table).
 _PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "smollm": _PreTokenizer(_SMOLLM_PATTERN, clean_spaces=False),
     "starcoder": _PreTokenizer(_SMOLLM_PATTERN, clean_spaces=True),
@@ -142,6 +183,12 @@ _PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "phi-2": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
     "mpt": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
     "olmo": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
+    "llama-bpe": _LLAMA3,
+    "tekken": _PreTokenizer(_TEKKEN_PATTERN, clean_spaces=False, ignore_merges=True, add_bos=True),
+    "gpt-4o": _PreTokenizer(_GPT4O_PATTERN, clean_spaces=False),
+    "llama4": _PreTokenizer(_GPT4O_PATTERN, clean_spaces=False),
 }
 
 
@@ -262,6 +309,7 @@ class _BpeModel:
             ranks.setdefault(pair, rank)
         self._ranks = ranks
         self._pre = regex.compile(pattern=pre.pattern)
+        self._ignore_merges = pre.ignore_merges
         self._cache: dict[str, tuple[int, ...]] = {}
 
     def encode(self, text: str, out: list[int]) -> None:
@@ -276,6 +324,10 @@ class _BpeModel:
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         chars = word.encode("utf-8").decode("latin-1").translate(_BYTES_TO_GPT2)
+        if self._ignore_merges:
+            whole = self._token_to_id.get(chars)
+            if whole is not None:
+                return (whole,)
         symbols = self._merge(list(chars))
         ids: list[int] = []
         for sym in symbols:
@@ -584,19 +636,21 @@ class Tokenizer:
             pad=_meta_id(meta, "tokenizer.ggml.padding_token_id", None, n_vocab),
         )
         model: _BpeModel | _SpmModel
+        add_bos = defaults.add_bos
         if kind == "gpt2":
             pre = _pre_tokenizer(meta)
             merges = meta.get("tokenizer.ggml.merges")
             if merges is None:
                 raise UnsupportedModelError("BPE vocabulary without tokenizer.ggml.merges")
             model, clean_spaces = _BpeModel(token_to_id, merges, pre), pre.clean_spaces
+            add_bos = add_bos or pre.add_bos
         else:
             scores = meta.get("tokenizer.ggml.scores")
             score_list = scores.tolist() if scores is not None else [0.0] * n_vocab
             unk = 0 if ids.unk is None else ids.unk
             model, clean_spaces = _SpmModel(tokens, token_to_id, score_list, unk), False
         options = _Options(
-            add_bos=_flag(meta, "tokenizer.ggml.add_bos_token", defaults.add_bos),
+            add_bos=_flag(meta, "tokenizer.ggml.add_bos_token", add_bos),
             add_eos=_flag(meta, "tokenizer.ggml.add_eos_token", False),
             add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", defaults.add_space_prefix),
             clean_spaces=clean_spaces,
