@@ -5,9 +5,11 @@ it, and on a response whose write blocks for N seconds (a client that stopped re
 `read_timeout` is not that: it bounds every socket read, including the wait while a long answer streams
 to a client that has nothing more to send, so it would cut generations longer than N seconds. Here the
 request body is read with N seconds per message before the app sees it (on expiry: 408 and the
-connection closes), and every response message the app sends may block at most N seconds (on expiry
-the send raises, the app's response ends, a generation's engine request is cancelled with it and
-hypercorn closes the connection)."""
+connection closes; past BUFFERED bytes the rest goes to the app as it comes, still N seconds a message,
+and a stall reads as the client's disconnect, so the app's own body limit still applies), and every
+response message the app sends may block at most N seconds (on expiry the send raises, the app's
+response ends, a generation's engine request is cancelled with it and hypercorn closes the
+connection)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+BUFFERED = 1 << 20  # request bytes read ahead of the app; a larger body streams to it
 
 
 class IoTimeouts:
@@ -33,21 +36,45 @@ class IoTimeouts:
             await self.app(scope, receive, send)
             return
         try:
-            body = await self._read_body(receive)
+            head, complete = await self._read_body(receive)
         except TimeoutError:
             await _request_timeout(send)
             return
-        await self.app(scope, _replay(body, receive), self._bounded(send))
+        rest = receive if complete else self._timed(receive)
+        await self.app(scope, _replay(head, rest), self._bounded(send))
 
-    async def _read_body(self, receive: Receive) -> list[Message]:
-        """The request's messages up to its last body part (or a disconnect), N seconds each."""
+    async def _read_body(self, receive: Receive) -> tuple[list[Message], bool]:
+        """The request's messages up to its last body part (or a disconnect) or BUFFERED bytes, N
+        seconds each; and whether that was the whole body."""
         messages: list[Message] = []
-        while True:
+        size = 0
+        while size <= BUFFERED:
             async with asyncio.timeout(self.seconds):
                 message = await receive()
             messages.append(message)
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                return messages
+            size += len(message.get("body", b""))
+            if _last(message):
+                return messages, True
+        return messages, False
+
+    def _timed(self, receive: Receive) -> Receive:
+        """The rest of a large body, N seconds a message (a stall is a disconnect), then the plain
+        connection's messages."""
+        done = False
+
+        async def timed_receive() -> Message:
+            nonlocal done
+            if done:
+                return await receive()
+            try:
+                async with asyncio.timeout(self.seconds):
+                    message = await receive()
+            except TimeoutError:
+                message = {"type": "http.disconnect"}
+            done = _last(message)
+            return message
+
+        return timed_receive
 
     def _bounded(self, send: Send) -> Send:
         async def bounded_send(message: Message) -> None:
@@ -55,6 +82,10 @@ class IoTimeouts:
                 await send(message)
 
         return bounded_send
+
+
+def _last(message: Message) -> bool:
+    return message["type"] != "http.request" or not message.get("more_body", False)
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from server.io_timeouts import IoTimeouts
+from server.io_timeouts import BUFFERED, IoTimeouts
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:
@@ -56,3 +56,27 @@ def test_a_body_that_stops_arriving_is_a_408_and_the_app_never_runs() -> None:
 
     asyncio.run(asyncio.wait_for(IoTimeouts(app, 0.2)({"type": "http"}, receive, send), 5))
     assert sent[0]["status"] == 408 and b"did not arrive in time" in sent[1]["body"]
+
+
+def test_a_large_body_streams_to_the_app_and_a_stall_reads_as_a_disconnect() -> None:
+    """Past BUFFERED bytes the app reads the rest itself (its own body limit applies), each part still
+    bounded: a stall is a disconnect, not an endless wait."""
+    part = b"x" * (BUFFERED // 2)
+    parts = [{"type": "http.request", "body": part, "more_body": True} for _ in range(3)]
+    seen: list[Any] = []
+
+    async def receive() -> Any:
+        if parts:
+            return parts.pop()
+        await asyncio.sleep(60)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (message := await receive())["type"] == "http.request":
+            seen.append(len(message["body"]))
+        seen.append(message["type"])
+
+    async def send(message: Any) -> None:
+        raise AssertionError("nothing is sent")
+
+    asyncio.run(asyncio.wait_for(IoTimeouts(app, 0.2)({"type": "http"}, receive, send), 5))
+    assert seen == [len(part)] * 3 + ["http.disconnect"]
