@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +190,16 @@ def test_always_on_switches_are_implemented_rows() -> None:
     for form, note in ALWAYS_ON.items():
         row = next(flag for flag in FLAGS if form in flag.forms)
         assert row.status == "implemented" and row.note == note and not row.value
+
+
+def test_a_real_start_with_a_refused_variable_exits_2_naming_it() -> None:
+    env = {**os.environ, "LLAMA_ARG_ROPE_SCALE": "2", "LLAMA_ARG_CTX_SIZE": "512"}
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "-m", "smollm2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "LLAMA_ARG_ROPE_SCALE (--rope-scale) is not supported by Llamba" in done.stderr.splitlines()[-1]
