@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.cli import build_parser  # noqa: E402
+from server.cli import ALWAYS_ON, build_parser  # noqa: E402
+from server.env_args import split_switch  # noqa: E402
 
 HUB = "needs a model hub download; Llamba loads local files and its known models only"
 OUTPUT = "changes outputs and Llamba does not implement it"
@@ -60,6 +61,8 @@ REFUSED: dict[str, str] = {
     "--reasoning-preserve": OUTPUT,
     "--skip-chat-parsing": OUTPUT,
     "--no-prefill-assistant": OUTPUT + " (a final assistant message is always continued)",
+    "--no-jinja": OUTPUT + " (chat templates are always rendered with Jinja; llama.cpp's built-in"
+    " non-Jinja formats are not available)",
     "--ignore-eos": "no server-wide default in Llamba: send `ignore_eos` in the request",
     "--chat-template-kwargs": "no server-wide default in Llamba: send `chat_template_kwargs` in the request",
     "--spec-draft-hf": HUB,
@@ -76,9 +79,18 @@ REFUSED: dict[str, str] = {
     "--vision-gemma-12b-default": HUB,
     "--spec-default": HUB,
 }
-# Rows whose forms have different statuses: split into one row per form.
-SPLIT = ("--prefill-assistant",)
+# Switch rows whose positive and negative forms have different statuses: split into two rows.
+SPLIT = ("--prefill-assistant", "-cb", "--jinja")
 IGNORED_NOTE = "no effect in Llamba"
+# Notes for implemented and ignored rows that say more than their status.
+NOTES: dict[str, str] = {
+    **ALWAYS_ON,
+    "-nocb": "Llamba always batches continuously; a request's output does not depend on its batch"
+    " (batch invariance), so only scheduling would differ",
+    "--api-key": "several keys: a comma-separated list (CSV quoting), or the flag repeated",
+    "--api-key-file": "one key per line; lines starting with # are comments",
+    "-to": "seconds a request body may take to arrive and each response write may block",
+}
 
 
 def rows(readme: str) -> list[tuple[tuple[str, ...], str, str]]:
@@ -91,7 +103,8 @@ def rows(readme: str) -> list[tuple[tuple[str, ...], str, str]]:
         if not match:
             continue
         spec = match.group(1).replace("\\|", "|")
-        env = re.search(r"\(env: (LLAMA_ARG_\w+)\)", match.group(2))
+        # llama-server's own variables (LLAMA_ARG_*, LLAMA_API_KEY), not other tools' (HF_TOKEN)
+        env = re.search(r"\(env: (LLAMA_\w+)\)", match.group(2))
         parts = [p.strip() for p in spec.split(", ")]
         forms, value = [], ""
         for part in parts:
@@ -103,7 +116,7 @@ def rows(readme: str) -> list[tuple[tuple[str, ...], str, str]]:
             value = rest
         forms_t = tuple(forms)
         if forms_t[0] in SPLIT:
-            found += [((f,), value, env.group(1) if env else "") for f in forms_t]
+            found += [(part, value, env.group(1) if env else "") for part in split_switch(forms_t) if part]
         else:
             found.append((forms_t, value, env.group(1) if env else ""))
     return found
@@ -113,13 +126,14 @@ def status(forms: tuple[str, ...], known: set[str]) -> tuple[str, str]:
     refused = [REFUSED[f] for f in forms if f in REFUSED]
     if refused:
         return "refused", refused[0]
+    note = next((NOTES[f] for f in forms if f in NOTES), "")
     if any(f in known for f in forms):
-        return "implemented", ""
-    return "ignored", IGNORED_NOTE
+        return "implemented", note
+    return "ignored", note or IGNORED_NOTE
 
 
 def main(readme_path: str) -> None:
-    known = set(build_parser()._option_string_actions)
+    known = set(build_parser()._option_string_actions) | set(ALWAYS_ON)
     out = [
         '"""llama-server\'s flags (its README\'s option tables) and what Llamba does with each.',
         "",
@@ -136,7 +150,7 @@ def main(readme_path: str) -> None:
         "class LlamaServerFlag:",
         "    forms: tuple[str, ...]",
         '    value: str  # the README\'s placeholder ("" for a switch; "[...]" is an optional value)',
-        "    env: str  # its LLAMA_ARG_* variable, when the README names one",
+        "    env: str  # its LLAMA_ARG_* (or LLAMA_API_KEY) variable, when the README names one",
         "    status: str  # implemented | ignored | refused",
         '    note: str = ""',
         "",

@@ -14,7 +14,8 @@ from hypercorn.config import Config
 from engine.model_files import ModelFetchError, resolve
 from server import logs
 from server.app import create_app
-from server.cli import parse_settings
+from server.cli import NO_EFFECT, parse_settings
+from server.io_timeouts import IoTimeouts
 from server.routes.tools import MANAGER_KEY as MCP_KEY
 from server.service import EXTENSION_KEY as SERVICE_KEY
 
@@ -30,9 +31,7 @@ async def run(argv: list[str] | None = None) -> int:
     settings, ignored = parse_settings(argv)
     logs.configure(settings.log_format, settings.verbose)
     for flag in ignored:
-        log.warning(
-            "cli.flag_ignored", flag=flag, reason="accepted for llama-server compatibility, no effect here"
-        )
+        log.warning("cli.flag_ignored", flag=str(flag), reason=getattr(flag, "reason", NO_EFFECT))
     if settings.model is not None and (settings.models_dir or settings.models_preset):
         log.warning("cli.flag_ignored", flag="--models-dir/--models-preset", reason="-m serves one model")
     if settings.model is None:  # no -m: a router of many models, one child server each
@@ -73,7 +72,8 @@ async def run(argv: list[str] | None = None) -> int:
     config.graceful_timeout = 1.0
     config.accesslog = None
     log.info("server.listening", host=settings.host, port=settings.port, model=str(model_path))
-    await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    timed = IoTimeouts(app, settings.timeout)  # -to: llama-server's read/write timeouts
+    await serve(timed, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     return exit_code
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -15,6 +17,7 @@ from engine.api import POOLING_TYPES
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
+from server.env_args import EnvError, env_arguments
 from server.llama_server_flags import FLAGS, LlamaServerFlag
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
@@ -26,10 +29,32 @@ IGNORED_FLAGS: dict[str, LlamaServerFlag] = {
     form: flag for flag in FLAGS if flag.status == "ignored" for form in flag.forms
 }
 # Older llama-server names, no longer in its README, that launch scripts still carry.
-IGNORED_FLAGS.update({"--no-mmap": LlamaServerFlag(("--no-mmap",), "", "", "ignored")})
+IGNORED_FLAGS.update({"--no-mmap": LlamaServerFlag(("--no-mmap",), "", "", "ignored", "no effect in Llamba")})
+_DRAFT_CTX = LlamaServerFlag(
+    ("-cd", "--ctx-size-draft"), "N", "", "ignored", "the draft model's context is the target's"
+)
+IGNORED_FLAGS.update({form: _DRAFT_CTX for form in _DRAFT_CTX.forms})
 REFUSED_FLAGS: dict[str, LlamaServerFlag] = {
     form: flag for flag in FLAGS if flag.status == "refused" for form in flag.forms
 }
+# Switches for what Llamba always does: accepted without a word, since their meaning holds.
+ALWAYS_ON: dict[str, str] = {
+    "-cb": "always on: requests join and leave the batch at every step",
+    "--cont-batching": "always on: requests join and leave the batch at every step",
+    "--jinja": "always on: chat templates are rendered with Jinja",
+}
+NO_EFFECT = "accepted for llama-server compatibility, no effect here"
+
+
+class Ignored(str):
+    """A flag (or variable) accepted without effect: a str, its name, that also says why."""
+
+    reason: str
+
+    def __new__(cls, name: str, reason: str = NO_EFFECT) -> Ignored:
+        ignored = super().__new__(cls, name)
+        ignored.reason = reason
+        return ignored
 
 
 # llama-server's -lm/--load-mode. Llamba always reads the file through a memory map and repacks every
@@ -54,7 +79,6 @@ class Settings(BaseModel):
     port: int = 8080
     api_keys: tuple[str, ...] = ()
     sampling: SamplingParams = SamplingParams()  # the sampling flags: what a request's fields override
-    jinja: bool = True
     chat_template: str | None = None
     reasoning_format: str = "auto"  # none | deepseek | auto (deepseek when the template has a thinking block)
     reasoning: str = "auto"  # on | off | auto: enable_thinking for the template (off also closes the block)
@@ -63,13 +87,12 @@ class Settings(BaseModel):
     slots: bool = True
     metrics: bool = False
     webui: bool = True
-    timeout: int = 600
+    timeout: int = 3600  # -to: seconds a request body may take to arrive, and a response write may block
     verbose: bool = False
     log_format: str = "text"
     log_prompts_dir: Path | None = None
     slot_save_path: Path | None = None  # where POST /slots/<id>?action=save|restore puts slot files
     cache_ram: int = 8192  # MiB of host prompt cache: 0 off, -1 no limit
-    cont_batching: bool = True
     slot_similarity: float = 0.1
     device: str = "cpu"
     context_shift: bool = False
@@ -117,10 +140,6 @@ class Settings(BaseModel):
         return Path(self.model).name if self.model else "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _env(name: str) -> str | None:
-    return os.environ.get(f"LLAMA_ARG_{name}")
-
-
 class _ListDevices(argparse.Action):
     """llama-server's --list-devices: the GPUs the CUDA backend can use, then exit 0."""
 
@@ -156,25 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_flags(p: argparse.ArgumentParser) -> None:
     """The model, its context and batch sizes, threads."""
     add = p.add_argument_group("model and context").add_argument
-    add("-m", "--model", default=_env("MODEL"), help="GGUF path or model name (smollm2, gemma3, qwen)")
-    add("-a", "--alias", default=_env("ALIAS"))
-    add("-c", "--ctx-size", type=int, default=int(_env("CTX_SIZE") or 4096))
-    add("-np", "--parallel", type=int, default=int(_env("N_PARALLEL") or 1))
-    add("-b", "--batch-size", type=int, default=int(_env("BATCH") or 2048))
-    add("-ub", "--ubatch-size", type=int, default=int(_env("UBATCH") or 512))
-    add("-t", "--threads", type=int, default=int(_env("THREADS") or 0) or None)
-    add("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=int(_env("N_PREDICT") or -1))
-    load_mode = _env("LOAD_MODE") or ("mlock" if _env("MLOCK") else "auto")
+    add("-m", "--model", default=None, help="GGUF path or model name (smollm2, gemma3, qwen)")
+    add("-a", "--alias", default=None)
+    add("-c", "--ctx-size", type=int, default=4096)
+    add("-np", "--parallel", type=int, default=1)
+    add("-b", "--batch-size", type=int, default=2048)
+    add("-ub", "--ubatch-size", type=int, default=512)
+    add("-t", "--threads", type=int, default=None)
+    add("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1)
     lock_help = "mlock, mmap+mlock: lock the weights in RAM"
-    add("-lm", "--load-mode", choices=LOAD_MODES, default=load_mode, help=lock_help)
+    add("-lm", "--load-mode", choices=LOAD_MODES, default="auto", help=lock_help)
     add("--mlock", dest="load_mode", action="store_const", const="mlock", help="the same as -lm mlock")
 
 
 def _server_flags(p: argparse.ArgumentParser) -> None:
     """Where it listens and who may call it."""
     add = p.add_argument_group("server").add_argument
-    add("--host", default=_env("HOST") or "127.0.0.1")
-    add("--port", type=int, default=int(_env("PORT") or 8080))
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8080)
     add("--api-key", action="append", default=None, help="may be given several times (comma lists too)")
     add("--api-key-file", default=None)
 
@@ -182,7 +200,7 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
     """The default sampler chain (a request's fields override it); llama-server's names."""
     add = p.add_argument_group("sampling").add_argument
-    add("--temp", "--temperature", dest="temp", type=float, default=float(_env("TEMPERATURE") or 0.8))
+    add("--temp", "--temperature", dest="temp", type=float, default=0.8)
     add("--dynatemp-range", type=float, default=0.0, help="dynamic temperature: temp +- this (0: off)")
     add(
         "--dynatemp-exp",
@@ -191,19 +209,19 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="how entropy maps to the dynamic temperature",
     )
-    add("--top-k", type=int, default=int(_env("TOP_K") or 40))
-    add("--top-p", type=float, default=float(_env("TOP_P") or 0.95))
-    add("--min-p", type=float, default=float(_env("MIN_P") or 0.05))
+    add("--top-k", type=int, default=40)
+    add("--top-p", type=float, default=0.95)
+    add("--min-p", type=float, default=0.05)
     add("--typical", "--typical-p", dest="typical_p", type=float, default=1.0, help="1.0: off")
     add("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=float, default=-1.0, help="<= 0: off")
     add("--min-keep", type=int, default=0, help="the truncating samplers keep at least this many tokens")
     add("--xtc-probability", type=float, default=0.0, help="0: off")
     add("--xtc-threshold", type=float, default=0.1, help="> 0.5: off")
     add("-s", "--seed", type=int, default=-1)
-    add("--repeat-penalty", type=float, default=float(_env("REPEAT_PENALTY") or 1.0))
+    add("--repeat-penalty", type=float, default=1.0)
     add("--repeat-last-n", type=int, default=64)
-    add("--presence-penalty", type=float, default=float(_env("PRESENCE_PENALTY") or 0.0))
-    add("--frequency-penalty", type=float, default=float(_env("FREQUENCY_PENALTY") or 0.0))
+    add("--presence-penalty", type=float, default=0.0)
+    add("--frequency-penalty", type=float, default=0.0)
     add("--dry-multiplier", type=float, default=0.0, help="0: off")
     add("--dry-base", type=float, default=1.75)
     add("--dry-allowed-length", type=int, default=2)
@@ -218,16 +236,14 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _template_flags(p: argparse.ArgumentParser) -> None:
-    """How chats become prompts, and reasoning blocks."""
+    """How chats become prompts, and reasoning blocks (always with Jinja: --jinja is ALWAYS_ON)."""
     add = p.add_argument_group("chat template and reasoning").add_argument
-    add("--jinja", dest="jinja", action="store_true", default=True)
-    add("--no-jinja", dest="jinja", action="store_false")
-    add("--chat-template", default=_env("CHAT_TEMPLATE"))
-    add("--chat-template-file", default=_env("CHAT_TEMPLATE_FILE"))
-    add("--reasoning-format", choices=REASONING_FORMATS, default=_env("THINK") or "auto")
-    add("-rea", "--reasoning", choices=REASONING_MODES, default=_env("REASONING") or "auto")
-    add("--reasoning-budget", type=int, default=int(_env("THINK_BUDGET") or -1))
-    add("--reasoning-budget-message", default=_env("THINK_BUDGET_MESSAGE") or "")
+    add("--chat-template", default=None)
+    add("--chat-template-file", default=None)
+    add("--reasoning-format", choices=REASONING_FORMATS, default="auto")
+    add("-rea", "--reasoning", choices=REASONING_MODES, default="auto")
+    add("--reasoning-budget", type=int, default=-1)
+    add("--reasoning-budget-message", default="")
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -246,7 +262,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
         "--spec-draft-n-max",
         dest="draft_max",
         type=int,
-        default=int(_env("DRAFT_MAX") or 16),
+        default=16,
     )
     add(
         "--draft-min",
@@ -254,14 +270,14 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
         "--spec-draft-n-min",
         dest="draft_min",
         type=int,
-        default=int(_env("DRAFT_MIN") or 0),
+        default=0,
     )
     add(
         "--draft-p-min",
         "--spec-draft-p-min",
         dest="draft_p_min",
         type=float,
-        default=float(_env("DRAFT_P_MIN") or 0.75),
+        default=0.75,
     )
     add("--spec-ngram-size-n", type=int, default=12)
     add("--spec-ngram-size-m", type=int, default=48)
@@ -271,12 +287,12 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
         "--model-draft",
         "--spec-draft-model",
         dest="model_draft",
-        default=_env("MODEL_DRAFT"),
+        default=None,
         help="a draft model (GGUF path or name)",
     )
-    add("-cd", "--ctx-size-draft", type=int, default=0, help="the draft's context (0: the target's)")
     draft_device = ("-devd", "--device-draft", "--spec-draft-device")
-    add(*draft_device, dest="device_draft", default=None, help="the draft's device (the target's)")
+    add(*draft_device, dest="device_draft", default=None, choices=["auto", "cpu", "cuda"],
+        help="the draft's device: only the target's (the draft runs beside it)")  # fmt: skip
     draft_layers = ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl")
     add(*draft_layers, dest="gpu_layers_draft", type=int, default=-1)
 
@@ -286,10 +302,10 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add = p.add_argument_group("features").add_argument
     add("--slots", dest="slots", action="store_true", default=True)
     add("--no-slots", dest="slots", action="store_false")
-    add("--metrics", action="store_true", default=bool(_env("ENDPOINT_METRICS")))
+    add("--metrics", action="store_true", default=False)
     add("--ui", "--webui", dest="webui", action="store_true", default=True)
     add("--no-webui", "--no-ui", dest="webui", action="store_false")
-    add("-to", "--timeout", type=int, default=600)
+    add("-to", "--timeout", type=int, default=3600, help="seconds a request body may take, a write may block")
     add("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true")
     add("--log-format", choices=["text", "json"], default="text")
     add("--log-prompts-dir", default=None)
@@ -297,31 +313,29 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
         "-cram",
         "--cache-ram",
         type=int,
-        default=int(_env("CACHE_RAM") or 8192),
+        default=8192,
         help="MiB; 0 off, -1 no limit",
     )
-    add("--slot-save-path", default=_env("SLOT_SAVE_PATH"), help="directory for slot save/restore files")
-    add("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
-    add("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
+    add("--slot-save-path", default=None, help="directory for slot save/restore files")
     add("--slot-prompt-similarity", "-sps", type=float, default=0.1)
-    add("--context-shift", dest="context_shift", action="store_true", default=bool(_env("CONTEXT_SHIFT")))
+    add("--context-shift", dest="context_shift", action="store_true", default=False)
     add("--no-context-shift", dest="context_shift", action="store_false")
-    add("--keep", type=int, default=int(_env("KEEP") or 0), help="tokens kept by a context shift (-1: all)")
-    add("-dev", "--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu", "cuda"])
+    add("--keep", type=int, default=0, help="tokens kept by a context shift (-1: all)")
+    add("-dev", "--device", default="cpu", choices=["auto", "cpu", "cuda"])
     add(
         "-ngl",
         "--gpu-layers",
         "--n-gpu-layers",
         dest="n_gpu_layers",
         type=int,
-        default=int(_env("N_GPU_LAYERS") or -1),
+        default=-1,
         help="0: the CPU",
     )
     add("--list-devices", action=_ListDevices, nargs=0, help="print the available GPUs and exit")
     # Resumable stream sessions (X-Conversation-Id): ring buffer bytes each, seconds kept once done, count.
-    add("--stream-buffer-size", type=int, default=int(_env("STREAM_BUFFER_SIZE") or 4 * 1024 * 1024))
-    add("--stream-ttl", type=float, default=float(_env("STREAM_TTL") or 300.0))
-    add("--stream-max-sessions", type=int, default=int(_env("STREAM_MAX_SESSIONS") or 256))
+    add("--stream-buffer-size", type=int, default=4 * 1024 * 1024)
+    add("--stream-ttl", type=float, default=300.0)
+    add("--stream-max-sessions", type=int, default=256)
     _embedding_flags(p)
 
 
@@ -329,11 +343,11 @@ def _embedding_flags(p: argparse.ArgumentParser) -> None:
     """Embeddings and rerank (llama-server's flags and variables)."""
     add = p.add_argument_group("embeddings and rerank").add_argument
     on = {"action": "store_true"}
-    add("--embedding", "--embeddings", dest="embedding", default=bool(_env("EMBEDDINGS")), **on,
+    add("--embedding", "--embeddings", dest="embedding", default=False, **on,
         help="serve /embedding and /v1/embeddings")  # fmt: skip
-    add("--rerank", "--reranking", dest="reranking", default=bool(_env("RERANKING")), **on,
+    add("--rerank", "--reranking", dest="reranking", default=False, **on,
         help="serve /rerank (embeddings with pooling rank: the model's classifier head)")  # fmt: skip
-    add("--pooling", choices=POOLING_TYPES, default=_env("POOLING"), help="the model's own when not given")
+    add("--pooling", choices=POOLING_TYPES, default=None, help="the model's own when not given")
     add("--embd-normalize", type=int, default=2,
         help="-1 none, 0 max absolute int16, 1 taxicab, 2 euclidean, >2 p-norm")  # fmt: skip
 
@@ -341,29 +355,29 @@ def _embedding_flags(p: argparse.ArgumentParser) -> None:
 def _tool_flags(p: argparse.ArgumentParser) -> None:
     """MCP servers, CORS and stored responses."""
     add = p.add_argument_group("streams and tools").add_argument
-    add("--mcp-servers-config", default=_env("MCP_SERVERS_CONFIG"), help='JSON file {"mcpServers": {...}}')
-    add("--mcp-servers-json", default=_env("MCP_SERVERS_JSON"), help="the same JSON, inline")
-    add("--cors-origins", default=_env("CORS_ORIGINS"), help="comma-separated allowed origins, or *")
+    add("--mcp-servers-config", default=None, help='JSON file {"mcpServers": {...}}')
+    add("--mcp-servers-json", default=None, help="the same JSON, inline")
+    add("--cors-origins", default=None, help="comma-separated allowed origins, or *")
     add("--responses-dir", default=None, help="keep stored /v1/responses as files here (survive restarts)")
     add("--responses-max", type=int, default=1000, help="stored /v1/responses kept (the oldest go first)")
-    add("--tool-max-rounds", type=int, default=int(_env("TOOL_MAX_ROUNDS") or 8),
+    add("--tool-max-rounds", type=int, default=8,
         help="rounds of MCP tool calls the server runs for one request (mcp tools)")  # fmt: skip
-    add("--tool-timeout", type=float, default=float(_env("TOOL_TIMEOUT") or 30.0),
+    add("--tool-timeout", type=float, default=30.0,
         help="seconds one MCP tool call of the tool loop may take")  # fmt: skip
-    add("--tool-max-tokens", type=int, default=int(_env("TOOL_MAX_TOKENS") or -1),
+    add("--tool-max-tokens", type=int, default=-1,
         help="tokens one tool-loop run may generate over all its rounds; -1: no limit")  # fmt: skip
 
 
 def _router_flags(p: argparse.ArgumentParser) -> None:
     """Router mode (no -m) and sleeping when idle."""
     add = p.add_argument_group("router and sleep").add_argument
-    add("--models-dir", default=_env("MODELS_DIR"), help="router: serve every GGUF in this directory")
-    add("--models-preset", default=_env("MODELS_PRESET"), help="router: an INI file, one section per model")
-    add("--models-max", type=int, default=int(_env("MODELS_MAX") or 4), help="router: loaded models (0: any)")
+    add("--models-dir", default=None, help="router: serve every GGUF in this directory")
+    add("--models-preset", default=None, help="router: an INI file, one section per model")
+    add("--models-max", type=int, default=4, help="router: loaded models (0: any)")
     add("--models-autoload", dest="models_autoload", action="store_true", default=True)
     add("--no-models-autoload", dest="models_autoload", action="store_false",
         help="router: a request for an unloaded model is a 400 until POST /models/load")  # fmt: skip
-    add("--sleep-idle-seconds", type=float, default=float(_env("SLEEP_IDLE_SECONDS") or -1),
+    add("--sleep-idle-seconds", type=float, default=-1,
         help="free the model's memory after this many idle seconds; -1: never")  # fmt: skip
 
 
@@ -376,18 +390,47 @@ def _version() -> str:
         return "unknown"
 
 
-def _split_ignored(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
-    """Take out the llama-server flags that have no effect here, so they warn instead of failing;
-    a refused one exits 2 naming it and why."""
-    kept, ignored = [], []
+def _command_line(
+    parser: argparse.ArgumentParser, argv: list[str], environ: Mapping[str, str]
+) -> tuple[list[str], list[Ignored]]:
+    """The arguments to parse: the variables' first, then the command line's (which wins: a variable
+    whose flag the command line gives is not read, and is reported); and what is ignored."""
+    try:
+        from_env = env_arguments(environ, argv)
+    except EnvError as exc:
+        parser.error(str(exc))
+    kept: list[str] = []
+    ignored: list[Ignored] = []
+    for var in from_env.read:
+        var_kept, var_ignored = _split_ignored(parser, list(var.args), var.env)
+        kept += var_kept
+        ignored += [Ignored(f"{var.env} ({flag})", flag.reason) for flag in var_ignored]
+    for env, flag in from_env.overridden:
+        ignored.append(Ignored(env, f"the command line's {flag} wins over the variable"))
+    cli_kept, cli_ignored = _split_ignored(parser, argv)
+    return kept + cli_kept, ignored + cli_ignored
+
+
+def _split_ignored(
+    parser: argparse.ArgumentParser, argv: list[str], variable: str = ""
+) -> tuple[list[str], list[Ignored]]:
+    """Take out the llama-server flags that have no effect here, so they warn instead of failing, and
+    the always-on switches; a refused one exits 2 naming it (and the variable that set it) and why."""
+    kept: list[str] = []
+    ignored: list[Ignored] = []
     i = 0
     while i < len(argv):
         flag = argv[i].split("=", 1)[0]
         if flag in REFUSED_FLAGS:
-            parser.error(f"{flag} is not supported by Llamba: {REFUSED_FLAGS[flag].note}")
+            name = f"{variable} ({flag})" if variable else flag
+            parser.error(f"{name} is not supported by Llamba: {REFUSED_FLAGS[flag].note}")
+        if flag in ALWAYS_ON and "=" not in argv[i]:
+            i += 1
+            continue
         if flag in IGNORED_FLAGS:
-            ignored.append(flag)
-            i += 1 + _value_count(IGNORED_FLAGS[flag], argv[i], argv[i + 1 : i + 2])
+            row = IGNORED_FLAGS[flag]
+            ignored.append(Ignored(flag, NO_EFFECT if row.note == "no effect in Llamba" else row.note))
+            i += 1 + _value_count(row, argv[i], argv[i + 1 : i + 2])
             continue
         kept.append(argv[i])
         i += 1
@@ -404,32 +447,17 @@ def _value_count(flag: LlamaServerFlag, arg: str, rest: list[str]) -> int:
     return 1
 
 
-def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
-    """Settings, and the ignored flags to warn about. Bad input exits 2 with a one-line reason."""
+def parse_settings(
+    argv: list[str] | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[Settings, list[Ignored]]:
+    """Settings from the command line and `LLAMA_ARG_*` variables (`environ`, else the process's),
+    and the ignored flags to warn about. Bad input exits 2 with a one-line reason."""
     parser = build_parser()
-    kept, ignored = _split_ignored(parser, list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kept, ignored = _command_line(parser, argv, os.environ if environ is None else environ)
     args = parser.parse_args(kept)
     keys = _api_keys(parser, args)
-    for name, value, low in (
-        ("ctx-size", args.ctx_size, 0),
-        ("parallel", args.parallel, 1),
-        ("port", args.port, 0),
-        ("stream-buffer-size", args.stream_buffer_size, 1),
-        ("stream-ttl", args.stream_ttl, 0),
-        ("stream-max-sessions", args.stream_max_sessions, 1),
-        ("reasoning-budget", args.reasoning_budget, -1),
-        ("cache-ram", args.cache_ram, -1),
-        ("responses-max", args.responses_max, 1),
-        ("tool-max-rounds", args.tool_max_rounds, 1),
-        ("tool-max-tokens", args.tool_max_tokens, -1),
-        ("models-max", args.models_max, 0),
-    ):
-        if value < low:
-            parser.error(f"--{name} must be >= {low}, got {value}")
-    if not args.tool_timeout > 0:
-        parser.error(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
-    if args.ubatch_size < 1 or args.batch_size < 1:
-        parser.error("--batch-size and --ubatch-size must be >= 1")
+    _check_bounds(parser, args)
     template = args.chat_template
     if args.chat_template_file:
         try:
@@ -455,11 +483,45 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         parser.error(f"--sleep-idle-seconds must be > 0 or -1, got {args.sleep_idle_seconds}")
     if args.n_gpu_layers == 0:
         values["device"] = "cpu"
+    _check_draft_device(parser, args, values.get("device", args.device))
     if args.reranking:  # as llama-server: --reranking is --embedding with pooling rank
         values.update(embedding=True, pooling="rank")
     if args.embd_normalize < -1:
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
     return Settings(**values), ignored
+
+
+def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Numbers below their least meaningful value exit 2 naming the flag."""
+    for name, value, low in (
+        ("ctx-size", args.ctx_size, 0),
+        ("parallel", args.parallel, 1),
+        ("port", args.port, 0),
+        ("stream-buffer-size", args.stream_buffer_size, 1),
+        ("stream-ttl", args.stream_ttl, 0),
+        ("stream-max-sessions", args.stream_max_sessions, 1),
+        ("reasoning-budget", args.reasoning_budget, -1),
+        ("cache-ram", args.cache_ram, -1),
+        ("responses-max", args.responses_max, 1),
+        ("tool-max-rounds", args.tool_max_rounds, 1),
+        ("tool-max-tokens", args.tool_max_tokens, -1),
+        ("models-max", args.models_max, 0),
+        ("timeout", args.timeout, 1),
+    ):
+        if value < low:
+            parser.error(f"--{name} must be >= {low}, got {value}")
+    if not args.tool_timeout > 0:
+        parser.error(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
+    if args.ubatch_size < 1 or args.batch_size < 1:
+        parser.error("--batch-size and --ubatch-size must be >= 1")
+
+
+def _check_draft_device(parser: argparse.ArgumentParser, args: argparse.Namespace, device: str) -> None:
+    """-devd/-ngld: the draft model runs on the target's device (its tokens feed the target's batch);
+    asking for another exits 2 rather than being ignored."""
+    wanted = "cpu" if args.gpu_layers_draft == 0 else args.device_draft
+    if wanted is not None and wanted != device:
+        parser.error(f"the draft model runs on the target's device ({device}) in Llamba, not on {wanted}")
 
 
 def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:
@@ -535,13 +597,13 @@ def _cors_origins(value: str | None) -> tuple[str, ...] | None:
 
 
 def _api_keys(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
-    keys = [k for group in (args.api_key or []) for k in group.split(",") if k]
-    if not keys and _env("API_KEY"):
-        keys = [k for k in (_env("API_KEY") or "").split(",") if k]
+    """llama-server's key sources: each --api-key a comma-separated list (CSV quoting, so a key may
+    hold a comma in quotes), and --api-key-file, one key per line, lines starting with # comments."""
+    keys = [k for value in args.api_key or [] for row in csv.reader([value]) for k in row if k]
     if args.api_key_file:
         try:
             lines = Path(args.api_key_file).read_text().splitlines()
         except OSError as exc:
             parser.error(f"cannot read --api-key-file: {exc}")
         keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    return tuple(keys)
+    return tuple(dict.fromkeys(keys))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 class LlamaServerFlag:
     forms: tuple[str, ...]
     value: str  # the README's placeholder ("" for a switch; "[...]" is an optional value)
-    env: str  # its LLAMA_ARG_* variable, when the README names one
+    env: str  # its LLAMA_ARG_* (or LLAMA_API_KEY) variable, when the README names one
     status: str  # implemented | ignored | refused
     note: str = ""
 
@@ -392,11 +392,19 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     F(("--pooling",), "{none,mean,cls,last,rank}", "LLAMA_ARG_POOLING", "implemented", ""),
     F(("-np", "--parallel"), "N", "LLAMA_ARG_N_PARALLEL", "implemented", ""),
     F(
-        ("-cb", "--cont-batching", "-nocb", "--no-cont-batching"),
+        ("-cb", "--cont-batching"),
         "",
         "LLAMA_ARG_CONT_BATCHING",
         "implemented",
+        "always on: requests join and leave the batch at every step",
+    ),
+    F(
+        ("-nocb", "--no-cont-batching"),
         "",
+        "LLAMA_ARG_CONT_BATCHING",
+        "ignored",
+        "Llamba always batches continuously; a request's output does not depend on its batch"
+        " (batch invariance), so only scheduling would differ",
     ),
     F(
         ("-mm", "--mmproj"),
@@ -480,8 +488,20 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     F(("--ui", "--webui", "--no-ui", "--no-webui"), "", "LLAMA_ARG_UI", "implemented", ""),
     F(("--embedding", "--embeddings"), "", "LLAMA_ARG_EMBEDDINGS", "implemented", ""),
     F(("--rerank", "--reranking"), "", "LLAMA_ARG_RERANKING", "implemented", ""),
-    F(("--api-key",), "KEY", "", "implemented", ""),
-    F(("--api-key-file",), "FNAME", "LLAMA_ARG_API_KEY_FILE", "implemented", ""),
+    F(
+        ("--api-key",),
+        "KEY",
+        "LLAMA_API_KEY",
+        "implemented",
+        "several keys: a comma-separated list (CSV quoting), or the flag repeated",
+    ),
+    F(
+        ("--api-key-file",),
+        "FNAME",
+        "LLAMA_ARG_API_KEY_FILE",
+        "implemented",
+        "one key per line; lines starting with # are comments",
+    ),
     F(
         ("--ssl-key-file",),
         "FNAME",
@@ -503,7 +523,13 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         "refused",
         "no server-wide default in Llamba: send `chat_template_kwargs` in the request",
     ),
-    F(("-to", "--timeout"), "N", "LLAMA_ARG_TIMEOUT", "implemented", ""),
+    F(
+        ("-to", "--timeout"),
+        "N",
+        "LLAMA_ARG_TIMEOUT",
+        "implemented",
+        "seconds a request body may take to arrive and each response write may block",
+    ),
     F(("--sse-ping-interval",), "N", "LLAMA_ARG_SSE_PING_INTERVAL", "ignored", "no effect in Llamba"),
     F(("--threads-http",), "N", "LLAMA_ARG_THREADS_HTTP", "ignored", "no effect in Llamba"),
     F(
@@ -523,7 +549,21 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     F(("--models-preset",), "PATH", "LLAMA_ARG_MODELS_PRESET", "implemented", ""),
     F(("--models-max",), "N", "LLAMA_ARG_MODELS_MAX", "implemented", ""),
     F(("--models-autoload", "--no-models-autoload"), "", "LLAMA_ARG_MODELS_AUTOLOAD", "implemented", ""),
-    F(("--jinja", "--no-jinja"), "", "LLAMA_ARG_JINJA", "implemented", ""),
+    F(
+        ("--jinja",),
+        "",
+        "LLAMA_ARG_JINJA",
+        "implemented",
+        "always on: chat templates are rendered with Jinja",
+    ),
+    F(
+        ("--no-jinja",),
+        "",
+        "LLAMA_ARG_JINJA",
+        "refused",
+        "changes outputs and Llamba does not implement it (chat templates are always rendered with Jinja;"
+        " llama.cpp's built-in non-Jinja formats are not available)",
+    ),
     F(("--reasoning-format",), "FORMAT", "LLAMA_ARG_THINK", "implemented", ""),
     F(("-rea", "--reasoning"), "[on|off|auto]", "LLAMA_ARG_REASONING", "implemented", ""),
     F(

@@ -251,6 +251,13 @@ class CompletionRequest(GenerationFields):
         return v  # type: ignore[return-value]
 
 
+class OpenAICompletionRequest(CompletionRequest):
+    """/v1/completions: /completion's fields plus OpenAI's `suffix`, the text after the insertion point.
+    With it the prompt is the prefix and the request runs as /infill would (the model's FIM tokens)."""
+
+    suffix: str | None = None
+
+
 class TokenizeRequest(BaseModel):
     content: str
     add_special: bool = False

@@ -90,6 +90,7 @@ def test_greedy_infill_equals_llama_server_on_qwen() -> None:
             assert first - second < NEAR_TIE, f"parts at token {split}, not a tie: {out['content']!r}"
         assert whole >= 4
         _check_stream_and_probabilities(proc, GOLDEN["cases"][0])
+        _check_suffix_on_v1_completions(proc, GOLDEN["cases"][0])
     finally:
         proc.stop()
 
@@ -104,6 +105,35 @@ def _check_stream_and_probabilities(proc: ServerProcess, case: dict[str, Any]) -
     body = {**case["request"], **GOLDEN["request"], "n_probs": 2}
     out = httpx.post(proc.base_url + "/infill", json=body, timeout=300).json()
     assert [p["id"] for p in out["completion_probabilities"]] == case["tokens"]
+
+
+def _check_suffix_on_v1_completions(proc: ServerProcess, case: dict[str, Any]) -> None:
+    """OpenAI's `suffix` on /v1/completions runs as /infill: the prompt is the prefix, and the answer is
+    /infill's, token for token (the same prompt, greedy), whole and streamed, with usage counting it."""
+    fields = {"max_tokens": GOLDEN["request"]["n_predict"], "temperature": 0.0, "top_k": 1}
+    body = {"prompt": case["request"]["input_prefix"], "suffix": case["request"]["input_suffix"], **fields}
+    reply = httpx.post(proc.base_url + "/v1/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    infill = httpx.post(proc.base_url + "/infill", json={**case["request"], **GOLDEN["request"]}, timeout=300)
+    out = reply.json()
+    assert out["choices"][0]["text"] == infill.json()["content"]
+    assert out["usage"]["prompt_tokens"] == case["tokens_evaluated"]
+    with httpx.stream(
+        "POST", proc.base_url + "/v1/completions", json={**body, "stream": True}, timeout=300
+    ) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == infill.json()["content"]
+
+
+def test_suffix_on_a_model_without_fim_tokens_answers_501(server: ServerProcess) -> None:
+    reply = httpx.post(server.base_url + "/v1/completions", json={"prompt": "def f(", "suffix": "\n"})
+    assert reply.status_code == 501
+    error = reply.json()["error"]
+    assert error["type"] == "not_supported_error" and error["message"].startswith("'suffix': Infill is not")
+    assert "prefix token is missing" in error["message"]
+    assert (
+        httpx.post(server.base_url + "/v1/completions", json={"prompt": "a", "suffix": 3}).status_code == 400
+    )
 
 
 def test_a_model_without_fim_tokens_answers_501(server: ServerProcess) -> None:

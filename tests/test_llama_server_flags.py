@@ -4,12 +4,16 @@ line starts a real server, and docs/compatibility.md is current."""
 from __future__ import annotations
 
 import argparse
+import json
+import socket
+import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from scripts.compatibility_doc import DOC, render
-from server.cli import build_parser, parse_settings
+from server.cli import ALWAYS_ON, build_parser, parse_settings
 from server.llama_server_flags import FLAGS, LlamaServerFlag
 from tests.server_process import ServerProcess
 
@@ -42,6 +46,9 @@ def test_implemented_rows_parse_with_their_arity() -> None:
     actions = build_parser()._option_string_actions
     for flag in _rows("implemented"):
         for form in flag.forms:
+            if form in ALWAYS_ON:  # accepted switches, not parser options
+                assert not flag.value
+                continue
             assert form in actions, f"{form} (implemented) is not a flag of llamba-server"
             action = actions[form]
             if isinstance(action, argparse._HelpAction | argparse._VersionAction) or form in EXITING:
@@ -80,20 +87,66 @@ def test_compatibility_doc_is_current() -> None:
         assert f"`{flag.forms[0]}`" in DOC.read_text()
 
 
-def test_a_long_llama_server_command_line_starts_and_serves() -> None:
+# A flag the long command line sets by its variable instead (ignored: the variable must warn).
+BY_VARIABLE = "--swa-full"
+
+
+def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> None:
     """One real start with every ignored flag and many implemented ones, spelled as llama-server's
-    users write them; each ignored flag gets its warning line and the server answers."""
-    implemented = ["-m", "smollm2", "--predict", "8", "-ngl", "0", "--gpu-layers", "0", "-np", "2",
-                   "-c", "2048", "-b", "512", "-ub", "256", "--temp", "0", "--top-k", "1", "--jinja",
-                   "--metrics", "--slots", "--webui", "-to", "60", "--log-verbose", "-cram", "64",
-                   "-dev", "cpu", "--reasoning-format", "auto", "--cont-batching"]  # fmt: skip
-    proc = ServerProcess(*implemented, *_ignored_argv()).wait_healthy(timeout=300)
+    users write them, plus variables (one the command line overrides, an ignored one, the key file);
+    each ignored flag gets its warning line, the server answers with the keys of the file and the
+    variable, and -to 1 bounds a request body without cutting a longer stream."""
+    implemented = ["-m", "smollm2", "--predict", "8", "-ngl", "0", "--gpu-layers", "0", "-c", "2048",
+                   "-b", "512", "-ub", "256", "--temp", "0", "--top-k", "1", "--jinja", "--metrics",
+                   "--slots", "--webui", "-to", "1", "--log-verbose", "-cram", "64", "-dev", "cpu",
+                   "--reasoning-format", "auto", "--cont-batching"]  # fmt: skip
+    keys = tmp_path / "keys"
+    keys.write_text("# the team's key\nfile-key\n")
+    env = {"LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_SWA_FULL": "1",
+           "LLAMA_ARG_API_KEY_FILE": str(keys), "LLAMA_API_KEY": "env-key"}  # fmt: skip
+    argv = [arg for arg in _ignored_argv() if arg != BY_VARIABLE]
+    proc = ServerProcess(*implemented, *argv, env=env).wait_healthy(timeout=300)
     try:
-        reply = httpx.post(proc.base_url + "/completion", json={"prompt": "Hello"}, timeout=120)
+        _check_keys_and_variables(proc.base_url)
+        reply = httpx.post(proc.base_url + "/completion", json={"prompt": "Hello"}, headers=AUTH, timeout=120)
         assert reply.status_code == 200 and reply.json()["tokens_predicted"] <= 8
+        _check_timeouts(proc)
         log = proc.log_path.read_text()
         for flag in _rows("ignored"):
             for form in flag.forms:
-                assert f"flag={form} " in log or f"flag={form}\n" in log, f"no warning for {form}"
+                if form != BY_VARIABLE:
+                    assert f"flag={form} " in log or f"flag={form}\n" in log, f"no warning for {form}"
+        assert "LLAMA_ARG_SWA_FULL (--swa-full)" in log and "LLAMA_ARG_CTX_SIZE" in log
     finally:
         proc.stop()
+
+
+AUTH = {"Authorization": "Bearer file-key"}
+
+
+def _check_keys_and_variables(base_url: str) -> None:
+    """Keys from the file and from LLAMA_API_KEY are accepted, a wrong one is a 401; -np came from its
+    variable and -c from the command line, which wins over LLAMA_ARG_CTX_SIZE."""
+    assert httpx.get(base_url + "/props").status_code == 401
+    assert httpx.get(base_url + "/props", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(base_url + "/props", headers={"Authorization": "Bearer env-key"}).status_code == 200
+    props = httpx.get(base_url + "/props", headers=AUTH).json()
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 1024
+
+
+def _check_timeouts(proc: ServerProcess) -> None:
+    """-to 1: a body that stops arriving is a 408 within a few seconds; a stream that runs longer than a
+    second while the client sends nothing is not cut (hypercorn's own read_timeout would cut it)."""
+    with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as conn:
+        head = f"POST /completion HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH['Authorization']}\r\n"
+        conn.sendall((head + "Content-Type: application/json\r\nContent-Length: 50\r\n\r\n{").encode())
+        started = time.monotonic()
+        answer = conn.recv(4096).decode()
+        assert answer.startswith("HTTP/1.1 408") and time.monotonic() - started < 8, answer
+    body = {"prompt": "Count:", "n_predict": 160, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", proc.base_url + "/completion", json=body, headers=AUTH, timeout=120) as reply:
+        lines = reply.iter_lines()
+        first = next(lines)
+        time.sleep(1.5)  # silent for longer than -to, while the generation runs on
+        chunks = [json.loads(line[6:]) for line in [first, *lines] if line.startswith("data: ")]
+    assert chunks[-1]["stop"] is True and chunks[-1]["tokens_predicted"] == 160

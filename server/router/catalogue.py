@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine.model_files import DEFAULT_MODEL, MODELS
-from server.cli import IGNORED_FLAGS, build_parser
+from server.cli import ALWAYS_ON, IGNORED_FLAGS, build_parser
 
 # Keys a preset may not set: the router owns them (llama-server removes or overwrites them too).
 ROUTER_KEYS = {"host", "port", "api-key", "api-key-file", "models-dir", "models-preset", "models-max"}
@@ -156,7 +156,9 @@ def preset_args(name: str, keys: dict[str, str], path: Path) -> tuple[str, ...]:
     """A section's keys as child flags (`c = 4096` -> `-c 4096`, `jinja = true` -> `--jinja`), checked
     against llamba-server's own parser so a typo stops the router at start-up, naming the section."""
     parser = build_parser()
-    flags = {s for action in parser._actions for s in action.option_strings} | set(IGNORED_FLAGS)
+    flags = (
+        {s for action in parser._actions for s in action.option_strings} | set(IGNORED_FLAGS) | set(ALWAYS_ON)
+    )
     args: list[str] = []
     for key, value in keys.items():
         if key in ROUTER_KEYS:
@@ -174,13 +176,15 @@ def preset_args(name: str, keys: dict[str, str], path: Path) -> tuple[str, ...]:
 
 def _takes_value(parser: argparse.ArgumentParser, flag: str) -> bool:
     if flag in IGNORED_FLAGS:
-        return IGNORED_FLAGS[flag]
+        return bool(IGNORED_FLAGS[flag].value)
+    if flag in ALWAYS_ON:
+        return False
     action = next(a for a in parser._actions if flag in a.option_strings)
     return action.nargs != 0
 
 
 def _check_args(parser: argparse.ArgumentParser, name: str, args: list[str], path: Path) -> None:
-    kept = [a for a in args if a.split("=", 1)[0] not in IGNORED_FLAGS]
+    kept = [a for a in args if a.split("=", 1)[0] not in IGNORED_FLAGS and a not in ALWAYS_ON]
     parser.exit_on_error = False
     try:
         parser.parse_known_args(kept)

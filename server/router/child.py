@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -40,6 +40,31 @@ def _die_with_parent() -> None:
     """In the forked child before exec: SIGKILL when the router goes, however it goes."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+# The variables of the router's own flags (server/router/main.py's ROUTER_ONLY_FLAGS; checked by
+# tests/test_env_args.py): a child must not inherit them, as it does not inherit those flags. Its key
+# comes from the router as LLAMA_ARG_API_KEY.
+ROUTER_ONLY_ENV = frozenset(
+    {
+        "LLAMA_ARG_HOST",
+        "LLAMA_ARG_PORT",
+        "LLAMA_API_KEY",
+        "LLAMA_ARG_API_KEY",
+        "LLAMA_ARG_API_KEY_FILE",
+        "LLAMA_ARG_MODELS_DIR",
+        "LLAMA_ARG_MODELS_PRESET",
+        "LLAMA_ARG_MODELS_MAX",
+        "LLAMA_ARG_MODELS_AUTOLOAD",
+        "LLAMA_ARG_NO_MODELS_AUTOLOAD",
+        "LLAMA_ARG_ALIAS",
+    }
+)
+
+
+def inherited_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The router's environment minus its own flags' variables."""
+    return {name: value for name, value in environ.items() if name not in ROUTER_ONLY_ENV}
 
 
 class Child:
@@ -74,7 +99,7 @@ class Child:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **self._env},
+            env={**inherited_environ(os.environ), **self._env},
             preexec_fn=_die_with_parent,
         )
         self._reader = asyncio.get_running_loop().create_task(self._read_lines())

@@ -11,6 +11,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from server.cli import Settings
+from server.io_timeouts import IoTimeouts
 from server.router.app import create_router_app
 from server.router.catalogue import CatalogueError, build_catalogue
 
@@ -71,5 +72,5 @@ async def run_router(settings: Settings, argv: list[str]) -> int:
         models=models,
         models_max=settings.models_max,
     )
-    await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    await serve(IoTimeouts(app, settings.timeout), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     return 0

@@ -18,7 +18,6 @@ from server.generation import (
     Outcome,
     build_request,
     collect,
-    completion_request,
     events_of,
     has_probs,
     openai_logprobs,
@@ -27,7 +26,7 @@ from server.generation import (
 from server.mcp import McpManager
 from server.routes.stream import resumable
 from server.routes.tools import MANAGER_KEY
-from server.schemas import ChatCompletionRequest, GenerationFields
+from server.schemas import ChatCompletionRequest, GenerationFields, OpenAICompletionRequest
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
 
@@ -296,7 +295,7 @@ def final_reason(event: TokenEvent | None) -> str:
 @bp.post("/v1/completions")
 async def completions() -> Any:
     svc = service()
-    body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
+    body, tokens, truncated = await completion_prompt(svc, await request.get_json(force=True))
     completion_id = svc.new_id("cmpl")
     n_probs = body.logprobs or 0
     gen = await build_request(svc, body, tokens, n_probs, completion_id, truncated)
@@ -324,6 +323,22 @@ async def completions() -> Any:
     if timings is not None:
         reply["timings"] = timings.as_dict()
     return reply
+
+
+async def completion_prompt(svc: ModelService, raw: Any) -> tuple[OpenAICompletionRequest, list[int], bool]:
+    """The body, its prompt tokens fitted to the context, and whether they were cut. With `suffix` the
+    prompt is the code before the insertion point and the tokens are /infill's FIM layout (no extra
+    chunks): llama-server refuses `suffix` here, but OpenAI's clients send it for insertions, and a 501
+    naming the missing FIM tokens answers it on a model without them."""
+    body = OpenAICompletionRequest.model_validate(raw)
+    svc.require_ready()
+    if body.suffix is None:
+        return body, *svc.fit_prompt(await svc.tokenize_prompt(body.prompt))
+    try:
+        tokens = await svc.infill_prompt(body.prompt, body.suffix, [], "")
+    except errors.APIError as exc:
+        raise errors.APIError(exc.status, f"'suffix': {exc.message}", exc.error_type) from exc
+    return body, *svc.fit_prompt(tokens)
 
 
 async def completion_stream(
