@@ -157,6 +157,10 @@ class Engine:
         self._command(run)
         return future
 
+    def cached_prompts(self) -> concurrent.futures.Future[list[tuple[int, ...]]]:
+        """The prompts whose cells the slots and the host prompt cache hold, read between two steps."""
+        return self.call(self.scheduler.pool.cached_prompts)
+
     def control(self, request_id: str, action: str) -> concurrent.futures.Future[ControlResult]:
         """Act on a running or waiting request (CONTROL_ACTIONS) at the next step."""
         return self.call(lambda: self.scheduler.control(request_id, action))
