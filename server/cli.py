@@ -463,10 +463,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     values["responses_dir"] = Path(args.responses_dir) if args.responses_dir else None
     values["models_dir"] = Path(args.models_dir) if args.models_dir else None
     values["models_preset"] = Path(args.models_preset) if args.models_preset else None
-    if (args.replicas != 1 or args.placement != "prefix") and args.cluster is None:
-        parser.error("--replicas and --placement need --cluster")
-    if args.cluster is not None and not (args.cluster == "ray" or args.cluster.startswith("ray:")):
-        parser.error(f"--cluster must be ray, ray:ADDRESS or ray://HOST:PORT, got {args.cluster!r}")
+    _check_cluster(parser, args)
     if not (args.sleep_idle_seconds > 0 or args.sleep_idle_seconds == -1):
         parser.error(f"--sleep-idle-seconds must be > 0 or -1, got {args.sleep_idle_seconds}")
     if args.n_gpu_layers == 0:
@@ -476,6 +473,13 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     if args.embd_normalize < -1:
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
     return Settings(**values), ignored
+
+
+def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.replicas != 1 or args.placement != "prefix") and args.cluster is None:
+        parser.error("--replicas and --placement need --cluster")
+    if args.cluster is not None and not (args.cluster == "ray" or args.cluster.startswith("ray:")):
+        parser.error(f"--cluster must be ray, ray:ADDRESS or ray://HOST:PORT, got {args.cluster!r}")
 
 
 def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:

@@ -70,17 +70,17 @@ def least_loaded(replicas: list[Replica]) -> Replica | None:
 def place(replicas: list[Replica], prompt_hashes: list[str]) -> Placement | None:
     """The replica for a new request with these prompt block hashes; None when no replica is ready.
 
-    A cache hit wins while its replica has at most one slot-count more requests than the least loaded
-    (a prefix is worth a queue of that length, not an unbounded one: a shared system prompt must not
-    send every request to one replica).
+    Among the replicas with at most one slot-count more requests than the least loaded, the longest
+    cached prefix wins (a prefix is worth a queue of that length, not an unbounded one: a shared system
+    prompt must not send every request to one replica).
     """
     least = least_loaded(replicas)
     if least is None:
         return None
     if prompt_hashes:
-        ready = [r for r in replicas if r.status == READY]
-        scored = [(matched_blocks(prompt_hashes, r.hashes), r) for r in ready]
+        near = [r for r in replicas if r.status == READY and r.load <= least.load + max(r.n_slots, 1)]
+        scored = [(matched_blocks(prompt_hashes, r.hashes), r) for r in near]
         best_n, best = max(scored, key=lambda s: (s[0], -s[1].load, -s[1].index))
-        if best_n > 0 and best.load <= least.load + max(best.n_slots, 1):
+        if best_n > 0:
             return Placement(best, best_n)
     return Placement(least, 0)
