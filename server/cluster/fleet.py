@@ -4,8 +4,9 @@ conversation.
 Each replica has a monitor task. Until the replica is ready it asks the actor (through Ray) where its
 child answers; a new incarnation id there means Ray started (or restarted) the actor, so the replica's
 old conversations are gone. Once the child's `/health` is 200 the replica is ready, and the monitor polls
-its `/slots/prefixes` every `poll_s` seconds (its prompt-cache summary and load). A failed poll, or a
-proxied request that cannot reach the child, marks it down at once: it gets no new requests, its
+its `/slots/prefixes` every `poll_s` seconds (its prompt-cache summary and load). A poll the child
+refuses (or answers wrongly), or a proxied request that cannot reach it, marks it down at once (a poll
+that times out does not: a busy replica is alive): it gets no new requests, its
 conversations answer 404, and the monitor waits for Ray's replacement.
 """
 
@@ -27,7 +28,7 @@ from server.cluster.prefixes import HASH_BYTES
 log = structlog.get_logger("cluster")
 
 ACTOR_TIMEOUT_S = 5.0  # a describe call that takes longer: the actor is being (re)started
-POLL_TIMEOUT_S = 2.0
+POLL_TIMEOUT_S = 5.0
 MAX_OWNERS = 10_000  # conversations remembered; the oldest are forgotten first
 
 
@@ -137,7 +138,9 @@ class Fleet:
             )
             answer.raise_for_status()
             summary = answer.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.TimeoutException:
+            return  # alive but busy (a long prompt step, a loaded machine): keep what it said last
+        except (httpx.HTTPError, ValueError) as exc:  # refused, reset, or not a summary: it is gone
             self.mark_down(replica, f"poll failed: {exc!r}")
             return
         hashes = summary.get("hashes", [])
