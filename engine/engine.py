@@ -149,10 +149,16 @@ class Engine:
             return future
 
         def run() -> None:
+            # A caller that went away (its HTTP client left) cancelled the future: skip the call. Setting
+            # a result on a cancelled future raises, and that used to end the engine thread.
+            if not future.set_running_or_notify_cancel():
+                return
             try:
-                future.set_result(fn())
+                result = fn()
             except Exception as exc:  # a failed call must reach its caller, not kill the thread
                 future.set_exception(exc)
+            else:
+                future.set_result(result)
 
         self._command(run)
         return future
