@@ -47,7 +47,7 @@ def all_ready(proc: ServerProcess) -> bool:
 @pytest.fixture(scope="module")
 def cluster():  # type: ignore[no-untyped-def]
     proc = ServerProcess(
-        "--cluster", "ray:local", "--replicas", "2", "-m", "smollm2", "-t", "1", "-c", "4096", "-np", "4"
+        "--cluster", "ray:local", "--replicas", "2", "-m", "smollm2", "-t", "1", "-c", "8192", "-np", "4"
     )
     try:
         proc.wait_healthy(START_S)
@@ -127,13 +127,14 @@ def test_a_resumable_stream_resumes_and_stops_through_the_cluster(client: httpx.
 
 def test_a_shared_long_system_prompt_lands_on_the_replica_that_cached_it(client: httpx.Client) -> None:
     first = client.post("/v1/chat/completions", json=chat("Where is book 14?", system=SYSTEM))
-    assert first.status_code == 200
+    assert first.status_code == 200, first.text
     holder = first.headers[REPLICA]
     n_prompt = first.json()["usage"]["prompt_tokens"]
     assert n_prompt > 9 * 64
     for question in ("Where is book 30?", "Where is book 99?", "Which aisle has shelf 3?", "Hi!"):
         reply = client.post("/v1/chat/completions", json=chat(question, system=SYSTEM))
-        assert reply.status_code == 200 and reply.headers[REPLICA] == holder
+        assert reply.status_code == 200, reply.text
+        assert reply.headers[REPLICA] == holder
         assert reply.json()["timings"]["cache_n"] >= 9 * 64  # the system prompt came from the cache
 
 
