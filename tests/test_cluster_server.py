@@ -144,11 +144,14 @@ def test_killing_a_replica_fails_over_and_ray_replaces_it(
     # A conversation on each replica (new conversations go to the least loaded one, so sticky ones alternate).
     owners: dict[str, str] = {}
     for i in range(6):
-        reply = client.post("/v1/chat/completions", json=chat("Hi"), headers={CONV: f"cluster/kill-{i}"})
+        body = chat("Hi", stream=True)  # a stream: its session (and replay) lives on its replica
+        reply = client.post("/v1/chat/completions", json=body, headers={CONV: f"cluster/kill-{i}"})
         owners.setdefault(reply.headers[REPLICA], f"cluster/kill-{i}")
         if len(owners) == 2:
             break
     assert set(owners) == {"0", "1"}
+    for conv in owners.values():  # both replay before the kill
+        assert client.get("/v1/stream", params={"conv_id": conv}).status_code == 200
     before = {str(r["index"]): r for r in replicas(cluster)}
     body = chat("Count from one to fifty in words.", 64, stream=True)
     with client.stream("POST", "/v1/chat/completions", json=body) as in_flight:

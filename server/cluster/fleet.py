@@ -126,12 +126,12 @@ class Fleet:
             health = await self._client.get(replica.url + "/health", timeout=POLL_TIMEOUT_S)
         except httpx.HTTPError:
             return
-        if health.status_code == 200:
+        if health.status_code == 200 and await self._poll(replica):  # its engine answers too
             replica.status = READY
             log.info("replica.ready", replica=replica.index, url=replica.url, node=replica.node_ip)
-            await self._poll(replica)
 
-    async def _poll(self, replica: Replica) -> None:
+    async def _poll(self, replica: Replica) -> bool:
+        """Read the replica's summary; False (and down) when it refuses or fails to give one."""
         try:
             answer = await self._client.get(
                 replica.url + "/slots/prefixes", headers=self._auth, timeout=POLL_TIMEOUT_S
@@ -139,15 +139,16 @@ class Fleet:
             answer.raise_for_status()
             summary = answer.json()
         except httpx.TimeoutException:
-            return  # alive but busy (a long prompt step, a loaded machine): keep what it said last
+            return True  # alive but busy (a long prompt step, a loaded machine): keep what it said last
         except (httpx.HTTPError, ValueError) as exc:  # refused, reset, or not a summary: it is gone
             self.mark_down(replica, f"poll failed: {exc!r}")
-            return
+            return False
         hashes = summary.get("hashes", [])
         replica.hashes = {h for h in hashes if isinstance(h, str) and len(h) == 2 * HASH_BYTES}
         replica.n_slots = int(summary.get("n_slots", 0))
         replica.n_busy = int(summary.get("n_busy", 0))
         replica.n_waiting = int(summary.get("n_waiting", 0))
+        return True
 
     def mark_down(self, replica: Replica, reason: str) -> None:
         """No new requests for it, its conversations are gone; the monitor waits for Ray's replacement."""
