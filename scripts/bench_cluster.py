@@ -29,7 +29,7 @@ from cli.bench_serve import run_level
 
 SERVER_ARGS = ["-m", "smollm2", "-t", "1", "-c", "8192", "-np", "8"]
 SYSTEM = "You are the help desk of a library. " + " ".join(
-    f"Rule {i}: books {i * 7} to {i * 7 + 6} are on shelf {i % 9} of aisle {i % 4}." for i in range(40)
+    f"Rule {i}: books {i * 7} to {i * 7 + 6} are on shelf {i % 9} of aisle {i % 4}." for i in range(25)
 )
 
 
@@ -98,8 +98,8 @@ def main() -> int:
     p.add_argument("--concurrency", default="16,64")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("-n", "--n-predict", type=int, default=32)
-    p.add_argument("--groups", type=int, default=4)
-    p.add_argument("--per-group", type=int, default=6)
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--per-group", type=int, default=4)
     p.add_argument("--port", type=int, default=18700)
     args = p.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
