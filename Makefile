@@ -7,7 +7,7 @@ PORT    ?= 8080
 PYTEST_ARGS ?=
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/llamba/numba
 
-.PHONY: serve test test-all models reference browser bench cuda-check lint format clean
+.PHONY: serve test test-all models reference browser bench cuda-check lint format clean cluster-demo
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,13 @@ browser:
 	    echo "note: the web UI browser tests will skip"; \
 	  fi; \
 	fi
+
+# Scale-out on Ray, locally (docs/scale-out.md): `--cluster ray:local` starts a local Ray head inside the
+# router process (stopped with it: no `ray stop` that would end other users' Ray processes), two SmolLM2
+# replicas of one thread each as Ray actors, and the router in front of them.
+cluster-demo: models
+	@echo "Llamba on Ray: http://127.0.0.1:$(PORT)  (GET /models lists the replicas; Ctrl-C stops it all)"
+	$(BIN)/llamba-server --cluster ray:local --replicas 2 -m smollm2 -t 1 --port $(PORT)
 
 # The CI suite: everything but tests marked slow.
 test: models browser

@@ -149,13 +149,23 @@ class Engine:
             return future
 
         def run() -> None:
+            # A caller that went away (its HTTP client left) cancelled the future: skip the call. Setting
+            # a result on a cancelled future raises, and that used to end the engine thread.
+            if not future.set_running_or_notify_cancel():
+                return
             try:
-                future.set_result(fn())
+                result = fn()
             except Exception as exc:  # a failed call must reach its caller, not kill the thread
                 future.set_exception(exc)
+            else:
+                future.set_result(result)
 
         self._command(run)
         return future
+
+    def cached_prompts(self) -> concurrent.futures.Future[list[tuple[int, ...]]]:
+        """The prompts whose cells the slots and the host prompt cache hold, read between two steps."""
+        return self.call(self.scheduler.pool.cached_prompts)
 
     def control(self, request_id: str, action: str) -> concurrent.futures.Future[ControlResult]:
         """Act on a running or waiting request (CONTROL_ACTIONS) at the next step."""

@@ -51,6 +51,10 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def prompts(self) -> list[tuple[int, ...]]:
+        """The token sequences whose states are kept (a cluster replica's cache summary)."""
+        return list(self._entries)
+
     def save(self, tokens: list[int], k: np.ndarray, v: np.ndarray) -> bool:
         """Keep a slot's state; False when it is empty, covered by an entry already, or over the limit."""
         entry = CacheEntry(tuple(tokens), k, v)

@@ -67,6 +67,11 @@ class SlotPool:
             for s in self.slots
         )
 
+    def cached_prompts(self) -> list[tuple[int, ...]]:
+        """Every token sequence whose cells a slot or the host prompt cache holds (on the engine thread)."""
+        held = [tuple(s.tokens) for s in self.slots if s.tokens]
+        return held + (self.prompt_cache.prompts() if self.prompt_cache is not None else [])
+
     def choose(self, request: GenerationRequest | EmbeddingRequest) -> Slot | None:
         """The slot for `request` (its pinned one, the most similar, or the least recently used)."""
         if request.id_slot >= 0:

@@ -34,6 +34,10 @@ async def run(argv: list[str] | None = None) -> int:
         log.warning("cli.flag_ignored", flag=str(flag), reason=getattr(flag, "reason", NO_EFFECT))
     if settings.model is not None and (settings.models_dir or settings.models_preset):
         log.warning("cli.flag_ignored", flag="--models-dir/--models-preset", reason="-m serves one model")
+    if settings.cluster is not None:  # replicas placed by Ray behind one router (Ray imported only here)
+        from server.cluster.main import run_cluster
+
+        return await run_cluster(settings, list(sys.argv[1:] if argv is None else argv))
     if settings.model is None:  # no -m: a router of many models, one child server each
         from server.router.main import run_router
 

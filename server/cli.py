@@ -126,6 +126,10 @@ class Settings(BaseModel):
     models_preset: Path | None = None
     models_max: int = 4  # loaded models at once; 0: no limit
     models_autoload: bool = True
+    # Scale-out (server/cluster/): `ray`, `ray:ADDRESS` or `ray://HOST:PORT`; replicas of the model.
+    cluster: str | None = None
+    replicas: int = 1
+    placement: str = "prefix"  # prefix (cache-aware, else least loaded), least-loaded, random (benchmarks)
     # Seconds without work before the model frees its weights and KV memory (-1: never); also per child.
     sleep_idle_seconds: float = -1
 
@@ -377,6 +381,13 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     add("--models-autoload", dest="models_autoload", action="store_true", default=True)
     add("--no-models-autoload", dest="models_autoload", action="store_false",
         help="router: a request for an unloaded model is a 400 until POST /models/load")  # fmt: skip
+    add("--cluster", default=None, metavar="ray[:ADDRESS|://HOST:PORT]",
+        help="place the model's servers as Ray actors: `ray` (the running local cluster, or a new one), "
+        "`ray:ADDRESS` (ray.init's address, e.g. `ray:local`, `ray:10.0.0.1:6379`), `ray://HOST:PORT` "
+        "(Ray Client)")  # fmt: skip
+    add("--replicas", type=int, default=1, help="cluster: replicas of the model")
+    add("--placement", default="prefix", choices=["prefix", "least-loaded", "random"],
+        help="cluster: where a new request goes (random: a baseline for benchmarks)")  # fmt: skip
     add("--sleep-idle-seconds", type=float, default=-1,
         help="free the model's memory after this many idle seconds; -1: never")  # fmt: skip
 
@@ -479,6 +490,7 @@ def parse_settings(
     values["responses_dir"] = Path(args.responses_dir) if args.responses_dir else None
     values["models_dir"] = Path(args.models_dir) if args.models_dir else None
     values["models_preset"] = Path(args.models_preset) if args.models_preset else None
+    _check_cluster(parser, args)
     if not (args.sleep_idle_seconds > 0 or args.sleep_idle_seconds == -1):
         parser.error(f"--sleep-idle-seconds must be > 0 or -1, got {args.sleep_idle_seconds}")
     if args.n_gpu_layers == 0:
@@ -507,6 +519,7 @@ def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         ("tool-max-tokens", args.tool_max_tokens, -1),
         ("models-max", args.models_max, 0),
         ("timeout", args.timeout, 1),
+        ("replicas", args.replicas, 1),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -522,6 +535,13 @@ def _check_draft_device(parser: argparse.ArgumentParser, args: argparse.Namespac
     wanted = "cpu" if args.gpu_layers_draft == 0 else args.device_draft
     if wanted is not None and wanted != device:
         parser.error(f"the draft model runs on the target's device ({device}) in Llamba, not on {wanted}")
+
+
+def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.replicas != 1 or args.placement != "prefix") and args.cluster is None:
+        parser.error("--replicas and --placement need --cluster")
+    if args.cluster is not None and not (args.cluster == "ray" or args.cluster.startswith("ray:")):
+        parser.error(f"--cluster must be ray, ray:ADDRESS or ray://HOST:PORT, got {args.cluster!r}")
 
 
 def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:

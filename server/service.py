@@ -285,6 +285,13 @@ class ModelService:
             return self._known().snapshot
         return self._require().engine.snapshot
 
+    async def cached_prompts(self) -> list[tuple[int, ...]]:
+        """The token sequences the engine holds cells for (slots and host cache); none while asleep."""
+        if self.sleeping or not self.loaded:
+            return []
+        future = self._require().engine.cached_prompts()
+        return await asyncio.wait_for(asyncio.wrap_future(future), CALL_TIMEOUT)
+
     # -- tokens and templates -------------------------------------------------------------------------
     @property
     def _tokenizer(self) -> Tokenizer:

@@ -23,7 +23,16 @@ from server.service import ModelService
 log = structlog.get_logger("server")
 
 # Routes that read state: they neither wake the model nor count as activity.
-READ_ONLY_PATHS = {"/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics", "/slots"}
+READ_ONLY_PATHS = {
+    "/health",
+    "/v1/health",
+    "/props",
+    "/models",
+    "/v1/models",
+    "/metrics",
+    "/slots",
+    "/slots/prefixes",  # a cluster router polls it: it must neither wake the model nor keep it awake
+}
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
@@ -78,4 +87,4 @@ class IdleSleeper:
 
 def _read_only(scope: dict[str, Any]) -> bool:
     path = scope.get("path", "")
-    return path in READ_ONLY_PATHS and (path != "/slots" or scope.get("method") == "GET")
+    return path in READ_ONLY_PATHS and (not path.startswith("/slots") or scope.get("method") == "GET")

@@ -4,6 +4,7 @@ so that a conversation's next turn after another one took the slot processes onl
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import numpy as np
@@ -115,6 +116,24 @@ def test_engine_cache_stays_within_cache_ram(small_engine, smollm2_llm) -> None:
         assert small_engine.prompt_cache.n_bytes <= limit
     assert 8 * 15 * per_token > limit  # the test really overflows the limit
     assert len(small_engine.prompt_cache) >= 1
+
+
+def test_cached_prompts_list_what_the_slots_and_host_cache_hold(small_engine, smollm2_llm) -> None:  # type: ignore[no-untyped-def]
+    """What a cluster replica's /slots/prefixes summary is made of."""
+    prompt = smollm2_llm.tokenizer.encode("Cached prompts: the summary of a replica's prompt cache.")
+    out, _ = generate(small_engine, prompt, n_predict=2)
+    held = small_engine.cached_prompts().result(10)
+    assert any(p[: len(prompt)] == tuple(prompt) for p in held)
+
+
+def test_a_call_whose_caller_left_is_skipped_and_the_engine_lives_on(small_engine) -> None:  # type: ignore[no-untyped-def]
+    """A cancelled call future (its HTTP client left) used to end the engine thread when the call ran."""
+    small_engine.call(lambda: time.sleep(0.3))  # holds the engine thread while the next call is cancelled
+    ran: list[int] = []
+    cancelled = small_engine.call(lambda: ran.append(1))
+    assert cancelled.cancel()
+    assert small_engine.call(lambda: 42).result(10) == 42
+    assert ran == [] and small_engine._thread.is_alive()
 
 
 # -- the server: two conversations alternating on one slot -------------------------------------------

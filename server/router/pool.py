@@ -47,6 +47,15 @@ class Lease:
         self._pool = pool
         self._released = False
 
+    @property
+    def url(self) -> str:
+        assert self.child is not None
+        return self.child.url
+
+    @property
+    def name(self) -> str:
+        return self.state.id
+
     def release(self) -> None:
         if not self._released:
             self._released = True

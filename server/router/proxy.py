@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import Protocol
 
 import httpx
 import structlog
 from quart import Response
 
 from server import errors
-from server.router.pool import Lease
 
 log = structlog.get_logger("router")
 
@@ -48,6 +48,19 @@ def new_client() -> httpx.AsyncClient:
     )
 
 
+class Lease(Protocol):
+    """The right to send one request to one model server: its base URL, a name for errors and logs,
+    and `release` when its response ends (a router `pool.Lease`, or a cluster replica's)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def release(self) -> None: ...
+
+
 class UpstreamBody:
     """The child's answer as the client's response body; `aclose` always gives the lease back."""
 
@@ -63,7 +76,7 @@ class UpstreamBody:
         try:
             return await self._chunks.__anext__()
         except httpx.HTTPError as exc:  # the child went away mid-answer: end the stream there
-            log.warning("proxy.upstream_lost", model=self._lease.state.id, error=str(exc))
+            log.warning("proxy.upstream_lost", model=self._lease.name, error=str(exc))
             raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
@@ -84,16 +97,13 @@ async def open_upstream(
 ) -> httpx.Response:
     """Send the request to the lease's child; the answer's head (its body not yet read). 502 if the
     child cannot be reached (it died between the lease and the request)."""
-    assert lease.child is not None
     sent = {k: v for k, v in headers.items() if k.lower() not in REQUEST_DROP}
     sent["Authorization"] = f"Bearer {secret}"
-    request = client.build_request(method, lease.child.url + path, headers=sent, content=body)
+    request = client.build_request(method, lease.url + path, headers=sent, content=body)
     try:
         return await client.send(request, stream=True)
     except httpx.HTTPError as exc:
-        raise errors.APIError(
-            502, f"model '{lease.state.id}' did not answer: {exc}", "server_error"
-        ) from None
+        raise errors.APIError(502, f"model '{lease.name}' did not answer: {exc}", "server_error") from None
 
 
 def client_response(upstream: httpx.Response, lease: Lease) -> Response:

@@ -1,0 +1,185 @@
+"""Scale-out on a real local Ray cluster: `llamba-server --cluster ray:local --replicas 2` with SmolLM2
+replicas of one thread each, talked to over HTTP as clients do (slow: Ray and two replicas start).
+
+Covers: concurrent chats spread over both replicas; a resumable stream resumed and stopped through the
+cluster router; a shared long system prompt placed on the replica that cached it (`timings.cache_n`);
+killing one replica's server process: the other's in-flight stream finishes, its conversation answers
+404, new requests go to the survivor without a 5xx, and Ray replaces the dead replica.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import require
+from tests.server_process import ServerProcess, wait_until
+
+pytestmark = pytest.mark.slow
+require(None if importlib.util.find_spec("ray") else "Ray is not installed (pip install -e '.[cluster]')")
+
+CONV = "X-Conversation-Id"
+REPLICA = "X-Llamba-Replica"
+START_S = 600  # Ray's start and two replicas' loads (and JIT compiles on a first run) on 2 busy cores
+# ~600 tokens: 9 whole 64-token blocks of the prompt-cache summary.
+SYSTEM = "You are a careful assistant for a library. " + " ".join(
+    f"Rule {i}: books numbered {i * 7} to {i * 7 + 6} live on shelf {i % 9} of aisle {i % 4}."
+    for i in range(40)
+)
+
+
+def replicas(proc: ServerProcess) -> list[dict[str, Any]]:
+    [model] = httpx.get(proc.base_url + "/models", timeout=10).json()["data"]
+    return model["replicas"]
+
+
+def all_ready(proc: ServerProcess) -> bool:
+    return all(r["status"] == "ready" for r in replicas(proc))
+
+
+@pytest.fixture(scope="module")
+def cluster():  # type: ignore[no-untyped-def]
+    proc = ServerProcess(
+        "--cluster", "ray:local", "--replicas", "2", "-m", "smollm2", "-t", "1", "-c", "8192", "-np", "4"
+    )
+    try:
+        proc.wait_healthy(START_S)
+        wait_until(lambda: all_ready(proc), START_S, "both replicas ready")
+        yield proc
+    finally:
+        proc.stop(timeout=30)
+
+
+@pytest.fixture
+def client(cluster: ServerProcess):  # type: ignore[no-untyped-def]
+    with httpx.Client(base_url=cluster.base_url, timeout=300) as c:
+        yield c
+
+
+def say_hi(client: httpx.Client, i: int) -> httpx.Response:
+    return client.post("/v1/chat/completions", json=chat(f"Hi {i}"))
+
+
+def lookup(client: httpx.Client, conv: str) -> list[bool]:
+    reply = client.post("/v1/streams/lookup", json={"conversation_ids": [conv]})
+    return [info["is_done"] for info in reply.json()]
+
+
+def chat(question: str, max_tokens: int = 8, system: str | None = None, **extra: Any) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": question}
+    ]
+    return {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
+
+
+def test_32_concurrent_chats_all_succeed_on_both_replicas(client: httpx.Client) -> None:
+    def one(i: int) -> tuple[int, str]:
+        reply = client.post("/v1/chat/completions", json=chat(f"Say a word about the number {i}."))
+        assert reply.json()["choices"][0]["message"]["content"] is not None
+        return reply.status_code, reply.headers[REPLICA]
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32)))
+    assert [code for code, _ in results] == [200] * 32
+    assert {replica for _, replica in results} == {"0", "1"}  # both replicas served
+
+
+def test_a_resumable_stream_resumes_and_stops_through_the_cluster(client: httpx.Client) -> None:
+    conv = "cluster/resume-me"
+    body = chat("Tell me a story about a lighthouse.", 48, stream=True)
+    with client.stream("POST", "/v1/chat/completions", json=body, headers={CONV: conv}) as resp:
+        owner = resp.headers[REPLICA]
+        next(line for line in resp.iter_lines() if '"content":"' in line)
+    # The client left after its first token; the owner generates on. Wait for the end, then replay all.
+    wait_until(
+        lambda: (
+            [
+                i["is_done"]
+                for i in client.post("/v1/streams/lookup", json={"conversation_ids": [conv]}).json()
+            ]
+            == [True]
+        ),
+        120,
+        "the stream done",
+    )
+    full = client.get("/v1/stream", params={"conv_id": conv, "from": 0})
+    assert full.status_code == 200 and full.headers[REPLICA] == owner
+    assert full.text.endswith("data: [DONE]\n\n")
+    assert client.get("/v1/stream", params={"conv_id": conv, "from": 10}).content == full.content[10:]
+
+    stopped = "cluster/stop-me"
+    body = chat("Tell me a very long story about dragons.", 2000, stream=True)
+    with client.stream("POST", "/v1/chat/completions", json=body, headers={CONV: stopped}) as resp:
+        lines = resp.iter_lines()
+        next(line for line in lines if '"content":"' in line)
+        assert client.delete("/v1/stream", params={"conv_id": stopped}).status_code == 204
+        assert "data: [DONE]" not in list(lines)  # the stop ended the original response too
+    gone = client.get("/v1/stream", params={"conv_id": stopped})
+    assert gone.status_code == 404
+
+
+def test_a_shared_long_system_prompt_lands_on_the_replica_that_cached_it(client: httpx.Client) -> None:
+    first = client.post("/v1/chat/completions", json=chat("Where is book 14?", system=SYSTEM))
+    assert first.status_code == 200, first.text
+    holder = first.headers[REPLICA]
+    n_prompt = first.json()["usage"]["prompt_tokens"]
+    assert n_prompt > 9 * 64
+    for question in ("Where is book 30?", "Where is book 99?", "Which aisle has shelf 3?", "Hi!"):
+        reply = client.post("/v1/chat/completions", json=chat(question, system=SYSTEM))
+        assert reply.status_code == 200, reply.text
+        assert reply.headers[REPLICA] == holder
+        assert reply.json()["timings"]["cache_n"] >= 9 * 64  # the system prompt came from the cache
+
+
+def test_killing_a_replica_fails_over_and_ray_replaces_it(
+    cluster: ServerProcess, client: httpx.Client
+) -> None:
+    # A conversation on each replica (new conversations go to the least loaded one, so sticky ones alternate).
+    owners: dict[str, str] = {}
+    for i in range(6):
+        body = chat("Hi", stream=True)  # a stream: its session (and replay) lives on its replica
+        reply = client.post("/v1/chat/completions", json=body, headers={CONV: f"cluster/kill-{i}"})
+        owners.setdefault(reply.headers[REPLICA], f"cluster/kill-{i}")
+        if len(owners) == 2:
+            break
+    assert set(owners) == {"0", "1"}
+    for conv in owners.values():  # both replay before the kill
+        assert client.get("/v1/stream", params={"conv_id": conv}).status_code == 200
+    before = {str(r["index"]): r for r in replicas(cluster)}
+    body = chat("Count from one to fifty in words.", 64, stream=True)
+    with client.stream("POST", "/v1/chat/completions", json=body) as in_flight:
+        survivor = in_flight.headers[REPLICA]
+        victim = "1" if survivor == "0" else "0"
+        lines = in_flight.iter_lines()
+        next(line for line in lines if '"content":"' in line)
+        os.kill(before[victim]["pid"], signal.SIGKILL)  # the replica's llamba-server, not its Ray actor
+        rest = list(lines)
+    assert "data: [DONE]" in rest  # the in-flight request on the other replica finished
+    wait_until(lambda: replicas(cluster)[int(victim)]["status"] != "ready", 30, "the death detected")
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda i: say_hi(client, i), range(8)))
+    assert [r.status_code for r in replies] == [200] * 8  # 0 5xx after detection
+    replaced_already = replicas(cluster)[int(victim)]["restarts"] == 1
+    assert replaced_already or {r.headers[REPLICA] for r in replies} == {survivor}
+    lost = client.get("/v1/stream", params={"conv_id": owners[victim]})
+    assert lost.status_code == 404  # its session died with its replica
+    kept = client.get("/v1/stream", params={"conv_id": owners[survivor]})
+    assert kept.status_code == 200
+    # Ray restarts the actor, which starts a new server: the replica is back, a new process.
+    wait_until(lambda: replicas(cluster)[int(victim)]["status"] == "ready", START_S, "the replica replaced")
+    after = replicas(cluster)[int(victim)]
+    assert after["restarts"] == 1 and after["pid"] != before[victim]["pid"]
+    assert client.get("/v1/stream", params={"conv_id": owners[victim]}).status_code == 404
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(lambda i: client.post("/v1/chat/completions", json=chat(f"Hi {i}")), range(8))
+        )
+    assert [r.status_code for r in replies] == [200] * 8
+    json.dumps(after)  # the /models entry stays plain JSON
