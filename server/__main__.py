@@ -15,6 +15,7 @@ from engine.model_files import ModelFetchError, resolve
 from server import logs
 from server.app import create_app
 from server.cli import parse_settings
+from server.limits import hypercorn_limits
 from server.routes.tools import MANAGER_KEY as MCP_KEY
 from server.service import EXTENSION_KEY as SERVICE_KEY
 
@@ -72,6 +73,7 @@ async def run(argv: list[str] | None = None) -> int:
     config.bind = [f"{settings.host}:{settings.port}"]
     config.graceful_timeout = 1.0
     config.accesslog = None
+    hypercorn_limits(config, settings.limits)
     log.info("server.listening", host=settings.host, port=settings.port, model=str(model_path))
     await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     return exit_code

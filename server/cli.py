@@ -7,6 +7,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -15,6 +16,7 @@ from engine.api import POOLING_TYPES
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
+from server.limits import RequestLimits
 from server.llama_server_flags import FLAGS, LlamaServerFlag
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
@@ -105,6 +107,19 @@ class Settings(BaseModel):
     models_autoload: bool = True
     # Seconds without work before the model frees its weights and KV memory (-1: never); also per child.
     sleep_idle_seconds: float = -1
+    # Request limits (server/limits.py says what each bounds and how it answers).
+    max_body_size: int = RequestLimits.max_body_size
+    max_json_depth: int = RequestLimits.max_json_depth
+    max_messages: int = RequestLimits.max_messages
+    max_stop_strings: int = RequestLimits.max_stop_strings
+    max_stop_length: int = RequestLimits.max_stop_length
+    max_queue: int = RequestLimits.max_queue
+    header_timeout: float = RequestLimits.header_timeout
+    max_header_size: int = RequestLimits.max_header_size
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(**{f.name: getattr(self, f.name) for f in fields(RequestLimits)})
 
     @property
     def mlock(self) -> bool:
@@ -148,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         _spec_flags,
         _tool_flags,
         _router_flags,
+        _limit_flags,
     ):
         add_group(p)
     return p
@@ -367,6 +383,22 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
         help="free the model's memory after this many idle seconds; -1: never")  # fmt: skip
 
 
+def _limit_flags(p: argparse.ArgumentParser) -> None:
+    """What one request may ask (server/limits.py): each over-limit request gets a clear 4xx."""
+    add = p.add_argument_group("request limits").add_argument
+    d = RequestLimits()
+    add("--max-body-size", type=int, default=d.max_body_size, help="bytes of a request body (413 above)")
+    add("--max-json-depth", type=int, default=d.max_json_depth, help="nested JSON arrays/objects in a body")
+    add("--max-messages", type=int, default=d.max_messages, help="messages (or input items) in a request")
+    add("--max-stop-strings", type=int, default=d.max_stop_strings, help="stop strings in a request")
+    add("--max-stop-length", type=int, default=d.max_stop_length, help="characters of one stop string")
+    add("--max-queue", type=int, default=d.max_queue,
+        help="requests waiting for a slot; more are a 503 with Retry-After; -1: no limit")  # fmt: skip
+    add("--header-timeout", type=float, default=d.header_timeout,
+        help="seconds a client may take to send its request's headers (idle keep-alive too)")  # fmt: skip
+    add("--max-header-size", type=int, default=d.max_header_size, help="bytes of a request line + headers")
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -423,9 +455,18 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("tool-max-rounds", args.tool_max_rounds, 1),
         ("tool-max-tokens", args.tool_max_tokens, -1),
         ("models-max", args.models_max, 0),
+        ("max-body-size", args.max_body_size, 1),
+        ("max-json-depth", args.max_json_depth, 1),
+        ("max-messages", args.max_messages, 1),
+        ("max-stop-strings", args.max_stop_strings, 0),
+        ("max-stop-length", args.max_stop_length, 1),
+        ("max-queue", args.max_queue, -1),
+        ("max-header-size", args.max_header_size, 1024),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
+    if not args.header_timeout > 0:
+        parser.error(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
     if not args.tool_timeout > 0:
         parser.error(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
     if args.ubatch_size < 1 or args.batch_size < 1:

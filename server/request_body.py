@@ -1,0 +1,117 @@
+"""The one reader of JSON request bodies: every POST route gets its body here, strictly parsed.
+
+llama-server reads bodies with nlohmann::json; Quart's `get_json` is more lenient in the wrong places
+(NaN and Infinity are numbers, a repeated key silently keeps the last value, a body that is not UTF-8
+surfaced as a 500) and unbounded in others (nesting depth). Here every such body is a 400 naming what
+is wrong, a body over `--max-body-size` is a 413 (Quart's MAX_CONTENT_LENGTH, set by the app), and a
+content type that is not JSON is a 415. The body-level limits of `server/limits.py` run on the parsed
+value before the route's pydantic model sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from quart import current_app, request
+
+from server import errors
+from server.limits import LIMITS_KEY, RequestLimits
+
+# Content types a JSON body may come with. llama-server parses the body whatever its type, and clients
+# rely on that: `curl -d` sends application/x-www-form-urlencoded and some SDKs text/plain. Other types
+# (multipart forms, XML, octet streams) are a 415: the body is not what the client thinks it sent.
+JSON_TYPES = frozenset({"", "application/json", "text/plain", "application/x-www-form-urlencoded"})
+
+
+def _is_json_type(mimetype: str) -> bool:
+    return mimetype in JSON_TYPES or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _BodyError(f"duplicate key {key!r} in an object")
+            seen.add(key)
+    return out
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BodyError(f"the number {text[:40]} is out of range for a double")
+    return value
+
+
+def _no_constants(name: str) -> Any:
+    raise _BodyError(f"{name} is not a JSON number")
+
+
+class _BodyError(ValueError):
+    """A reason the body is not acceptable JSON (raised from inside json.loads' hooks)."""
+
+
+def parse_json(raw: bytes, max_depth: int) -> Any:
+    """The JSON value of `raw`, strictly: UTF-8 only, no NaN/Infinity (nor numbers that overflow to
+    them), no repeated keys, at most `max_depth` nested arrays/objects. Raises APIError 400."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise errors.invalid_request(f"Invalid request body: not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_float=_finite_float,
+            parse_constant=_no_constants,
+        )
+    except _BodyError as exc:
+        raise errors.invalid_request(f"Invalid request body: {exc}") from None
+    except RecursionError:
+        raise errors.invalid_request(f"Invalid request body: nested deeper than {max_depth} levels") from None
+    except ValueError as exc:  # JSONDecodeError, and ints of more than 4300 digits
+        raise errors.invalid_request(f"Invalid request body: {exc}") from None
+    if nesting_depth(value) > max_depth:
+        raise errors.invalid_request(
+            f"Invalid request body: nested deeper than {max_depth} levels (--max-json-depth)"
+        )
+    return value
+
+
+def nesting_depth(value: Any) -> int:
+    """How many arrays/objects deep `value` goes (a scalar: 0). Iterative: no recursion limit; lists
+    of scalars (token ids, embeddings) are skipped in one C-level pass."""
+    deepest = 0
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if type(c) is dict or type(c) is list)
+    return deepest
+
+
+def _limits() -> RequestLimits:
+    return current_app.extensions.get(LIMITS_KEY) or RequestLimits()
+
+
+async def json_body(optional: bool = False) -> Any:
+    """The request's JSON body, checked (see the module doc) and within the body-level limits; with
+    `optional`, an empty body is None."""
+    limits = _limits()
+    if not _is_json_type(request.mimetype):
+        raise errors.APIError(
+            415,
+            f"Unsupported content type {request.mimetype!r}: send application/json",
+            "invalid_request_error",
+        )
+    raw = await request.get_data(cache=True, as_text=False)
+    if optional and not raw.strip():
+        return None
+    value = parse_json(raw, limits.max_json_depth)
+    limits.check_body(value)
+    return value
