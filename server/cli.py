@@ -455,18 +455,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         ("tool-max-rounds", args.tool_max_rounds, 1),
         ("tool-max-tokens", args.tool_max_tokens, -1),
         ("models-max", args.models_max, 0),
-        ("max-body-size", args.max_body_size, 1),
-        ("max-json-depth", args.max_json_depth, 1),
-        ("max-messages", args.max_messages, 1),
-        ("max-stop-strings", args.max_stop_strings, 0),
-        ("max-stop-length", args.max_stop_length, 1),
-        ("max-queue", args.max_queue, -1),
-        ("max-header-size", args.max_header_size, 1024),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
-    if not args.header_timeout > 0:
-        parser.error(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
+    _check_limits(parser, args)
     if not args.tool_timeout > 0:
         parser.error(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
     if args.ubatch_size < 1 or args.batch_size < 1:
@@ -501,6 +493,22 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     if args.embd_normalize < -1:
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
     return Settings(**values), ignored
+
+
+def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name, value, low in (
+        ("max-body-size", args.max_body_size, 1),
+        ("max-json-depth", args.max_json_depth, 1),
+        ("max-messages", args.max_messages, 1),
+        ("max-stop-strings", args.max_stop_strings, 0),
+        ("max-stop-length", args.max_stop_length, 1),
+        ("max-queue", args.max_queue, -1),
+        ("max-header-size", args.max_header_size, 1024),
+    ):
+        if value < low:
+            parser.error(f"--{name} must be >= {low}, got {value}")
+    if not args.header_timeout > 0:
+        parser.error(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
 
 
 def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:

@@ -21,12 +21,14 @@ class FuzzReport:
     cases: int = 0
     failures: list[str] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # operations/modes schemathesis could not generate
 
     def __add__(self, other: FuzzReport) -> FuzzReport:
         statuses = dict(self.statuses)
         for status, n in other.statuses.items():
             statuses[status] = statuses.get(status, 0) + n
-        return FuzzReport(self.cases + other.cases, self.failures + other.failures, statuses)
+        failures, skipped = self.failures + other.failures, self.skipped + other.skipped
+        return FuzzReport(self.cases + other.cases, failures, statuses, skipped)
 
     def record(self, what: str, status: int | None, problem: str = "") -> None:
         self.cases += 1
@@ -57,11 +59,19 @@ def reply_problem(path: str, status: int, headers: httpx.Headers, body: bytes) -
 
 
 def send(
-    client: httpx.Client, method: str, path: str, report: FuzzReport, what: str, **kwargs: object
+    client: httpx.Client,
+    method: str,
+    url: str,
+    report: FuzzReport,
+    what: str,
+    path: str = "",
+    **kwargs: object,
 ) -> int | None:
-    """One request, read to its end (a stream: its first STREAM_BYTES), checked into `report`."""
+    """One request, read to its end (a stream: its first STREAM_BYTES), checked into `report`; `path`
+    (default: `url`) decides the error shape."""
+    path = path or url
     try:
-        with client.stream(method, path, **kwargs) as reply:  # type: ignore[arg-type]
+        with client.stream(method, url, **kwargs) as reply:  # type: ignore[arg-type]
             body = b""
             for part in reply.iter_bytes():
                 body += part
@@ -171,3 +181,70 @@ def fuzz_resume_offsets(base_url: str, count: int, seed: int) -> FuzzReport:
             query = {"stream": "true", "starting_after": offset}
             send(client, "GET", "/v1/responses/resp_nope", report, f"responses #{i} {query}", params=query)
     return report
+
+
+# -- schemathesis over /openapi.json ------------------------------------------------------------------
+def fuzz_openapi(base_url: str, examples: int, seed: int) -> FuzzReport:
+    """Up to `examples` cases per operation (half valid, half invalid by schemathesis' negative mode),
+    each sent with httpx (a stream read to STREAM_BYTES, then dropped)."""
+    import schemathesis
+    from schemathesis import GenerationMode
+
+    schema = schemathesis.openapi.from_url(base_url + "/openapi.json")
+    report = FuzzReport()
+    with httpx.Client(base_url=base_url, timeout=HANG_S) as client:
+        for result in schema.get_all_operations():
+            operation = result.ok()
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                label = f"{operation.method.upper()} {operation.path} {mode.value}"
+                try:
+                    fuzz_operation(
+                        client,
+                        operation.as_strategy(generation_mode=mode),
+                        label,
+                        examples // 2,
+                        seed,
+                        report,
+                    )
+                except Exception as exc:  # noqa: BLE001 - a case schemathesis cannot build is not a server fault
+                    report.skipped.append(f"{label}: {type(exc).__name__}: {str(exc)[:200]}")
+    return report
+
+
+def fuzz_operation(
+    client: httpx.Client, strategy: object, label: str, examples: int, seed: int, report: FuzzReport
+) -> None:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=max(1, examples),
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy)
+    def run(case: object) -> None:
+        send_case(client, case, report, label)
+
+    run()
+
+
+def send_case(client: httpx.Client, case: object, report: FuzzReport, label: str) -> None:
+    kwargs = case.as_transport_kwargs(base_url=str(client.base_url).rstrip("/"))  # type: ignore[attr-defined]
+    headers = {str(k): str(v) for k, v in (kwargs.get("headers") or {}).items()}
+    body: dict[str, object] = {}
+    if "json" in kwargs:
+        try:
+            body["content"] = json.dumps(kwargs["json"]).encode()  # NaN and Infinity as Python writes them
+        except (TypeError, ValueError):
+            body["content"] = repr(kwargs["json"]).encode()
+    elif kwargs.get("data") is not None:
+        data = kwargs["data"]
+        body["content"] = data if isinstance(data, bytes) else str(data).encode()
+    path = case.formatted_path  # type: ignore[attr-defined]
+    what = f"{label} {str(body.get('content', b''))[:200]}"
+    send(client, kwargs["method"], kwargs["url"], report, what, path=path, params=kwargs.get("params"),
+         headers=headers, **body)  # fmt: skip

@@ -53,6 +53,8 @@ def test_parse_json_refuses_what_nlohmann_refuses() -> None:
     assert "nested deeper than 8" in bad_request(b"[" * 100_000)  # CPython's json recursion, not a 500
     assert "Exceeds the limit" in bad_request(b'{"seed": ' + b"9" * 5000 + b"}")
     assert "Expecting" in bad_request(b'{"a": ')
+    assert "surrogate" in bad_request(b'{"content": "\\ud800 alone"}')
+    assert parse_json(b'{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}', 8) == {"a": "\U0001f600", "b": "\\ud800"}
     assert parse_json(b'{"a": [[1, 2.5], {"b": "\xc3\xa9"}]}', 8) == {"a": [[1, 2.5], {"b": "é"}]}
 
 
