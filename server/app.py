@@ -19,7 +19,7 @@ from server import errors
 from server.cli import Settings
 from server.limits import LIMITS_KEY
 from server.mcp import McpManager
-from server.request_body import read_whole_body
+from server.request_body import check_headers, read_whole_body
 from server.response_runs import STATE_KEY as RESPONSES_KEY
 from server.response_runs import ResponsesState
 from server.responses_store import ResponseStore
@@ -78,6 +78,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     ):  # fmt: skip
         app.register_blueprint(routes.bp)
     app.config[webui.ENABLED_KEY] = settings.webui
+    app.before_request(check_headers)
     app.before_request(read_whole_body)
     _install_auth(app, settings)
     _install_cors(app, settings)

@@ -36,7 +36,7 @@ class RequestLimits:
     max_stop_length: int = 1024  # characters of one stop string
     max_queue: int = 256  # generation requests waiting beyond the slots; -1: no limit
     header_timeout: float = 10.0  # seconds a client may take to send a request's headers
-    max_header_size: int = 16 * 1024  # bytes of a request line plus its headers (h11's default)
+    max_header_size: int = 32 * 1024  # bytes of a request line plus its headers
 
     def check_body(self, body: Any) -> None:
         """400 naming the field and the flag when a parsed body is over a limit."""
@@ -68,8 +68,9 @@ class RequestLimits:
 
 
 def hypercorn_limits(config: Config, limits: RequestLimits) -> None:
-    """Header size and slow headers. h11 answers a request line plus headers over `max_header_size`
-    with an error status and closes; a connection is idle until its request's headers are complete,
+    """Header size and slow headers. h11 answers headers trickled in over `max_header_size` with a 431
+    and closes (headers that arrive whole are measured by `server/request_body.py`, also a 431); a
+    connection is idle until its request's headers are complete,
     so hypercorn's keep-alive timeout closes one that trickles its headers (slowloris). Bodies are
     bounded by Quart's BODY_TIMEOUT (60 s, 408) and MAX_CONTENT_LENGTH (413)."""
     config.h11_max_incomplete_size = limits.max_header_size

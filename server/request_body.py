@@ -116,6 +116,17 @@ def _limits() -> RequestLimits:
     return current_app.extensions.get(LIMITS_KEY) or RequestLimits()
 
 
+async def check_headers() -> None:
+    """431 when the request line and headers are over --max-header-size. h11 bounds only what it holds
+    unparsed (a trickle of headers); headers that arrive in one read were never measured."""
+    limit = _limits().max_header_size
+    size = len(request.method) + len(request.full_path) + 11  # "GET /path HTTP/1.1\r\n"
+    size += sum(len(name) + len(value) + 4 for name, value in request.headers.items())
+    if size > limit:
+        message = f"the request's headers are {size} bytes, over {limit} (--max-header-size)"
+        raise errors.APIError(431, message, "invalid_request_error")
+
+
 async def read_whole_body() -> None:
     """Read every request's body before its handler runs (a before_request hook): a reply sent before
     the body is read (a 415, a 501 for a route that is off, a 404) leaves the connection unusable, and

@@ -5,10 +5,8 @@ malformed resume offsets) finds no 5xx. The long runs are in tests/test_fuzz_ser
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from server.app import create_app
 from server.cli import Settings
@@ -54,21 +52,13 @@ def test_request_schemas_are_the_models(server: ServerProcess) -> None:
     assert error["schema"]["$ref"].endswith("/AnthropicErrorReply")
 
 
-@pytest.fixture(scope="module")
-def bounded() -> Iterator[ServerProcess]:
-    """-n 8: fuzzed generations are short whatever max_tokens they carry (llama-server's clamp)."""
-    proc = ServerProcess("-m", "smollm2", "-np", "2", "-c", "2048", "-n", "8").wait_healthy()
-    yield proc
-    proc.stop()
-
-
-def test_a_short_fuzz_finds_no_server_error(bounded: ServerProcess) -> None:
+def test_a_short_fuzz_finds_no_server_error(limited_server: ServerProcess) -> None:
     """A few cases per operation (the slow test runs thousands); each 5xx is listed."""
-    url = bounded.base_url
-    report = fuzz_openapi(url, examples=2, seed=1)
-    report += fuzz_random_bodies(url, count=30, seed=1)
+    url = limited_server.base_url
+    report = fuzz_openapi(url, examples=2, seed=1, aliases=False)
+    report += fuzz_random_bodies(url, count=20, seed=1)
     report += fuzz_resume_offsets(url, count=5, seed=1)
-    assert report.cases >= 100
+    assert report.cases >= 70
     assert report.failures == [], report.failures[:5]
     assert all("Unsatisfiable" in s for s in report.skipped), report.skipped  # nothing to make invalid
     assert httpx.get(url + "/health", timeout=10).status_code == 200

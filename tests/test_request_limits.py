@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from engine.api import TokenEvent
+from engine.handle import RequestHandle
 from server import errors
+from server.admission import Admission
 from server.limits import RequestLimits
 from server.request_body import nesting_depth, parse_json
 from server.schemas import CompletionRequest
@@ -133,35 +137,55 @@ def test_too_many_messages_and_stop_strings_are_400s_naming_the_flag(server: Ser
         assert client.get("/health").status_code == 200
 
 
-# -- a server with small limits ---------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def small() -> ServerProcess:
-    proc = ServerProcess(
-        "-m", "smollm2", "-np", "1", "-c", "1024", "--metrics", "--max-body-size", "4096",
-        "--max-queue", "1", "--header-timeout", "1", "--max-header-size", "4096", "--max-json-depth", "4",
-    ).wait_healthy()  # fmt: skip
-    yield proc
-    proc.stop()
-
-
-def test_body_size_is_a_413_and_depth_follows_its_flag(small: ServerProcess) -> None:
-    with httpx.Client(base_url=small.base_url, timeout=60) as client:
-        big = {"content": "a" * 5000}
+# -- the server with small limits (tests/conftest.py) -----------------------------------------------
+def test_body_size_is_a_413_and_depth_follows_its_flag(limited_server: ServerProcess) -> None:
+    big = {"content": "a" * 17000}
+    anthropic = {"model": "m", "max_tokens": 1, "messages": [], "x": "a" * 17000}
+    deep: object = 1
+    for _ in range(16):
+        deep = [deep]
+    with httpx.Client(base_url=limited_server.base_url, timeout=60) as client:
         assert "--max-body-size" in shape_ok("/tokenize", client.post("/tokenize", json=big), 413)
-        reply = client.post(
-            "/v1/messages", json={"model": "m", "max_tokens": 1, "messages": [], "x": "a" * 5000}
-        )
+        reply = client.post("/v1/messages", json=anthropic)
         assert shape_ok("/v1/messages", reply, 413) and reply.json()["error"]["type"] == "request_too_large"
-        deep = {"content": "a", "x": [[[[1]]]]}
-        assert "nested deeper than 4 levels" in shape_ok(
-            "/tokenize", client.post("/tokenize", json=deep), 400
-        )
+        too_deep = {"content": "a", "x": deep}
+        message = shape_ok("/tokenize", client.post("/tokenize", json=too_deep), 400)
+        assert "nested deeper than 16 levels (--max-json-depth)" in message
         assert client.post("/tokenize", json={"content": "fine"}).json()["tokens"]
 
 
-def test_a_full_queue_is_a_503_with_retry_after(small: ServerProcess) -> None:
+def test_admission_counts_live_requests_beyond_the_slots() -> None:
+    """server/admission.py over real RequestHandles: a request is live until the engine pushes its
+    final event (read or not); live requests beyond the slots are the queue."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gate = Admission(max_queue=1)
+        handles = [RequestHandle(f"r{i}", loop, lambda _: None) for i in range(2)]
+        gate.track(*handles)  # one in the slot, one queued: the queue is full
+        with pytest.raises(errors.APIError) as refused:
+            gate.check(n_slots=1)
+        assert refused.value.status == 503 and refused.value.headers == {"Retry-After": "1"}
+        gate.check(n_slots=2)  # with two slots nothing waits
+        handles[0].push(TokenEvent("", finish_reason="stop"))  # ended, never read
+        gate.check(n_slots=1)
+        assert Admission(max_queue=-1).check(n_slots=0) is None
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def one_slot() -> Iterator[ServerProcess]:
+    proc = ServerProcess("-m", "smollm2", "-np", "1", "-c", "1024", "--metrics", "--max-queue", "1")
+    yield proc.wait_healthy()
+    proc.stop()
+
+
+@pytest.mark.slow
+def test_a_full_queue_is_a_503_with_retry_after(one_slot: ServerProcess) -> None:
     """-np 1 --max-queue 1: one request generates, one waits, the next is turned away at once."""
-    long = {**CHAT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    small = one_slot
+    long = {**CHAT, "max_tokens": 1000, "ignore_eos": True, "stream": True}
 
     def deferred() -> float:
         text = httpx.get(small.base_url + "/metrics", timeout=10).text
@@ -174,9 +198,11 @@ def test_a_full_queue_is_a_503_with_retry_after(small: ServerProcess) -> None:
             httpx.AsyncClient(base_url=small.base_url, timeout=120) as client,
             client.stream("POST", "/v1/chat/completions", json=long) as first,
         ):
-            await anext(first.aiter_lines())
+            first_lines = first.aiter_lines()  # held: a dropped iterator closes its response
+            await anext(first_lines)
             async with client.stream("POST", "/v1/chat/completions", json=long) as second:
-                await anext(second.aiter_lines())
+                second_lines = second.aiter_lines()
+                await anext(second_lines)
                 await asyncio.to_thread(wait_until, lambda: deferred() >= 1, 30, "the second request queued")
                 return await client.post("/v1/chat/completions", json=CHAT)
 
@@ -196,7 +222,8 @@ def raw_exchange(port: int, data: bytes) -> bytes:
         return got
 
 
-def test_oversized_headers_are_refused_and_slow_headers_cut_off(small: ServerProcess) -> None:
+def test_oversized_headers_are_refused_and_slow_headers_cut_off(limited_server: ServerProcess) -> None:
+    small = limited_server
     head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n"
     assert raw_exchange(small.port, head).startswith(b"HTTP/1.1 431")
     start = time.monotonic()
