@@ -232,3 +232,15 @@ def test_oversized_headers_are_refused_and_slow_headers_cut_off(limited_server: 
         assert sock.recv(65536) == b""  # closed by the server (--header-timeout 1)
     assert time.monotonic() - start < 8  # liveness bound: the 1 s timeout, not the socket's 10 s
     assert httpx.get(small.base_url + "/health", timeout=10).status_code == 200
+
+
+def test_apply_template_with_tools_and_a_system_message_without_text(server: ServerProcess) -> None:
+    """The fuzz's 500: the generic tool format's system prompt was added to a system message by
+    `content + text`, and a system message without content (or with content parts) raised."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for content in (None, [{"type": "text", "text": "Be brief."}]):
+        system = {"role": "system"} if content is None else {"role": "system", "content": content}
+        body = {"messages": [system, {"role": "user", "content": "Hi"}], "tools": tools}
+        reply = httpx.post(server.base_url + "/apply-template", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert "You can call any of the following tools" in reply.json()["prompt"]
