@@ -15,7 +15,8 @@ import pytest
 from tests.fuzz import FuzzReport, fuzz_openapi, fuzz_random_bodies, fuzz_resume_offsets
 from tests.server_process import ServerProcess
 
-pytestmark = pytest.mark.slow
+# Thousands of requests on a shared 2-core machine: beyond pytest's default 600 s when it is loaded.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 @pytest.fixture(scope="module")
