@@ -56,9 +56,9 @@ def test_a_short_fuzz_finds_no_server_error(limited_server: ServerProcess) -> No
     """A few cases per operation (the slow test runs thousands); each 5xx is listed."""
     url = limited_server.base_url
     report = fuzz_openapi(url, examples=2, seed=1, aliases=False)
-    report += fuzz_random_bodies(url, count=20, seed=1)
-    report += fuzz_resume_offsets(url, count=5, seed=1)
-    assert report.cases >= 70
+    report += fuzz_random_bodies(url, count=15, seed=1)
+    report += fuzz_resume_offsets(url, count=3, seed=1)
+    assert report.cases >= 60
     assert report.failures == [], report.failures[:5]
     assert all("Unsatisfiable" in s for s in report.skipped), report.skipped  # nothing to make invalid
     assert httpx.get(url + "/health", timeout=10).status_code == 200
