@@ -18,10 +18,13 @@ class RequestHandle:
         self._loop = loop
         self._cancel = cancel
         self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self.finished = False
+        self.finished = False  # the reader has seen the final event
+        self.ended = False  # the engine has pushed it (read or not): the request holds no slot any more
 
     def push(self, event: TokenEvent) -> None:
         """Called on the engine thread: the event is queued on the loop, never blocking either side."""
+        if event.finish_reason is not None:
+            self.ended = True  # a bool store: atomic under the GIL, read by server/admission.py
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:

@@ -16,6 +16,7 @@ from server import logs
 from server.app import create_app
 from server.cli import NO_EFFECT, parse_settings
 from server.io_timeouts import IoTimeouts
+from server.limits import hypercorn_limits
 from server.routes.tools import MANAGER_KEY as MCP_KEY
 from server.service import EXTENSION_KEY as SERVICE_KEY
 
@@ -75,6 +76,7 @@ async def run(argv: list[str] | None = None) -> int:
     config.bind = [f"{settings.host}:{settings.port}"]
     config.graceful_timeout = 1.0
     config.accesslog = None
+    hypercorn_limits(config, settings.limits)
     log.info("server.listening", host=settings.host, port=settings.port, model=str(model_path))
     timed = IoTimeouts(app, settings.timeout)  # -to: llama-server's read/write timeouts
     await serve(timed, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]

@@ -12,12 +12,14 @@ from urllib.parse import urlsplit
 import anyio
 import structlog
 from pydantic import ValidationError
-from quart import Quart, Response, request
+from quart import Quart, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from server import errors
 from server.cli import Settings
+from server.limits import LIMITS_KEY
 from server.mcp import McpManager
+from server.request_body import check_headers, read_whole_body
 from server.response_runs import STATE_KEY as RESPONSES_KEY
 from server.response_runs import ResponsesState
 from server.responses_store import ResponseStore
@@ -28,6 +30,7 @@ from server.routes import (
     metrics,
     native,
     openai,
+    openapi,
     responses,
     slots,
     stream,
@@ -48,13 +51,13 @@ ERROR_SHAPES: tuple[tuple[str, Callable[[errors.APIError], dict[str, Any]]], ...
 )
 
 
-def error_reply(err: errors.APIError) -> tuple[dict[str, Any], int]:
-    """The error in the shape the request's route speaks, and its status."""
+def error_reply(err: errors.APIError) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """The error in the shape the request's route speaks, its status and headers."""
     path = request.path
     for prefix, shape in ERROR_SHAPES:
         if path == prefix or path.startswith(prefix + "/"):
-            return shape(err), err.status
-    return err.body(), err.status
+            return shape(err), err.status, err.headers
+    return err.body(), err.status, err.headers
 
 
 def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = None) -> Quart:
@@ -68,9 +71,15 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
     store = ResponseStore(settings.responses_max, settings.responses_dir)
     app.extensions[RESPONSES_KEY] = ResponsesState(store)
-    for routes in (openai, anthropic, responses, control, native, embeddings, slots, metrics, stream, webui):
+    app.extensions[LIMITS_KEY] = settings.limits
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_size  # a larger body is a 413
+    for routes in (
+        openai, anthropic, responses, control, native, embeddings, slots, metrics, stream, openapi, webui
+    ):  # fmt: skip
         app.register_blueprint(routes.bp)
     app.config[webui.ENABLED_KEY] = settings.webui
+    app.before_request(check_headers)
+    app.before_request(read_whole_body)
     _install_auth(app, settings)
     _install_cors(app, settings)
     _install_error_handlers(app)
@@ -189,6 +198,11 @@ def _install_error_handlers(app: Quart) -> None:
             err = errors.not_found(f"File Not Found: {request.path}")
         elif status == 400:
             err = errors.invalid_request(f"Invalid request body: {exc.description}")
+        elif status == 413:
+            limit = current_app.config["MAX_CONTENT_LENGTH"]
+            err = errors.APIError(
+                413, f"the request body is over {limit} bytes (--max-body-size)", "request_too_large"
+            )
         else:
             err = errors.APIError(status, exc.description or exc.name, "invalid_request_error")
         return error_reply(err)

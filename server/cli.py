@@ -9,6 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -18,6 +19,7 @@ from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.env_args import EnvError, env_arguments
+from server.limits import RequestLimits
 from server.llama_server_flags import FLAGS, LlamaServerFlag
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
@@ -132,6 +134,19 @@ class Settings(BaseModel):
     placement: str = "prefix"  # prefix (cache-aware, else least loaded), least-loaded, random (benchmarks)
     # Seconds without work before the model frees its weights and KV memory (-1: never); also per child.
     sleep_idle_seconds: float = -1
+    # Request limits (server/limits.py says what each bounds and how it answers).
+    max_body_size: int = RequestLimits.max_body_size
+    max_json_depth: int = RequestLimits.max_json_depth
+    max_messages: int = RequestLimits.max_messages
+    max_stop_strings: int = RequestLimits.max_stop_strings
+    max_stop_length: int = RequestLimits.max_stop_length
+    max_queue: int = RequestLimits.max_queue
+    header_timeout: float = RequestLimits.header_timeout
+    max_header_size: int = RequestLimits.max_header_size
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(**{f.name: getattr(self, f.name) for f in fields(RequestLimits)})
 
     @property
     def mlock(self) -> bool:
@@ -171,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         _spec_flags,
         _tool_flags,
         _router_flags,
+        _limit_flags,
     ):
         add_group(p)
     return p
@@ -392,6 +408,22 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
         help="free the model's memory after this many idle seconds; -1: never")  # fmt: skip
 
 
+def _limit_flags(p: argparse.ArgumentParser) -> None:
+    """What one request may ask (server/limits.py): each over-limit request gets a clear 4xx."""
+    add = p.add_argument_group("request limits").add_argument
+    d = RequestLimits()
+    add("--max-body-size", type=int, default=d.max_body_size, help="bytes of a request body (413 above)")
+    add("--max-json-depth", type=int, default=d.max_json_depth, help="nested JSON arrays/objects in a body")
+    add("--max-messages", type=int, default=d.max_messages, help="messages (or input items) in a request")
+    add("--max-stop-strings", type=int, default=d.max_stop_strings, help="stop strings in a request")
+    add("--max-stop-length", type=int, default=d.max_stop_length, help="characters of one stop string")
+    add("--max-queue", type=int, default=d.max_queue,
+        help="requests waiting for a slot; more are a 503 with Retry-After; -1: no limit")  # fmt: skip
+    add("--header-timeout", type=float, default=d.header_timeout,
+        help="seconds a client may take to send its request's headers (idle keep-alive too)")  # fmt: skip
+    add("--max-header-size", type=int, default=d.max_header_size, help="bytes of a request line + headers")
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -469,6 +501,7 @@ def parse_settings(
     args = parser.parse_args(kept)
     keys = _api_keys(parser, args)
     _check_bounds(parser, args)
+    _check_limits(parser, args)
     template = args.chat_template
     if args.chat_template_file:
         try:
@@ -542,6 +575,22 @@ def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--replicas and --placement need --cluster")
     if args.cluster is not None and not (args.cluster == "ray" or args.cluster.startswith("ray:")):
         parser.error(f"--cluster must be ray, ray:ADDRESS or ray://HOST:PORT, got {args.cluster!r}")
+
+
+def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name, value, low in (
+        ("max-body-size", args.max_body_size, 1),
+        ("max-json-depth", args.max_json_depth, 1),
+        ("max-messages", args.max_messages, 1),
+        ("max-stop-strings", args.max_stop_strings, 0),
+        ("max-stop-length", args.max_stop_length, 1),
+        ("max-queue", args.max_queue, -1),
+        ("max-header-size", args.max_header_size, 1024),
+    ):
+        if value < low:
+            parser.error(f"--{name} must be >= {low}, got {value}")
+    if not args.header_timeout > 0:
+        parser.error(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
 
 
 def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:

@@ -8,11 +8,14 @@ from pydantic import ValidationError
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, error_type: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, message: str, error_type: str, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type
+        self.headers = headers or {}  # e.g. Retry-After on a 503
         self.extra = extra
 
     def body(self) -> dict[str, Any]:

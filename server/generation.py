@@ -25,7 +25,9 @@ async def build_request(
     tools: ToolPlan | None = None,
 ) -> GenerationRequest:
     """The engine request of a body: sampling, limits, stop strings, and its grammar (the body's
-    constraint, or its tools' calls, which are then also parsed out of the answer)."""
+    constraint, or its tools' calls, which are then also parsed out of the answer). A full queue is a
+    503 here (--max-queue), before any byte of the reply."""
+    service.check_queue(body.n_choices())
     try:
         n_vocab = service.model_info().n_vocab
         sampling = body.sampling(service.default_sampling(), n_vocab, service.encode_plain, n_probs)

@@ -90,10 +90,17 @@ class GenerationFields(ConstraintFields):
         return self.n_cmpl if self.n_cmpl is not None else self.n
 
     def max_new_tokens(self, server_default: int) -> int:
-        for value in (self.max_completion_tokens, self.max_tokens, self.n_predict):
-            if value is not None:
-                return value
-        return server_default
+        """The tokens to generate: the body's, within the server's -n as llama-server clamps it (a
+        request asking for more, or for no limit, gets -n). Beyond the context, generation ends at the
+        context's end (finish_reason "length")."""
+        asked = next(
+            (v for v in (self.max_completion_tokens, self.max_tokens, self.n_predict) if v is not None), None
+        )
+        if asked is None:
+            return server_default
+        if server_default > 0 and (asked < 0 or asked > server_default):
+            return server_default
+        return asked
 
     @field_validator("samplers")
     @classmethod
@@ -304,3 +311,17 @@ class InfillRequest(CompletionRequest):
             if name in self.model_fields_set:
                 raise ValueError(f"'{name}' is not an /infill field (use n_probs for probabilities)")
         return self
+
+
+class SlotActionRequest(BaseModel):
+    """POST /slots/<id>?action=save|restore: the slot file's name (erase needs none)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    filename: str | None = None
+
+
+class StreamLookupRequest(BaseModel):
+    """POST /v1/streams/lookup: the resumable streams to report on."""
+
+    conversation_ids: list[str]

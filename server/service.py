@@ -47,6 +47,7 @@ from engine.text.reasoning import ReasoningSpec, ReasoningTags, detect_tags, res
 from engine.text.tokenizer import Tokenizer
 from engine.text.tool_calls import ToolCallFormat, detect_format
 from server import errors
+from server.admission import Admission
 from server.cli import Settings
 
 log = structlog.get_logger("server")
@@ -151,6 +152,7 @@ class ModelService:
         self._facts: Facts | None = None
         self.sleeping = False
         self._waking: asyncio.Task[None] | None = None
+        self.admission = Admission(settings.max_queue)  # --max-queue
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -443,16 +445,25 @@ class ModelService:
         """The server's sampler settings (its flags): what a request's fields override."""
         return self.settings.sampling
 
+    def check_queue(self, wanted: int = 1) -> None:
+        """503 with Retry-After when the queue for slots is full (--max-queue): called while a request
+        is prepared, before any byte of its reply."""
+        self.admission.check(self.n_slots, wanted)
+
     def submit(self, request: GenerationRequest) -> RequestHandle:
         engine = self._require().engine
         self.counters.requests_total += 1
-        return engine.submit(request, asyncio.get_running_loop())
+        handle = engine.submit(request, asyncio.get_running_loop())
+        self.admission.track(handle)
+        return handle
 
     def submit_choices(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
         """`n` choices of one prompt: evaluated once, its cells copied to the other choices' slots."""
         engine = self._require().engine
         self.counters.requests_total += 1
-        return engine.submit_choices(requests, asyncio.get_running_loop())
+        handles = engine.submit_choices(requests, asyncio.get_running_loop())
+        self.admission.track(*handles)
+        return handles
 
     async def control(self, request_id: str, action: str) -> ControlResult:
         engine = self._require().engine
@@ -498,8 +509,10 @@ class ModelService:
         the caller (a client gone) cancels every one still running."""
         loaded = self._require()
         loop = asyncio.get_running_loop()
+        self.check_queue()  # one request, however many inputs: it is never refused for its size
         self.counters.requests_total += 1
         handles = [loaded.engine.submit(EmbeddingRequest(p, loaded.pooling), loop) for p in prompts]
+        self.admission.track(*handles)
         try:
             events = [await _final_event(h) for h in handles]
         finally:

@@ -92,3 +92,17 @@ def gemma_server():  # type: ignore[no-untyped-def]
 def any_server(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """The shared SmolLM2 server, then the Gemma 3 one."""
     return request.getfixturevalue("server" if request.param == "smollm2" else "gemma_server")
+
+
+@pytest.fixture(scope="session")
+def limited_server():  # type: ignore[no-untyped-def]
+    """SmolLM2 with small request limits (issue #20's tests) and -n 8, so fuzzed generations are short
+    whatever max_tokens they carry (llama-server's clamp)."""
+    from tests.server_process import ServerProcess
+
+    proc = ServerProcess(
+        "-m", "smollm2", "-np", "2", "-c", "2048", "-n", "8", "--max-body-size", "16384",
+        "--max-json-depth", "16", "--header-timeout", "1", "--max-header-size", "4096",
+    ).wait_healthy()  # fmt: skip
+    yield proc
+    proc.stop()

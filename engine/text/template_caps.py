@@ -153,10 +153,15 @@ def polyfill(
 
 
 def add_system(messages: list[dict], text: str) -> list[dict]:
-    """`text` appended to the first system message (after a blank line), or as a new one."""
+    """`text` appended to the first system message (after a blank line; as one more text part of a
+    content list; alone when it has no content), or as a new one."""
     if messages and messages[0]["role"] == "system":
-        first = {**messages[0], "content": messages[0]["content"] + "\n\n" + text}
-        return [first, *messages[1:]]
+        content = messages[0].get("content")
+        if isinstance(content, list):
+            joined: str | list = [*content, {"type": "text", "text": text}]
+        else:
+            joined = content + "\n\n" + text if content else text
+        return [{**messages[0], "content": joined}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
 
 

@@ -22,6 +22,7 @@ from server import errors, sse
 from server.anthropic_blocks import ContentBlocks, StreamEvent
 from server.chat_job import ChatJob, chat_tokens, prepare_chat
 from server.generation import events_of
+from server.request_body import json_body
 from server.routes.stream import resumable
 from server.schemas_anthropic import CountTokensRequest, MessagesRequest
 from server.service import ModelService, service
@@ -36,7 +37,7 @@ PING = ("ping", {"type": "ping"})
 @bp.post("/v1/messages")
 async def messages() -> Any:
     svc = service()
-    body = MessagesRequest.model_validate(await request.get_json(force=True))
+    body = MessagesRequest.model_validate(await json_body())
     message_id = f"msg_{uuid.uuid4().hex[:24]}"  # also the engine request id
     job = await prepare_chat(svc, body.to_chat(stream=body.stream), message_id)
     if body.stream:
@@ -58,7 +59,7 @@ async def messages() -> Any:
 @bp.post("/v1/messages/count_tokens")
 async def count_tokens() -> Any:
     svc = service()
-    body = CountTokensRequest.model_validate(await request.get_json(force=True))
+    body = CountTokensRequest.model_validate(await json_body())
     return {"input_tokens": len(await chat_tokens(svc, body.to_chat()))}
 
 

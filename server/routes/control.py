@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, request
+from quart import Blueprint
 
 from engine.api import CONTROL_ACTIONS
 from server import errors
+from server.request_body import json_body
 from server.schemas import ControlRequest
 from server.service import service
 
@@ -23,7 +24,7 @@ bp = Blueprint("control", __name__)
 @bp.post("/chat/completions/control")
 async def control() -> Any:
     svc = service()
-    body = ControlRequest.model_validate(await request.get_json(force=True))
+    body = ControlRequest.model_validate(await json_body())
     if body.action not in CONTROL_ACTIONS:
         known = ", ".join(CONTROL_ACTIONS)
         raise errors.invalid_request(f"unknown action {body.action!r}; supported actions: {known}")

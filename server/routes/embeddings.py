@@ -12,10 +12,11 @@ import base64
 from typing import Any
 
 import numpy as np
-from quart import Blueprint, request
+from quart import Blueprint
 
 from engine.api import TokenEvent
 from server import errors
+from server.request_body import json_body
 from server.schemas_embeddings import EmbeddingsBody, Piece, RerankBody
 from server.service import ModelService, service
 
@@ -83,7 +84,7 @@ async def embeddings_oai() -> Any:
 async def _embeddings(oai: bool) -> Any:
     svc = service()
     _require_embeddings(svc)
-    body = EmbeddingsBody.model_validate(await request.get_json(force=True))
+    body = EmbeddingsBody.model_validate(await json_body())
     pooled = svc.pooling != "none"
     if oai and body.input is not None and not pooled:
         raise errors.invalid_request(
@@ -120,7 +121,7 @@ async def rerank() -> Any:
     if not svc.settings.embedding or svc.settings.pooling != "rank":
         raise errors.not_supported("This server does not support reranking. Start it with `--reranking`")
     svc.require_ready()
-    body = RerankBody.model_validate(await request.get_json(force=True))
+    body = RerankBody.model_validate(await json_body())
     docs = body.docs
     prompts = [await svc.rerank_tokens(body.query, doc) for doc in docs]
     for tokens in prompts:

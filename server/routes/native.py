@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import fields
 from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, current_app
 
 from engine.api import ReasoningTags, SamplingParams, TokenEvent
 from server import errors, sse
@@ -21,6 +21,7 @@ from server.generation import (
     stop_type,
 )
 from server.mcp import McpManager
+from server.request_body import json_body
 from server.routes.tools import MANAGER_KEY
 from server.schemas import (
     ApplyTemplateRequest,
@@ -142,7 +143,7 @@ def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> 
 @bp.post("/completions")
 async def completion() -> Any:
     svc = service()
-    body, tokens, truncated = await completion_request(svc, await request.get_json(force=True))
+    body, tokens, truncated = await completion_request(svc, await json_body())
     if body.n_choices() > 1:
         raise errors.invalid_request(
             "'n': several choices are served on /v1/completions and /v1/chat/completions"
@@ -161,7 +162,7 @@ async def completion() -> Any:
 async def infill() -> Any:
     """llama-server's /infill: the model's FIM prompt around the code, then /completion's reply."""
     svc = service()
-    body = InfillRequest.model_validate(await request.get_json(force=True))
+    body = InfillRequest.model_validate(await json_body())
     svc.require_ready()
     extra = [(chunk.filename, chunk.text) for chunk in body.input_extra]
     prompt = await svc.infill_prompt(body.input_prefix, body.input_suffix, extra, body.prompt)
@@ -205,7 +206,7 @@ async def tokenize() -> Any:
     chat_template_kwargs, ...), the prompt tokens that chat request would run with, counted as
     /v1/chat/completions counts its prompt_tokens."""
     svc = service()
-    raw = await request.get_json(force=True)
+    raw = await json_body()
     if isinstance(raw, dict) and "messages" in raw:
         with_pieces = bool(raw.pop("with_pieces", False))
         tokens = await chat_tokens(svc, ChatCompletionRequest.model_validate(raw))
@@ -230,7 +231,7 @@ def text_or_bytes(raw: bytes) -> str | list[int]:
 @bp.post("/detokenize")
 async def detokenize() -> Any:
     svc = service()
-    body = DetokenizeRequest.model_validate(await request.get_json(force=True))
+    body = DetokenizeRequest.model_validate(await json_body())
     svc.require_ready()
     return {"content": svc.detokenize(body.tokens)}
 
@@ -238,7 +239,7 @@ async def detokenize() -> Any:
 @bp.post("/apply-template")
 async def apply_template() -> Any:
     svc = service()
-    body = ApplyTemplateRequest.model_validate(await request.get_json(force=True))
+    body = ApplyTemplateRequest.model_validate(await json_body())
     svc.require_ready()
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     prompt = svc.render_chat(

@@ -24,6 +24,7 @@ from server.generation import (
     usage,
 )
 from server.mcp import McpManager
+from server.request_body import json_body
 from server.routes.stream import resumable
 from server.routes.tools import MANAGER_KEY
 from server.schemas import ChatCompletionRequest, GenerationFields, OpenAICompletionRequest
@@ -48,7 +49,7 @@ def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) 
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
     svc = service()
-    body = ChatCompletionRequest.model_validate(await request.get_json(force=True))
+    body = ChatCompletionRequest.model_validate(await json_body())
     completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
     svc.require_ready()
     plan = await agent_plan(mcp_manager(), svc.settings, body)
@@ -295,7 +296,7 @@ def final_reason(event: TokenEvent | None) -> str:
 @bp.post("/v1/completions")
 async def completions() -> Any:
     svc = service()
-    body, tokens, truncated = await completion_prompt(svc, await request.get_json(force=True))
+    body, tokens, truncated = await completion_prompt(svc, await json_body())
     completion_id = svc.new_id("cmpl")
     n_probs = body.logprobs or 0
     gen = await build_request(svc, body, tokens, n_probs, completion_id, truncated)

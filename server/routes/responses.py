@@ -22,6 +22,7 @@ from quart import Blueprint, current_app, request
 from server import errors, sse
 from server.agents import AgentRun, agent_plan
 from server.chat_job import ChatJob, prepare_chat
+from server.request_body import json_body
 from server.response_output import item_id
 from server.response_runs import (
     STATE_KEY,
@@ -52,7 +53,7 @@ def responses() -> ResponsesState:
 async def create() -> Any:
     svc, state = service(), responses()
     state.prune(lambda rid: sessions().get(rid) is not None)
-    body = ResponsesRequest.model_validate(await request.get_json(force=True))
+    body = ResponsesRequest.model_validate(await json_body())
     history = state.conversation(body.previous_response_id)
     conversation = history + body.input_messages(history)
     response_id = item_id("resp")  # also the engine request id, and a background run's session id

@@ -11,6 +11,8 @@ from quart import Blueprint, request
 
 from server import errors
 from server.cluster.prefixes import BLOCK_TOKENS, summary_hashes
+from server.request_body import json_body
+from server.schemas import SlotActionRequest
 from server.service import service
 
 bp = Blueprint("slots", __name__)
@@ -45,9 +47,8 @@ async def prefixes() -> Any:
 async def slot_action(id_slot: str) -> Any:
     svc = service()
     action = request.args.get("action", "")
-    body = await request.get_json(force=True, silent=True)
-    filename = body.get("filename") if isinstance(body, dict) else None
-    return await svc.slot_action(_slot_id(id_slot), action, filename)
+    body = SlotActionRequest.model_validate(await json_body(optional=True) or {})
+    return await svc.slot_action(_slot_id(id_slot), action, body.filename)
 
 
 def _slot_id(value: str) -> int:

@@ -13,6 +13,8 @@ from typing import Any
 from quart import Blueprint, Response, current_app, request
 
 from server import errors, sse
+from server.request_body import json_body
+from server.schemas import StreamLookupRequest
 from server.sessions import OffsetDropped, SessionStore
 
 bp = Blueprint("stream", __name__)
@@ -55,11 +57,8 @@ async def stop() -> Any:
 
 @bp.post("/v1/streams/lookup")
 async def lookup() -> Any:
-    body = await request.get_json(force=True, silent=True)
-    ids = body.get("conversation_ids") if isinstance(body, dict) else None
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise errors.invalid_request('the body must be JSON: {"conversation_ids": [string, ...]}')
-    return [info.as_dict() for info in sessions().lookup(ids)]
+    body = StreamLookupRequest.model_validate(await json_body())
+    return [info.as_dict() for info in sessions().lookup(body.conversation_ids)]
 
 
 def _conversation_id() -> str:

@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, current_app, jsonify, request
+from quart import Blueprint, current_app, jsonify
 
 from server import errors
 from server.mcp import McpManager
+from server.request_body import json_body
 
 bp = Blueprint("tools", __name__)
 
@@ -38,7 +39,7 @@ async def list_tools() -> Any:
 
 @bp.post("/tools")
 async def call_tool() -> Any:
-    body = await request.get_json(force=True, silent=True)
+    body = await json_body(optional=True)
     if not isinstance(body, dict):
         raise errors.invalid_request('expected a JSON object {"tool": name, "params": {...}}')
     call = ToolCallRequest.model_validate(body)

@@ -1,0 +1,213 @@
+"""The published contract, `GET /openapi.json`: an OpenAPI 3.1 document built from one route table and
+the pydantic request models the routes validate with (their `model_json_schema`), so the models stay
+the single source of truth and the document cannot drift from what the server accepts.
+
+Assembled here rather than with quart-schema: quart-schema documents a route through the decorators
+that also validate it (`validate_request` hands the handler a parsed model and answers its own 400
+shape), so adopting it means rewriting every route's signature and error path; the routes here validate
+once, in the handler, with the same models this table names. tests/test_openapi_server.py checks that
+every route the app serves is in the table (and so in the document).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+
+from server.routes.tools import ToolCallRequest
+from server.schemas import (
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ControlRequest,
+    DetokenizeRequest,
+    InfillRequest,
+    SlotActionRequest,
+    StreamLookupRequest,
+    TokenizeRequest,
+)
+from server.schemas_anthropic import CountTokensRequest, MessagesRequest
+from server.schemas_embeddings import EmbeddingsBody, RerankBody
+from server.schemas_responses import ResponsesRequest
+
+
+class ErrorDetail(BaseModel):
+    code: int
+    message: str
+    type: str
+
+
+class ErrorReply(BaseModel):
+    """OpenAI's error shape: every route but Anthropic's."""
+
+    model_config = ConfigDict(extra="allow")
+    error: ErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorReply(BaseModel):
+    """Anthropic's error shape: /v1/messages and /v1/messages/count_tokens."""
+
+    type: str = Field(pattern="^error$")
+    error: AnthropicErrorDetail
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    description: str
+    required: bool = False
+    schema: tuple[tuple[str, Any], ...] = (("type", "string"),)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation (method) on one or more paths (llama-server's aliases), and its body model."""
+
+    method: str
+    paths: tuple[str, ...]
+    summary: str
+    body: type[BaseModel] | tuple[type[BaseModel], ...] | None = None
+    query: tuple[Query, ...] = ()
+    streams: bool = False  # may answer text/event-stream
+    anthropic: bool = False  # errors in Anthropic's shape
+    content: str = "application/json"  # the success reply's type
+
+
+_CONV_ID = Query("conv_id", "the conversation id the stream was started with (X-Conversation-Id)", True)
+_FROM = Query("from", "byte offset to replay from", schema=(("type", "string"), ("pattern", "^[0-9]*$")))
+_SLOT_ACTION = Query("action", "what to do with the slot", True, (("enum", ["save", "restore", "erase"]),))
+
+ROUTES: tuple[Route, ...] = (
+    Route("post", ("/v1/chat/completions", "/chat/completions"), "chat completion (OpenAI)",
+          ChatCompletionRequest, streams=True),
+    Route("post", ("/v1/chat/completions/control", "/chat/completions/control"),
+          "act on a running chat completion", ControlRequest),
+    Route("post", ("/v1/completions",), "text completion (OpenAI)", CompletionRequest, streams=True),
+    Route("post", ("/completion", "/completions"), "text completion (llama-server)", CompletionRequest,
+          streams=True),
+    Route("post", ("/infill",), "fill in the middle (llama-server)", InfillRequest, streams=True),
+    Route("post", ("/tokenize",), "tokenize text, or a chat's prompt",
+          (TokenizeRequest, ChatCompletionRequest)),
+    Route("post", ("/detokenize",), "token ids to text", DetokenizeRequest),
+    Route("post", ("/apply-template",), "a chat's prompt text", ApplyTemplateRequest),
+    Route("post", ("/v1/messages",), "message (Anthropic)", MessagesRequest, streams=True, anthropic=True),
+    Route("post", ("/v1/messages/count_tokens",), "count a message's tokens (Anthropic)", CountTokensRequest,
+          anthropic=True),
+    Route("post", ("/v1/responses", "/responses"), "create a response (OpenAI Responses)", ResponsesRequest,
+          streams=True),
+    Route("get", ("/v1/responses/{response_id}", "/responses/{response_id}"), "a stored response",
+          query=(Query("stream", "true: replay a background response's events"),
+                 Query("starting_after", "replay events after this sequence number")), streams=True),
+    Route("post", ("/v1/responses/{response_id}/cancel", "/responses/{response_id}/cancel"),
+          "cancel a background response"),
+    Route("delete", ("/v1/responses/{response_id}", "/responses/{response_id}"), "delete a stored response"),
+    Route("post", ("/embedding", "/embeddings", "/v1/embeddings"), "embeddings (--embedding)",
+          EmbeddingsBody),
+    Route("post", ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"), "rerank (--reranking)",
+          RerankBody),
+    Route("get", ("/v1/stream",), "replay and follow a resumable stream", query=(_CONV_ID, _FROM),
+          streams=True),
+    Route("delete", ("/v1/stream",), "stop a resumable stream", query=(_CONV_ID,)),
+    Route("post", ("/v1/streams/lookup",), "resumable streams' state", StreamLookupRequest),
+    Route("get", ("/health", "/v1/health"), "readiness: 200 once the model is loaded"),
+    Route("get", ("/props",), "the server's settings and model"),
+    Route("get", ("/v1/models", "/models"), "the served model"),
+    Route("get", ("/slots",), "what each slot does"),
+    Route("post", ("/slots/{id_slot}",), "save, restore or erase a slot's cache", SlotActionRequest,
+          query=(_SLOT_ACTION,)),
+    Route("get", ("/metrics",), "Prometheus metrics (--metrics)", content="text/plain"),
+    Route("get", ("/tools",), "the MCP servers' tools (with MCP servers configured)"),
+    Route("post", ("/tools",), "call an MCP tool (with MCP servers configured)", ToolCallRequest),
+    Route("get", ("/openapi.json",), "this document"),
+    Route("get", ("/", "/index.html"), "the web UI", content="text/html"),
+    Route("get", ("/assets/{relative}",), "the web UI's files", content="application/octet-stream"),
+)  # fmt: skip
+
+
+def _body_models(route: Route) -> tuple[type[BaseModel], ...]:
+    if route.body is None:
+        return ()
+    return route.body if isinstance(route.body, tuple) else (route.body,)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _path_params(path: str) -> list[dict[str, Any]]:
+    names = [part[1:-1] for part in path.split("/") if part.startswith("{")]
+    return [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names]
+
+
+def _operation_id(method: str, path: str) -> str:
+    name = path.strip("/").replace("/", "_").replace("{", "").replace("}", "").replace(".", "_")
+    return f"{method}_{name or 'root'}"
+
+
+def _replies(route: Route) -> dict[str, Any]:
+    error = {"application/json": {"schema": _ref(AnthropicErrorReply if route.anthropic else ErrorReply)}}
+    ok: dict[str, Any] = {route.content: {"schema": {"type": "object"}}}
+    if not route.content.endswith("json"):
+        ok = {route.content: {"schema": {"type": "string"}}}
+    if route.streams:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    return {
+        "200": {"description": "success", "content": ok},
+        "4XX": {"description": "the request is wrong", "content": error},
+        "503": {"description": "the model is loading, or the queue is full (Retry-After)", "content": error},
+    }
+
+
+def _operation(route: Route, path: str) -> dict[str, Any]:
+    models = _body_models(route)
+    query = [
+        {"name": q.name, "in": "query", "required": q.required, "description": q.description,
+         "schema": dict(q.schema)}
+        for q in route.query
+    ]  # fmt: skip
+    op: dict[str, Any] = {
+        "summary": route.summary,
+        "operationId": _operation_id(route.method, path),
+        "parameters": _path_params(path) + query,
+        "responses": _replies(route),
+    }
+    if models:
+        schema = _ref(models[0]) if len(models) == 1 else {"oneOf": [_ref(m) for m in models]}
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    return op
+
+
+def _components() -> dict[str, Any]:
+    models = {m for route in ROUTES for m in _body_models(route)} | {ErrorReply, AnthropicErrorReply}
+    ordered = sorted(models, key=lambda m: m.__name__)
+    _, defs = models_json_schema(
+        [(m, "validation") for m in ordered], ref_template="#/components/schemas/{model}"
+    )
+    return defs.get("$defs", {})
+
+
+def document(version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        for path in route.paths:
+            paths.setdefault(path, {})[route.method] = _operation(route, path)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Llamba",
+            "version": version,
+            "description": "llama-server's, OpenAI's and Anthropic's HTTP APIs. Errors: OpenAI's shape "
+            "{error: {code, message, type}}, Anthropic's on /v1/messages.",
+        },
+        "paths": paths,
+        "components": {"schemas": _components()},
+    }
