@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from engine.api import POOLING_TYPES
+from engine.kv_types import cache_type
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
@@ -74,6 +75,8 @@ class Settings(BaseModel):
     device: str = "cpu"
     context_shift: bool = False
     keep: int = 0
+    cache_type_k: str = "f16"  # -ctk: the KV cache's key cells (engine/kv_types.py: f16, q8_0)
+    cache_type_v: str = "f16"  # -ctv
     n_gpu_layers: int = -1  # 0 keeps the model on the CPU; any other value offloads all of it
     load_mode: str = "auto"  # one of LOAD_MODES
     stream_buffer_size: int = 4 * 1024 * 1024
@@ -307,6 +310,9 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--context-shift", dest="context_shift", action="store_true", default=bool(_env("CONTEXT_SHIFT")))
     add("--no-context-shift", dest="context_shift", action="store_false")
     add("--keep", type=int, default=int(_env("KEEP") or 0), help="tokens kept by a context shift (-1: all)")
+    for short, name in (("-ctk", "CACHE_TYPE_K"), ("-ctv", "CACHE_TYPE_V")):
+        long = "--" + name.lower().replace("_", "-")
+        add(short, long, dest=name.lower(), default=_env(name) or "f16", help="KV cell type: f16 or q8_0")
     add("-dev", "--device", default=_env("DEVICE") or "cpu", choices=["auto", "cpu", "cuda"])
     add(
         "-ngl",
@@ -459,6 +465,11 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         values.update(embedding=True, pooling="rank")
     if args.embd_normalize < -1:
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
+    for flag, name in (("--cache-type-k", args.cache_type_k), ("--cache-type-v", args.cache_type_v)):
+        try:
+            cache_type(name)
+        except ValueError as exc:
+            parser.error(f"{flag}: {exc}")
     return Settings(**values), ignored
 
 
