@@ -465,12 +465,17 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
         values.update(embedding=True, pooling="rank")
     if args.embd_normalize < -1:
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
+    _check_cache_types(parser, args)
+    return Settings(**values), ignored
+
+
+def _check_cache_types(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """-ctk/-ctv: f16 or q8_0; llama-server's other types exit 2 naming the supported ones."""
     for flag, name in (("--cache-type-k", args.cache_type_k), ("--cache-type-v", args.cache_type_v)):
         try:
             cache_type(name)
         except ValueError as exc:
             parser.error(f"{flag}: {exc}")
-    return Settings(**values), ignored
 
 
 def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:

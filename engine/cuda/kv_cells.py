@@ -28,11 +28,11 @@ def half_from_bytes(lo, hi):  # type: ignore[no-untyped-def]
     e = (bits >> 10) & 0x1F
     m = bits & 0x3FF
     if e == 0:
-        v = float32(math.ldexp(float32(m), -24))
+        v = float32(math.ldexp(float32(m), int(-24)))
     elif e == 31:
         v = float32(math.inf) if m == 0 else float32(math.nan)
     else:
-        v = float32(math.ldexp(float32(1024 + m), e - 25))
+        v = float32(math.ldexp(float32(1024 + m), int(e - 25)))
     return -v if bits & 0x8000 else v
 
 
@@ -73,8 +73,8 @@ def load_q8_0(cache, s, h, j, i):  # type: ignore[no-untyped-def]
 
 @cuda.jit(device=True)
 def roundf(x):  # type: ignore[no-untyped-def]
-    """C's roundf: to nearest, ties away from zero."""
-    t = float32(math.trunc(x))
+    """C's roundf: to nearest, ties away from zero (|x| <= 127 here: int32 truncates exactly)."""
+    t = float32(int32(x))
     if abs(x - t) >= float32(0.5):
         t += float32(1.0) if x > 0 else float32(-1.0)
     return t
