@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -25,6 +26,8 @@ from engine.kv_types import (
 )
 from engine.models import load_model
 from engine.slot_files import ModelIdentity, SlotFileError, SlotState, read_slot, write_slot
+from server.cli import parse_settings
+from tests.server_process import ServerProcess
 from tests.synthetic_gguf import CASES, prompt_tokens, write_gguf
 from tests.test_ops import attention_reference
 
@@ -194,3 +197,42 @@ def test_a_model_decodes_alike_on_saved_and_restored_q8_0_cells(tmp_path: Path) 
     kv.truncate(0, n - 4)
     shifted = model.forward(Batch.of([BatchPart(0, n - 4, tokens[-1:])]), kv)
     assert np.isfinite(shifted).all() and shifted.shape == a.shape
+
+
+def test_server_flags_take_f16_and_q8_0_and_refuse_the_rest(capsys: pytest.CaptureFixture) -> None:
+    settings, _ = parse_settings(["-m", "smollm2", "-ctk", "q8_0", "--cache-type-v", "q8_0"])
+    assert (settings.cache_type_k, settings.cache_type_v) == ("q8_0", "q8_0")
+    assert parse_settings(["-m", "smollm2"])[0].cache_type_k == "f16"
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["-m", "smollm2", "-ctv", "q4_0"])
+    assert exc.value.code == 2
+    assert "--cache-type-v: KV cache type 'q4_0' is not supported by Llamba (supported: f16, q8_0)" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.slow
+def test_a_q8_0_server_restores_a_saved_slot_and_shifts_its_context(tmp_path: Path) -> None:
+    """A real server with -ctk q8_0 -ctv q8_0: save, erase, overwrite and restore a slot, then the
+    restored cells serve the same prompt (one token evaluated, the same reply); then generation goes on
+    past a full slot through context shifts."""
+    argv = ["-m", "smollm2", "-np", "1", "-c", "128", "-ctk", "q8_0", "-ctv", "q8_0", "--context-shift"]
+    proc = ServerProcess(*argv, "--slot-save-path", str(tmp_path)).wait_healthy()
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=300) as client:
+            body = {"prompt": "The capital of France is Paris. The capital of Italy is", "n_predict": 8}
+            body |= {"temperature": 0, "id_slot": 0}
+            first = client.post("/completion", json=body).json()
+            saved = client.post("/slots/0", params={"action": "save"}, json={"filename": "q8.bin"}).json()
+            assert saved["n_saved"] > 0
+            assert client.post("/slots/0", params={"action": "erase"}).status_code == 200
+            client.post("/completion", json=body | {"prompt": "Something else entirely."})
+            restore = client.post("/slots/0", params={"action": "restore"}, json={"filename": "q8.bin"})
+            assert restore.json()["n_restored"] == saved["n_saved"]
+            again = client.post("/completion", json=body).json()
+            assert again["timings"]["prompt_n"] == 1 and again["content"] == first["content"]
+            long = {"prompt": "Once upon a time", "n_predict": 300, "temperature": 0, "ignore_eos": True}
+            reply = client.post("/completion", json=long).json()
+            assert reply["tokens_predicted"] == 300 and reply["truncated"] is True
+    finally:
+        proc.stop()
