@@ -28,7 +28,7 @@ def half_from_bytes(lo, hi):  # type: ignore[no-untyped-def]
     e = (bits >> 10) & 0x1F
     m = bits & 0x3FF
     if e == 0:
-        v = float32(math.ldexp(float32(m), int(-24)))
+        v = float32(math.ldexp(float32(m), -24))
     elif e == 31:
         v = float32(math.inf) if m == 0 else float32(math.nan)
     else:
