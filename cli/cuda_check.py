@@ -30,7 +30,7 @@ def arr(dtype: Any, ndim: int) -> types.Array:
 
 def kernels() -> Iterator[tuple[str, Callable[..., None], tuple[Any, ...]]]:
     """(name, Python function, argument types) of every kernel, as the backend launches them."""
-    from engine.cuda import arrays, matmul, ops, sampling
+    from engine.cuda import arrays, kv_cells, matmul, ops, sampling
 
     f1, f2, f3, f4 = (arr(F32, n) for n in (1, 2, 3, 4))
     i1 = arr(I32, 1)
@@ -42,10 +42,17 @@ def kernels() -> Iterator[tuple[str, Callable[..., None], tuple[Any, ...]]]:
     yield "rope", ops._rope_py, (f3, i1, F32, types.boolean, f1, F32)
     h4 = arr(F16, 4)  # the KV cache
     yield "store_kv", ops._store_kv_py, (f3, f3, i1, i1, h4, h4)
-    yield "attention", ops._attention_py, (f3, h4, h4, i1, i1, I32, F32, f3)
+    b4 = arr(U8, 4)  # a q8_0 KV cache: Q8_0 bytes
+    cell_types = {"f16": h4, "q8_0": b4}
+    for (k_type, v_type), source in ops.ATTENTION_PY.items():
+        name = "attention" if (k_type, v_type) == ("f16", "f16") else f"attention_{k_type}_{v_type}"
+        yield name, source, (f3, cell_types[k_type], cell_types[v_type], i1, i1, I32, F32, f3)
+    yield "store_q8_0", kv_cells._store_q8_0_py, (f3, i1, i1, b4)
     h3 = arr(F16, 3)  # one layer's cells of one sequence
     yield "gather_cells", arrays._gather_cells_py, (h3, types.int64, f3)
     yield "scatter_cells", arrays._scatter_cells_py, (f3, h3, types.int64)
+    yield "gather_q8_0", kv_cells._gather_q8_0_py, (arr(U8, 3), types.int64, f3)
+    yield "scatter_q8_0", kv_cells._scatter_q8_0_py, (f3, arr(U8, 3), types.int64)
     yield "silu_mul", ops._silu_mul_py, (f2, f2, f2)
     yield "gelu_mul", ops._gelu_mul_py, (f2, f2, f2)
     yield "add_inplace", ops._add_inplace_py, (f2, f2)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.batch import Batch, BatchPart
-from engine.kv import KVCache
+from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.llm import LLM
 
 
@@ -40,16 +40,22 @@ def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def perplexity(
-    llm: LLM, tokens: list[int], n_ctx: int, n_chunks: int = -1, n_batch: int = 2048
+    llm: LLM,
+    tokens: list[int],
+    n_ctx: int,
+    n_chunks: int = -1,
+    n_batch: int = 2048,
+    types: CacheTypes = DEFAULT_CACHE_TYPES,
 ) -> Iterator[PerplexityResult]:
-    """Yield the running estimate after each chunk (the last one is the final estimate)."""
+    """Yield the running estimate after each chunk (the last one is the final estimate); `types`: the KV
+    cache's cell types."""
     available = len(tokens) // n_ctx
     total = available if n_chunks < 0 else min(n_chunks, available)
     if total == 0:
         raise ValueError(f"need at least {n_ctx} tokens, the file has {len(tokens)}")
     n_parallel = max(1, n_batch // n_ctx)
     first = n_ctx // 2
-    kv = llm.new_cache(n_parallel, n_ctx)
+    kv = llm.new_cache(n_parallel, n_ctx, types)
     nll: list[np.ndarray] = []
     for group_start in range(0, total, n_parallel):
         chunks = [

@@ -53,11 +53,22 @@ def _write_cells(cache: np.ndarray, seq_id: int, cells: np.ndarray) -> None:
     cache[:, seq_id, :, : cells.shape[2]] = cells
 
 
-def _gather_cells(cells: np.ndarray, start: int, n: int) -> np.ndarray:
+def _gather_cells(cells: np.ndarray, start: int, n: int, head_dim: int) -> np.ndarray:
+    if cells.dtype == np.uint8:  # q8_0 (engine/kv_types.py)
+        from engine.cpu.kv_cells import gather_q8_0
+
+        out = np.empty((n, cells.shape[0], head_dim), np.float32)
+        gather_q8_0(cells.view(np.int8), start, out)
+        return out
     return np.ascontiguousarray(cells[:, start : start + n, :].transpose(1, 0, 2), dtype=np.float32)
 
 
 def _scatter_cells(x: np.ndarray, cells: np.ndarray, start: int) -> None:
+    if cells.dtype == np.uint8:
+        from engine.cpu.kv_cells import scatter_q8_0
+
+        scatter_q8_0(np.ascontiguousarray(x), cells.view(np.int8), start)
+        return
     cells[:, start : start + x.shape[0], :] = x.transpose(1, 0, 2)
 
 
@@ -109,12 +120,13 @@ class Backend:
     argmax: Callable[[Any], np.ndarray] = _argmax
     top_k: Callable[[Any, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = _top_k
     # KV cells. read_cells(cache, seq, n) -> host [n_layer, n_kv_heads, n, head_dim] of the first n cells;
-    # write_cells(cache, seq, host cells) replaces them. gather_cells(cells, start, n) -> float32
-    # [n, n_kv_heads, head_dim] of one layer's sequence ([n_kv_heads, n_ctx, head_dim]), in the RoPE
-    # kernel's layout; scatter_cells(x, cells, start) writes such rows back as cells from `start` on.
+    # write_cells(cache, seq, host cells) replaces them (cells are the cache type's raw elements).
+    # gather_cells(cells, start, n, head_dim) -> float32 [n, n_kv_heads, head_dim] of one layer's
+    # sequence ([n_kv_heads, n_ctx, row]), in the RoPE kernel's layout; scatter_cells(x, cells, start)
+    # writes such rows back as cells (quantized for q8_0) from `start` on.
     read_cells: Callable[[Any, int, int], np.ndarray] = _read_cells
     write_cells: Callable[[Any, int, np.ndarray], None] = _write_cells
-    gather_cells: Callable[[Any, int, int], Any] = _gather_cells
+    gather_cells: Callable[[Any, int, int, int], Any] = _gather_cells
     scatter_cells: Callable[[Any, Any, int], None] = _scatter_cells
     # lock_weights(packed weights) -> engine.mlock.LockResult, or None where they are not in host memory.
     lock_weights: Callable[[list[Any]], Any] = _lock_host_weights

@@ -31,16 +31,20 @@ def discard_count(n_past: int, n_keep: int) -> int:
     return max(1, (n_past - n_keep) // 2)
 
 
-def shift_cells(backend: Backend, k: Any, v: Any, start: int, end: int, delta: int, rotate: Rotate) -> None:
-    """Move cells [start, end) of one sequence's k/v [n_kv_heads, n_ctx, dim] by delta (< 0) positions.
+def shift_cells(
+    backend: Backend, k: Any, v: Any, start: int, end: int, delta: int, rotate: Rotate, head_dim: int
+) -> None:
+    """Move cells [start, end) of one sequence's k/v [n_kv_heads, n_ctx, row] by delta (< 0) positions.
 
-    Both ranges are staged (float32, exact for float16 values) before any cell is written, so the move
-    is right however the source and destination overlap, on any backend. `rotate(keys, positions)`
-    applies RoPE in place to the staged keys [n, heads, dim]; they are rotated by delta.
+    Both ranges are staged (float32, exact for float16 values and for q8_0's numbers, which quantize
+    back to the same bytes) before any cell is written, so the move is right however the source and
+    destination overlap, on any backend. `rotate(keys, positions)` applies RoPE in place to the staged
+    keys [n, heads, head_dim]; they are rotated by delta (q8_0 keys are then quantized anew, as llama.cpp
+    does when it shifts a quantized K cache).
     """
     n = end - start
-    keys = backend.gather_cells(k, start, n)
-    values = backend.gather_cells(v, start, n)
+    keys = backend.gather_cells(k, start, n, head_dim)
+    values = backend.gather_cells(v, start, n, head_dim)
     rotate(keys, backend.upload(np.full(n, delta, dtype=np.int32)))
     backend.scatter_cells(keys, k, start + delta)
     backend.scatter_cells(values, v, start + delta)

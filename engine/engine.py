@@ -24,6 +24,8 @@ import structlog
 from engine.api import ControlResult, EmbeddingRequest, EngineSnapshot, GenerationRequest
 from engine.batch import Batch, BatchPart
 from engine.handle import RequestHandle
+from engine.kv import CacheTypes
+from engine.kv_types import cache_type
 from engine.llm import LLM
 from engine.prompt_cache import PromptCache, mib_to_bytes
 from engine.scheduler import Scheduler
@@ -49,6 +51,8 @@ class EngineConfig:
     cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
     context_shift: bool = False  # when a slot fills during generation, drop half of its context
     n_keep: int = 0  # tokens kept at the start by a context shift
+    cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/kv_types.py: f16, q8_0)
+    cache_type_v: str = "f16"  # -ctv
 
 
 class Engine:
@@ -56,7 +60,8 @@ class Engine:
         """`draft`: a draft model for `draft-simple` speculation (same vocabulary: checked by the caller)."""
         self.llm = llm
         self.config = config
-        self.kv = llm.new_cache(config.n_slots, max(1, config.n_ctx // config.n_slots))
+        types = CacheTypes(cache_type(config.cache_type_k), cache_type(config.cache_type_v))
+        self.kv = llm.new_cache(config.n_slots, max(1, config.n_ctx // config.n_slots), types)
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
         self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache)
         shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
@@ -70,7 +75,7 @@ class Engine:
             speculation(drafter),
             llm.model.rank_head,
         )
-        self.identity = ModelIdentity.of(tuple(self.kv.k.shape), llm.tokenizer.n_vocab, llm.path.name)
+        self.identity = ModelIdentity.of(self.kv, llm.tokenizer.n_vocab, llm.path.name)
         self.snapshot = EngineSnapshot(self.pool.snapshot())  # replaced whole by the engine thread
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []

@@ -2,31 +2,64 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from engine.kv_types import F16, CacheType, check_head_dim
 
 if TYPE_CHECKING:
     from engine.backend import Backend
 
 
+@dataclass(frozen=True)
+class CacheTypes:
+    """The cell types of keys and values (`-ctk`, `-ctv`; engine/kv_types.py)."""
+
+    k: CacheType = F16
+    v: CacheType = F16
+
+
+DEFAULT_CACHE_TYPES = CacheTypes()  # f16 / f16, llama.cpp's default
+
+
 class KVCache:
-    """Keys/values as float16 (llama.cpp's default cache type) [n_layer, n_seq, n_kv_heads, n_ctx, head_dim].
+    """Keys/values [n_layer, n_seq, n_kv_heads, n_ctx, row] in their cache types: float16 rows of head_dim
+    (llama.cpp's default) or Q8_0 bytes (engine/kv_types.py), keys and values each their own.
 
     A sequence's cell i holds position i, so a prefix is reused by keeping the first n cells and a
     sequence is truncated by lowering its length. The attention kernel reads one contiguous run of
-    positions per kv head. The cells live where the backend computes; it copies them to and from the
-    host (prompt cache, slot files).
+    positions per kv head. The cells live where the backend computes; it copies them (raw, in their
+    type) to and from the host (prompt cache, slot files).
     """
 
     def __init__(
-        self, n_layer: int, n_seq: int, n_ctx: int, n_kv_heads: int, head_dim: int, backend: Backend
+        self,
+        n_layer: int,
+        n_seq: int,
+        n_ctx: int,
+        n_kv_heads: int,
+        head_dim: int,
+        backend: Backend,
+        types: CacheTypes = DEFAULT_CACHE_TYPES,
     ) -> None:
-        shape = (n_layer, n_seq, n_kv_heads, n_ctx, head_dim)
+        for t in (types.k, types.v):
+            check_head_dim(t, head_dim)
         self.backend = backend
-        self.k = backend.zeros(shape, np.float16)
-        self.v = backend.zeros(shape, np.float16)
+        self.types = types
+        self.head_dim = head_dim
+        self.k = backend.zeros((n_layer, n_seq, n_kv_heads, n_ctx, types.k.row_size(head_dim)), types.k.dtype)
+        self.v = backend.zeros((n_layer, n_seq, n_kv_heads, n_ctx, types.v.row_size(head_dim)), types.v.dtype)
         self.lengths = np.zeros(n_seq, dtype=np.int64)
+
+    @property
+    def n_layer(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.k.shape[2]
 
     @property
     def n_seq(self) -> int:
@@ -48,11 +81,12 @@ class KVCache:
         self.lengths[seq_id] = 0
 
     def read_cells(self, seq_id: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of the first n cells of `seq_id`, each [n_layer, n_kv_heads, n, head_dim]."""
+        """Host copies of the first n cells of `seq_id`, each [n_layer, n_kv_heads, n, row] in its type."""
         return self.backend.read_cells(self.k, seq_id, n), self.backend.read_cells(self.v, seq_id, n)
 
     def write_cells(self, seq_id: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Replace `seq_id`'s cells with k/v ([n_layer, n_kv_heads, n, head_dim]); its length becomes n."""
+        """Replace `seq_id`'s cells with k/v ([n_layer, n_kv_heads, n, row], the cache's types); its length
+        becomes n."""
         self.backend.write_cells(self.k, seq_id, k)
         self.backend.write_cells(self.v, seq_id, v)
         self.lengths[seq_id] = k.shape[2]

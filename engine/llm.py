@@ -14,7 +14,7 @@ from engine.api import ModelInfo
 from engine.backend import Backend, select_backend
 from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile
-from engine.kv import KVCache
+from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
 from engine.text.tokenizer import Tokenizer
@@ -98,8 +98,8 @@ class LLM:
             n_cls_out=self.model.rank_head.n_out if self.model.rank_head is not None else 0,
         )
 
-    def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
-        return self.model.new_cache(n_seq, n_ctx)
+    def new_cache(self, n_seq: int, n_ctx: int, types: CacheTypes = DEFAULT_CACHE_TYPES) -> KVCache:
+        return self.model.new_cache(n_seq, n_ctx, types)
 
     def prefill(self, kv: KVCache, seq_id: int, tokens: list[int], n_batch: int = 512) -> np.ndarray:
         """Run `tokens` after what `seq_id` already holds, in chunks of n_batch; the last token's logits."""

@@ -3,8 +3,9 @@
 `slot_action` runs the save/restore/erase actions of `POST /slots/<id>` on the engine thread.
 
 Layout (little endian): a fixed header, then n_tokens int32 token ids, then the K cells and the V cells,
-each float16 [n_layer, n_kv_heads, n_tokens, head_dim]. The header names the model the cells belong to,
-so a file from another model is refused instead of silently poisoning the slot.
+each [n_layer, n_kv_heads, n_tokens, row] in its cache type (f16: head_dim float16; q8_0: ggml's Q8_0
+blocks, engine/kv_types.py). The header names the model and the cache types the cells belong to, so a
+file from another model or cache type is refused instead of silently poisoning the slot.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from engine.kv import KVCache
+from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
+from engine.kv_types import CacheType
 from engine.slots import Slot
 
 MAGIC = b"LLMBSLOT"
-VERSION = 2  # 2: cells are float16 (1 held float32)
-CELL = np.dtype("<f2")
-_HEADER = struct.Struct("<8sIIIII16sI")  # magic, version, n_layer, n_kv_heads, head_dim, n_vocab, model, n
+VERSION = 3  # 3: the cache types in the header (2: float16 cells only, 1: float32)
+# magic, version, n_layer, n_kv_heads, head_dim, n_vocab, model, k and v ggml types, n
+_HEADER = struct.Struct("<8sIIIII16sIII")
 
 
 class SlotFileError(ValueError):
@@ -42,18 +44,21 @@ class ModelIdentity:
     head_dim: int
     n_vocab: int
     model_hash: bytes  # 16 bytes of sha256 over the model file's name
+    types: CacheTypes = DEFAULT_CACHE_TYPES
 
     @classmethod
-    def of(cls, kv_shape: tuple[int, ...], n_vocab: int, model_name: str) -> ModelIdentity:
-        n_layer, _, n_kv_heads, _, head_dim = kv_shape
+    def of(cls, kv: KVCache, n_vocab: int, model_name: str) -> ModelIdentity:
         digest = hashlib.sha256(model_name.encode()).digest()[:16]
-        return cls(n_layer, n_kv_heads, head_dim, n_vocab, digest)
+        return cls(kv.n_layer, kv.n_kv_heads, kv.head_dim, n_vocab, digest, kv.types)
+
+    def cells_shape(self, t: CacheType, n: int) -> tuple[int, int, int, int]:
+        return (self.n_layer, self.n_kv_heads, n, t.row_size(self.head_dim))
 
 
 @dataclass(frozen=True)
 class SlotState:
     tokens: list[int]
-    k: np.ndarray  # float16 [n_layer, n_kv_heads, n_tokens, head_dim]
+    k: np.ndarray  # [n_layer, n_kv_heads, n_tokens, row] in the cache's key type (KVCache.read_cells)
     v: np.ndarray
 
 
@@ -77,13 +82,15 @@ def write_slot(path: Path, identity: ModelIdentity, state: SlotState) -> int:
         identity.head_dim,
         identity.n_vocab,
         identity.model_hash,
+        identity.types.k.ggml_type,
+        identity.types.v.ggml_type,
         n,
     )
     parts = [
         header,
         np.asarray(state.tokens, dtype="<i4").tobytes(),
-        np.ascontiguousarray(state.k, dtype=CELL).tobytes(),
-        np.ascontiguousarray(state.v, dtype=CELL).tobytes(),
+        np.ascontiguousarray(state.k, dtype=identity.types.k.dtype.newbyteorder("<")).tobytes(),
+        np.ascontiguousarray(state.v, dtype=identity.types.v.dtype.newbyteorder("<")).tobytes(),
     ]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(b"".join(parts))
@@ -101,26 +108,37 @@ def read_slot(path: Path, identity: ModelIdentity, n_ctx: int) -> tuple[SlotStat
         raise SlotFileError(f"failed to restore slot: cannot read {path.name!r}: {exc.strerror}") from None
     if len(data) < _HEADER.size:
         raise SlotFileError(f"failed to restore slot: {path.name!r} is truncated or not a slot file")
-    magic, version, n_layer, n_kv, head_dim, n_vocab, model_hash, n = _HEADER.unpack_from(data)
+    magic, version = struct.unpack_from("<8sI", data)
     if magic != MAGIC:
         raise SlotFileError(f"failed to restore slot: {path.name!r} is not a slot file")
     if version != VERSION:
         raise SlotFileError(f"failed to restore slot: unsupported slot file version {version}")
-    found = ModelIdentity(n_layer, n_kv, head_dim, n_vocab, model_hash)
-    if found != identity:
+    _, _, n_layer, n_kv, head_dim, n_vocab, model_hash, k_type, v_type, n = _HEADER.unpack_from(data)
+    if ModelIdentity(n_layer, n_kv, head_dim, n_vocab, model_hash, identity.types) != identity:
         raise SlotFileError(f"failed to restore slot: {path.name!r} was saved with a different model")
+    if (k_type, v_type) != (identity.types.k.ggml_type, identity.types.v.ggml_type):
+        raise SlotFileError(f"failed to restore slot: {path.name!r} was saved with other KV cache types")
     if n > n_ctx:
         raise SlotFileError(f"failed to restore slot: {n} tokens do not fit the slot's {n_ctx} cells")
-    cells = n_layer * n_kv * n * head_dim
-    if len(data) != _HEADER.size + 4 * n + 2 * CELL.itemsize * cells:
+    return _read_cells(data, path, identity, n)
+
+
+def _read_cells(data: bytes, path: Path, identity: ModelIdentity, n: int) -> tuple[SlotState, int]:
+    """The tokens and cells after a checked header."""
+    k_shape = identity.cells_shape(identity.types.k, n)
+    v_shape = identity.cells_shape(identity.types.v, n)
+    k_dtype = identity.types.k.dtype.newbyteorder("<")
+    v_dtype = identity.types.v.dtype.newbyteorder("<")
+    k_bytes = int(np.prod(k_shape)) * k_dtype.itemsize
+    v_bytes = int(np.prod(v_shape)) * v_dtype.itemsize
+    if len(data) != _HEADER.size + 4 * n + k_bytes + v_bytes:
         raise SlotFileError(f"failed to restore slot: {path.name!r} is truncated or corrupt")
     off = _HEADER.size
     tokens = np.frombuffer(data, "<i4", n, off)
-    if n and (tokens.min() < 0 or tokens.max() >= n_vocab):
+    if n and (tokens.min() < 0 or tokens.max() >= identity.n_vocab):
         raise SlotFileError(f"failed to restore slot: {path.name!r} holds invalid token ids")
-    shape = (n_layer, n_kv, n, head_dim)
-    k = np.frombuffer(data, CELL, cells, off + 4 * n).reshape(shape)
-    v = np.frombuffer(data, CELL, cells, off + 4 * n + CELL.itemsize * cells).reshape(shape)
+    k = np.frombuffer(data, k_dtype, int(np.prod(k_shape)), off + 4 * n).reshape(k_shape)
+    v = np.frombuffer(data, v_dtype, int(np.prod(v_shape)), off + 4 * n + k_bytes).reshape(v_shape)
     return SlotState([int(t) for t in tokens], k, v), len(data)
 
 

@@ -1,31 +1,42 @@
 """Fidelity figures against llama.cpp: teacher-forced agreement on the golden files and perplexity.
 
-    .venv/bin/python scripts/fidelity.py [smollm2] [gemma3] [qwen2.5-coder]
+    .venv/bin/python scripts/fidelity.py [-ctk q8_0] [-ctv q8_0] [smollm2] [gemma3] [qwen2.5-coder]
 
-The same measures tests/test_model.py asserts bounds on, printed as numbers.
+The same measures tests/test_model.py asserts bounds on, printed as numbers; -ctk/-ctv run them with
+that KV cache type (the goldens are llama.cpp's with its default f16 cache).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
 
 from cli.perplexity import perplexity  # noqa: E402
+from engine.kv import CacheTypes  # noqa: E402
+from engine.kv_types import cache_type  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from tests.conftest import GPL3, load_golden  # noqa: E402
 from tests.test_model import LLAMA_CPP_PPL, teacher_forced_agreement  # noqa: E402
 
 
 def main() -> None:
-    for name in sys.argv[1:] or ["smollm2", "gemma3"]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["smollm2", "gemma3"])
+    parser.add_argument("-ctk", "--cache-type-k", default="f16")
+    parser.add_argument("-ctv", "--cache-type-v", default="f16")
+    args = parser.parse_args()
+    types = CacheTypes(cache_type(args.cache_type_k), cache_type(args.cache_type_v))
+    for name in args.models:
         llm = LLM.load(name)
-        rate, gap, misses = teacher_forced_agreement(llm, load_golden(name))
+        rate, gap, misses = teacher_forced_agreement(llm, load_golden(name), types)
         tokens = llm.tokenizer.encode(GPL3.read_text(), add_special=True, parse_special=False)
-        *_, final = perplexity(llm, tokens, n_ctx=512, n_chunks=8)
+        *_, final = perplexity(llm, tokens, n_ctx=512, n_chunks=8, types=types)
         print(
-            f"{name}: top-token agreement {rate:.1%}, median |dlogprob| {gap:.4f}, confident misses {misses}"
+            f"{name} (-ctk {args.cache_type_k} -ctv {args.cache_type_v}): top-token agreement {rate:.1%}, "
+            f"median |dlogprob| {gap:.4f}, confident misses {misses}"
         )
         golden = load_golden(name)
         reference = golden["perplexity"]["ppl"] if "perplexity" in golden else LLAMA_CPP_PPL[name]

@@ -6,7 +6,8 @@ Run it with a Python that has llama-cpp-python (built from PyPI, in its own venv
 It follows llama-bench's method: random tokens (BOS first when the model adds it), pp = one prompt of p
 tokens in n_batch chunks, tg = n single-token decodes, the KV cache cleared before each repetition,
 one warm-up run, t/s as mean ± stddev over -r repetitions. With -d N[,M...] every test first fills the
-cache with N tokens (not timed), as llama-bench's -d does, once per depth.
+cache with N tokens (not timed), as llama-bench's -d does, once per depth; -ctk/-ctv set the KV cache
+types as llama-bench's do.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import statistics
 import time
 
 import llama_cpp
+
+# llama-cpp-python's type_k/type_v take ggml type ids (a quantized V cache needs flash attention).
+CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 
 
 def timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -42,6 +46,8 @@ def main() -> None:
     p.add_argument(
         "-fa", type=int, choices=[0, 1], default=1, help="flash attention (default 1, llama-bench's auto)"
     )
+    p.add_argument("-ctk", choices=sorted(CACHE_TYPES), default="f16", help="KV cache key type")
+    p.add_argument("-ctv", choices=sorted(CACHE_TYPES), default="f16", help="KV cache value type")
     args = p.parse_args()
     llm = llama_cpp.Llama(
         args.model,
@@ -51,6 +57,8 @@ def main() -> None:
         n_threads=args.t,
         n_threads_batch=args.t,
         flash_attn=bool(args.fa),
+        type_k=CACHE_TYPES[args.ctk],
+        type_v=CACHE_TYPES[args.ctv],
         verbose=False,
     )
     for depth in args.d:
@@ -89,7 +97,8 @@ def run_tests(llm: llama_cpp.Llama, args: argparse.Namespace, n_depth: int) -> N
             if rep:
                 rates.append(n / seconds)
         mean, spread = statistics.mean(rates), statistics.stdev(rates)
-        print(f"llama.cpp {name}{n}{suffix}: {mean:.2f} ± {spread:.2f} t/s", flush=True)
+        types = f" (-ctk {args.ctk} -ctv {args.ctv})" if (args.ctk, args.ctv) != ("f16", "f16") else ""
+        print(f"llama.cpp {name}{n}{suffix}{types}: {mean:.2f} ± {spread:.2f} t/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from engine.api import POOLING_TYPES
+from engine.kv_types import cache_type
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
@@ -99,6 +100,8 @@ class Settings(BaseModel):
     device: str = "cpu"
     context_shift: bool = False
     keep: int = 0
+    cache_type_k: str = "f16"  # -ctk: the KV cache's key cells (engine/kv_types.py: f16, q8_0)
+    cache_type_v: str = "f16"  # -ctv
     n_gpu_layers: int = -1  # 0 keeps the model on the CPU; any other value offloads all of it
     load_mode: str = "auto"  # one of LOAD_MODES
     stream_buffer_size: int = 4 * 1024 * 1024
@@ -341,6 +344,8 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--context-shift", dest="context_shift", action="store_true", default=False)
     add("--no-context-shift", dest="context_shift", action="store_false")
     add("--keep", type=int, default=0, help="tokens kept by a context shift (-1: all)")
+    for short, long in (("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")):
+        add(short, long, default="f16", help="KV cell type: f16 or q8_0")
     add("-dev", "--device", default="cpu", choices=["auto", "cpu", "cuda"])
     add(
         "-ngl",
@@ -533,6 +538,7 @@ def parse_settings(
         values.update(embedding=True, pooling="rank")
     if args.embd_normalize < -1:
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
+    _check_cache_types(parser, args)
     return Settings(**values), ignored
 
 
@@ -591,6 +597,15 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"--{name} must be >= {low}, got {value}")
     if not args.header_timeout > 0:
         parser.error(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
+
+
+def _check_cache_types(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """-ctk/-ctv: f16 or q8_0; llama-server's other types exit 2 naming the supported ones."""
+    for flag, name in (("--cache-type-k", args.cache_type_k), ("--cache-type-v", args.cache_type_v)):
+        try:
+            cache_type(name)
+        except ValueError as exc:
+            parser.error(f"{flag}: {exc}")
 
 
 def _spec_params(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SpecParams:

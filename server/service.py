@@ -181,6 +181,8 @@ class ModelService:
             cache_ram_mib=s.cache_ram,
             context_shift=s.context_shift,
             n_keep=s.keep,
+            cache_type_k=s.cache_type_k,
+            cache_type_v=s.cache_type_v,
         )
         draft = None
         if s.model_draft:  # draft-simple speculation: refused at start-up if it speaks another vocabulary

@@ -65,7 +65,7 @@ def test_lists_come_from_commas_and_repeats() -> None:
     [
         ["-ngl", "99"],
         ["-fa", "1"],
-        ["-ctk", "q8_0"],
+        ["-ot", "x=CPU"],
         ["--numa", "distribute"],
         ["--list-devices"],
         ["-nkvo", "1"],
@@ -129,7 +129,7 @@ def _params(*argv: str) -> BenchParams:
 
 
 def _results() -> list[BenchResult]:
-    info = ModelInfo("/models/m.gguf", "llama 135M Q4_1", 96_576_768, 134_515_008, "CPU", "f32")
+    info = ModelInfo("/models/m.gguf", "llama 135M Q4_1", 96_576_768, 134_515_008, "CPU")
     common = {"n_depth": 0, "n_batch": 2048, "n_ubatch": 512, "n_threads": 2, "model": None}
     pp = BenchResult(
         Instance(n_prompt=512, n_gen=0, **common), info, "2025-01-01T00:00:00Z", [1_000_000_000] * 2
@@ -199,6 +199,22 @@ def test_markdown_shows_non_default_batch_columns() -> None:
         "test",
         "t/s",
     ]
+
+
+def test_cache_types_are_swept_and_shown_like_llama_bench() -> None:
+    params = _params("-ctk", "f16,q8_0", "-ctv", "q8_0", "-n", "8", "-p", "0")
+    assert [(t.type_k, t.type_v) for t in plan(params)] == [("f16", "q8_0"), ("q8_0", "q8_0")]
+    header = _printed("md", params).splitlines()[0]
+    assert [c.strip() for c in header.split("|")[1:-1]][4:7] == ["threads", "type_k", "type_v"]
+    (row,) = [json.loads(line) for line in _printed("jsonl").splitlines()][:1]
+    assert (row["type_k"], row["type_v"]) == ("f16", "f16")
+
+
+@pytest.mark.parametrize("argv", [["-ctk", "q4_0"], ["-ctv", "f16,bf16"], ["-ctk", "q9"]])
+def test_unsupported_cache_types_are_refused_by_name(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert "(supported: f16, q8_0)" in capsys.readouterr().err
 
 
 def test_csv_parses_with_llama_bench_fields() -> None:

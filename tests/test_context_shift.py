@@ -42,6 +42,7 @@ def test_shifted_keys_equal_keys_rotated_at_their_new_positions(neox: bool) -> N
         end,
         delta,
         lambda keys, pos: ops.rope(keys, pos, 10000.0, neox, ONES, 1.0),
+        dim,
     )
     expected = raw[start:end].copy()
     ops.rope(expected, np.arange(start + delta, end + delta, dtype=np.int32), 10000.0, neox, ONES, 1.0)

@@ -15,11 +15,13 @@ from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simu
 
 # isort: split
 from engine import quant
+from engine.backend import cpu_backend
 from engine.cpu import matmul as cpu_matmul
 from engine.cpu import ops as cpu
 from engine.cuda import arrays, sampling
 from engine.cuda import matmul as gpu_matmul
 from engine.cuda import ops as gpu
+from engine.kv_types import quantize_q8_0_reference
 from engine.quant import BLOCK_LAYOUTS, QType
 
 RNG = np.random.default_rng(7)
@@ -100,6 +102,52 @@ def test_attention_gqa_multi_sequence_matches_cpu(window: int) -> None:
         cuda.to_device(q), cuda.to_device(kc), cuda.to_device(vc), seq_ids, positions, window, 0.25, out
     )
     close(out.copy_to_host(), want, 1e-5)
+
+
+def test_store_kv_q8_0_quantizes_bitwise_like_cpu() -> None:
+    """Q8_0 keys (with a zero block, a tie and a subnormal scale) next to float16 values."""
+    k, v = rand(3, 2, 64) * 3, rand(3, 2, 64)
+    k[0, 0, :32] = 0.0
+    k[1, 0, :32] = 0.0
+    k[1, 0, 0], k[1, 0, 1] = 127.0, 2.5  # d = 1: 2.5 rounds away from zero, to 3
+    k[2, 1, 32:] *= 1e-7  # d below float16's smallest normal
+    seq_ids = np.array([0, 2, 2], dtype=np.int32)
+    positions = np.array([4, 0, 1], dtype=np.int32)
+    kc, vc = np.zeros((3, 2, 6, 68), np.uint8), np.zeros((3, 2, 6, 64), np.float16)
+    cpu.store_kv(k, v, seq_ids, positions, kc, vc)
+    dkc, dvc = arrays.zeros(kc.shape, np.uint8), arrays.zeros(vc.shape, np.float16)
+    gpu.store_kv(cuda.to_device(k), cuda.to_device(v), seq_ids, positions, dkc, dvc)
+    np.testing.assert_array_equal(dkc.copy_to_host(), kc)
+    np.testing.assert_array_equal(dvc.copy_to_host(), vc)
+
+
+@pytest.mark.parametrize("k_type, v_type", [("q8_0", "q8_0"), ("f16", "q8_0")])
+def test_attention_over_q8_0_cells_matches_cpu(k_type: str, v_type: str) -> None:
+    n_seq, n_kv, n_ctx, dim = 2, 1, 40, 32
+    cells = {"f16": lambda x: x.astype(np.float16), "q8_0": quantize_q8_0_reference}
+    kc = cells[k_type](rand(n_seq, n_kv, n_ctx, dim))
+    vc = cells[v_type](rand(n_seq, n_kv, n_ctx, dim))
+    q = rand(3, 2, dim)
+    seq_ids = np.array([0, 1, 1], dtype=np.int32)
+    positions = np.array([0, 33, 39], dtype=np.int32)
+    want = np.empty_like(q)
+    cpu.attention(q, kc, vc, seq_ids, positions, 0, 0.25, want)
+    out = arrays.empty(q.shape)
+    gpu.attention(cuda.to_device(q), cuda.to_device(kc), cuda.to_device(vc), seq_ids, positions, 0, 0.25, out)
+    close(out.copy_to_host(), want, 1e-5)
+
+
+def test_q8_0_cells_gather_and_scatter_like_cpu() -> None:
+    """A context shift's staging on Q8_0 cells [heads, n_ctx, row]: numbers out, quantized back in."""
+    cells = quantize_q8_0_reference(rand(2, 10, 64))
+    staged = cpu_backend().gather_cells(cells, 3, 4, 64)
+    got = arrays.gather_cells(cuda.to_device(cells), 3, 4, 64)
+    np.testing.assert_array_equal(got.copy_to_host(), staged)
+    x = rand(4, 2, 64)
+    host, dev = cells.copy(), cuda.to_device(cells)
+    cpu_backend().scatter_cells(x, host, 5)
+    arrays.scatter_cells(cuda.to_device(x), dev, 5)
+    np.testing.assert_array_equal(dev.copy_to_host(), host)
 
 
 def test_activations_match_cpu() -> None:

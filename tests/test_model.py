@@ -7,6 +7,8 @@ import pytest
 
 from cli.perplexity import perplexity
 from engine.batch import Batch, BatchPart
+from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes
+from engine.kv_types import Q8_0
 from engine.llm import LLM
 from tests.conftest import gpl3_text, load_golden
 
@@ -20,12 +22,15 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def teacher_forced_agreement(llm: LLM, golden: dict) -> tuple[float, float, int]:
-    """(top-token agreement rate, median |delta logprob| of llama.cpp's token, confident mismatches)."""
+def teacher_forced_agreement(
+    llm: LLM, golden: dict, types: CacheTypes = DEFAULT_CACHE_TYPES
+) -> tuple[float, float, int]:
+    """(top-token agreement rate, median |delta logprob| of llama.cpp's token, confident mismatches);
+    `types`: the KV cache's cell types."""
     agree, gaps, confident_misses = [], [], 0
     for case in golden["greedy"]:
         prompt, tokens = case["prompt_tokens"], case["tokens"]
-        kv = llm.new_cache(1, len(prompt) + len(tokens))
+        kv = llm.new_cache(1, len(prompt) + len(tokens), types)
         logits = llm.model.forward(Batch.of([BatchPart(0, 0, prompt + tokens, "all")]), kv)
         lp = log_softmax(logits[len(prompt) - 1 : -1])
         for i, token in enumerate(tokens):
@@ -45,6 +50,24 @@ def test_teacher_forced_numerics_match_llama_cpp(name: str, request: pytest.Fixt
     assert rate >= 0.95, f"top token agrees with llama.cpp at only {rate:.1%} of positions"
     assert confident_misses == 0, "disagrees where llama.cpp's top two are >= 0.5 apart"
     assert median_gap <= 0.03, f"median |delta logprob| {median_gap:.4f}"
+
+
+Q8_0_CACHE = CacheTypes(Q8_0, Q8_0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_q8_0_kv_cache_keeps_the_fidelity_bars(name: str, request: pytest.FixtureRequest) -> None:
+    """-ctk q8_0 -ctv q8_0 against llama.cpp's (f16-cache) goldens: the bars the f16 cache meets."""
+    llm = request.getfixturevalue(f"{name}_llm")
+    rate, median_gap, confident_misses = teacher_forced_agreement(llm, load_golden(name), Q8_0_CACHE)
+    assert rate >= 0.95, f"top token agrees with llama.cpp at only {rate:.1%} of positions"
+    assert confident_misses == 0, "disagrees where llama.cpp's top two are >= 0.5 apart"
+    assert median_gap <= 0.03, f"median |delta logprob| {median_gap:.4f}"
+    tokens = llm.tokenizer.encode(gpl3_text(), add_special=True, parse_special=False)
+    *_, final = perplexity(llm, tokens, n_ctx=512, n_chunks=8, types=Q8_0_CACHE)
+    expected = LLAMA_CPP_PPL[name]
+    assert abs(final.ppl - expected) / expected <= 0.015, f"PPL {final.ppl:.4f} vs llama.cpp {expected}"
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

@@ -21,7 +21,8 @@ from engine.slot_files import (
 )
 from tests.server_process import ServerProcess, wait_until
 
-IDENTITY = ModelIdentity.of((2, 3, 4, 16, 8), n_vocab=100, model_name="tiny.gguf")
+TINY_CACHE = KVCache(2, 3, 16, 4, 8, cpu_backend())
+IDENTITY = ModelIdentity.of(TINY_CACHE, n_vocab=100, model_name="tiny.gguf")
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
@@ -70,7 +71,7 @@ def test_damaged_files_are_refused(tmp_path: Path, damage, message: str) -> None
 
 def test_foreign_model_and_oversized_files_are_refused(tmp_path: Path) -> None:
     write_slot(tmp_path / "s.bin", IDENTITY, small_state(5))
-    other = ModelIdentity.of((2, 3, 4, 16, 8), n_vocab=100, model_name="other.gguf")
+    other = ModelIdentity.of(TINY_CACHE, n_vocab=100, model_name="other.gguf")
     with pytest.raises(SlotFileError, match="different model"):
         read_slot(tmp_path / "s.bin", other, n_ctx=16)
     with pytest.raises(SlotFileError, match="do not fit"):

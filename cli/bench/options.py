@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from engine.kv_types import cache_type
+
 PROG = "llamba-bench"
 FORMATS = ("md", "csv", "json", "jsonl", "sql")
 DEFAULT_N_PROMPT = [512]
@@ -30,13 +32,11 @@ DEFAULT_N_UBATCH = [512]
 # Prompt of each sequence of a batched tg test at depth 0, so the sequences hold distinct contexts.
 SEQ_PROMPT_TOKENS = 8
 
-# llama-bench options that make no sense here (GPU offload, KV types, NUMA, Hugging Face, ...): a clear
+# llama-bench options that make no sense here (GPU offload, NUMA, Hugging Face, ...): a clear
 # error instead of argparse's guess (-ngl would otherwise read as -n gl).
 UNSUPPORTED_OPTIONS = (
     ("-ngl", "--n-gpu-layers"),
     ("-ncmoe", "--n-cpu-moe"),
-    ("-ctk", "--cache-type-k"),
-    ("-ctv", "--cache-type-v"),
     ("-C", "--cpu-mask"),
     ("--cpu-strict",),
     ("--poll",),
@@ -94,6 +94,8 @@ class BenchParams:
     verbose: bool = False
     threads_given: bool = False
     device: str = "cpu"  # auto | cpu | cuda (engine.backend.select_backend)
+    type_k: tuple[str, ...] = ("f16",)  # KV cache cell types (engine/kv_types.py), as llama-bench's -ctk
+    type_v: tuple[str, ...] = ("f16",)
 
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?")
@@ -170,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     lists.add_argument("-ub", "--ubatch-size", **ints, help="physical batch size (default: 512)")
     lists.add_argument("-t", "--threads", **ints, help="threads (default: the CPUs available)")
     lists.add_argument("--batch-seqs", **ints, help="sequences decoded together in tg tests (default: 1)")
+    names = {"action": "extend", "type": _parse_names, "metavar": "TYPE"}
+    lists.add_argument("-ctk", "--cache-type-k", **names, help="KV cache key type: f16, q8_0 (default: f16)")
+    lists.add_argument("-ctv", "--cache-type-v", **names, help="KV cache value type (default: f16)")
     p.add_argument("-dev", "--device", choices=("auto", "cpu", "cuda"), default="cpu", help="default: cpu")
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N", help="repetitions (default: 5)")
     p.add_argument("-o", "--output", choices=(*FORMATS, "none"), default="md", help="stdout format")
@@ -223,7 +228,14 @@ def parse_args(argv: list[str] | None = None) -> BenchParams:
         verbose=a.verbose,
         threads_given=a.threads is not None,
         device=a.device,
+        type_k=tuple(a.cache_type_k or ["f16"]),
+        type_v=tuple(a.cache_type_v or ["f16"]),
     )
+    for name in (*params.type_k, *params.type_v):
+        try:
+            cache_type(name)
+        except ValueError as exc:
+            parser.error(str(exc))
     for name, values in (
         ("-b", params.n_batch),
         ("-ub", params.n_ubatch),
@@ -255,6 +267,8 @@ class Instance:
     n_ubatch: int
     n_threads: int
     n_seqs: int = 1
+    type_k: str = "f16"
+    type_v: str = "f16"
 
     @property
     def name(self) -> str:
@@ -284,10 +298,12 @@ class Instance:
 def plan(params: BenchParams) -> list[Instance]:
     """Every combination, in llama-bench's order (model outermost, so each model loads once)."""
     tests: list[Instance] = []
-    for model, nb, nub, nt, nd in itertools.product(
-        params.models, params.n_batch, params.n_ubatch, params.n_threads, params.n_depth
+    p = params
+    for model, nb, nub, tk, tv, nt, nd in itertools.product(
+        p.models, p.n_batch, p.n_ubatch, p.type_k, p.type_v, p.n_threads, p.n_depth
     ):
         common = {"model": model, "n_depth": nd, "n_batch": nb, "n_ubatch": nub, "n_threads": nt}
+        common |= {"type_k": tk, "type_v": tv}
         tests += [Instance(n_prompt=n, n_gen=0, **common) for n in params.n_prompt if n > 0]
         tests += [
             Instance(n_prompt=0, n_gen=n, n_seqs=b, **common)

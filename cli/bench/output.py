@@ -135,6 +135,10 @@ class MarkdownPrinter(Printer):
             cols.append(Column("n_batch", 7, lambda r: str(r.inst.n_batch)))
         if p.n_ubatch != DEFAULT_N_UBATCH:
             cols.append(Column("n_ubatch", 8, lambda r: str(r.inst.n_ubatch)))
+        if p.type_k != ("f16",):
+            cols.append(Column("type_k", 6, lambda r: r.inst.type_k))
+        if p.type_v != ("f16",):
+            cols.append(Column("type_v", 6, lambda r: r.inst.type_v))
         cols.append(Column("test", 15, lambda r: r.inst.name))
         cols.append(Column("t/s", 20, lambda r: f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"))
         return cols

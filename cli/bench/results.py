@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from cli.bench.options import Instance
 
 if TYPE_CHECKING:
@@ -24,14 +22,11 @@ class ModelInfo:
     size: int  # bytes of weights
     n_params: int
     backend: str
-    kv_type: str
 
     @classmethod
     def of(cls, llm: LLM) -> ModelInfo:
-        kv = llm.new_cache(1, 1)
-        kv_type = {"float32": "f32", "float16": "f16"}.get(np.dtype(kv.k.dtype).name, str(kv.k.dtype))
         m = llm.model
-        return cls(str(llm.path), llm.description, int(m.n_bytes), int(m.n_params), llm.backend.name, kv_type)
+        return cls(str(llm.path), llm.description, int(m.n_bytes), int(m.n_params), llm.backend.name)
 
 
 @dataclass
@@ -117,8 +112,8 @@ def record(r: BenchResult) -> dict[str, str | int | float]:
         "n_batch": i.n_batch,
         "n_ubatch": i.n_ubatch,
         "n_threads": i.n_threads,
-        "type_k": m.kv_type,
-        "type_v": m.kv_type,
+        "type_k": i.type_k,
+        "type_v": i.type_v,
         "n_prompt": i.n_prompt,
         "n_gen": i.n_gen,
         "n_depth": i.n_depth,

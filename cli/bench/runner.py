@@ -14,6 +14,8 @@ from cli.bench.options import PROG, SEQ_PROMPT_TOKENS, BenchParams, Instance, pl
 from cli.bench.output import PRINTERS
 from cli.bench.results import BenchResult, ModelInfo
 from engine.batch import Batch, BatchPart
+from engine.kv import CacheTypes
+from engine.kv_types import cache_type
 from engine.model_files import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -117,7 +119,8 @@ class Runner:
         p = self.params
         progress = self.log if p.progress else (lambda _msg: None)
         tag = f"benchmark {index}/{total}"
-        kv = self.llm.new_cache(inst.n_seqs, inst.context_tokens + inst.n_prompt + inst.n_gen)
+        types = CacheTypes(cache_type(inst.type_k), cache_type(inst.type_v))
+        kv = self.llm.new_cache(inst.n_seqs, inst.context_tokens + inst.n_prompt + inst.n_gen, types)
         if p.delay:
             time.sleep(p.delay)
         if not p.no_warmup:

@@ -1,4 +1,7 @@
-"""Attention over the float16 KV cache on the CPU, and the store that fills it.
+"""Attention over the KV cache on the CPU, and the store that fills it.
+
+The cells are f16 or q8_0, keys and values each their own type (engine/cpu/kv_cells.py reads and writes
+them inside these kernels: nothing is dequantized ahead).
 
 Work is split into jobs of (query tile, chunk of cells, kv head):
 - a chunk is KEY_CHUNK cells of one sequence, so a single decoding sequence at a long context still
@@ -14,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from engine.cpu.f16 import float_to_half, half_to_float
+from engine.cpu.kv_cells import add_row1, add_rows4, as_kernel_cells, dot1, dot4, store_row
 from engine.cpu.vecmath import exp
 
 _KERNEL = {"cache": True, "nogil": True, "fastmath": True, "error_model": "numpy"}
@@ -31,8 +34,8 @@ def store_kv(
     k_cache: np.ndarray,
     v_cache: np.ndarray,
 ) -> None:
-    """Write k/v[T, n_kv_heads, head_dim] into the float16 caches [n_seq, n_kv_heads, n_ctx, head_dim]."""
-    _store_kv(k, v, seq_ids, positions, k_cache.view(np.uint16), v_cache.view(np.uint16))
+    """Write k/v[T, n_kv_heads, head_dim] into the caches [n_seq, n_kv_heads, n_ctx, row] (f16 or q8_0)."""
+    _store_kv(k, v, seq_ids, positions, as_kernel_cells(k_cache), as_kernel_cells(v_cache))
 
 
 def attention(
@@ -45,13 +48,14 @@ def attention(
     scale: float,
     out: np.ndarray,
 ) -> None:
-    """Causal attention of q[T, n_heads, head_dim] over the float16 cached keys/values of each token.
+    """Causal attention of q[T, n_heads, head_dim] over the cached keys/values (f16 or q8_0) of each token.
 
     Token t attends to cache cells 0..positions[t] of its sequence (the batch's own k/v are already
     stored). With window > 0 only the last `window` positions are visible (sliding-window layers).
     Grouped-query: query head h reads kv head h // (n_heads / n_kv_heads).
     """
-    _attention(q, k_cache.view(np.uint16), v_cache.view(np.uint16), seq_ids, positions, window, scale, out)
+    k_cells, v_cells = as_kernel_cells(k_cache), as_kernel_cells(v_cache)
+    _attention(q, k_cells, v_cells, seq_ids, positions, window, scale, out)
 
 
 @njit(**_KERNEL)
@@ -63,12 +67,11 @@ def _store_kv(
     k_bits: np.ndarray,
     v_bits: np.ndarray,
 ) -> None:
-    n_tok, n_kv, dim = k.shape
+    n_tok, n_kv, _ = k.shape
     for t in range(n_tok):
         for h in range(n_kv):
-            for i in range(dim):
-                k_bits[seq_ids[t], h, positions[t], i] = float_to_half(k[t, h, i])
-                v_bits[seq_ids[t], h, positions[t], i] = float_to_half(v[t, h, i])
+            store_row(k[t, h], k_bits, seq_ids[t], h, positions[t])
+            store_row(v[t, h], v_bits, seq_ids[t], h, positions[t])
 
 
 # A call with at most SERIAL_JOBS jobs and fewer multiply-adds than SERIAL_WORK (cells x query heads x
@@ -233,14 +236,11 @@ def _attend_chunk(
         for tt in range(n_q):
             for g in range(group):
                 s = scores[tt, g]
-                s[j], s[j + 1], s[j + 2], s[j + 3] = _dot4(q[tt, g], keys, lo + j)
+                s[j], s[j + 1], s[j + 2], s[j + 3] = dot4(q[tt, g], keys, lo + j)
     for j in range(grouped, n):
         for tt in range(n_q):
             for g in range(group):
-                acc = F0
-                for i in range(dim):
-                    acc += q[tt, g, i] * half_to_float(keys[lo + j, i])
-                scores[tt, g, j] = acc
+                scores[tt, g, j] = dot1(q[tt, g], keys, lo + j)
     sc = np.float32(scale)
     m_out = np.empty((n_q, group), np.float32)
     s_out = np.empty((n_q, group), np.float32)
@@ -263,13 +263,11 @@ def _attend_chunk(
     for j in range(0, grouped, 4):
         for tt in range(n_q):
             for g in range(group):
-                _add_rows4(o_out[tt, g], scores[tt, g, j : j + 4], values, lo + j)
+                add_rows4(o_out[tt, g], scores[tt, g, j : j + 4], values, lo + j)
     for j in range(grouped, n):
         for tt in range(n_q):
             for g in range(group):
-                p = scores[tt, g, j]
-                for i in range(dim):
-                    o_out[tt, g, i] += p * half_to_float(values[lo + j, i])
+                add_row1(o_out[tt, g], scores[tt, g, j], values, lo + j)
     for tt in range(n_q):
         row = first_rows[tt] + chunk
         if chunk == 0 and row_ends[tt] - first_rows[tt] == 1:  # its only chunk: the final output
@@ -281,32 +279,6 @@ def _attend_chunk(
             part_max[row] = m_out[tt]
             part_sum[row] = s_out[tt]
             part_out[row] = o_out[tt]
-
-
-@njit(inline="always", **_KERNEL)
-def _dot4(q: np.ndarray, cells: np.ndarray, c: int) -> tuple[float, float, float, float]:
-    """q . cells[c + k] for k = 0..3 (cells hold half-precision bits)."""
-    a0, a1, a2, a3 = F0, F0, F0, F0
-    for i in range(q.shape[0]):
-        qi = q[i]
-        a0 += qi * half_to_float(cells[c, i])
-        a1 += qi * half_to_float(cells[c + 1, i])
-        a2 += qi * half_to_float(cells[c + 2, i])
-        a3 += qi * half_to_float(cells[c + 3, i])
-    return a0, a1, a2, a3
-
-
-@njit(inline="always", **_KERNEL)
-def _add_rows4(out: np.ndarray, p: np.ndarray, cells: np.ndarray, c: int) -> None:
-    """out += sum_k p[k] * cells[c + k] for k = 0..3 (cells hold half-precision bits)."""
-    p0, p1, p2, p3 = p[0], p[1], p[2], p[3]
-    for i in range(out.shape[0]):
-        out[i] += (
-            p0 * half_to_float(cells[c, i])
-            + p1 * half_to_float(cells[c + 1, i])
-            + p2 * half_to_float(cells[c + 2, i])
-            + p3 * half_to_float(cells[c + 3, i])
-        )
 
 
 @njit(**_KERNEL)

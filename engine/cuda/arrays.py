@@ -14,6 +14,8 @@ import numpy as np
 from numba import cuda, float32
 from numba.types import float16
 
+from engine.cuda import kv_cells
+
 THREADS = 256  # threads per block of the element-wise kernels; a multiple of 32
 # Every kernel loops over its jobs (rows, tokens, heads, row groups) with a grid stride, so a launch
 # may use fewer blocks than jobs. On a GPU each job gets its own block up to this many; the simulator
@@ -111,18 +113,21 @@ def write_cells(cache: DeviceArray, seq_id: int, cells: np.ndarray) -> None:
         cache[i, seq_id].copy_to_device(layer)
 
 
-def gather_cells(cells: DeviceArray, start: int, n: int) -> DeviceArray:
-    """float32 [n, heads, dim] of cells [heads, n_ctx, dim] from `start` (a context shift's staging)."""
-    out = cuda.device_array((n, cells.shape[0], cells.shape[2]), dtype=np.float32)
+def gather_cells(cells: DeviceArray, start: int, n: int, head_dim: int) -> DeviceArray:
+    """float32 [n, heads, head_dim] of cells [heads, n_ctx, row] (float16, or Q8_0 bytes) from `start`
+    (a context shift's staging)."""
+    out = cuda.device_array((n, cells.shape[0], head_dim), dtype=np.float32)
+    kernel = _gather_cells if cells.dtype == np.float16 else kv_cells.gather_q8_0
     if out.size:
-        _gather_cells[elem_blocks(out.size, THREADS), THREADS](device(cells), start, out)
+        kernel[elem_blocks(out.size, THREADS), THREADS](device(cells), start, out)
     return out
 
 
 def scatter_cells(x: DeviceArray, cells: DeviceArray, start: int) -> None:
-    """Write x[n, heads, dim] into cells [heads, n_ctx, dim] from `start` on, as the cells' dtype."""
+    """Write x[n, heads, head_dim] into cells [heads, n_ctx, row] from `start` on, in the cells' type."""
+    kernel = _scatter_cells if cells.dtype == np.float16 else kv_cells.scatter_q8_0
     if x.size:
-        _scatter_cells[elem_blocks(x.size, THREADS), THREADS](device(x), cells, start)
+        kernel[elem_blocks(x.size, THREADS), THREADS](device(x), cells, start)
 
 
 def blocks(n_jobs: int) -> int:

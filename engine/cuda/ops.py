@@ -14,6 +14,7 @@ import numpy as np
 from numba import cuda, float32
 from numba.types import float16
 
+from engine.cuda import kv_cells
 from engine.cuda.arrays import blocks, device, elem_blocks, ids, write_back
 
 MAX_THREADS = 256  # the most threads of a block that reduces through shared memory (a power of two)
@@ -114,72 +115,84 @@ def _store_kv_py(k, v, seq_ids, positions, k_cache, v_cache):  # type: ignore[no
             v_cache[s, h, p, i] = float16(v[t, h, i])
 
 
-def _attention_py(q, k_cache, v_cache, seq_ids, positions, window, scale, out):  # type: ignore[no-untyped-def]
-    """A block per (token, query head), keys taken blockDim at a time with an online softmax.
+def _attention_kernel(load_k, load_v):  # type: ignore[no-untyped-def]
+    """The attention kernel's source for a pair of cell readers (engine/cuda/kv_cells.py: f16, q8_0)."""
 
-    Per chunk, thread j scores key j against q (kept in shared memory), the block reduces the chunk's
-    maximum and sum, rescales the running output by exp(old max - new max), and thread i adds
-    sum_j p_j * v[j, i] for the dimensions it owns. The visible cells are the CPU kernel's: positions
-    0..pos of the token's sequence, the last `window` of them when window > 0. Grouped-query heads read
-    kv head h // (n_heads / n_kv_heads).
-    """
-    q_sm = cuda.shared.array(MAX_HEAD_DIM, float32)
-    acc_sm = cuda.shared.array(MAX_HEAD_DIM, float32)
-    p_sm = cuda.shared.array(MAX_THREADS, float32)
-    red = cuda.shared.array(MAX_THREADS, float32)
-    n_heads = q.shape[1]
-    for job in range(cuda.blockIdx.x, q.shape[0] * n_heads, cuda.gridDim.x):
-        _attend_one(q, k_cache, v_cache, seq_ids, positions, window, scale, out, job, q_sm, acc_sm, p_sm, red)
-        cuda.syncthreads()  # q_sm and acc_sm are refilled by the next job
+    def attention_py(q, k_cache, v_cache, seq_ids, positions, window, scale, out):  # type: ignore[no-untyped-def]
+        """A block per (token, query head), keys taken blockDim at a time with an online softmax.
 
+        Per chunk, thread j scores key j against q (kept in shared memory), the block reduces the
+        chunk's maximum and sum, rescales the running output by exp(old max - new max), and thread i
+        adds sum_j p_j * v[j, i] for the dimensions it owns. The visible cells are the CPU kernel's:
+        positions 0..pos of the token's sequence, the last `window` of them when window > 0.
+        Grouped-query heads read kv head h // (n_heads / n_kv_heads).
+        """
+        q_sm = cuda.shared.array(MAX_HEAD_DIM, float32)
+        acc_sm = cuda.shared.array(MAX_HEAD_DIM, float32)
+        p_sm = cuda.shared.array(MAX_THREADS, float32)
+        red = cuda.shared.array(MAX_THREADS, float32)
+        n_heads = q.shape[1]
+        shared = (q_sm, acc_sm, p_sm, red)
+        for job in range(cuda.blockIdx.x, q.shape[0] * n_heads, cuda.gridDim.x):
+            attend_one(q, k_cache, v_cache, seq_ids, positions, window, scale, out, job, shared)
+            cuda.syncthreads()  # q_sm and acc_sm are refilled by the next job
 
-@cuda.jit(device=True)
-def _attend_one(q, k_cache, v_cache, seq_ids, positions, window, scale, out, job, q_sm, acc_sm, p_sm, red):  # type: ignore[no-untyped-def]
-    tid = cuda.threadIdx.x
-    n = cuda.blockDim.x
-    n_heads = q.shape[1]
-    dim = q.shape[2]
-    t = job // n_heads
-    h = job - t * n_heads
-    kv_h = h // (n_heads // k_cache.shape[1])
-    s = seq_ids[t]
-    end = positions[t] + 1
-    start = max(0, end - window) if window > 0 else 0
-    for i in range(tid, dim, n):
-        q_sm[i] = q[t, h, i]
-        acc_sm[i] = float32(0.0)
-    cuda.syncthreads()
-    run_max = float32(-math.inf)
-    run_sum = float32(0.0)
-    for c0 in range(start, end, n):
-        j = c0 + tid
-        score = float32(-math.inf)
-        if j < end:
-            dot = float32(0.0)
-            for i in range(dim):
-                dot += q_sm[i] * float32(k_cache[s, kv_h, j, i])
-            score = dot * scale
-        red[tid] = score
-        new_max = max(run_max, block_max(red, tid, n))
-        p = float32(0.0)
-        if j < end:
-            p = math.exp(score - new_max)
-        p_sm[tid] = p
-        red[tid] = p
-        chunk_sum = block_sum(red, tid, n)  # its syncthreads also publish p_sm
-        corr = math.exp(run_max - new_max)
-        run_sum = run_sum * corr + chunk_sum
-        n_valid = min(n, end - c0)
+    @cuda.jit(device=True)
+    def attend_one(q, k_cache, v_cache, seq_ids, positions, window, scale, out, job, shared):  # type: ignore[no-untyped-def]
+        q_sm, acc_sm, p_sm, red = shared
+        tid = cuda.threadIdx.x
+        n = cuda.blockDim.x
+        n_heads = q.shape[1]
+        dim = q.shape[2]
+        t = job // n_heads
+        h = job - t * n_heads
+        kv_h = h // (n_heads // k_cache.shape[1])
+        s = seq_ids[t]
+        end = positions[t] + 1
+        start = max(0, end - window) if window > 0 else 0
         for i in range(tid, dim, n):
-            a = acc_sm[i] * corr
-            for jj in range(n_valid):
-                a += p_sm[jj] * float32(v_cache[s, kv_h, c0 + jj, i])
-            acc_sm[i] = a
-        run_max = new_max
-        cuda.syncthreads()  # p_sm is refilled by the next chunk
-    inv = float32(1.0) / run_sum
-    for i in range(tid, dim, n):
-        out[t, h, i] = acc_sm[i] * inv
+            q_sm[i] = q[t, h, i]
+            acc_sm[i] = float32(0.0)
+        cuda.syncthreads()
+        run_max = float32(-math.inf)
+        run_sum = float32(0.0)
+        for c0 in range(start, end, n):
+            j = c0 + tid
+            score = float32(-math.inf)
+            if j < end:
+                dot = float32(0.0)
+                for i in range(dim):
+                    dot += q_sm[i] * load_k(k_cache, s, kv_h, j, i)
+                score = dot * scale
+            red[tid] = score
+            new_max = max(run_max, block_max(red, tid, n))
+            p = float32(0.0)
+            if j < end:
+                p = math.exp(score - new_max)
+            p_sm[tid] = p
+            red[tid] = p
+            chunk_sum = block_sum(red, tid, n)  # its syncthreads also publish p_sm
+            corr = math.exp(run_max - new_max)
+            run_sum = run_sum * corr + chunk_sum
+            n_valid = min(n, end - c0)
+            for i in range(tid, dim, n):
+                a = acc_sm[i] * corr
+                for jj in range(n_valid):
+                    a += p_sm[jj] * load_v(v_cache, s, kv_h, c0 + jj, i)
+                acc_sm[i] = a
+            run_max = new_max
+            cuda.syncthreads()  # p_sm is refilled by the next chunk
+        inv = float32(1.0) / run_sum
+        for i in range(tid, dim, n):
+            out[t, h, i] = acc_sm[i] * inv
+
+    return attention_py
+
+
+# The attention kernels' sources by (key type, value type); cuda-check compiles each.
+_LOADS = {"f16": kv_cells.load_f16, "q8_0": kv_cells.load_q8_0}
+ATTENTION_PY = {(k, v): _attention_kernel(_LOADS[k], _LOADS[v]) for k in _LOADS for v in _LOADS}
+_attention_py = ATTENTION_PY[("f16", "f16")]
 
 
 def _silu_mul_py(gate, up, out):  # type: ignore[no-untyped-def]
@@ -230,7 +243,7 @@ def _scale_inplace_py(x, factor):  # type: ignore[no-untyped-def]
 _rmsnorm = cuda.jit(_rmsnorm_py)
 _rope = cuda.jit(_rope_py)
 _store_kv = cuda.jit(_store_kv_py)
-_attention = cuda.jit(_attention_py)
+_attention = {types: cuda.jit(source) for types, source in ATTENTION_PY.items()}
 _silu_mul = cuda.jit(_silu_mul_py)
 _gelu_mul = cuda.jit(_gelu_mul_py)
 _add_inplace = cuda.jit(_add_inplace_py)
@@ -264,12 +277,31 @@ def rope(x, positions, freq_base: float, neox: bool, pair_scale, mscale: float) 
 
 
 def store_kv(k, v, seq_ids, positions, k_cache, v_cache) -> None:  # type: ignore[no-untyped-def]
-    """Write k/v[T, n_kv_heads, head_dim] into the caches [n_seq, n_kv_heads, n_ctx, head_dim]."""
+    """Write k/v[T, n_kv_heads, head_dim] into the caches [n_seq, n_kv_heads, n_ctx, row]: float16, or
+    Q8_0 bytes (uint8) quantized as engine/cpu/kv_cells.py does."""
     dk, dv = device(k_cache), device(v_cache)
     if k.shape[0]:
-        _store_kv[blocks(k.shape[0]), ROW_THREADS](device(k), device(v), ids(seq_ids), ids(positions), dk, dv)
+        args = (ids(seq_ids), ids(positions))
+        if dk.dtype == np.float16 and dv.dtype == np.float16:
+            _store_kv[blocks(k.shape[0]), ROW_THREADS](device(k), device(v), *args, dk, dv)
+        else:
+            _store_cells(device(k), args, dk)
+            _store_cells(device(v), args, dv)
     write_back(k_cache, dk)
     write_back(v_cache, dv)
+
+
+def _store_cells(x, args, cache) -> None:  # type: ignore[no-untyped-def]
+    """One of K or V into its cache, in the cache's type."""
+    if cache.dtype == np.float16:
+        # the f16 store kernel with x as both K and V: each cell is written twice with the same value
+        _store_kv[blocks(x.shape[0]), ROW_THREADS](x, x, *args, cache, cache)
+    else:
+        kv_cells.store_q8_0[blocks(x.shape[0]), ROW_THREADS](x, *args, cache)
+
+
+def _cell_type(cache) -> str:  # type: ignore[no-untyped-def]
+    return "f16" if cache.dtype == np.float16 else "q8_0"
 
 
 def attention(q, k_cache, v_cache, seq_ids, positions, window: int, scale: float, out) -> None:  # type: ignore[no-untyped-def]
@@ -279,8 +311,10 @@ def attention(q, k_cache, v_cache, seq_ids, positions, window: int, scale: float
         raise ValueError(f"attention: head_dim {dim} > {MAX_HEAD_DIM}")
     dout = device(out)
     if n_tok:
-        args = (device(q), device(k_cache), device(v_cache), ids(seq_ids), ids(positions))
-        _attention[blocks(n_tok * n_heads), ROW_THREADS](*args, np.int32(window), np.float32(scale), dout)
+        dk, dv = device(k_cache), device(v_cache)
+        kernel = _attention[(_cell_type(dk), _cell_type(dv))]
+        args = (device(q), dk, dv, ids(seq_ids), ids(positions))
+        kernel[blocks(n_tok * n_heads), ROW_THREADS](*args, np.int32(window), np.float32(scale), dout)
     write_back(out, dout)
 
 

@@ -18,7 +18,7 @@ from engine.batch import Batch
 from engine.context_shift import shift_cells
 from engine.embedding import RankHead
 from engine.gguf import GGUFFile, Tensor
-from engine.kv import KVCache
+from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.models.hparams import HParams
 from engine.models.rope import Rope, rope_from_gguf
 
@@ -186,11 +186,11 @@ class LlamaModel:
             def rotate(keys: np.ndarray, positions: np.ndarray, il: int = il) -> None:
                 self.rope_for(il).shift(self.backend, keys, positions, kv.n_ctx)
 
-            shift_cells(self.backend, kv.k[il][seq], kv.v[il][seq], start, end, delta, rotate)
+            shift_cells(self.backend, kv.k[il][seq], kv.v[il][seq], start, end, delta, rotate, kv.head_dim)
 
-    def new_cache(self, n_seq: int, n_ctx: int) -> KVCache:
+    def new_cache(self, n_seq: int, n_ctx: int, types: CacheTypes = DEFAULT_CACHE_TYPES) -> KVCache:
         hp = self.hp
-        return KVCache(hp.n_layer, n_seq, n_ctx, hp.n_kv_head, hp.head_dim, self.backend)
+        return KVCache(hp.n_layer, n_seq, n_ctx, hp.n_kv_head, hp.head_dim, self.backend, types)
 
     def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
         """Logits float32 [len(batch.output_rows), n_vocab] after running every token of the batch."""
