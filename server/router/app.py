@@ -12,12 +12,11 @@ from typing import Any
 
 import httpx
 import structlog
-from pydantic import ValidationError
 from quart import Blueprint, Quart, Response, current_app, request
-from werkzeug.exceptions import HTTPException
 
 from server import errors
 from server.cli import Settings
+from server.error_handlers import error_reply, install_error_handlers
 from server.router.catalogue import Catalogue
 from server.router.child import Child
 from server.router.conversations import CONVERSATION_HEADER, Conversations
@@ -26,8 +25,6 @@ from server.router.pool import Lease, ModelPool
 from server.router.proxy import client_response, discard, new_client, open_upstream
 from server.router.state import RUNNING, ModelState
 from server.routes import webui
-
-log = structlog.get_logger("router")
 
 ROUTER_KEY = "llamba.router"
 PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models"}
@@ -39,7 +36,6 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path in ("/", "/index.html") or path.startswith("/assets/")
 
 
-ANTHROPIC_PREFIX = "/v1/messages"  # server/routes/anthropic.py's: errors in Anthropic's shape
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 bp = Blueprint("router", __name__)
@@ -89,7 +85,7 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
     app.config[webui.ENABLED_KEY] = settings.webui
     app.register_blueprint(bp)
     _install_auth(app, settings)
-    _install_errors(app)
+    install_error_handlers(app)
     _install_lifespan(app, ctx)
     return app
 
@@ -112,12 +108,6 @@ def _install_lifespan(app: Quart, ctx: Router) -> None:
         await ctx.client.aclose()
 
 
-def error_reply(err: errors.APIError) -> tuple[dict[str, Any], int]:
-    if request.path == ANTHROPIC_PREFIX or request.path.startswith(ANTHROPIC_PREFIX + "/"):
-        return errors.anthropic_body(err), err.status
-    return err.body(), err.status
-
-
 def _install_auth(app: Quart, settings: Settings) -> None:
     @app.before_request
     async def check_key() -> Any:
@@ -128,27 +118,6 @@ def _install_auth(app: Quart, settings: Settings) -> None:
         auth = request.headers.get("Authorization", "")
         key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
         return None if key in settings.api_keys else error_reply(errors.authentication())
-
-
-def _install_errors(app: Quart) -> None:
-    @app.errorhandler(errors.APIError)
-    async def api_error(exc: errors.APIError) -> Any:
-        return error_reply(exc)
-
-    @app.errorhandler(ValidationError)
-    async def validation_error(exc: ValidationError) -> Any:
-        return error_reply(errors.from_validation(exc))
-
-    @app.errorhandler(HTTPException)
-    async def http_error(exc: HTTPException) -> Any:
-        return error_reply(
-            errors.APIError(exc.code or 500, exc.description or exc.name, "invalid_request_error")
-        )
-
-    @app.errorhandler(Exception)
-    async def unexpected(exc: Exception) -> Any:
-        log.exception("router.request_failed", error=str(exc))
-        return error_reply(errors.APIError(500, f"internal error: {exc}", "server_error"))
 
 
 # -- the router's own routes ---------------------------------------------------------------------------
