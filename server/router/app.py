@@ -4,12 +4,14 @@ else the default model)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx
 import structlog
 from quart import Blueprint, Quart, Response, current_app, request
@@ -17,12 +19,15 @@ from quart import Blueprint, Quart, Response, current_app, request
 from server import errors
 from server.cli import Settings
 from server.error_handlers import error_reply, install_error_handlers
-from server.router.catalogue import Catalogue
+from server.router import metrics as router_metrics
+from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
 from server.router.child import Child
 from server.router.conversations import CONVERSATION_HEADER, Conversations
+from server.router.downloads import Downloads
 from server.router.events import EventHub
 from server.router.pool import Lease, ModelPool
 from server.router.proxy import client_response, discard, new_client, open_upstream
+from server.router.reload import reload_catalogue
 from server.router.state import RUNNING, ModelState
 from server.routes import webui
 
@@ -52,6 +57,19 @@ class Router:
     conversations: Conversations
     client: httpx.AsyncClient
     secret: str  # every child's API key: only the router can call them
+    downloads: Downloads
+
+    reloading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one rescan at a time
+
+    async def reload(self) -> None:
+        """Rescan the catalogue's sources and reconcile the pool (server/router/reload.py)."""
+        s = self.settings
+        async with self.reloading:
+            try:
+                fresh = await anyio.to_thread.run_sync(build_catalogue, s.models_dir, s.models_preset)
+            except CatalogueError as exc:  # the old catalogue stays
+                raise errors.APIError(500, f"models reload failed: {exc}", "server_error") from None
+            await reload_catalogue(self.pool, fresh)
 
     async def forward(self, lease: Lease, body: bytes) -> httpx.Response:
         path = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
@@ -76,7 +94,8 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
         return Child(entry.id, [*args, *entry.args, *child_args], env, on_event)
 
     pool = ModelPool(catalogue, settings.models_max, events, spawn)
-    ctx = Router(settings, catalogue, pool, events, Conversations(), new_client(), secret)
+    conversations, downloads = Conversations(), Downloads(pool)
+    ctx = Router(settings, catalogue, pool, events, conversations, new_client(), secret, downloads)
     app.extensions[ROUTER_KEY] = ctx
     from server.router import streams  # the conversation routes, registered before the catch-all
 
@@ -104,6 +123,7 @@ def _install_lifespan(app: Quart, ctx: Router) -> None:
 
     @app.after_serving
     async def stop_children() -> None:
+        await ctx.downloads.shutdown()
         await ctx.pool.shutdown()
         await ctx.client.aclose()
 
@@ -130,6 +150,9 @@ async def health() -> Any:
 @bp.get("/models")
 @bp.get("/v1/models")
 async def models() -> Any:
+    """The catalogue with each model's state; `?reload=1` rescans it first (llama-server's)."""
+    if request.args.get("reload"):
+        await router().reload()
     pool = router().pool
     return {"object": "list", "data": [pool.listing(s) for s in pool.states.values()]}
 
@@ -156,10 +179,36 @@ async def load() -> Any:
 
 @bp.post("/models/unload")
 async def unload() -> Any:
+    """Stop the model's child, or cancel its download."""
     state = await _model_from_body()
+    if await router().downloads.cancel(state):
+        return {"success": True}
     if state.child is None:
         raise errors.invalid_request(f"model '{state.id}' is not loaded")
     await router().pool.stop(state)
+    return {"success": True}
+
+
+@bp.post("/models")
+async def download() -> Any:
+    """Fetch a built-in model into the cache in the background (server/router/downloads.py)."""
+    body = await request.get_json(force=True, silent=True)
+    name = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise errors.invalid_request("model must be a non-empty string")
+    ctx = router()
+    entry = ctx.catalogue.find(name)
+    ctx.downloads.start(ctx.pool.states[entry.id] if entry else None, name)
+    return {"success": True}
+
+
+@bp.delete("/models")
+async def remove() -> Any:
+    """Remove a built-in model's file from the cache (`?model=`); a running one is stopped first."""
+    name = request.args.get("model")
+    if not name:
+        raise errors.invalid_request("model must be a non-empty string")
+    await router().downloads.remove(router().pool.state(name))
     return {"success": True}
 
 
@@ -175,6 +224,18 @@ async def models_sse() -> Any:
     )
     response.timeout = None
     return response
+
+
+@bp.get("/metrics")
+async def metrics() -> Any:
+    """Every model's metrics labelled by model, with the router's own; `?model=` is that child's."""
+    ctx = router()
+    if request.args.get("model"):
+        return await proxy_to(ctx.pool.state(request.args["model"]), b"")
+    if not ctx.settings.metrics:
+        raise errors.not_supported("This server does not support metrics endpoint.")
+    text = await router_metrics.aggregate(ctx.pool, ctx.client, ctx.secret)
+    return Response(text, content_type=router_metrics.CONTENT_TYPE)
 
 
 @bp.get("/props")
