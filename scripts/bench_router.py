@@ -30,6 +30,7 @@ from cli.bench_serve import run_level  # noqa: E402
 from tests.server_process import ServerProcess, wait_until  # noqa: E402
 
 SERVER_FLAGS = ("-np", "16", "-c", "8192")
+HEALTHY_S = 600.0  # a loaded machine can take minutes to compile a fresh worktree's kernels
 
 
 def status(url: str, model: str) -> str:
@@ -85,8 +86,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def overhead(rounds: int, n_predict: int) -> None:
-    router = ServerProcess(*SERVER_FLAGS).wait_healthy()  # the router; its default model loads at start
-    direct = ServerProcess("-m", "smollm2", *SERVER_FLAGS).wait_healthy()
+    # the router (its default model loads at start) and a single-model server with the child's flags
+    router = ServerProcess(*SERVER_FLAGS).wait_healthy(HEALTHY_S)
+    direct = ServerProcess("-m", "smollm2", *SERVER_FLAGS).wait_healthy(HEALTHY_S)
     try:
         wait_until(lambda: status(router.base_url, "smollm2") == "loaded", 300, "the router's default model")
         rates: dict[str, list[float]] = {"router": [], "direct": []}

@@ -72,6 +72,7 @@ class Router:
             await reload_catalogue(self.pool, fresh)
 
     async def forward(self, lease: Lease, body: bytes) -> httpx.Response:
+        lease.state.requests += 1
         path = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
         return await open_upstream(
             self.client, lease, request.method, path, request.headers, body, self.secret

@@ -116,7 +116,6 @@ class ModelPool:
 
     def _grant(self, state: ModelState) -> Lease:
         state.in_flight += 1
-        state.requests += 1
         state.touch()
         return Lease(self, state)
 

@@ -27,7 +27,7 @@ class ModelState:
     failure: dict[str, Any] | None = None  # a failed load or a crash: exit code and last log lines
     info: dict[str, Any] | None = None  # what the child said about its model once loaded
     loads: int = 0
-    requests: int = 0  # leases granted: requests forwarded to its child
+    requests: int = 0  # requests forwarded to its child
     failures: int = 0  # failed loads and crashes
     evictions: int = 0  # stopped to make room for another model (--models-max)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
