@@ -45,8 +45,11 @@ async def stub_child(port: int, events: int, interval: float) -> None:
                 tick.notify_all()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:  # keep-alive: one request after another
-            head = (await reader.readuntil(b"\r\n\r\n")).lower().split(b"\r\n")
+        while True:  # keep-alive: one request after another, until the router closes the connection
+            try:
+                head = (await reader.readuntil(b"\r\n\r\n")).lower().split(b"\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
             sizes = [int(line.split(b":")[1]) for line in head if line.startswith(b"content-length:")]
             await reader.readexactly(sizes[0] if sizes else 0)
             writer.write(RESPONSE_HEAD)

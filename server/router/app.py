@@ -10,9 +10,9 @@ import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import anyio
-import httpx
 import structlog
 from quart import Blueprint, Quart, Response, current_app, request
 
@@ -29,6 +29,7 @@ from server.router.pool import Lease, ModelPool
 from server.router.proxy import client_response, discard, new_client, open_upstream
 from server.router.reload import reload_catalogue
 from server.router.state import RUNNING, ModelState
+from server.router.upstream import UpstreamClient, UpstreamResponse
 from server.routes import webui
 
 ROUTER_KEY = "llamba.router"
@@ -55,7 +56,7 @@ class Router:
     pool: ModelPool
     events: EventHub
     conversations: Conversations
-    client: httpx.AsyncClient
+    client: UpstreamClient
     secret: str  # every child's API key: only the router can call them
     downloads: Downloads
 
@@ -71,12 +72,18 @@ class Router:
                 raise errors.APIError(500, f"models reload failed: {exc}", "server_error") from None
             await reload_catalogue(self.pool, fresh)
 
-    async def forward(self, lease: Lease, body: bytes) -> httpx.Response:
+    async def forward(self, lease: Lease, body: bytes) -> UpstreamResponse:
         lease.state.requests += 1
-        path = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
         return await open_upstream(
-            self.client, lease, request.method, path, request.headers, body, self.secret
+            self.client, lease, request.method, request_target(), request.headers, body, self.secret
         )
+
+
+def request_target() -> str:
+    """The request's path and query as the client sent them (still percent-encoded)."""
+    raw = request.scope.get("raw_path") or quote(request.path).encode()
+    query = request.query_string
+    return (raw + b"?" + query if query else raw).decode("latin-1")
 
 
 def router() -> Router:

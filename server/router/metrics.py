@@ -10,10 +10,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
-
 from server.router.pool import ModelPool
 from server.router.state import RUNNING, ModelState
+from server.router.upstream import UpstreamClient, UpstreamError
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 SCRAPE_TIMEOUT_S = 5.0  # a child that does not answer in time is left out of this scrape
@@ -86,18 +85,22 @@ def router_families(pool: ModelPool) -> dict[str, Family]:
     return families
 
 
-async def scrape(client: httpx.AsyncClient, secret: str, state: ModelState) -> str | None:
+async def scrape(client: UpstreamClient, secret: str, state: ModelState) -> str | None:
     """A running child's /metrics text, or None (it went away, or its metrics are off)."""
     child = state.child
     if child is None:
         return None
+    headers = [("Authorization", f"Bearer {secret}")]
     try:
-        r = await client.get(
-            child.url + "/metrics", headers={"Authorization": f"Bearer {secret}"}, timeout=SCRAPE_TIMEOUT_S
-        )
-    except httpx.HTTPError:
+        async with asyncio.timeout(SCRAPE_TIMEOUT_S):
+            answer = await client.send(child.url, "GET", "/metrics", headers, b"")
+            try:
+                body = await answer.aread()
+            finally:
+                await answer.aclose()
+    except (UpstreamError, TimeoutError):
         return None
-    return r.text if r.status_code == 200 else None
+    return body.decode() if answer.status_code == 200 else None
 
 
 def render(families: dict[str, Family]) -> str:
@@ -110,7 +113,7 @@ def render(families: dict[str, Family]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def aggregate(pool: ModelPool, client: httpx.AsyncClient, secret: str) -> str:
+async def aggregate(pool: ModelPool, client: UpstreamClient, secret: str) -> str:
     families = router_families(pool)
     running = [
         s for s in pool.states.values() if s.status in RUNNING and s.child is not None and not s.stopping
