@@ -39,8 +39,8 @@ ROUTER_ONLY_FLAGS = {
 
 def run_on_router_loop(main: Coroutine[Any, Any, int]) -> int:
     """Run the router on uvloop where it is installed: the proxy's CPU per streamed event fell from
-    ~120 to ~100 us with it (scripts/bench_proxy.py, 16 streams), CPU the children's engines get back
-    on a small machine. The children keep asyncio's own loop (their engine thread calls into it)."""
+    ~120 to ~100 us with it, httpx still reading the children (scripts/bench_proxy.py, 16 streams),
+    CPU the children's engines get back on a small machine. The children keep asyncio's own loop."""
     try:
         import uvloop
     except ImportError:  # not on every platform (Windows): asyncio's loop does the same, slower
