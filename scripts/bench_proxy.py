@@ -9,8 +9,7 @@ measured on a busy machine; `--direct` measures the same load sent to the stub i
 
     .venv/bin/python scripts/bench_proxy.py [--streams 16] [--events 300] [--interval-ms 20]
 
-PROXY_ASYNCIO_LOOP=1 runs the router on asyncio's loop instead of uvloop; PROXY_PROFILE=FILE writes a
-cProfile of the router process.
+PROXY_PROFILE=FILE writes a cProfile of the router process.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server.router.main import run_on_router_loop  # noqa: E402
 from tests.server_process import free_port  # noqa: E402
 
 RESPONSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -134,10 +132,8 @@ def spawn(role: str, *args: str) -> int:
                 finally:
                     prof.disable()
                     prof.dump_stats(os.environ["PROXY_PROFILE"])
-            elif os.environ.get("PROXY_ASYNCIO_LOOP"):  # asyncio's own loop instead of the router's
-                asyncio.run(router(int(args[0]), int(args[1])))
             else:
-                run_on_router_loop(router(int(args[0]), int(args[1])))
+                asyncio.run(router(int(args[0]), int(args[1])))
         finally:
             os._exit(0)
     return pid

@@ -15,7 +15,6 @@ from engine.model_files import ModelFetchError, resolve
 from server import logs
 from server.app import create_app
 from server.cli import parse_settings
-from server.router.main import run_on_router_loop
 from server.routes.tools import MANAGER_KEY as MCP_KEY
 from server.service import EXTENSION_KEY as SERVICE_KEY
 
@@ -79,8 +78,7 @@ async def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    routing = parse_settings(argv)[0].model is None  # no -m: the router, on its own event loop
-    sys.exit(run_on_router_loop(run(argv)) if routing else asyncio.run(run(argv)))
+    sys.exit(asyncio.run(run(argv)))
 
 
 if __name__ == "__main__":

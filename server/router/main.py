@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Coroutine
-from typing import Any
 
 import structlog
 from hypercorn.asyncio import serve
@@ -35,17 +33,6 @@ ROUTER_ONLY_FLAGS = {
     "--log-format": True,
     "--responses-dir": True,  # one folder per process: children would overwrite each other's files
 }
-
-
-def run_on_router_loop(main: Coroutine[Any, Any, int]) -> int:
-    """Run the router on uvloop where it is installed: the proxy's CPU per streamed event fell from
-    ~120 to ~100 us with it, httpx still reading the children (scripts/bench_proxy.py, 16 streams),
-    CPU the children's engines get back on a small machine. The children keep asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:  # not on every platform (Windows): asyncio's loop does the same, slower
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def child_args(argv: list[str]) -> list[str]:
