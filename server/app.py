@@ -11,12 +11,11 @@ from urllib.parse import urlsplit
 
 import anyio
 import structlog
-from pydantic import ValidationError
-from quart import Quart, Response, current_app, request
-from werkzeug.exceptions import HTTPException
+from quart import Quart, Response, request
 
 from server import errors
 from server.cli import Settings
+from server.error_handlers import error_reply, install_error_handlers
 from server.limits import LIMITS_KEY
 from server.mcp import McpManager
 from server.request_body import check_headers, read_whole_body
@@ -45,20 +44,6 @@ log = structlog.get_logger("server")
 
 PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models"}
 
-# Routes whose clients read another error shape than OpenAI's (every other route's), by path prefix.
-ERROR_SHAPES: tuple[tuple[str, Callable[[errors.APIError], dict[str, Any]]], ...] = (
-    (anthropic.ERROR_PREFIX, errors.anthropic_body),
-)
-
-
-def error_reply(err: errors.APIError) -> tuple[dict[str, Any], int, dict[str, str]]:
-    """The error in the shape the request's route speaks, its status and headers."""
-    path = request.path
-    for prefix, shape in ERROR_SHAPES:
-        if path == prefix or path.startswith(prefix + "/"):
-            return shape(err), err.status, err.headers
-    return err.body(), err.status, err.headers
-
 
 def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = None) -> Quart:
     """The app; `on_load_failure` is called when the model fails to load (the CLI exits with 1)."""
@@ -82,7 +67,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     app.before_request(read_whole_body)
     _install_auth(app, settings)
     _install_cors(app, settings)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     _install_mcp(app, settings)
     _install_lifespan(app, service, sessions, store, on_load_failure)
     if settings.sleep_idle_seconds > 0:
@@ -180,37 +165,6 @@ def _install_mcp(app: Quart, settings: Settings) -> None:
     @app.after_serving
     async def stop_mcp() -> None:
         await manager.stop()  # idempotent: `python -m server` stops it earlier, before the HTTP drain
-
-
-def _install_error_handlers(app: Quart) -> None:
-    @app.errorhandler(errors.APIError)
-    async def api_error(exc: errors.APIError) -> Any:
-        return error_reply(exc)
-
-    @app.errorhandler(ValidationError)
-    async def validation_error(exc: ValidationError) -> Any:
-        return error_reply(errors.from_validation(exc))
-
-    @app.errorhandler(HTTPException)
-    async def http_error(exc: HTTPException) -> Any:
-        status = exc.code or 500
-        if status == 404:
-            err = errors.not_found(f"File Not Found: {request.path}")
-        elif status == 400:
-            err = errors.invalid_request(f"Invalid request body: {exc.description}")
-        elif status == 413:
-            limit = current_app.config["MAX_CONTENT_LENGTH"]
-            err = errors.APIError(
-                413, f"the request body is over {limit} bytes (--max-body-size)", "request_too_large"
-            )
-        else:
-            err = errors.APIError(status, exc.description or exc.name, "invalid_request_error")
-        return error_reply(err)
-
-    @app.errorhandler(Exception)
-    async def unexpected(exc: Exception) -> Any:
-        log.exception("request.failed", error=str(exc))
-        return error_reply(errors.APIError(500, f"internal error: {exc}", "server_error"))
 
 
 def _install_lifespan(

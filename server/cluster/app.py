@@ -27,6 +27,7 @@ from server.router.app import _install_auth, _install_errors
 from server.router.catalogue import ModelEntry
 from server.router.conversations import CONVERSATION_HEADER
 from server.router.proxy import client_response, new_client, open_upstream
+from server.router.upstream import UpstreamClient, UpstreamResponse
 
 log = structlog.get_logger("cluster")
 
@@ -46,12 +47,13 @@ class Cluster:
     settings: Settings
     entry: ModelEntry
     fleet: Fleet
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient  # health polls and /tokenize
+    upstream: UpstreamClient  # the proxied requests (server/router/upstream.py)
     secret: str
     address: str
 
-    async def forward(self, lease: ReplicaLease, method: str, path: str, body: bytes) -> httpx.Response:
-        return await open_upstream(self.client, lease, method, path, request.headers, body, self.secret)
+    async def forward(self, lease: ReplicaLease, method: str, path: str, body: bytes) -> UpstreamResponse:
+        return await open_upstream(self.upstream, lease, method, path, request.headers, body, self.secret)
 
 
 def cluster() -> Cluster:
@@ -62,9 +64,10 @@ def create_cluster_app(
     settings: Settings, entry: ModelEntry, handles: list[ReplicaHandle], secret: str, address: str
 ) -> Quart:
     app = Quart("llamba-cluster")
-    client = new_client()
+    # No read timeout (a generation streams as long as it runs), no proxy from the environment.
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), trust_env=False)
     fleet = Fleet(entry.id, handles, client, secret, policy=settings.placement)
-    ctx = Cluster(settings, entry, fleet, client, secret, address)
+    ctx = Cluster(settings, entry, fleet, client, new_client(), secret, address)
     app.extensions[CLUSTER_KEY] = ctx
     app.register_blueprint(bp)
     _install_auth(app, settings)
@@ -78,6 +81,7 @@ def create_cluster_app(
     async def stop_fleet() -> None:
         await ctx.fleet.stop()
         await client.aclose()
+        await ctx.upstream.aclose()
 
     return app
 
@@ -222,7 +226,7 @@ async def _send_to(ctx: Cluster, replica: Replica, body: bytes) -> Response:
     return _respond(upstream, lease)
 
 
-def _respond(upstream: httpx.Response, lease: ReplicaLease) -> Response:
+def _respond(upstream: UpstreamResponse, lease: ReplicaLease) -> Response:
     """The replica's answer, streamed; `X-Llamba-Replica` names the replica that gave it."""
     response = client_response(upstream, lease)
     response.headers[REPLICA_HEADER] = str(lease.replica.index)

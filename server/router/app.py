@@ -4,30 +4,33 @@ else the default model)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
-import httpx
+import anyio
 import structlog
-from pydantic import ValidationError
 from quart import Blueprint, Quart, Response, current_app, request
-from werkzeug.exceptions import HTTPException
 
 from server import errors
 from server.cli import Settings
-from server.router.catalogue import Catalogue
+from server.error_handlers import error_reply, install_error_handlers
+from server.router import metrics as router_metrics
+from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
 from server.router.child import Child
 from server.router.conversations import CONVERSATION_HEADER, Conversations
+from server.router.downloads import Downloads
 from server.router.events import EventHub
 from server.router.pool import Lease, ModelPool
 from server.router.proxy import client_response, discard, new_client, open_upstream
+from server.router.reload import reload_catalogue
 from server.router.state import RUNNING, ModelState
+from server.router.upstream import UpstreamClient, UpstreamResponse
 from server.routes import webui
-
-log = structlog.get_logger("router")
 
 ROUTER_KEY = "llamba.router"
 PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models"}
@@ -39,7 +42,6 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path in ("/", "/index.html") or path.startswith("/assets/")
 
 
-ANTHROPIC_PREFIX = "/v1/messages"  # server/routes/anthropic.py's: errors in Anthropic's shape
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 bp = Blueprint("router", __name__)
@@ -54,14 +56,34 @@ class Router:
     pool: ModelPool
     events: EventHub
     conversations: Conversations
-    client: httpx.AsyncClient
+    client: UpstreamClient
     secret: str  # every child's API key: only the router can call them
+    downloads: Downloads
 
-    async def forward(self, lease: Lease, body: bytes) -> httpx.Response:
-        path = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
+    reloading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one rescan at a time
+
+    async def reload(self) -> None:
+        """Rescan the catalogue's sources and reconcile the pool (server/router/reload.py)."""
+        s = self.settings
+        async with self.reloading:
+            try:
+                fresh = await anyio.to_thread.run_sync(build_catalogue, s.models_dir, s.models_preset)
+            except CatalogueError as exc:  # the old catalogue stays
+                raise errors.APIError(500, f"models reload failed: {exc}", "server_error") from None
+            await reload_catalogue(self.pool, fresh)
+
+    async def forward(self, lease: Lease, body: bytes) -> UpstreamResponse:
+        lease.state.requests += 1
         return await open_upstream(
-            self.client, lease, request.method, path, request.headers, body, self.secret
+            self.client, lease, request.method, request_target(), request.headers, body, self.secret
         )
+
+
+def request_target() -> str:
+    """The request's path and query as the client sent them (still percent-encoded)."""
+    raw = request.scope.get("raw_path") or quote(request.path).encode()
+    query = request.query_string
+    return (raw + b"?" + query if query else raw).decode("latin-1")
 
 
 def router() -> Router:
@@ -80,7 +102,8 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
         return Child(entry.id, [*args, *entry.args, *child_args], env, on_event)
 
     pool = ModelPool(catalogue, settings.models_max, events, spawn)
-    ctx = Router(settings, catalogue, pool, events, Conversations(), new_client(), secret)
+    conversations, downloads = Conversations(), Downloads(pool)
+    ctx = Router(settings, catalogue, pool, events, conversations, new_client(), secret, downloads)
     app.extensions[ROUTER_KEY] = ctx
     from server.router import streams  # the conversation routes, registered before the catch-all
 
@@ -89,7 +112,7 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
     app.config[webui.ENABLED_KEY] = settings.webui
     app.register_blueprint(bp)
     _install_auth(app, settings)
-    _install_errors(app)
+    install_error_handlers(app)
     _install_lifespan(app, ctx)
     return app
 
@@ -108,14 +131,9 @@ def _install_lifespan(app: Quart, ctx: Router) -> None:
 
     @app.after_serving
     async def stop_children() -> None:
+        await ctx.downloads.shutdown()
         await ctx.pool.shutdown()
         await ctx.client.aclose()
-
-
-def error_reply(err: errors.APIError) -> tuple[dict[str, Any], int]:
-    if request.path == ANTHROPIC_PREFIX or request.path.startswith(ANTHROPIC_PREFIX + "/"):
-        return errors.anthropic_body(err), err.status
-    return err.body(), err.status
 
 
 def _install_auth(app: Quart, settings: Settings) -> None:
@@ -130,27 +148,6 @@ def _install_auth(app: Quart, settings: Settings) -> None:
         return None if key in settings.api_keys else error_reply(errors.authentication())
 
 
-def _install_errors(app: Quart) -> None:
-    @app.errorhandler(errors.APIError)
-    async def api_error(exc: errors.APIError) -> Any:
-        return error_reply(exc)
-
-    @app.errorhandler(ValidationError)
-    async def validation_error(exc: ValidationError) -> Any:
-        return error_reply(errors.from_validation(exc))
-
-    @app.errorhandler(HTTPException)
-    async def http_error(exc: HTTPException) -> Any:
-        return error_reply(
-            errors.APIError(exc.code or 500, exc.description or exc.name, "invalid_request_error")
-        )
-
-    @app.errorhandler(Exception)
-    async def unexpected(exc: Exception) -> Any:
-        log.exception("router.request_failed", error=str(exc))
-        return error_reply(errors.APIError(500, f"internal error: {exc}", "server_error"))
-
-
 # -- the router's own routes ---------------------------------------------------------------------------
 @bp.get("/health")
 @bp.get("/v1/health")
@@ -161,6 +158,9 @@ async def health() -> Any:
 @bp.get("/models")
 @bp.get("/v1/models")
 async def models() -> Any:
+    """The catalogue with each model's state; `?reload=1` rescans it first (llama-server's)."""
+    if request.args.get("reload"):
+        await router().reload()
     pool = router().pool
     return {"object": "list", "data": [pool.listing(s) for s in pool.states.values()]}
 
@@ -187,10 +187,36 @@ async def load() -> Any:
 
 @bp.post("/models/unload")
 async def unload() -> Any:
+    """Stop the model's child, or cancel its download."""
     state = await _model_from_body()
+    if await router().downloads.cancel(state):
+        return {"success": True}
     if state.child is None:
         raise errors.invalid_request(f"model '{state.id}' is not loaded")
     await router().pool.stop(state)
+    return {"success": True}
+
+
+@bp.post("/models")
+async def download() -> Any:
+    """Fetch a built-in model into the cache in the background (server/router/downloads.py)."""
+    body = await request.get_json(force=True, silent=True)
+    name = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise errors.invalid_request("model must be a non-empty string")
+    ctx = router()
+    entry = ctx.catalogue.find(name)
+    ctx.downloads.start(ctx.pool.states[entry.id] if entry else None, name)
+    return {"success": True}
+
+
+@bp.delete("/models")
+async def remove() -> Any:
+    """Remove a built-in model's file from the cache (`?model=`); a running one is stopped first."""
+    name = request.args.get("model")
+    if not name:
+        raise errors.invalid_request("model must be a non-empty string")
+    await router().downloads.remove(router().pool.state(name))
     return {"success": True}
 
 
@@ -206,6 +232,18 @@ async def models_sse() -> Any:
     )
     response.timeout = None
     return response
+
+
+@bp.get("/metrics")
+async def metrics() -> Any:
+    """Every model's metrics labelled by model, with the router's own; `?model=` is that child's."""
+    ctx = router()
+    if request.args.get("model"):
+        return await proxy_to(ctx.pool.state(request.args["model"]), b"")
+    if not ctx.settings.metrics:
+        raise errors.not_supported("This server does not support metrics endpoint.")
+    text = await router_metrics.aggregate(ctx.pool, ctx.client, ctx.secret)
+    return Response(text, content_type=router_metrics.CONTENT_TYPE)
 
 
 @bp.get("/props")

@@ -46,6 +46,10 @@ class ModelEntry:
     def names(self) -> tuple[str, ...]:
         return (self.id, *self.aliases)
 
+    def launch(self) -> tuple[object, ...]:
+        """What its child is started with: a running model whose launch changed is stale (reload)."""
+        return (self.model, self.args, self.env)
+
 
 @dataclass
 class Catalogue:
@@ -64,6 +68,12 @@ class Catalogue:
     @property
     def default(self) -> ModelEntry:
         return self.entries[self.default_id]
+
+    def replace_with(self, fresh: Catalogue) -> None:
+        """Take a rescan's entries (GET /models?reload=1); the default stays while it is listed."""
+        self.entries = dict(fresh.entries)
+        if self.default_id not in self.entries:
+            self.default_id = fresh.default_id
 
 
 def build_catalogue(models_dir: Path | None, preset: Path | None) -> Catalogue:

@@ -36,7 +36,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the forked child before exec: SIGKILL when the router goes, however it goes."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -100,7 +100,7 @@ class Child:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env={**inherited_environ(os.environ), **self._env},
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self._reader = asyncio.get_running_loop().create_task(self._read_lines())
         log.info("child.started", model=self.model_id, pid=self.proc.pid, port=self.port)

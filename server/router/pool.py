@@ -27,7 +27,16 @@ from server import errors
 from server.router.catalogue import Catalogue
 from server.router.child import Child
 from server.router.events import EventHub
-from server.router.state import FAILED, LOADED, LOADING, RUNNING, SLEEPING, UNLOADED, ModelState
+from server.router.state import (
+    DOWNLOADING,
+    FAILED,
+    LOADED,
+    LOADING,
+    RUNNING,
+    SLEEPING,
+    UNLOADED,
+    ModelState,
+)
 
 log = structlog.get_logger("router")
 
@@ -128,15 +137,18 @@ class ModelPool:
     def _pump(self) -> None:
         """Serve the queue in order as far as room allows (called after every change)."""
         for model_id, waiters in list(self._queue.items()):
-            state = self.states[model_id]
+            state = self.states.get(model_id)
+            if state is None:  # dropped by a reload while its waiter was on the way in
+                self.forget(model_id)
+                continue
             if state.status in RUNNING and not state.stopping:
                 del self._queue[model_id]
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(self._grant(state))
                 continue
-            if state.status == LOADING or state.stopping:
-                continue  # its load (or its stop, then a load) is under way
+            if state.status in (LOADING, DOWNLOADING) or state.stopping:
+                continue  # its load, its fetch, or its stop then a load, is under way
             if not self._has_room():
                 if any(s.stopping for s in self.states.values()):
                     return  # a stop is under way: its room goes to the head, no second eviction
@@ -145,6 +157,19 @@ class ModelPool:
                     self._spawn_task(self.stop(victim, reason="evicted"))
                 return  # the head waits for room; nobody behind it jumps ahead
             self._start_load(state)
+
+    def pump(self) -> None:
+        """Serve the queue after a change outside the pool (a download ended)."""
+        self._pump()
+
+    def forget(self, model_id: str) -> None:
+        """A model the catalogue no longer lists (GET /models?reload=1): its waiters get a 400, its
+        state goes (its child, if any, was stopped first)."""
+        err = errors.invalid_request(f"model '{model_id}' is no longer in the catalogue (it was reloaded)")
+        for waiter in self._queue.pop(model_id, []):
+            if not waiter.done():
+                waiter.set_exception(err)
+        self.states.pop(model_id, None)
 
     def _has_room(self) -> bool:
         running = sum(s.child is not None for s in self.states.values())
@@ -183,6 +208,7 @@ class ModelPool:
     def _failed(self, state: ModelState, child: Child, code: int) -> None:
         was = state.status
         state.status, state.child = FAILED, None
+        state.failures += 1
         state.failure = {"exit_code": code, "log": child.last_lines()}
         state.stopped.set()
         log.error("child.failed", model=state.id, exit_code=code, during=was, log=child.last_lines(5))
@@ -237,6 +263,7 @@ class ModelPool:
         if child is None:
             return
         state.stopping = True
+        state.evictions += reason == "evicted"
         log.info("child.stopping", model=state.id, reason=reason)
         try:
             await child.stop(state.entry.stop_timeout if timeout is None else timeout)

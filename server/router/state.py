@@ -11,6 +11,7 @@ from server.router.catalogue import ModelEntry
 from server.router.child import Child
 
 UNLOADED, LOADING, LOADED, SLEEPING, FAILED = "unloaded", "loading", "loaded", "sleeping", "failed"
+DOWNLOADING = "downloading"  # POST /models: its file is being fetched into the cache (no child yet)
 RUNNING = (LOADED, SLEEPING)  # a child that answers requests (a sleeping one wakes on its own)
 
 
@@ -26,6 +27,9 @@ class ModelState:
     failure: dict[str, Any] | None = None  # a failed load or a crash: exit code and last log lines
     info: dict[str, Any] | None = None  # what the child said about its model once loaded
     loads: int = 0
+    requests: int = 0  # requests forwarded to its child
+    failures: int = 0  # failed loads and crashes
+    evictions: int = 0  # stopped to make room for another model (--models-max)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -46,7 +50,7 @@ class ModelState:
         if self.child is not None:
             status["args"] = list(self.child.args)
             status["pid"] = self.child.pid
-        if self.status == LOADING and self.progress:
+        if self.status in (LOADING, DOWNLOADING) and self.progress:
             status["progress"] = self.progress
         if self.status == FAILED and self.failure:
             status |= {"failed": True, **self.failure}
@@ -57,6 +61,7 @@ class ModelState:
         entry = self.entry
         item: dict[str, Any] = {"id": entry.id, "object": "model", "owned_by": "llamba", "created": 0}
         item |= {"aliases": list(entry.aliases), "source": entry.source, "path": entry.model}
+        item["can_remove"] = entry.source == "builtin"  # DELETE /models: only the cache's models
         item |= {"status": self.status_object(), "in_flight": self.in_flight, "loads": self.loads}
         if self.info is not None:
             item["meta"] = self.info

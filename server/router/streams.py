@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 from quart import Blueprint, Response, request
 
 from server import errors
@@ -21,6 +20,7 @@ from server.router.conversations import Parked
 from server.router.pool import Lease
 from server.router.proxy import client_response, discard
 from server.router.state import RUNNING, ModelState
+from server.router.upstream import UpstreamResponse
 
 bp = Blueprint("router_streams", __name__)
 
@@ -44,7 +44,7 @@ async def forward_conversation(
 
 async def _wait_and_send(
     ctx: Router, state: ModelState, conversation: str, parked: Parked, body: bytes, autoload: bool
-) -> tuple[Lease, httpx.Response]:
+) -> tuple[Lease, UpstreamResponse]:
     """Wait for the model (or a stop), then send; the conversation stays parked until the child has it."""
     try:
         acquiring = asyncio.ensure_future(ctx.pool.acquire(state, autoload))
@@ -64,7 +64,7 @@ async def _wait_and_send(
         ctx.conversations.unpark(conversation, parked)
 
 
-def _discard_result(task: asyncio.Task[tuple[Lease, httpx.Response]]) -> None:
+def _discard_result(task: asyncio.Task[tuple[Lease, UpstreamResponse]]) -> None:
     if task.cancelled() or task.exception() is not None:
         return
     lease, upstream = task.result()

@@ -4,7 +4,7 @@ The body is validated (`server/schemas_anthropic.py`) and translated into a chat
 on the chat path every chat-shaped route shares (`server/chat_job.py`); the token events come back as
 Anthropic's content blocks (`server/anthropic_blocks.py`): a whole message, or its stream of named
 events (message_start, content_block_start/delta/stop, ping, message_delta, message_stop). Errors on
-these routes have Anthropic's shape (`ERROR_PREFIX`; see server/app.py). The `x-api-key` header
+these routes have Anthropic's shape (`ERROR_PREFIX`; see server/error_handlers.py). The `x-api-key` header
 carries the API key, and `anthropic-version` is accepted (one version of the API is spoken).
 """
 
@@ -21,6 +21,7 @@ from engine.api import TokenEvent
 from server import errors, sse
 from server.anthropic_blocks import ContentBlocks, StreamEvent
 from server.chat_job import ChatJob, chat_tokens, prepare_chat
+from server.error_handlers import ANTHROPIC_PREFIX
 from server.generation import events_of
 from server.request_body import json_body
 from server.routes.stream import resumable
@@ -30,7 +31,7 @@ from server.sessions import CONVERSATION_HEADER
 
 bp = Blueprint("anthropic", __name__)
 
-ERROR_PREFIX = "/v1/messages"  # every route here answers errors in Anthropic's shape
+ERROR_PREFIX = ANTHROPIC_PREFIX  # every route here answers errors in Anthropic's shape
 PING = ("ping", {"type": "ping"})
 
 
