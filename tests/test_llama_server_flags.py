@@ -96,7 +96,7 @@ def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> N
     users write them, plus variables (one the command line overrides, an ignored one, the key file);
     each ignored flag gets its warning line, the server answers with the keys of the file and the
     variable, and -to 1 bounds a request body without cutting a longer stream."""
-    implemented = ["-m", "smollm2", "--predict", "8", "-ngl", "0", "--gpu-layers", "0", "-c", "2048",
+    implemented = ["-m", "smollm2", "--predict", "160", "-ngl", "0", "--gpu-layers", "0", "-c", "2048",
                    "-b", "512", "-ub", "256", "--temp", "0", "--top-k", "1", "--jinja", "--metrics",
                    "--slots", "--webui", "-to", "1", "--log-verbose", "-cram", "64", "-dev", "cpu",
                    "--reasoning-format", "auto", "--cont-batching"]  # fmt: skip
@@ -108,8 +108,12 @@ def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> N
     proc = ServerProcess(*implemented, *argv, env=env).wait_healthy(timeout=300)
     try:
         _check_keys_and_variables(proc.base_url)
-        reply = httpx.post(proc.base_url + "/completion", json={"prompt": "Hello"}, headers=AUTH, timeout=120)
-        assert reply.status_code == 200 and reply.json()["tokens_predicted"] <= 8
+        body = {
+            "prompt": "Hello",
+            "ignore_eos": True,
+        }  # --predict is the default and the cap (llama-server's)
+        reply = httpx.post(proc.base_url + "/completion", json=body, headers=AUTH, timeout=120)
+        assert reply.status_code == 200 and reply.json()["tokens_predicted"] == 160
         _check_timeouts(proc)
         log = proc.log_path.read_text()
         for flag in _rows("ignored"):

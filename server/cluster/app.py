@@ -23,7 +23,8 @@ from server.cli import Settings
 from server.cluster.fleet import Fleet, ReplicaHandle, ReplicaLease
 from server.cluster.placement import Replica, least_loaded
 from server.cluster.prefixes import block_hashes
-from server.router.app import _install_auth, _install_errors
+from server.error_handlers import install_error_handlers
+from server.router.app import _install_auth
 from server.router.catalogue import ModelEntry
 from server.router.conversations import CONVERSATION_HEADER
 from server.router.proxy import client_response, new_client, open_upstream
@@ -71,7 +72,7 @@ def create_cluster_app(
     app.extensions[CLUSTER_KEY] = ctx
     app.register_blueprint(bp)
     _install_auth(app, settings)
-    _install_errors(app)
+    install_error_handlers(app)
 
     @app.before_serving
     async def start_fleet() -> None:
