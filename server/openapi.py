@@ -121,7 +121,7 @@ ROUTES: tuple[Route, ...] = (
     Route("get", ("/props",), "the server's settings and model"),
     Route("get", ("/v1/models", "/models"), "the served model"),
     Route("get", ("/slots",), "what each slot does"),
-    Route("get", ("/slots/prefixes",), "the prompt cache's block hashes, busy slots and queue (for placement)"),
+    Route("get", ("/slots/prefixes",), "the prompt cache's block hashes, busy slots, queue"),
     Route("post", ("/slots/{id_slot}",), "save, restore or erase a slot's cache", SlotActionRequest,
           query=(_SLOT_ACTION,)),
     Route("get", ("/metrics",), "Prometheus metrics (--metrics)", content="text/plain"),
