@@ -135,14 +135,14 @@ class Backend:
 def cpu_backend(n_threads: int | None = None) -> Backend:
     import numba
 
-    from engine import quant
     from engine.cpu import matmul, ops
+    from engine.cpu.huge_pages import pack_weight_in_huge_pages
 
     if n_threads:
         numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
     return Backend(
         name="CPU",
-        pack_weight=quant.pack_weight,
+        pack_weight=pack_weight_in_huge_pages,
         **_kernels(matmul, ops),
     )
 
