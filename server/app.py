@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import structlog
-from quart import Quart, Response, request
+from quart import Quart, request
 
 from server import errors
 from server.cli import Settings
+from server.cors import install_cors
 from server.error_handlers import error_reply, install_error_handlers
 from server.limits import LIMITS_KEY
 from server.mcp import McpManager
@@ -66,7 +65,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     app.before_request(check_headers)
     app.before_request(read_whole_body)
     _install_auth(app, settings)
-    _install_cors(app, settings)
+    install_cors(app, settings)
     install_error_handlers(app)
     _install_mcp(app, settings)
     _install_lifespan(app, service, sessions, store, on_load_failure)
@@ -110,44 +109,6 @@ def is_public(path: str) -> bool:
         or path.startswith("/assets/")
         or path.endswith((".html", ".js", ".css"))
     )
-
-
-LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$", re.IGNORECASE)
-
-
-def origin_allowed(origin: str, settings: Settings, host: str) -> bool:
-    """Same-origin always; else --cors-origins, or by default any origin (llama-server's policy) unless
-    MCP servers are configured: then only localhost pages, since /tools runs code on this host."""
-    if urlsplit(origin).netloc.lower() == host.lower():
-        return True
-    if settings.cors_origins is not None:
-        return "*" in settings.cors_origins or origin.rstrip("/") in settings.cors_origins
-    return not settings.mcp_servers or bool(LOCAL_ORIGIN.match(origin))
-
-
-def _install_cors(app: Quart, settings: Settings) -> None:
-    @app.before_request
-    async def refuse_foreign_origin() -> Any:
-        # Browsers send simple cross-origin POSTs before asking anyone: refuse them, not just their replies.
-        origin = request.headers.get("Origin")
-        if origin and not origin_allowed(origin, settings, request.host):
-            err = errors.APIError(403, f"origin not allowed: {origin} (--cors-origins)", "permission_error")
-            return error_reply(err)
-        return None
-
-    @app.after_request
-    async def add_cors_headers(response: Response) -> Response:
-        origin = request.headers.get("Origin")
-        if origin and origin_allowed(origin, settings, request.host):
-            response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Allow-Credentials"] = "true"
-            response.vary.add("Origin")
-            if request.method == "OPTIONS":
-                response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
-                asked = request.headers.get("Access-Control-Request-Headers")
-                response.headers["Access-Control-Allow-Headers"] = asked or "*"
-                response.headers["Access-Control-Max-Age"] = "600"
-        return response
 
 
 def _install_mcp(app: Quart, settings: Settings) -> None:

@@ -244,6 +244,30 @@ def test_api_key(make_router, preset: Path) -> None:  # type: ignore[no-untyped-
     assert httpx.post(child, json=CHAT, headers={"Authorization": "Bearer sk-router"}).status_code == 401
 
 
+def test_cors_is_the_single_model_servers_policy(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset), "--cors-origins", "http://app.example")
+    allowed = {"Origin": "http://app.example"}
+    preflight = allowed | {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+    }
+    r = httpx.options(proc.base_url + "/v1/chat/completions", headers=preflight)
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://app.example"
+    assert "POST" in r.headers["Access-Control-Allow-Methods"]
+    assert models(proc)["smol-a"]["status"]["value"] == "unloaded", "a preflight loads no model"
+    assert httpx.get(proc.base_url + "/models", headers=allowed).headers["Access-Control-Allow-Origin"] == (
+        "http://app.example"
+    )
+    r = httpx.post(
+        proc.base_url + "/v1/chat/completions",
+        json=CHAT | {"model": "smol-a"},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    assert "Access-Control-Allow-Origin" not in r.headers
+    assert models(proc)["smol-a"]["status"]["value"] == "unloaded", "a refused request loads no model"
+
+
 def test_models_sse_reports_load_progress(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
     proc = make_router("--models-preset", str(preset))
     events: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ from quart import Blueprint, Quart, Response, current_app, request
 
 from server import errors
 from server.cli import Settings
+from server.cors import install_cors
 from server.error_handlers import error_reply, install_error_handlers
 from server.router import metrics as router_metrics
 from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
@@ -112,6 +113,7 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
     app.config[webui.ENABLED_KEY] = settings.webui
     app.register_blueprint(bp)
     _install_auth(app, settings)
+    install_cors(app, settings)  # the single-model server's policy: --cors-origins, else any origin
     install_error_handlers(app)
     _install_lifespan(app, ctx)
     return app
@@ -277,6 +279,10 @@ async def props() -> Any:
 @bp.route("/", methods=ALL_METHODS, defaults={"path": ""})
 @bp.route("/<path:path>", methods=ALL_METHODS)
 async def catch_all(path: str) -> Any:
+    if (
+        request.method == "OPTIONS"
+    ):  # a CORS preflight: answered here (install_cors adds the headers), no load
+        return Response("", 200)
     body = await request.get_data()
     return await proxy_to(requested_model(body), body)
 
