@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.quant import PackedWeight
+from engine.quant import PACKED_FIELDS, PackedWeight
 
 
 @dataclass(frozen=True)
@@ -49,4 +49,4 @@ def lock_arrays(arrays: Iterable[np.ndarray]) -> LockResult:
 
 def lock_packed_weights(weights: Iterable[PackedWeight]) -> LockResult:
     """The CPU backend's `lock_weights`: every array of every packed weight."""
-    return lock_arrays(a for w in weights for a in (w.qs, w.qh, w.d, w.m, w.sc, w.mn, w.f))
+    return lock_arrays(getattr(w, f) for w in weights for f in PACKED_FIELDS)

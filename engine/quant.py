@@ -282,6 +282,9 @@ def dequantize(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> np.ndarr
 # Repacking for the kernels.
 
 
+PACKED_FIELDS = ("qs", "qh", "d", "m", "sc", "mn", "f")  # PackedWeight's arrays
+
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight matrix (n_rows = output features N, n_cols = input features K), repacked at load.
@@ -336,7 +339,7 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes a matmul reads (padding rows included)."""
-        return sum(a.nbytes for a in (self.qs, self.qh, self.d, self.m, self.sc, self.mn, self.f))
+        return sum(getattr(self, f).nbytes for f in PACKED_FIELDS)
 
 
 def _interleave(fields: np.ndarray, n_groups: int) -> np.ndarray:

@@ -30,7 +30,6 @@ from engine.quant import PackedWeight, QType, pack_weight  # noqa: E402
 from tests.synthetic_quant_gguf import random_matrix  # noqa: E402
 
 SHAPES = {"qkv": (2048, 1536), "attn_out": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)}
-FIELDS = ("qs", "qh", "d", "m", "sc", "mn", "f")
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -39,10 +38,6 @@ def _parallel_sum(a: np.ndarray) -> int:
     for i in prange(a.shape[0]):
         total += a[i]
     return total
-
-
-def nbytes(w: PackedWeight) -> int:
-    return sum(getattr(w, f).nbytes for f in FIELDS)
 
 
 def build(type_name: str, layers: int, small_pages: bool) -> list[dict[str, PackedWeight]]:
@@ -64,7 +59,7 @@ def main() -> None:
     args = p.parse_args()
     numba.set_num_threads(args.threads)
     model = build(args.type, args.layers, args.small_pages)
-    total = sum(nbytes(w) for layer in model for w in layer.values())
+    total = sum(w.nbytes for layer in model for w in layer.values())
     xs = {
         n: np.random.default_rng(1).standard_normal((1, c)).astype(np.float32) for n, (_, c) in SHAPES.items()
     }
@@ -94,7 +89,7 @@ def main() -> None:
     best, median = min(passes), statistics.median(passes)
     print(f"  all: best {total / best / 1e9:.1f} GB/s, median {total / median / 1e9:.1f} GB/s")
     for n, ts in per_shape.items():
-        size = nbytes(model[0][n])
+        size = model[0][n].nbytes
         print(f"  {n:9s} {size / 2**20:5.1f} MiB  median {size / statistics.median(ts) / 1e9:.1f} GB/s")
     print(f"  parallel read, same bytes: {total / read / 1e9:.1f} GB/s; median pass at {read / median:.0%}")
 

@@ -13,7 +13,7 @@ from engine.quant import QType
 from tests.test_matmul import run_matmul
 from tests.test_quant import random_blocks
 
-FIELDS = ("qs", "qh", "d", "m", "sc", "mn", "f")
+FIELDS = quant.PACKED_FIELDS
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.Q4_0, QType.F16], ids=lambda q: q.name)

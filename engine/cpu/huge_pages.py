@@ -22,11 +22,10 @@ import mmap
 
 import numpy as np
 
-from engine.quant import PackedWeight, pack_weight
+from engine.quant import PACKED_FIELDS, PackedWeight, pack_weight
 
 HUGE_PAGE = 2 << 20
 _ALIGN = 64  # each array starts on a cache line
-_FIELDS = ("qs", "qh", "d", "m", "sc", "mn", "f")
 
 
 def pack_weight_in_huge_pages(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> PackedWeight:
@@ -35,7 +34,7 @@ def pack_weight_in_huge_pages(data: np.ndarray, qtype: int, shape: tuple[int, in
 
 
 def move_to_huge_pages(w: PackedWeight) -> PackedWeight:
-    arrays = {f: getattr(w, f) for f in _FIELDS if getattr(w, f).nbytes}
+    arrays = {f: a for f in PACKED_FIELDS if (a := getattr(w, f)).nbytes}
     offsets, total = _layout([a.nbytes for a in arrays.values()])
     if total < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return w
