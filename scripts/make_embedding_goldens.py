@@ -4,12 +4,17 @@ Run it with the Python of a venv that has llama-cpp-python (outside the reposito
 synthetic reranker with Llamba's venv:
 
     .venv/bin/python -m tests.synthetic_reranker /tmp/reranker.gguf
+    .venv/bin/python scripts/dequantize_gguf.py SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smollm2-f32.gguf
+    .venv/bin/python scripts/dequantize_gguf.py gemma-3-270m-q4_k_m.gguf /tmp/gemma3-f32.gguf
     /work/llcpp-venv/bin/python scripts/make_embedding_goldens.py --reranker /tmp/reranker.gguf \\
+        --float smollm2=/tmp/smollm2-f32.gguf --float gemma3=/tmp/gemma3-f32.gguf \\
         -o tests/golden/embeddings.json
 
 For SmolLM2 and Gemma 3 and each pooling (none, mean, cls, last) it runs every input alone through
 llama.cpp (`Llama(path, embedding=True, pooling_type=...)`, its low-level decode so the tokens are
-exactly the ones recorded) and keeps the raw vectors (before any normalisation) as base64 float32. For
+exactly the ones recorded) and keeps the raw vectors (before any normalisation) as base64 float32. With
+`--float`, the same inputs also run through the model's dequantized copy (float weights, so no int8
+activations): the exact answer that both llama.cpp's and Llamba's quantized vectors approximate. For
 the reranker it builds llama-server's rerank prompt (BOS query EOS document EOS) and keeps the score
 (the first of the classifier's outputs). Nothing here imports Llamba.
 """
@@ -67,8 +72,15 @@ def run(llm: llama_cpp.Llama, tokens: list[int], n_out: int, per_token: bool) ->
     return np.array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)[:n_out], dtype=np.float32)
 
 
-def model_cases(path: Path) -> dict:
-    cases: dict = {"file": path.name, "poolings": {}}
+def model_cases(path: Path, float_path: Path | None) -> dict:
+    cases: dict = {"file": path.name, "poolings": poolings(path)}
+    if float_path is not None:
+        cases["float_poolings"] = poolings(float_path)
+    return cases
+
+
+def poolings(path: Path) -> dict:
+    cases: dict = {}
     for name, pooling in POOLINGS.items():
         llm = llama_cpp.Llama(
             str(path), embedding=True, pooling_type=pooling, n_ctx=512, n_threads=2, verbose=False
@@ -81,7 +93,7 @@ def model_cases(path: Path) -> dict:
             rows.append(
                 {"text": text, "tokens": tokens, "shape": list(vectors.shape), "embedding": b64(vectors)}
             )
-        cases["poolings"][name] = rows
+        cases[name] = rows
         del llm
     return cases
 
@@ -110,11 +122,15 @@ def rerank_cases(path: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reranker", type=Path, required=True, help="the synthetic reranker GGUF")
+    parser.add_argument(
+        "--float", action="append", default=[], metavar="MODEL=PATH", help="a model's dequantized GGUF"
+    )
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args()
+    floats = {key: Path(path) for key, path in (item.split("=", 1) for item in args.float)}
     golden = {
         "llama_cpp_python": llama_cpp.__version__,
-        "models": {key: model_cases(MODELS / name) for key, name in FILES.items()},
+        "models": {key: model_cases(MODELS / name, floats.get(key)) for key, name in FILES.items()},
         "rerank": rerank_cases(args.reranker),
     }
     args.output.write_text(json.dumps(golden, indent=1) + "\n")
