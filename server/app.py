@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import structlog
-from quart import Quart, request
+from quart import Quart
 
-from server import errors
+from server.auth import install_auth
 from server.cli import Settings
 from server.cors import install_cors
-from server.error_handlers import error_reply, install_error_handlers
+from server.error_handlers import install_error_handlers
 from server.limits import LIMITS_KEY
 from server.mcp import McpManager
 from server.request_body import check_headers, read_whole_body
@@ -41,15 +39,18 @@ from server.sleep import IdleSleeper
 
 log = structlog.get_logger("server")
 
-PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models"}
-
 
 def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = None) -> Quart:
     """The app; `on_load_failure` is called when the model fails to load (the CLI exits with 1)."""
     app = Quart("llamba")
     service = ModelService(settings)
     app.extensions[EXTENSION_KEY] = service
-    limits = SessionLimits(settings.stream_buffer_size, settings.stream_ttl, settings.stream_max_sessions)
+    limits = SessionLimits(
+        settings.stream_buffer_size,
+        settings.stream_ttl,
+        settings.stream_max_sessions,
+        settings.stream_max_sessions_per_client,
+    )
     sessions = SessionStore(limits)
     app.extensions["llamba.sessions"] = sessions
     # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
@@ -64,7 +65,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     app.config[webui.ENABLED_KEY] = settings.webui
     app.before_request(check_headers)
     app.before_request(read_whole_body)
-    _install_auth(app, settings)
+    install_auth(app, settings.api_keys)
     install_cors(app, settings)
     install_error_handlers(app)
     _install_mcp(app, settings)
@@ -86,29 +87,6 @@ def _install_sleep(app: Quart, service: ModelService, idle_seconds: float) -> No
     @app.after_serving
     async def stop_watching() -> None:
         await sleeper.stop()
-
-
-def _install_auth(app: Quart, settings: Settings) -> None:
-    @app.before_request
-    async def bind_request_and_check_key() -> Any:
-        structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:12])
-        if not settings.api_keys or request.method == "OPTIONS" or is_public(request.path):
-            return None
-        auth = request.headers.get("Authorization", "")
-        key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
-        if key not in settings.api_keys:
-            return error_reply(errors.authentication())
-        return None
-
-
-def is_public(path: str) -> bool:
-    return (
-        path in PUBLIC_PATHS
-        or path == "/"
-        or path.startswith("/assets/")
-        or path.endswith((".html", ".js", ".css"))
-    )
 
 
 def _install_mcp(app: Quart, settings: Settings) -> None:

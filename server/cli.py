@@ -107,6 +107,7 @@ class Settings(BaseModel):
     stream_buffer_size: int = 4 * 1024 * 1024
     stream_ttl: float = 300.0
     stream_max_sessions: int = 256
+    stream_max_sessions_per_client: int = 64
     spec: SpecParams = SpecParams()  # the default speculation of every request (none unless --spec-type)
     model_draft: str | None = None
     # Stored Responses API responses: how many are kept, and the folder that keeps them across restarts.
@@ -357,10 +358,12 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
         help="0: the CPU",
     )
     add("--list-devices", action=_ListDevices, nargs=0, help="print the available GPUs and exit")
-    # Resumable stream sessions (X-Conversation-Id): ring buffer bytes each, seconds kept once done, count.
+    # Resumable stream sessions (X-Conversation-Id): ring buffer bytes each, seconds kept once done, count
+    # in all and per client (an API key, else a remote address).
     add("--stream-buffer-size", type=int, default=4 * 1024 * 1024)
     add("--stream-ttl", type=float, default=300.0)
     add("--stream-max-sessions", type=int, default=256)
+    add("--stream-max-sessions-per-client", type=int, default=64)
     _embedding_flags(p)
 
 
@@ -551,6 +554,7 @@ def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         ("stream-buffer-size", args.stream_buffer_size, 1),
         ("stream-ttl", args.stream_ttl, 0),
         ("stream-max-sessions", args.stream_max_sessions, 1),
+        ("stream-max-sessions-per-client", args.stream_max_sessions_per_client, 1),
         ("reasoning-budget", args.reasoning_budget, -1),
         ("cache-ram", args.cache_ram, -1),
         ("responses-max", args.responses_max, 1),

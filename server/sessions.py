@@ -103,6 +103,7 @@ class SessionLimits:
     buffer_size: int = 4 * 1024 * 1024
     ttl: float = 300.0
     max_sessions: int = 256
+    max_per_client: int = 64
 
     @property
     def gc_interval(self) -> float:
@@ -126,6 +127,7 @@ class Session:
     conversation_id: str
     buffer: ByteRing
     clock: Callable[[], float] = time.monotonic
+    client: str = ""  # who it counts against for SessionLimits.max_per_client
     finished_at: float | None = None
     _producer: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     # Replaced on every change; readers wait on the one they saw, so no wake-up is ever missed.
@@ -214,12 +216,19 @@ class Session:
 
 
 class SessionStore:
-    """All sessions by conversation id: bounded in count, per-session bytes, and lifetime once done."""
+    """All sessions by owner and conversation id: bounded in count (in all and per client), per-session
+    bytes, and lifetime once done.
+
+    The owner is whoever may read a session (the digest of the API key that created it, "" without
+    keys): each owner has its own conversation ids, so no one reads, stops or replaces another's stream,
+    or learns that it exists. The client (the owner, or the remote address without keys) is what the
+    per-client cap counts.
+    """
 
     def __init__(self, limits: SessionLimits, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
         self._clock = clock
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[tuple[str, str], Session] = {}
         self._gc: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -248,44 +257,59 @@ class SessionStore:
         await asyncio.gather(*(s.cancel() for s in sessions))
 
     # -- sessions -----------------------------------------------------------------------------------
-    async def open(self, conversation_id: str, source: AsyncIterator[bytes]) -> Session:
-        """A new session driving `source`; one already under this id is cancelled and replaced."""
+    async def open(
+        self, conversation_id: str, source: AsyncIterator[bytes], owner: str = "", client: str = ""
+    ) -> Session:
+        """A new session driving `source`; the owner's session already under this id is cancelled and
+        replaced."""
         # A loop, not an if: a concurrent open of the same id may have slipped in while we awaited.
-        while (old := self._sessions.pop(conversation_id, None)) is not None:
+        while (old := self._sessions.pop((owner, conversation_id), None)) is not None:
             await old.cancel()
-        self._make_room(conversation_id)
-        session = Session(conversation_id, ByteRing(self.limits.buffer_size), self._clock)
-        self._sessions[conversation_id] = session
+        self._make_room(conversation_id, client)
+        session = Session(conversation_id, ByteRing(self.limits.buffer_size), self._clock, client)
+        self._sessions[owner, conversation_id] = session
         session.start(source)
         return session
 
-    def _make_room(self, conversation_id: str) -> None:
+    def _make_room(self, conversation_id: str, client: str) -> None:
+        """Evict the oldest finished sessions until the new one fits under both caps: 429 when the
+        client's own are all live, 503 when everyone's are."""
         self.sweep()
+        per_client = self.limits.max_per_client
+        while len(mine := [k for k, s in self._sessions.items() if s.client == client]) >= per_client:
+            if not self._evict_oldest_finished(mine):
+                log.warning("stream.client_session_cap", conversation_id=conversation_id, cap=per_client)
+                message = f"too many live stream sessions for this client (the cap is {per_client})"
+                raise errors.APIError(429, message, "rate_limit_error")
         while len(self._sessions) >= self.limits.max_sessions:
-            finished = [s for s in self._sessions.values() if s.is_done]
-            if not finished:
+            if not self._evict_oldest_finished(list(self._sessions)):
                 cap = self.limits.max_sessions
                 log.warning("stream.session_cap", conversation_id=conversation_id, cap=cap)
                 raise errors.unavailable(f"too many live stream sessions (the cap is {cap})")
-            oldest = min(finished, key=lambda s: s.finished_at or 0.0)
-            del self._sessions[oldest.conversation_id]
 
-    def get(self, conversation_id: str) -> Session | None:
-        session = self._sessions.get(conversation_id)
+    def _evict_oldest_finished(self, keys: list[tuple[str, str]]) -> bool:
+        finished = [k for k in keys if self._sessions[k].is_done]
+        if not finished:
+            return False
+        del self._sessions[min(finished, key=lambda k: self._sessions[k].finished_at or 0.0)]
+        return True
+
+    def get(self, conversation_id: str, owner: str = "") -> Session | None:
+        session = self._sessions.get((owner, conversation_id))
         if session is not None and session.expired(self.limits.ttl):
-            del self._sessions[conversation_id]
+            del self._sessions[owner, conversation_id]
             return None
         return session
 
-    async def delete(self, conversation_id: str) -> None:
-        session = self._sessions.pop(conversation_id, None)
+    async def delete(self, conversation_id: str, owner: str = "") -> None:
+        session = self._sessions.pop((owner, conversation_id), None)
         if session is not None:
             await session.cancel()
 
-    def lookup(self, conversation_ids: list[str]) -> list[SessionInfo]:
-        found = (self.get(cid) for cid in dict.fromkeys(conversation_ids))
+    def lookup(self, conversation_ids: list[str], owner: str = "") -> list[SessionInfo]:
+        found = (self.get(cid, owner) for cid in dict.fromkeys(conversation_ids))
         return [s.info() for s in found if s is not None]
 
     def sweep(self) -> None:
-        for cid in [cid for cid, s in self._sessions.items() if s.expired(self.limits.ttl)]:
-            del self._sessions[cid]
+        for key in [key for key, s in self._sessions.items() if s.expired(self.limits.ttl)]:
+            del self._sessions[key]

@@ -120,19 +120,75 @@ def test_props_slots_health_metrics(server) -> None:  # type: ignore[no-untyped-
     assert "llamacpp:prompt_tokens_cached_total" in metrics
 
 
+# Every route that needs the key (llama-server's protected set and Llamba's own), with a body where the
+# route takes one; `.js` on a path with a parameter must not pass for a web UI file.
+PROTECTED = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/completion"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/resp_x.js"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("POST", "/apply-template"),
+    ("POST", "/infill"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/rerank"),
+    ("GET", "/props"),
+    ("GET", "/slots"),
+    ("POST", "/slots/0?action=erase"),
+    ("GET", "/metrics"),
+    ("GET", "/v1/stream?conv_id=x"),
+    ("DELETE", "/v1/stream?conv_id=x"),
+    ("POST", "/v1/streams/lookup"),
+    ("GET", "/lora-adapters"),
+    ("GET", "/openapi.json.js"),
+]
+
+
 def test_api_key_and_public_routes() -> None:
-    proc = ServerProcess("-m", "smollm2", "--api-key", "sekrit", "-c", "512", "--no-slots").wait_healthy()
+    proc = ServerProcess(
+        "-m", "smollm2", "--api-key", "sekrit,other-key", "-c", "512", "--no-slots"
+    ).wait_healthy()
     try:
         url = proc.base_url
         assert httpx.get(url + "/v1/models").status_code == 200
-        denied = httpx.post(url + "/v1/chat/completions", json=chat_body("Hi", max_tokens=2))
-        assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(url + "/").status_code == 200  # the web UI page asks for the key itself
+        for method, path in PROTECTED:
+            denied = httpx.request(method, url + path, json={})
+            assert denied.status_code == 401, (method, path, denied.status_code)
+            assert denied.json()["error"]["type"] == "authentication_error"
+        wrong = httpx.get(url + "/props", headers={"Authorization": "Bearer sekrit2"})
+        assert wrong.status_code == 401
         ok = httpx.post(
             url + "/v1/chat/completions", json=chat_body("Hi", max_tokens=2), headers={"X-Api-Key": "sekrit"}
         )
         assert ok.status_code == 200
         bearer = {"Authorization": "Bearer sekrit"}
         assert httpx.get(url + "/slots", headers=bearer).status_code == 501
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
+    assert proc.exited_cleanly(), proc.log()
+    assert "sekrit" not in proc.log_path.read_text() and "other-key" not in proc.log_path.read_text()
+
+
+def test_a_stream_is_readable_only_with_the_key_that_created_it() -> None:
+    proc = ServerProcess("-m", "smollm2", "--api-key", "alice-key,bob-key", "-c", "512").wait_healthy()
+    alice, bob = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer bob-key"}
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=60) as client:
+            body = chat_body("Count to five.", max_tokens=8, stream=True)
+            created = client.post(
+                "/v1/chat/completions", json=body, headers={**alice, "X-Conversation-Id": "conv-1"}
+            )
+            assert created.status_code == 200 and created.text.endswith("data: [DONE]\n\n")
+            assert client.get("/v1/stream?conv_id=conv-1", headers=bob).status_code == 404
+            lookup = {"conversation_ids": ["conv-1"]}
+            assert client.post("/v1/streams/lookup", json=lookup, headers=bob).json() == []
+            assert client.delete("/v1/stream?conv_id=conv-1", headers=bob).status_code == 204
+            replay = client.get("/v1/stream?conv_id=conv-1", headers=alice)  # bob's DELETE did nothing
+            assert replay.status_code == 200 and replay.text == created.text
     finally:
         proc.stop(timeout=SIGTERM_EXIT_S)
     assert proc.exited_cleanly(), proc.log()

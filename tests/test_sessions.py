@@ -225,3 +225,34 @@ async def test_gc_task_sweeps_and_stops_promptly() -> None:
     await asyncio.sleep(0.3)
     assert len(store) == 0
     await asyncio.wait_for(store.close(), 1)
+
+
+async def test_each_owner_has_its_own_conversation_ids() -> None:
+    store = SessionStore(SessionLimits(1024, 300, 8))
+    alice, bob = Source(), Source()
+    mine = await store.open("chat", alice.stream(), owner="alice", client="alice")
+    theirs = await store.open("chat", bob.stream(), owner="bob", client="bob")  # replaces nothing
+    await settle()
+    assert not mine.is_done and store.get("chat", "alice") is mine and store.get("chat", "bob") is theirs
+    assert store.get("chat") is None and store.lookup(["chat"], "eve") == []
+    await store.delete("chat", "eve")  # someone else's id: nothing happens
+    assert not alice.closed and not bob.closed
+    await store.delete("chat", "bob")
+    assert bob.closed and not alice.closed
+    await store.close()
+
+
+async def test_the_per_client_cap_evicts_the_clients_own_then_refuses_with_429() -> None:
+    store = SessionStore(SessionLimits(1024, 300, max_sessions=8, max_per_client=2), FakeClock())
+    sources = [Source() for _ in range(5)]
+    await store.open("a", sources[0].stream(), client="greedy")
+    await store.open("b", sources[1].stream(), client="greedy")
+    await store.open("x", sources[2].stream(), client="other")
+    sources[0].push(None)
+    await settle()
+    await store.open("c", sources[3].stream(), client="greedy")  # evicts the client's finished "a"
+    assert store.get("a") is None and store.get("b") and store.get("c")
+    with pytest.raises(APIError) as refused:
+        await store.open("d", sources[4].stream(), client="greedy")
+    assert refused.value.status == 429 and store.get("x") is not None  # the other client is untouched
+    await store.close()

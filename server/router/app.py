@@ -7,19 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import anyio
-import structlog
 from quart import Blueprint, Quart, Response, current_app, request
 
 from server import errors
+from server.auth import install_auth
 from server.cli import Settings
 from server.cors import install_cors
-from server.error_handlers import error_reply, install_error_handlers
+from server.error_handlers import install_error_handlers
 from server.router import metrics as router_metrics
 from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
 from server.router.child import Child
@@ -34,15 +33,6 @@ from server.router.upstream import UpstreamClient, UpstreamResponse
 from server.routes import webui
 
 ROUTER_KEY = "llamba.router"
-PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models"}
-
-
-def is_public(path: str) -> bool:
-    """What answers without the API key: health, the model list, and the web UI's files (the page asks
-    for the key itself), as on a model server."""
-    return path in PUBLIC_PATHS or path in ("/", "/index.html") or path.startswith("/assets/")
-
-
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 bp = Blueprint("router", __name__)
@@ -112,7 +102,7 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
     app.register_blueprint(webui.bp)  # the router serves the UI itself: it answers while models load
     app.config[webui.ENABLED_KEY] = settings.webui
     app.register_blueprint(bp)
-    _install_auth(app, settings)
+    install_auth(app, settings.api_keys)
     install_cors(app, settings)  # the single-model server's policy: --cors-origins, else any origin
     install_error_handlers(app)
     _install_lifespan(app, ctx)
@@ -136,18 +126,6 @@ def _install_lifespan(app: Quart, ctx: Router) -> None:
         await ctx.downloads.shutdown()
         await ctx.pool.shutdown()
         await ctx.client.aclose()
-
-
-def _install_auth(app: Quart, settings: Settings) -> None:
-    @app.before_request
-    async def check_key() -> Any:
-        structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:12])
-        if not settings.api_keys or request.method == "OPTIONS" or is_public(request.path):
-            return None
-        auth = request.headers.get("Authorization", "")
-        key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
-        return None if key in settings.api_keys else error_reply(errors.authentication())
 
 
 # -- the router's own routes ---------------------------------------------------------------------------

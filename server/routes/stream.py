@@ -1,7 +1,7 @@
 """Resumable streams: /v1/stream (GET replays and follows, DELETE stops) and /v1/streams/lookup.
 
 Conversation ids travel in the query string or the JSON body, never as a path segment: they are opaque
-and may contain `/`, `:` and spaces.
+and may contain `/`, `:` and spaces. Each API key has its own ids (server/auth.py's `request_owner`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from quart import Blueprint, Response, current_app, request
 
 from server import errors, sse
+from server.auth import request_client, request_owner
 from server.request_body import json_body
 from server.schemas import StreamLookupRequest
 from server.sessions import OffsetDropped, SessionStore
@@ -29,7 +30,7 @@ def sessions() -> SessionStore:
 async def resumable(conversation_id: str, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """Run `source` as the session of `conversation_id`; what is returned is one reader of it, so the
     caller's response can end (client gone) while the generation goes on."""
-    session = await sessions().open(conversation_id, source)
+    session = await sessions().open(conversation_id, source, request_owner(), request_client())
     return session.follow(0)
 
 
@@ -37,7 +38,7 @@ async def resumable(conversation_id: str, source: AsyncIterator[bytes]) -> Async
 async def replay() -> Any:
     conversation_id = _conversation_id()
     offset = _offset(request.args.get("from"))
-    session = sessions().get(conversation_id)
+    session = sessions().get(conversation_id, request_owner())
     if session is None:
         raise errors.not_found("Stream not found or expired")
     try:
@@ -51,14 +52,14 @@ async def replay() -> Any:
 
 @bp.delete("/v1/stream")
 async def stop() -> Any:
-    await sessions().delete(_conversation_id())
+    await sessions().delete(_conversation_id(), request_owner())
     return "", 204
 
 
 @bp.post("/v1/streams/lookup")
 async def lookup() -> Any:
     body = StreamLookupRequest.model_validate(await json_body())
-    return [info.as_dict() for info in sessions().lookup(body.conversation_ids)]
+    return [info.as_dict() for info in sessions().lookup(body.conversation_ids, request_owner())]
 
 
 def _conversation_id() -> str:
