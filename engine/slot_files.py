@@ -11,6 +11,7 @@ file from another model or cache type is refused instead of silently poisoning t
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -71,6 +72,14 @@ def check_filename(name: object) -> str:
     return name
 
 
+def slot_path(save_dir: Path, name: object) -> Path:
+    """The file `name` in `save_dir`, refused when it is a symlink leading out of the directory."""
+    path = save_dir / check_filename(name)
+    if not path.resolve().is_relative_to(save_dir.resolve()):
+        raise SlotFileError("Invalid filename: it is a link that leads out of the slot directory")
+    return path
+
+
 def write_slot(path: Path, identity: ModelIdentity, state: SlotState) -> int:
     """Write the slot file (via a temporary name, so a crash never leaves half a file); bytes written."""
     n = len(state.tokens)
@@ -93,8 +102,15 @@ def write_slot(path: Path, identity: ModelIdentity, state: SlotState) -> int:
         np.ascontiguousarray(state.v, dtype=identity.types.v.dtype.newbyteorder("<")).tobytes(),
     ]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(parts))
-    tmp.replace(path)
+    # O_NOFOLLOW: a link planted at the temporary name must not send the bytes elsewhere (the final
+    # rename replaces a link at `path` itself, never its target).
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"".join(parts))
+        tmp.replace(path)
+    except OSError as exc:
+        raise SlotFileError(f"failed to save slot: cannot write {path.name!r}: {exc.strerror}") from None
     return sum(len(p) for p in parts)
 
 

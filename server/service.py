@@ -39,7 +39,7 @@ from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError, Gramm
 from engine.handle import RequestHandle
 from engine.llm import LLM
 from engine.sampling import SamplingParams
-from engine.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, check_filename
+from engine.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, slot_path
 from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate, ChatTemplateError
 from engine.text.fim import ExtraChunk, InfillLimits, infill_tokens
@@ -489,7 +489,7 @@ class ModelService:
         if action not in SLOT_ACTIONS:
             raise errors.invalid_request("Invalid action")
         try:
-            path = None if action == "erase" else Path(save_dir) / check_filename(filename)
+            path = None if action == "erase" else slot_path(Path(save_dir), filename)
             if action == "save":
                 Path(save_dir).mkdir(parents=True, exist_ok=True)
             future = engine.slot_action(slot_id, action, path)

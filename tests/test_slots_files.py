@@ -17,6 +17,7 @@ from engine.slot_files import (
     SlotState,
     check_filename,
     read_slot,
+    slot_path,
     write_slot,
 )
 from tests.server_process import ServerProcess, wait_until
@@ -51,6 +52,26 @@ def test_names_that_could_leave_the_directory_are_refused(name: object) -> None:
 
 def test_plain_names_pass() -> None:
     assert check_filename("slot-0.bin") == "slot-0.bin"
+
+
+def test_links_out_of_the_directory_are_refused(tmp_path: Path) -> None:
+    slots, outside = tmp_path / "slots", tmp_path / "outside"
+    slots.mkdir()
+    outside.mkdir()
+    (slots / "out.bin").symlink_to(outside / "victim.bin")
+    (slots / "in.bin").symlink_to(slots / "real.bin")
+    with pytest.raises(SlotFileError, match="leads out of the slot directory"):
+        slot_path(slots, "out.bin")
+    assert slot_path(slots, "in.bin") == slots / "in.bin"  # a link that stays inside is a file like any
+
+
+def test_a_link_at_the_temporary_name_is_not_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "s.bin.tmp").symlink_to(victim)
+    with pytest.raises(SlotFileError, match="cannot write"):
+        write_slot(tmp_path / "s.bin", IDENTITY, small_state())
+    assert victim.read_bytes() == b"precious"
 
 
 @pytest.mark.parametrize(
@@ -148,6 +169,15 @@ def test_path_traversal_is_400(slot_server, save_dir: Path, name: str) -> None: 
             assert resp.status_code == 400, resp.text
             assert resp.json()["error"]["type"] == "invalid_request_error"
     assert not (save_dir.parent / "escape.bin").exists()
+
+
+def test_a_link_out_of_the_slot_directory_is_400(slot_server, save_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (save_dir / "link.bin").symlink_to(tmp_path / "elsewhere.bin")
+    with httpx.Client(base_url=slot_server.base_url, timeout=60) as client:
+        for act in ("save", "restore"):
+            resp = action(client, act, "link.bin")
+            assert resp.status_code == 400 and "leads out of the slot directory" in resp.text
+    assert not (tmp_path / "elsewhere.bin").exists()
 
 
 def test_bad_files_are_400_and_leave_the_slot_intact(slot_server, save_dir: Path) -> None:  # type: ignore[no-untyped-def]
