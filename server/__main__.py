@@ -59,16 +59,24 @@ async def run(argv: list[str] | None = None) -> int:
 
     app = create_app(settings, on_load_failure=load_failed)
     loop = asyncio.get_running_loop()
+    forced = asyncio.Event()  # a second signal: cancel what still runs, now
+
+    def on_signal() -> None:
+        (forced if stop.is_set() else stop).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
 
     async def shutdown_trigger() -> None:
         await stop.wait()
-        # End in-flight generations first so open streams finish and connections drain at once.
-        # MCP children too, before the drain: a slow tool call then answers at once instead of holding it.
+        service = app.extensions[SERVICE_KEY]
+        if settings.shutdown_timeout > 0:  # let in-flight requests finish; new ones get 503
+            await service.drain(settings.shutdown_timeout, forced)
+        # Then end what still runs, so open streams finish and connections drain at once. MCP children
+        # too, before the HTTP drain: a slow tool call then answers at once instead of holding it.
         mcp = app.extensions.get(MCP_KEY)
         await asyncio.gather(
-            anyio.to_thread.run_sync(app.extensions[SERVICE_KEY].stop),
+            anyio.to_thread.run_sync(service.stop),
             mcp.stop() if mcp else asyncio.sleep(0),
         )
 

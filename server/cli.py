@@ -91,6 +91,7 @@ class Settings(BaseModel):
     metrics: bool = False
     webui: bool = True
     timeout: int = 3600  # -to: seconds a request body may take to arrive, and a response write may block
+    shutdown_timeout: float = 0.0  # seconds SIGTERM lets in-flight requests finish (0: cancel them at once)
     verbose: bool = False
     log_format: str = "text"
     log_prompts_dir: Path | None = None
@@ -330,6 +331,9 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--ui", "--webui", dest="webui", action="store_true", default=True)
     add("--no-webui", "--no-ui", dest="webui", action="store_false")
     add("-to", "--timeout", type=int, default=3600, help="seconds a request body may take, a write may block")
+    add("--shutdown-timeout", type=float, default=0.0,
+        help="on SIGTERM, seconds in-flight requests may take to finish (new ones get 503); 0: cancel "
+        "them at once; a second SIGTERM cancels them")  # fmt: skip
     add("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true")
     add("--log-format", choices=["text", "json"], default="text")
     add("--log-prompts-dir", default=None)
@@ -562,6 +566,7 @@ def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         ("tool-max-tokens", args.tool_max_tokens, -1),
         ("models-max", args.models_max, 0),
         ("timeout", args.timeout, 1),
+        ("shutdown-timeout", args.shutdown_timeout, 0),
         ("replicas", args.replicas, 1),
     ):
         if value < low:

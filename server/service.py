@@ -55,6 +55,7 @@ log = structlog.get_logger("server")
 EXTENSION_KEY = "llamba"
 # The engine answers calls between two steps; this only bounds the wait if it is stopping and never will.
 CALL_TIMEOUT = 60.0
+DRAIN_POLL_S = 0.05  # how often a SIGTERM drain looks whether the live requests have ended
 
 
 def service() -> ModelService:
@@ -153,6 +154,7 @@ class ModelService:
         self.sleeping = False
         self._waking: asyncio.Task[None] | None = None
         self.admission = Admission(settings.max_queue)  # --max-queue
+        self.draining = False  # SIGTERM with --shutdown-timeout: in-flight requests finish, new ones 503
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -212,6 +214,19 @@ class ModelService:
     def stop(self) -> None:
         if self._loaded is not None:
             self._loaded.engine.stop()
+
+    async def drain(self, timeout: float, forced: asyncio.Event) -> None:
+        """Refuse new generations and wait until the live ones end, `timeout` passes or `forced` is set
+        (a second SIGTERM); what is still running then is cancelled by `stop`."""
+        self.draining = True
+        live = self.admission.live()
+        log.info("server.draining", live=live, timeout=timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while live and not forced.is_set() and asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(forced.wait(), DRAIN_POLL_S)
+            live = self.admission.live()
+        log.info("server.drained", cancelled=live)
 
     # -- sleeping (--sleep-idle-seconds; server/sleep.py decides when) -----------------------------------
     async def sleep(self) -> None:
@@ -448,11 +463,19 @@ class ModelService:
         return self.settings.sampling
 
     def check_queue(self, wanted: int = 1) -> None:
-        """503 with Retry-After when the queue for slots is full (--max-queue): called while a request
-        is prepared, before any byte of its reply."""
+        """503 with Retry-After when the server is shutting down or the queue for slots is full
+        (--max-queue): called while a request is prepared, before any byte of its reply."""
+        self._refuse_while_draining()
         self.admission.check(self.n_slots, wanted)
 
+    def _refuse_while_draining(self) -> None:
+        if self.draining:
+            raise errors.APIError(
+                503, "the server is shutting down", "unavailable_error", headers={"Retry-After": "1"}
+            )
+
     def submit(self, request: GenerationRequest) -> RequestHandle:
+        self._refuse_while_draining()
         engine = self._require().engine
         self.counters.requests_total += 1
         handle = engine.submit(request, asyncio.get_running_loop())
@@ -461,6 +484,7 @@ class ModelService:
 
     def submit_choices(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
         """`n` choices of one prompt: evaluated once, its cells copied to the other choices' slots."""
+        self._refuse_while_draining()
         engine = self._require().engine
         self.counters.requests_total += 1
         handles = engine.submit_choices(requests, asyncio.get_running_loop())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 
@@ -202,6 +203,40 @@ def test_sigterm_during_generation_exits_promptly() -> None:
     ):
         proc.stop(timeout=SIGTERM_EXIT_S)
     assert proc.exited_cleanly(), f"SIGTERM: no clean exit within {SIGTERM_EXIT_S} s\n{proc.log()}"
+
+
+def test_sigterm_with_a_shutdown_timeout_lets_streams_finish() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "1024", "--shutdown-timeout", "60").wait_healthy()
+    body = chat_body("Count from one to one hundred.", max_tokens=48, stream=True, ignore_eos=True)
+    with (
+        httpx.Client(base_url=proc.base_url, timeout=60) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        proc.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "server.draining" in proc.log_path.read_text(), 10, "the drain to start")
+        refused = client.post("/v1/chat/completions", json=chat_body("Hi", max_tokens=2))
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert refused.json()["error"]["message"] == "the server is shutting down"
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"  # all 48 tokens, not cancelled
+    assert proc.proc.wait(timeout=30) == 0, proc.log()
+
+
+def test_a_second_sigterm_cancels_the_drain() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "2048", "--shutdown-timeout", "600").wait_healthy()
+    body = chat_body("Story:", max_tokens=1500, stream=True, ignore_eos=True)
+    with (
+        httpx.Client(base_url=proc.base_url, timeout=60) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
+        assert next(line for line in resp.iter_lines() if line.startswith("data: "))
+        proc.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "server.draining" in proc.log_path.read_text(), 10, "the drain to start")
+        assert proc.proc.poll() is None  # still draining: the generation goes on
+        proc.stop(timeout=SIGTERM_EXIT_S)  # the second SIGTERM
+    assert proc.exited_cleanly(), f"second SIGTERM: no clean exit within {SIGTERM_EXIT_S} s\n{proc.log()}"
 
 
 @pytest.mark.parametrize("args", [["-c", "-5"], ["--port", "x"], ["-m", "/nonexistent/model.gguf"]])
