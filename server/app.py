@@ -9,6 +9,7 @@ import anyio
 import structlog
 from quart import Quart
 
+from server import sse
 from server.auth import install_auth
 from server.cli import Settings
 from server.cors import install_cors
@@ -52,6 +53,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
         settings.stream_max_sessions_per_client,
     )
     sessions = SessionStore(limits)
+    app.config[sse.UNREAD_LIMIT_KEY] = settings.stream_buffer_size
     app.extensions["llamba.sessions"] = sessions
     # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
     store = ResponseStore(settings.responses_max, settings.responses_dir)

@@ -1,12 +1,25 @@
-"""Server-sent events framing."""
+"""Server-sent events framing, and the bounded relay every SSE response goes through."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Response
+import structlog
+from quart import Response, current_app
+
+from server import errors
+
+log = structlog.get_logger("server")
+
+# app.config key: how many bytes an SSE response may hold for a client that reads slower than they come
+# (--stream-buffer-size).
+UNREAD_LIMIT_KEY = "llamba.sse_unread_limit"
+DEFAULT_UNREAD_LIMIT = 4 * 1024 * 1024
 
 DONE = b"data: [DONE]\n\n"
 
@@ -29,6 +42,61 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 
 def response(body: AsyncIterator[bytes]) -> Response:
     """A streaming SSE response; no response timeout: a long generation is not a stuck response."""
-    reply = Response(body, headers=SSE_HEADERS)
+    limit = current_app.config.get(UNREAD_LIMIT_KEY, DEFAULT_UNREAD_LIMIT)
+    reply = Response(relay(body, limit), headers=SSE_HEADERS)
     reply.timeout = None
     return reply
+
+
+async def relay(source: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """`source`'s bytes, read ahead of the client into a buffer of at most `limit` bytes.
+
+    A generation never waits for its client: the source runs as fast as the engine makes it, however
+    slowly the client reads (socket buffers hold the first part). A client so slow that `limit` bytes
+    wait for it is cut off: the source is closed (its engine request cancelled, the slot freed) and, after
+    the bytes it has not read yet, it gets an error event (a resumable stream's client then resumes from
+    its offset). Memory per response stays under `limit` plus one event.
+    """
+    chunks: deque[bytes] = deque()
+    waiting = 0
+    done = False
+    arrived = asyncio.Event()
+
+    async def pump() -> None:
+        nonlocal waiting, done
+        try:
+            async for chunk in source:
+                chunks.append(chunk)
+                waiting += len(chunk)
+                arrived.set()
+                if waiting > limit:
+                    log.warning("stream.slow_reader_cut", unread=waiting, limit=limit)
+                    message = f"the client read too slowly: {waiting} bytes waited for it (limit {limit})"
+                    chunks.append(error_event(errors.APIError(408, message, "timeout_error").body()))
+                    return
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            done = True
+            arrived.set()
+
+    task = asyncio.get_running_loop().create_task(pump(), name="sse-relay")
+    try:
+        while True:
+            if chunks:
+                chunk = chunks.popleft()
+                waiting -= len(chunk)
+                yield chunk
+            elif done:
+                break
+            else:
+                arrived.clear()
+                await arrived.wait()
+        await task  # the source's own exception, if it raised one
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

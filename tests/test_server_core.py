@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 
@@ -203,6 +204,38 @@ def test_sigterm_during_generation_exits_promptly() -> None:
     ):
         proc.stop(timeout=SIGTERM_EXIT_S)
     assert proc.exited_cleanly(), f"SIGTERM: no clean exit within {SIGTERM_EXIT_S} s\n{proc.log()}"
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot() -> None:
+    # 100 probabilities a token make ~7 KB events, so the kernel's socket buffers (up to 4 MB here) fill
+    # within seconds; then the server's own buffer (8 KiB) overflows and the client is cut off.
+    proc = ServerProcess(
+        "-m", "smollm2", "-c", "4096", "-np", "2", "--stream-buffer-size", "8192"
+    ).wait_healthy()
+    fields = {"prompt": "Story:", "n_predict": 3000, "n_probs": 100, "stream": True, "ignore_eos": True}
+    body = json.dumps(fields).encode()
+    head = (
+        f"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    try:
+        with socket.socket() as slow:
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+            slow.connect(("127.0.0.1", proc.port))
+            slow.sendall(head + body)  # then reads nothing until the server gives up on it
+            wait_until(lambda: "stream.slow_reader_cut" in proc.log_path.read_text(), 120, "the cut-off")
+            slot_free = lambda: not httpx.get(proc.base_url + "/slots").json()[0]["is_processing"]  # noqa: E731
+            wait_until(slot_free, 10, "the slot to be freed")
+            other = httpx.post(proc.base_url + "/v1/chat/completions", json=chat_body("Hi", max_tokens=4))
+            assert other.status_code == 200
+            received = b""
+            while chunk := slow.recv(1 << 20):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 200") and b"data: {" in received
+        assert b"error: " in received and b"the client read too slowly" in received
+        assert b'"stop":true' not in received  # no final event: the generation was cut
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
 
 
 def test_sigterm_with_a_shutdown_timeout_lets_streams_finish() -> None:
