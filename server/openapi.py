@@ -11,7 +11,7 @@ every route the app serves is in the table (and so in the document).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,6 +50,12 @@ class ErrorReply(BaseModel):
 class AnthropicErrorDetail(BaseModel):
     type: str
     message: str
+
+
+class ModelName(BaseModel):
+    """A router request naming one model of its catalogue (its id or an alias)."""
+
+    model: str = Field(min_length=1)
 
 
 class AnthropicErrorReply(BaseModel):
@@ -133,6 +139,38 @@ ROUTES: tuple[Route, ...] = (
 )  # fmt: skip
 
 
+_MODEL_QUERY = Query("model", "a model of the catalogue: that model's child answers")
+
+# The router's own routes (server/router/app.py); every other path is proxied to the child of the model
+# that the body's (or the query's) `model` names, the default model without one.
+ROUTER_ROUTES: tuple[Route, ...] = (
+    Route("get", ("/health", "/v1/health"), "the router is up (models load on demand)"),
+    Route("get", ("/v1/models", "/models"), "the catalogue with each model's state",
+          query=(Query("reload", "1: rescan the models directory and presets first"),)),
+    Route("get", ("/v1/models/{name}",), "one model's state"),
+    Route("post", ("/models/load",), "start a model's child", ModelName),
+    Route("post", ("/models/unload",), "stop a model's child, or cancel its download", ModelName),
+    Route("post", ("/models",), "download a built-in model into the cache", ModelName),
+    Route("delete", ("/models",), "remove a built-in model's file from the cache",
+          query=(Query("model", "the model", True),)),
+    Route("get", ("/models/sse",), "model states and load progress, as they change", streams=True),
+    Route("get", ("/metrics",), "every model's metrics labelled by model, and the router's",
+          query=(_MODEL_QUERY,), content="text/plain"),
+    Route("get", ("/props",), "the router's settings (and the default model's)", query=(_MODEL_QUERY,)),
+)  # fmt: skip
+
+
+def router_routes() -> tuple[Route, ...]:
+    """What a router serves: its own routes, and the model server's behind it (proxied) on other paths."""
+    own = {(route.method, path) for route in ROUTER_ROUTES for path in route.paths}
+    proxied = []
+    for route in ROUTES:
+        paths = tuple(p for p in route.paths if (route.method, p) not in own)
+        if paths:
+            proxied.append(replace(route, paths=paths))
+    return ROUTER_ROUTES + tuple(proxied)
+
+
 def _body_models(route: Route) -> tuple[type[BaseModel], ...]:
     if route.body is None:
         return ()
@@ -186,8 +224,8 @@ def _operation(route: Route, path: str) -> dict[str, Any]:
     return op
 
 
-def _components() -> dict[str, Any]:
-    models = {m for route in ROUTES for m in _body_models(route)} | {ErrorReply, AnthropicErrorReply}
+def _components(routes: tuple[Route, ...]) -> dict[str, Any]:
+    models = {m for route in routes for m in _body_models(route)} | {ErrorReply, AnthropicErrorReply}
     ordered = sorted(models, key=lambda m: m.__name__)
     _, defs = models_json_schema(
         [(m, "validation") for m in ordered], ref_template="#/components/schemas/{model}"
@@ -195,20 +233,29 @@ def _components() -> dict[str, Any]:
     return defs.get("$defs", {})
 
 
-def document(version: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of every route."""
+def document(version: str, router: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route of a model server, or of a router."""
+    routes = router_routes() if router else ROUTES
     paths: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
+    for route in routes:
         for path in route.paths:
             paths.setdefault(path, {})[route.method] = _operation(route, path)
+    description = (
+        "llama-server's, OpenAI's and Anthropic's HTTP APIs. Errors: OpenAI's shape "
+        "{error: {code, message, type}}, Anthropic's on /v1/messages."
+    )
+    if router:
+        description += (
+            " A router of several models: a request's `model` (in its body, or the query) picks the "
+            "model whose server answers; the router's own routes manage the models."
+        )
     return {
         "openapi": "3.1.0",
         "info": {
-            "title": "Llamba",
+            "title": "Llamba router" if router else "Llamba",
             "version": version,
-            "description": "llama-server's, OpenAI's and Anthropic's HTTP APIs. Errors: OpenAI's shape "
-            "{error: {code, message, type}}, Anthropic's on /v1/messages.",
+            "description": description,
         },
         "paths": paths,
-        "components": {"schemas": _components()},
+        "components": {"schemas": _components(routes)},
     }

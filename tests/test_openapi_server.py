@@ -7,11 +7,14 @@ from __future__ import annotations
 import re
 
 import httpx
+from quart import Quart
 
 from server.app import create_app
 from server.cli import Settings
 from server.mcp.config import McpServerConfig
-from server.openapi import ROUTES
+from server.openapi import ROUTER_ROUTES, ROUTES, Route, router_routes
+from server.router.app import create_router_app
+from server.router.catalogue import build_catalogue
 from server.schemas import ChatCompletionRequest
 from server.schemas_anthropic import MessagesRequest
 from tests.fuzz import fuzz_openapi, fuzz_random_bodies, fuzz_resume_offsets
@@ -20,22 +23,32 @@ from tests.server_process import ServerProcess
 IGNORED_METHODS = {"HEAD", "OPTIONS"}
 
 
-def served_operations() -> set[tuple[str, str]]:
-    """(method, OpenAPI path) of every rule of the app, MCP's /tools included."""
-    mcp = McpServerConfig(name="t", command="true")
-    app = create_app(Settings(model="unused", mcp_servers=(mcp,)))
+def operations(app: Quart) -> set[tuple[str, str]]:
+    """(method, OpenAPI path) of every rule of an app but the router's catch-all proxy."""
     ops = set()
     for rule in app.url_map.iter_rules():
-        if rule.endpoint == "static":
+        if rule.endpoint in ("static", "router.catch_all"):
             continue
         path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
         ops |= {(m.lower(), path) for m in rule.methods or () if m not in IGNORED_METHODS}
     return ops
 
 
+def documented(routes: tuple[Route, ...]) -> set[tuple[str, str]]:
+    return {(route.method, path) for route in routes for path in route.paths}
+
+
 def test_the_document_lists_every_route_the_app_serves_and_no_other() -> None:
-    documented = {(route.method, path) for route in ROUTES for path in route.paths}
-    assert served_operations() == documented
+    mcp = McpServerConfig(name="t", command="true")  # MCP's /tools included
+    assert operations(create_app(Settings(model="unused", mcp_servers=(mcp,)))) == documented(ROUTES)
+
+
+def test_the_router_document_lists_its_own_routes_and_the_proxied_ones() -> None:
+    """The router's rules (its own routes, the conversation-routed stream routes, the web UI) are all
+    documented; every other path goes to a model server, whose routes the document lists too."""
+    served = operations(create_router_app(Settings(), build_catalogue(None, None), []))
+    assert documented(ROUTER_ROUTES) <= served <= documented(router_routes())
+    assert documented(router_routes()) == documented(ROUTES) | documented(ROUTER_ROUTES)
 
 
 def test_request_schemas_are_the_models(server: ServerProcess) -> None:

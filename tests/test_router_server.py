@@ -268,6 +268,19 @@ def test_cors_is_the_single_model_servers_policy(make_router, preset: Path) -> N
     assert models(proc)["smol-a"]["status"]["value"] == "unloaded", "a refused request loads no model"
 
 
+def test_openapi_is_the_routers_own_and_loads_no_model(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = make_router("--models-preset", str(preset))
+    doc = httpx.get(proc.base_url + "/openapi.json").json()
+    assert doc["info"]["title"] == "Llamba router"
+    assert "/models/load" in doc["paths"] and "/v1/chat/completions" in doc["paths"]
+    assert doc["paths"]["/models/load"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ModelName"
+    }
+    assert models(proc)["smol-a"]["status"]["value"] == "unloaded"
+    bad = httpx.post(proc.base_url + "/models/load", json={"model": 3})
+    assert bad.status_code == 400 and "model" in bad.json()["error"]["message"]
+
+
 def test_models_sse_reports_load_progress(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
     proc = make_router("--models-preset", str(preset))
     events: list[dict[str, Any]] = []

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 import anyio
+from pydantic import ValidationError
 from quart import Blueprint, Quart, Response, current_app, request
 
 from server import errors
@@ -19,6 +20,7 @@ from server.auth import install_auth
 from server.cli import Settings
 from server.cors import install_cors
 from server.error_handlers import install_error_handlers
+from server.openapi import ModelName
 from server.router import metrics as router_metrics
 from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
 from server.router.child import Child
@@ -31,6 +33,7 @@ from server.router.reload import reload_catalogue
 from server.router.state import RUNNING, ModelState
 from server.router.upstream import UpstreamClient, UpstreamResponse
 from server.routes import webui
+from server.routes.openapi import cached_document
 
 ROUTER_KEY = "llamba.router"
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -151,12 +154,19 @@ async def model(name: str) -> Any:
     return pool.listing(pool.state(name))
 
 
-async def _model_from_body() -> ModelState:
+async def _model_name() -> str:
+    """The body's model name (server/openapi.py's ModelName); 400 naming the field otherwise."""
     body = await request.get_json(force=True, silent=True)
-    name = body.get("model") if isinstance(body, dict) else None
-    if not isinstance(name, str) or not name:
+    if not isinstance(body, dict):
         raise errors.invalid_request('the body must be JSON: {"model": string}')
-    return router().pool.state(name)
+    try:
+        return ModelName.model_validate(body).model
+    except ValidationError as exc:
+        raise errors.from_validation(exc) from None
+
+
+async def _model_from_body() -> ModelState:
+    return router().pool.state(await _model_name())
 
 
 @bp.post("/models/load")
@@ -180,10 +190,7 @@ async def unload() -> Any:
 @bp.post("/models")
 async def download() -> Any:
     """Fetch a built-in model into the cache in the background (server/router/downloads.py)."""
-    body = await request.get_json(force=True, silent=True)
-    name = body.get("model") if isinstance(body, dict) else None
-    if not isinstance(name, str) or not name:
-        raise errors.invalid_request("model must be a non-empty string")
+    name = await _model_name()
     ctx = router()
     entry = ctx.catalogue.find(name)
     ctx.downloads.start(ctx.pool.states[entry.id] if entry else None, name)
@@ -198,6 +205,12 @@ async def remove() -> Any:
         raise errors.invalid_request("model must be a non-empty string")
     await router().downloads.remove(router().pool.state(name))
     return {"success": True}
+
+
+@bp.get("/openapi.json")
+async def openapi() -> Any:
+    """The router's contract: its own routes and the model server's, which it proxies."""
+    return cached_document(router=True)
 
 
 @bp.get("/models/sse")

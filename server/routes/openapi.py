@@ -14,13 +14,13 @@ bp = Blueprint("openapi", __name__)
 
 
 @cache
-def _document() -> dict[str, Any]:
+def cached_document(router: bool = False) -> dict[str, Any]:
     try:
-        return document(version("llamba"))
+        return document(version("llamba"), router)
     except PackageNotFoundError:
-        return document("unknown")
+        return document("unknown", router)
 
 
 @bp.get("/openapi.json")
 async def openapi() -> Any:
-    return _document()
+    return cached_document()
