@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
+from engine.model_files import resolve
 from tests.server_process import REPO, ServerProcess, wait_until
 
 # Liveness bound, not a speed check: after SIGTERM the server ends its generations, drains and exits by
@@ -270,6 +273,62 @@ def test_a_second_sigterm_cancels_the_drain() -> None:
         assert proc.proc.poll() is None  # still draining: the generation goes on
         proc.stop(timeout=SIGTERM_EXIT_S)  # the second SIGTERM
     assert proc.exited_cleanly(), f"second SIGTERM: no clean exit within {SIGTERM_EXIT_S} s\n{proc.log()}"
+
+
+def metric(url: str, name: str) -> float:
+    lines = httpx.get(url + "/metrics").text.splitlines()
+    return float(next(line.split()[-1] for line in lines if line.startswith(f"llamacpp:{name} ")))
+
+
+def test_a_client_leaving_the_queue_cancels_its_request() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "2048", "-np", "1", "--metrics").wait_healthy()
+    url = proc.base_url
+    busy = chat_body("Story:", max_tokens=300, stream=True, ignore_eos=True)
+    try:
+        with (
+            httpx.Client(base_url=url, timeout=60) as client,
+            client.stream("POST", "/v1/chat/completions", json=busy) as first,
+        ):
+            lines = first.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            with client.stream("POST", "/v1/chat/completions", json=chat_body("Hi", stream=True)):
+                wait_until(lambda: metric(url, "requests_deferred") == 1, 10, "the second to queue")
+            wait_until(lambda: metric(url, "requests_deferred") == 0, 10, "the queued one to go")
+            assert metric(url, "requests_processing") == 1  # the first still runs, alone
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert metric(url, "requests_processing") == 0 and metric(url, "requests_deferred") == 0
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
+
+
+def test_health_is_503_while_the_model_loads() -> None:
+    proc = ServerProcess("-m", "gemma3", "-c", "512")  # the port opens before the weights are packed
+    try:
+        first = None
+        while first is None:
+            with contextlib.suppress(httpx.TransportError):
+                first = httpx.get(proc.base_url + "/health", timeout=5)
+            assert proc.proc.poll() is None, proc.log()
+        assert first.status_code == 503 and first.json()["error"]["message"] == "Loading model"
+        proc.wait_healthy()
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [(b"garbage", "is not a GGUF file"), (None, "runs past the end of the file")],
+    ids=["not-gguf", "truncated"],
+)
+def test_a_model_file_that_fails_to_load_exits_1_naming_why(
+    tmp_path: Path, content: bytes | None, reason: str
+) -> None:
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(content if content is not None else resolve("smollm2").read_bytes()[: 30 << 20])
+    proc = ServerProcess("-m", str(path), "-c", "512")
+    assert proc.proc.wait(timeout=120) == 1
+    assert "model.load_failed" in proc.log() and reason in proc.log()
 
 
 @pytest.mark.parametrize("args", [["-c", "-5"], ["--port", "x"], ["-m", "/nonexistent/model.gguf"]])
