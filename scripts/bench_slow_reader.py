@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.server_process import ServerProcess  # noqa: E402
+from tests.server_process import ServerProcess, slow_client  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -54,16 +53,8 @@ async def fast_streams(url: str, n: int, tokens: int) -> float:
 def slow_reader(port: int, rate: float, stop: list[bool]) -> bytes:
     """Reads its stream at `rate` bytes a second until `stop[0]`, then the rest at once."""
     fields = {"prompt": "Story:", "n_predict": 4000, "n_probs": 100, "stream": True, "ignore_eos": True}
-    body = json.dumps(fields).encode()
-    head = (
-        f"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
     received = b""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(head + body)
+    with slow_client(port, "/completion", fields) as sock:
         while not stop[0]:
             received += sock.recv(max(1, int(rate)))
             time.sleep(1.0)

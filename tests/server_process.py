@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -80,3 +82,18 @@ class ServerProcess:
     def exited_cleanly(self) -> bool:
         """Whether the stopped process ended by itself with code 0, not by stop()'s SIGKILL."""
         return not self.killed and self.proc.returncode == 0
+
+
+def slow_client(port: int, path: str, fields: dict[str, Any]) -> socket.socket:
+    """A connection that has sent a JSON POST to `path` (Connection: close) with a 4 KiB receive window:
+    a client that reads at its own pace (or not at all) while the server's bytes pile up."""
+    body = json.dumps(fields).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(head + body)
+    return sock

@@ -6,16 +6,16 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from engine.model_files import resolve
-from tests.server_process import REPO, ServerProcess, wait_until
+from tests.server_process import REPO, ServerProcess, slow_client, wait_until
 
 # Liveness bound, not a speed check: after SIGTERM the server ends its generations, drains and exits by
 # itself (code 0) within this time, well before stop()'s SIGKILL fallback would be needed.
@@ -216,16 +216,8 @@ def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot() -> None:
         "-m", "smollm2", "-c", "4096", "-np", "2", "--stream-buffer-size", "8192"
     ).wait_healthy()
     fields = {"prompt": "Story:", "n_predict": 3000, "n_probs": 100, "stream": True, "ignore_eos": True}
-    body = json.dumps(fields).encode()
-    head = (
-        f"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
     try:
-        with socket.socket() as slow:
-            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
-            slow.connect(("127.0.0.1", proc.port))
-            slow.sendall(head + body)  # then reads nothing until the server gives up on it
+        with slow_client(proc.port, "/completion", fields) as slow:  # reads nothing until it is cut off
             wait_until(lambda: "stream.slow_reader_cut" in proc.log_path.read_text(), 120, "the cut-off")
             slot_free = lambda: not httpx.get(proc.base_url + "/slots").json()[0]["is_processing"]  # noqa: E731
             wait_until(slot_free, 10, "the slot to be freed")
@@ -241,9 +233,9 @@ def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot() -> None:
         proc.stop(timeout=SIGTERM_EXIT_S)
 
 
-def test_sigterm_with_a_shutdown_timeout_lets_streams_finish() -> None:
-    proc = ServerProcess("-m", "smollm2", "-c", "1024", "--shutdown-timeout", "60").wait_healthy()
-    body = chat_body("Count from one to one hundred.", max_tokens=48, stream=True, ignore_eos=True)
+@contextlib.contextmanager
+def draining(proc: ServerProcess, body: dict) -> Iterator[tuple[httpx.Client, Iterator[str]]]:
+    """A chat stream that has begun, then SIGTERM; the client and the stream's lines still to read."""
     with (
         httpx.Client(base_url=proc.base_url, timeout=60) as client,
         client.stream("POST", "/v1/chat/completions", json=body) as resp,
@@ -252,6 +244,13 @@ def test_sigterm_with_a_shutdown_timeout_lets_streams_finish() -> None:
         assert next(line for line in lines if line.startswith("data: "))
         proc.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "server.draining" in proc.log_path.read_text(), 10, "the drain to start")
+        yield client, lines
+
+
+def test_sigterm_with_a_shutdown_timeout_lets_streams_finish() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "1024", "--shutdown-timeout", "60").wait_healthy()
+    body = chat_body("Count from one to one hundred.", max_tokens=48, stream=True, ignore_eos=True)
+    with draining(proc, body) as (client, lines):
         refused = client.post("/v1/chat/completions", json=chat_body("Hi", max_tokens=2))
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert refused.json()["error"]["message"] == "the server is shutting down"
@@ -262,14 +261,7 @@ def test_sigterm_with_a_shutdown_timeout_lets_streams_finish() -> None:
 
 def test_a_second_sigterm_cancels_the_drain() -> None:
     proc = ServerProcess("-m", "smollm2", "-c", "2048", "--shutdown-timeout", "600").wait_healthy()
-    body = chat_body("Story:", max_tokens=1500, stream=True, ignore_eos=True)
-    with (
-        httpx.Client(base_url=proc.base_url, timeout=60) as client,
-        client.stream("POST", "/v1/chat/completions", json=body) as resp,
-    ):
-        assert next(line for line in resp.iter_lines() if line.startswith("data: "))
-        proc.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "server.draining" in proc.log_path.read_text(), 10, "the drain to start")
+    with draining(proc, chat_body("Story:", max_tokens=1500, stream=True, ignore_eos=True)):
         assert proc.proc.poll() is None  # still draining: the generation goes on
         proc.stop(timeout=SIGTERM_EXIT_S)  # the second SIGTERM
     assert proc.exited_cleanly(), f"second SIGTERM: no clean exit within {SIGTERM_EXIT_S} s\n{proc.log()}"
