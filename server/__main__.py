@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import sys
 
@@ -10,6 +11,7 @@ import anyio
 import structlog
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+from quart import Quart
 
 from engine.model_files import ModelFetchError, resolve
 from server import logs
@@ -58,27 +60,7 @@ async def run(argv: list[str] | None = None) -> int:
         stop.set()
 
     app = create_app(settings, on_load_failure=load_failed)
-    loop = asyncio.get_running_loop()
-    forced = asyncio.Event()  # a second signal: cancel what still runs, now
-
-    def on_signal() -> None:
-        (forced if stop.is_set() else stop).set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-
-    async def shutdown_trigger() -> None:
-        await stop.wait()
-        service = app.extensions[SERVICE_KEY]
-        if settings.shutdown_timeout > 0:  # let in-flight requests finish; new ones get 503
-            await service.drain(settings.shutdown_timeout, forced)
-        # Then end what still runs, so open streams finish and connections drain at once. MCP children
-        # too, before the HTTP drain: a slow tool call then answers at once instead of holding it.
-        mcp = app.extensions.get(MCP_KEY)
-        await asyncio.gather(
-            anyio.to_thread.run_sync(service.stop),
-            mcp.stop() if mcp else asyncio.sleep(0),
-        )
+    forced = _on_signals(stop)
 
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
@@ -87,8 +69,38 @@ async def run(argv: list[str] | None = None) -> int:
     hypercorn_limits(config, settings.limits)
     log.info("server.listening", host=settings.host, port=settings.port, model=str(model_path))
     timed = IoTimeouts(app, settings.timeout)  # -to: llama-server's read/write timeouts
-    await serve(timed, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    shutdown = functools.partial(_shut_down, app, settings.shutdown_timeout, stop, forced)
+    await serve(timed, config, shutdown_trigger=shutdown)  # type: ignore[arg-type]
     return exit_code
+
+
+def _on_signals(stop: asyncio.Event) -> asyncio.Event:
+    """SIGTERM/SIGINT: the first sets `stop`; a second sets the event returned (cancel what runs, now)."""
+    forced = asyncio.Event()
+
+    def on_signal() -> None:
+        (forced if stop.is_set() else stop).set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    return forced
+
+
+async def _shut_down(app: Quart, timeout: float, stop: asyncio.Event, forced: asyncio.Event) -> None:
+    """hypercorn's shutdown trigger: after `stop`, let in-flight requests finish for up to `timeout`
+    seconds (--shutdown-timeout; new ones get 503), then end what still runs, so open streams finish and
+    connections drain at once. MCP children too, before the HTTP drain: a slow tool call then answers at
+    once instead of holding it."""
+    await stop.wait()
+    service = app.extensions[SERVICE_KEY]
+    if timeout > 0:
+        await service.drain(timeout, forced)
+    mcp = app.extensions.get(MCP_KEY)
+    await asyncio.gather(
+        anyio.to_thread.run_sync(service.stop),
+        mcp.stop() if mcp else asyncio.sleep(0),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,12 +19,12 @@ import structlog
 from quart import Blueprint, Quart, Response, current_app, request
 
 from server import errors
+from server.auth import install_auth
 from server.cli import Settings
 from server.cluster.fleet import Fleet, ReplicaHandle, ReplicaLease
 from server.cluster.placement import Replica, least_loaded
 from server.cluster.prefixes import block_hashes
 from server.error_handlers import install_error_handlers
-from server.router.app import _install_auth
 from server.router.catalogue import ModelEntry
 from server.router.conversations import CONVERSATION_HEADER
 from server.router.proxy import client_response, new_client, open_upstream
@@ -71,7 +71,7 @@ def create_cluster_app(
     ctx = Cluster(settings, entry, fleet, client, new_client(), secret, address)
     app.extensions[CLUSTER_KEY] = ctx
     app.register_blueprint(bp)
-    _install_auth(app, settings)
+    install_auth(app, settings.api_keys)
     install_error_handlers(app)
 
     @app.before_serving
