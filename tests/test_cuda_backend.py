@@ -240,6 +240,7 @@ def test_whole_model_forward_matches_cpu(make: Any) -> None:
         assert np.abs(want).max() > 0.1  # the random model produces real signal
 
 
+@pytest.mark.slow  # 35-40 s each in the simulator; the CPU paths of these families are in test_archs
 @pytest.mark.parametrize("name", ["ministral3", "phi3-short-rope"])
 def test_synthetic_families_forward_matches_cpu(name: str, tmp_path: Path) -> None:
     """RoPE scaling on the device (YaRN's pair scales and magnitude; LongRoPE's factors over a partial

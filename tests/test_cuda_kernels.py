@@ -8,6 +8,8 @@ The simulator runs one Python thread per CUDA thread, so shapes and block sizes 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -121,7 +123,9 @@ def test_store_kv_q8_0_quantizes_bitwise_like_cpu() -> None:
     np.testing.assert_array_equal(dvc.copy_to_host(), vc)
 
 
-@pytest.mark.parametrize("k_type, v_type", [("q8_0", "q8_0"), ("f16", "q8_0")])
+@pytest.mark.parametrize(
+    "k_type, v_type", [("q8_0", "q8_0"), pytest.param("f16", "q8_0", marks=pytest.mark.slow)]
+)
 def test_attention_over_q8_0_cells_matches_cpu(k_type: str, v_type: str) -> None:
     n_seq, n_kv, n_ctx, dim = 2, 1, 40, 32
     cells = {"f16": lambda x: x.astype(np.float16), "q8_0": quantize_q8_0_reference}
@@ -208,9 +212,16 @@ def random_weight(qtype: QType, rows: int, cols: int) -> np.ndarray:
 
 
 FORMATS = list(QType)
+# The three real models' formats (SmolLM2 Q4_1; Gemma 3 and Qwen2.5 Q5_0, Q8_0, Q4_K, Q6_K) and F32 run in
+# the default suite; the simulator takes 10-40 s a format, so the others are `slow` (make test-all).
+MODEL_FORMATS = {QType.F32, QType.Q4_1, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K}
 
 
-@pytest.mark.parametrize("qtype", FORMATS, ids=[q.name for q in FORMATS])
+def by_use(qtype: QType) -> Any:
+    return pytest.param(qtype, id=qtype.name, marks=() if qtype in MODEL_FORMATS else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("qtype", [by_use(q) for q in FORMATS])
 def test_matmul_matches_reference_and_cpu(qtype: QType) -> None:
     """40 rows (a partial second group of 32), 512 columns (two K-quant super-blocks); one decode token
     and a batch of 9 (a full and a partial 8-token tile)."""

@@ -55,7 +55,10 @@ CUSTOMER = {
     "required": ["name", "age", "score", "role", "address", "orders"],
     "additionalProperties": False,
 }
+# The issue's acceptance: 50 answers per model and mode (slow, `make test-all`); the default suite runs 12
+# of them (the first 12 seeds), which took 440 of the suite's seconds at 50.
 N_GENERATIONS = 50
+N_QUICK = 12
 
 
 async def customer_answers(base_url: str, stream: bool, n: int) -> list[tuple[str, str]]:
@@ -92,9 +95,8 @@ async def customer_answers(base_url: str, stream: bool, n: int) -> list[tuple[st
         await client.close()
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_json_schema_answers_always_validate(any_server: ServerProcess, stream: bool) -> None:
-    answers = asyncio.run(customer_answers(any_server.base_url, stream, N_GENERATIONS))
+def check_customer_answers(answers: list[tuple[str, str]]) -> None:
+    """Every answer validates, but for at most 2 cut by the token limit in a run of digits."""
     for text, finish in answers:
         if finish == "length":
             # llguidance lets a number's digits run on (llama.cpp's converter stops at 16), and Gemma 3
@@ -103,8 +105,19 @@ def test_json_schema_answers_always_validate(any_server: ServerProcess, stream: 
             continue
         assert finish == "stop", text
         jsonschema.validate(json.loads(text), CUSTOMER)
-    assert sum(finish == "stop" for _, finish in answers) >= N_GENERATIONS - 2
-    assert len({text for text, _ in answers}) > N_GENERATIONS // 2, "temperature 1.0 answers vary"
+    assert sum(finish == "stop" for _, finish in answers) >= len(answers) - 2
+    assert len({text for text, _ in answers}) > len(answers) // 2, "temperature 1.0 answers vary"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_json_schema_answers_validate(any_server: ServerProcess, stream: bool) -> None:
+    check_customer_answers(asyncio.run(customer_answers(any_server.base_url, stream, N_QUICK)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_json_schema_answers_always_validate(any_server: ServerProcess, stream: bool) -> None:
+    check_customer_answers(asyncio.run(customer_answers(any_server.base_url, stream, N_GENERATIONS)))
 
 
 def test_json_object_answers_parse(server: ServerProcess) -> None:
