@@ -1,8 +1,10 @@
 """Write server/llama_server_flags.py from llama-server's README (tools/server/README.md).
 
 Each row of the README's option tables becomes a `LlamaServerFlag` with its Llamba status: implemented
-(the parser knows a form of it), refused (it would change outputs and Llamba cannot honour it, or it
-needs a model hub), or ignored (accepted with a warning: it has no effect on what Llamba answers).
+(the parser knows a form of it), ignored (accepted with one warning line that names it and says what
+Llamba does instead: it has no effect on what Llamba answers, or Llamba cannot honour it), or refused
+(only the two that print something and exit instead of serving: a llama-server command line serving a
+model starts Llamba unchanged).
 Run: .venv/bin/python scripts/import_llama_server_flags.py /path/to/llama.cpp/tools/server/README.md
 """
 
@@ -18,12 +20,21 @@ sys.path.insert(0, str(ROOT))
 from server.cli import ALWAYS_ON, build_parser  # noqa: E402
 from server.env_args import split_switch  # noqa: E402
 
-HUB = "needs a model hub download; Llamba loads local files and its known models only"
-OUTPUT = "changes outputs and Llamba does not implement it"
-# Flags that would change what the server answers (or where it answers) and that Llamba lacks.
+HUB = "not applied: Llamba has no model hub; it serves -m, or its known models (a router) without it"
+OUTPUT = "not applied: Llamba does not implement it, so outputs differ from llama-server's with it"
+
+
+def per_request(field: str) -> str:
+    return f"not applied: no server-wide default in Llamba; send `{field}` in the request"
+
+
+# Flags that print something and exit instead of serving.
 REFUSED: dict[str, str] = {
     "-cl": "lists a hub cache Llamba does not have",
     "--completion-bash": "prints a bash completion script for llama.cpp's tools",
+}
+# Flags that would change what the server answers and that Llamba lacks: accepted, with this warning.
+NOT_APPLIED: dict[str, str] = {
     "--rope-scaling": OUTPUT + " (RoPE comes from the GGUF)",
     "--rope-scale": OUTPUT + " (RoPE comes from the GGUF)",
     "--rope-freq-base": OUTPUT + " (RoPE comes from the GGUF)",
@@ -45,26 +56,23 @@ REFUSED: dict[str, str] = {
     "-hff": HUB,
     "--adaptive-target": OUTPUT + " (the adaptive-p sampler)",
     "--adaptive-decay": OUTPUT + " (the adaptive-p sampler)",
-    "--grammar": "no server-wide default in Llamba: send `grammar` in the request",
-    "--grammar-file": "no server-wide default in Llamba: send `grammar` in the request",
-    "-j": "no server-wide default in Llamba: send `json_schema` in the request",
-    "-jf": "no server-wide default in Llamba: send `json_schema` in the request",
-    "-r": "no server-wide default in Llamba: send `stop` in the request",
+    "--grammar": per_request("grammar"),
+    "--grammar-file": per_request("grammar"),
+    "-j": per_request("json_schema"),
+    "-jf": per_request("json_schema"),
+    "-r": per_request("stop"),
     "-sp": OUTPUT + " (special tokens are not rendered in the text)",
     "--spm-infill": OUTPUT + " (/infill uses the prefix-suffix-middle order)",
     "-mm": OUTPUT + " (no multimodal projector)",
     "-mmu": OUTPUT + " (no multimodal projector)",
-    "--api-prefix": "routes are served at the root only",
-    "--ssl-key-file": "TLS is not implemented; put a TLS proxy in front",
-    "--ssl-cert-file": "TLS is not implemented; put a TLS proxy in front",
-    "--reasoning-effort": "no server-wide default in Llamba: send `reasoning_effort` in the request",
+    "--reasoning-effort": per_request("reasoning_effort"),
     "--reasoning-preserve": OUTPUT,
     "--skip-chat-parsing": OUTPUT,
     "--no-prefill-assistant": OUTPUT + " (a final assistant message is always continued)",
     "--no-jinja": OUTPUT + " (chat templates are always rendered with Jinja; llama.cpp's built-in"
     " non-Jinja formats are not available)",
-    "--ignore-eos": "no server-wide default in Llamba: send `ignore_eos` in the request",
-    "--chat-template-kwargs": "no server-wide default in Llamba: send `chat_template_kwargs` in the request",
+    "--ignore-eos": per_request("ignore_eos"),
+    "--chat-template-kwargs": per_request("chat_template_kwargs"),
     "--spec-draft-hf": HUB,
     "--embd-gemma-default": HUB,
     "--fim-qwen-1.5b-default": HUB,
@@ -126,10 +134,25 @@ def status(forms: tuple[str, ...], known: set[str]) -> tuple[str, str]:
     refused = [REFUSED[f] for f in forms if f in REFUSED]
     if refused:
         return "refused", refused[0]
+    not_applied = [NOT_APPLIED[f] for f in forms if f in NOT_APPLIED]
+    if not_applied:
+        return "ignored", not_applied[0]
     note = next((NOTES[f] for f in forms if f in NOTES), "")
     if any(f in known for f in forms):
         return "implemented", note
     return "ignored", note or IGNORED_NOTE
+
+
+def literal(text: str, width: int = 80) -> str:
+    """`text` as Python source: one string literal, or implicitly joined ones of at most `width`
+    characters in parentheses (ruff format lays them out under the line limit)."""
+    parts: list[str] = []
+    for word in text.split(" "):
+        if parts and len(parts[-1]) + 1 + len(word) <= width:
+            parts[-1] += " " + word
+        else:
+            parts.append(word if not parts else " " + word)
+    return repr(text) if len(parts) < 2 else "(" + " ".join(repr(p) for p in parts) + ")"
 
 
 def main(readme_path: str) -> None:
@@ -138,8 +161,9 @@ def main(readme_path: str) -> None:
         '"""llama-server\'s flags (its README\'s option tables) and what Llamba does with each.',
         "",
         "Generated by scripts/import_llama_server_flags.py; docs/compatibility.md is generated from it",
-        "(scripts/compatibility_doc.py). Statuses: implemented, ignored (accepted with a warning:",
-        'no effect), refused (exits 2 naming the flag and why)."""',
+        "(scripts/compatibility_doc.py). Statuses: implemented, ignored (accepted with a warning that",
+        "says what Llamba does instead), refused (exits 2 naming the flag and why: the two that print",
+        'and exit in llama-server instead of serving)."""',
         "",
         "from __future__ import annotations",
         "",
@@ -160,7 +184,7 @@ def main(readme_path: str) -> None:
     ]
     for forms, value, env in rows(Path(readme_path).read_text()):
         st, note = status(forms, known)
-        out.append(f"    F({forms!r}, {value!r}, {env!r}, {st!r}, {note!r}),")
+        out.append(f"    F({forms!r}, {value!r}, {env!r}, {st!r}, {literal(note)}),")
     out.append(")")
     target = ROOT / "server" / "llama_server_flags.py"
     target.write_text("\n".join(out) + "\n")

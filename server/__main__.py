@@ -10,17 +10,15 @@ import sys
 import anyio
 import structlog
 from hypercorn.asyncio import serve
-from hypercorn.config import Config
 from quart import Quart
 
 from engine.model_files import ModelFetchError, resolve
 from server import logs
 from server.app import create_app
 from server.cli import NO_EFFECT, parse_settings
-from server.io_timeouts import IoTimeouts
-from server.limits import hypercorn_limits
 from server.routes.tools import MANAGER_KEY as MCP_KEY
 from server.service import EXTENSION_KEY as SERVICE_KEY
+from server.serving import hypercorn_config, served
 
 log = structlog.get_logger("server")
 
@@ -62,15 +60,9 @@ async def run(argv: list[str] | None = None) -> int:
     app = create_app(settings, on_load_failure=load_failed)
     forced = _on_signals(stop)
 
-    config = Config()
-    config.bind = [f"{settings.host}:{settings.port}"]
-    config.graceful_timeout = 1.0
-    config.accesslog = None
-    hypercorn_limits(config, settings.limits)
     log.info("server.listening", host=settings.host, port=settings.port, model=str(model_path))
-    timed = IoTimeouts(app, settings.timeout)  # -to: llama-server's read/write timeouts
     shutdown = functools.partial(_shut_down, app, settings.shutdown_timeout, stop, forced)
-    await serve(timed, config, shutdown_trigger=shutdown)  # type: ignore[arg-type]
+    await serve(served(app, settings), hypercorn_config(settings), shutdown_trigger=shutdown)  # type: ignore[arg-type]
     return exit_code
 
 

@@ -92,6 +92,9 @@ class Settings(BaseModel):
     webui: bool = True
     timeout: int = 3600  # -to: seconds a request body may take to arrive, and a response write may block
     shutdown_timeout: float = 0.0  # seconds SIGTERM lets in-flight requests finish (0: cancel them at once)
+    api_prefix: str = ""  # --api-prefix: every route under it (server/serving.py)
+    ssl_key_file: str | None = None  # --ssl-key-file/--ssl-cert-file: HTTPS (both or neither)
+    ssl_cert_file: str | None = None
     verbose: bool = False
     log_format: str = "text"
     log_prompts_dir: Path | None = None
@@ -331,6 +334,9 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--ui", "--webui", dest="webui", action="store_true", default=True)
     add("--no-webui", "--no-ui", dest="webui", action="store_false")
     add("-to", "--timeout", type=int, default=3600, help="seconds a request body may take, a write may block")
+    add("--api-prefix", default="", help="serve every route under this path (e.g. /llm)")
+    add("--ssl-key-file", default=None, help="PEM private key: serve HTTPS (with --ssl-cert-file)")
+    add("--ssl-cert-file", default=None, help="PEM certificate: serve HTTPS (with --ssl-key-file)")
     add("--shutdown-timeout", type=float, default=0.0,
         help="on SIGTERM, seconds in-flight requests may take to finish (new ones get 503); 0: cancel "
         "them at once; a second SIGTERM cancels them")  # fmt: skip
@@ -527,6 +533,8 @@ def parse_settings(
     except McpConfigError as exc:
         parser.error(str(exc))
     values["cors_origins"] = _cors_origins(args.cors_origins)
+    values["api_prefix"] = _api_prefix(parser, args.api_prefix)
+    _check_tls(parser, args)
     values["spec"] = _spec_params(parser, args)
     values["sampling"] = _sampling_params(parser, args)
     if args.log_prompts_dir:
@@ -547,6 +555,22 @@ def parse_settings(
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
     _check_cache_types(parser, args)
     return Settings(**values), ignored
+
+
+def _api_prefix(parser: argparse.ArgumentParser, prefix: str) -> str:
+    """`/llm`, `llm/` and `/llm/` all mean /llm; "/" or "" none."""
+    cleaned = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    if any(c in cleaned for c in "?#% ") or "//" in cleaned:
+        parser.error(f"--api-prefix must be a plain path like /llm, got {prefix!r}")
+    return cleaned
+
+
+def _check_tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if bool(args.ssl_key_file) != bool(args.ssl_cert_file):
+        parser.error("--ssl-key-file and --ssl-cert-file go together")
+    for flag, path in (("--ssl-key-file", args.ssl_key_file), ("--ssl-cert-file", args.ssl_cert_file)):
+        if path and not Path(path).is_file():
+            parser.error(f"{flag}: no such file: {path}")
 
 
 def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

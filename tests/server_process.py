@@ -49,13 +49,14 @@ class ServerProcess:
             cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
 
-    def wait_healthy(self, timeout: float = 120.0) -> ServerProcess:
+    def wait_healthy(self, timeout: float = 120.0, path: str = "/health", **client: Any) -> ServerProcess:
+        """Until `path` answers 200 (`client`: httpx's options, e.g. `verify` for HTTPS)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
+                if httpx.get(self.base_url + path, timeout=1.0, **client).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -321,6 +322,54 @@ def test_a_model_file_that_fails_to_load_exits_1_naming_why(
     proc = ServerProcess("-m", str(path), "-c", "512")
     assert proc.proc.wait(timeout=120) == 1
     assert "model.load_failed" in proc.log() and reason in proc.log()
+
+
+def test_api_prefix_serves_every_route_under_it() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "512", "--api-prefix", "/llm/").wait_healthy(
+        path="/llm/health"
+    )
+    try:
+        url = proc.base_url
+        reply = httpx.post(url + "/llm/v1/chat/completions", json=chat_body("Hi", max_tokens=2))
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] is not None
+        assert httpx.get(url + "/llm/openapi.json").json()["openapi"] == "3.1.0"
+        assert httpx.get(url + "/health").status_code == 404  # only under the prefix
+        assert httpx.get(url + "/llmx/health").status_code == 404
+        redirect = httpx.get(url + "/llm")
+        assert redirect.status_code == 308 and redirect.headers["location"] == "/llm/"
+        assert httpx.get(url + "/llm/").text.startswith("<!doctype html>")
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
+
+
+def test_tls_with_llama_servers_flags(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    proc = ServerProcess(
+        "-m", "smollm2", "-c", "512", "--ssl-key-file", str(key), "--ssl-cert-file", str(cert)
+    )
+    proc.base_url = proc.base_url.replace("http://", "https://")
+    try:
+        trust = ssl.create_default_context(cafile=str(cert))
+        proc.wait_healthy(verify=trust)
+        reply = httpx.post(proc.base_url + "/completion", json={"prompt": "Hi", "n_predict": 2}, verify=trust)
+        assert reply.status_code == 200 and reply.json()["tokens_predicted"] == 2
+        with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
+            httpx.get(proc.base_url.replace("https://", "http://") + "/health", timeout=5)
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
+
+
+def test_tls_needs_both_files(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--ssl-key-file", str(tmp_path)], cwd=REPO, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--ssl-key-file and --ssl-cert-file go together" in result.stderr
 
 
 @pytest.mark.parametrize("args", [["-c", "-5"], ["--port", "x"], ["-m", "/nonexistent/model.gguf"]])

@@ -45,7 +45,7 @@ def test_index_is_html_with_a_strict_content_security_policy(client: httpx.Clien
     csp = reply.headers["Content-Security-Policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "object-src 'none'" in csp
     assert reply.headers["X-Content-Type-Options"] == "nosniff"
-    assert '<script type="module" src="/assets/js/main.js">' in reply.text
+    assert '<script type="module" src="assets/js/main.js">' in reply.text  # relative: --api-prefix
     assert client.get("/index.html").content == reply.content
 
 

@@ -658,3 +658,25 @@ def test_skip_thinking_with_the_reasoning_template(browser: Any) -> None:  # noq
         if context is not None:
             context.close()
         proc.stop()
+
+
+def test_the_page_works_under_an_api_prefix(browser: Any) -> None:  # noqa: F811
+    """--api-prefix /llm: the page at /llm/ loads its files and talks to the API under the prefix."""
+    from playwright.sync_api import expect
+
+    proc = ServerProcess("-m", "smollm2", "-c", "1024", "--api-prefix", "/llm").wait_healthy(
+        path="/llm/health"
+    )
+    context = browser.new_context(viewport=DESKTOP, base_url=proc.base_url)
+    try:
+        tab = context.new_page()
+        errors = PageErrors(tab)
+        tab.goto("/llm")  # redirected to /llm/
+        expect(tab.locator("#model-name")).to_contain_text("SmolLM2")
+        send(tab, "Say hi.")
+        wait_status(tab, "done")
+        assert last_message(tab)["content"].strip()
+        assert errors.unexpected(LOAD_ERRORS) == []
+    finally:
+        context.close()
+        proc.stop()

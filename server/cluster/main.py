@@ -18,7 +18,6 @@ from typing import Any
 import ray
 import structlog
 from hypercorn.asyncio import serve
-from hypercorn.config import Config
 
 from server.cli import Settings
 from server.cluster.app import create_cluster_app
@@ -26,6 +25,7 @@ from server.cluster.fleet import ReplicaHandle
 from server.cluster.replica import ReplicaServer
 from server.router.catalogue import CatalogueError, ModelEntry, build_catalogue
 from server.router.main import child_args
+from server.serving import hypercorn_config, served
 
 log = structlog.get_logger("cluster")
 
@@ -119,15 +119,11 @@ async def run_cluster(settings: Settings, argv: list[str]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    config = Config()
-    config.bind = [f"{settings.host}:{settings.port}"]
-    config.graceful_timeout = 1.0
-    config.accesslog = None
     log.info(
         "cluster.listening", host=settings.host, port=settings.port, model=entry.id, replicas=len(handles)
     )
     try:
-        await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        await serve(served(app, settings), hypercorn_config(settings), shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     finally:
         ray.shutdown()
     return 0

@@ -19,7 +19,10 @@ from engine.model_files import DEFAULT_MODEL, MODELS
 from server.cli import ALWAYS_ON, IGNORED_FLAGS, build_parser
 
 # Keys a preset may not set: the router owns them (llama-server removes or overwrites them too).
-ROUTER_KEYS = {"host", "port", "api-key", "api-key-file", "models-dir", "models-preset", "models-max"}
+ROUTER_KEYS = {
+    "host", "port", "api-key", "api-key-file", "models-dir", "models-preset", "models-max",
+    "api-prefix", "ssl-key-file", "ssl-cert-file",
+}  # fmt: skip
 PRESET_ONLY_KEYS = {"load-on-startup", "stop-timeout"}
 SPLIT_SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 DEFAULT_STOP_TIMEOUT = 10.0

@@ -58,6 +58,9 @@ ROUTER_ONLY_ENV = frozenset(
         "LLAMA_ARG_MODELS_AUTOLOAD",
         "LLAMA_ARG_NO_MODELS_AUTOLOAD",
         "LLAMA_ARG_ALIAS",
+        "LLAMA_ARG_API_PREFIX",
+        "LLAMA_ARG_SSL_KEY_FILE",
+        "LLAMA_ARG_SSL_CERT_FILE",
     }
 )
 

@@ -8,12 +8,11 @@ import sys
 
 import structlog
 from hypercorn.asyncio import serve
-from hypercorn.config import Config
 
 from server.cli import Settings
-from server.io_timeouts import IoTimeouts
 from server.router.app import create_router_app
 from server.router.catalogue import CatalogueError, build_catalogue
+from server.serving import hypercorn_config, served
 
 log = structlog.get_logger("router")
 
@@ -33,6 +32,9 @@ ROUTER_ONLY_FLAGS = {
     "--alias": True,
     "--log-format": True,
     "--responses-dir": True,  # one folder per process: children would overwrite each other's files
+    "--api-prefix": True,  # the router serves under the prefix and over TLS; children plain, at the root
+    "--ssl-key-file": True,
+    "--ssl-cert-file": True,
 }
 
 
@@ -60,10 +62,6 @@ async def run_router(settings: Settings, argv: list[str]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    config = Config()
-    config.bind = [f"{settings.host}:{settings.port}"]
-    config.graceful_timeout = 1.0
-    config.accesslog = None
     models = sorted(catalogue.entries)
     log.info(
         "router.listening",
@@ -72,5 +70,5 @@ async def run_router(settings: Settings, argv: list[str]) -> int:
         models=models,
         models_max=settings.models_max,
     )
-    await serve(IoTimeouts(app, settings.timeout), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    await serve(served(app, settings), hypercorn_config(settings), shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     return 0

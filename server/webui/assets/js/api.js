@@ -1,4 +1,6 @@
 // The server's HTTP API, with the API key when one is set, and an SSE splitter that counts bytes.
+// Paths are relative to the page's folder, so the UI works under --api-prefix (/llm/ serves it there).
+const BASE = new URL(".", document.baseURI).pathname.replace(/\/$/, "");
 export class ApiError extends Error {
   constructor(status, message) {
     super(message);
@@ -17,7 +19,7 @@ export class Api {
   }
 
   async json(path, options = {}) {
-    const response = await fetch(path, { ...options, headers: this.headers(options.headers) });
+    const response = await fetch(BASE + path, { ...options, headers: this.headers(options.headers) });
     if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
     return response.json();
   }
@@ -41,7 +43,7 @@ export class Api {
 
   /** Router mode: call `onEvent` with each /models/sse event until the stream ends. */
   async modelEvents(onEvent) {
-    const response = await fetch("/models/sse", { headers: this.headers(), cache: "no-store" });
+    const response = await fetch(BASE + "/models/sse", { headers: this.headers(), cache: "no-store" });
     if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
@@ -61,7 +63,7 @@ export class Api {
 
   /** The MCP servers' tools (GET /tools), or [] when the server has none configured (404). */
   async tools() {
-    const response = await fetch("/tools", { headers: this.headers() });
+    const response = await fetch(BASE + "/tools", { headers: this.headers() });
     if (response.status === 404) return [];
     if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
     return response.json();
@@ -69,7 +71,7 @@ export class Api {
 
   /** Start a streamed chat completion as the resumable session `key`. Resolves to the raw Response. */
   chat(body, key, signal) {
-    return fetch("/v1/chat/completions", {
+    return fetch(BASE + "/v1/chat/completions", {
       method: "POST",
       headers: this.headers({ "Content-Type": "application/json", "X-Conversation-Id": key }),
       body: JSON.stringify(body),
@@ -80,12 +82,12 @@ export class Api {
   /** Reattach to session `key` from byte `offset`: 200 (bytes follow), 503 (loading) or 404 (gone). */
   stream(key, offset, signal) {
     const query = new URLSearchParams({ conv_id: key, from: String(offset) });
-    return fetch(`/v1/stream?${query}`, { headers: this.headers(), signal, cache: "no-store" });
+    return fetch(`${BASE}/v1/stream?${query}`, { headers: this.headers(), signal, cache: "no-store" });
   }
 
   stop(key) {
     const query = new URLSearchParams({ conv_id: key });
-    return fetch(`/v1/stream?${query}`, { method: "DELETE", headers: this.headers() });
+    return fetch(`${BASE}/v1/stream?${query}`, { method: "DELETE", headers: this.headers() });
   }
 
   control(id, action) {
