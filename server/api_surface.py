@@ -43,6 +43,7 @@ ROUTES: tuple[Route, ...] = (
     R("POST", "/v1/completions", "OpenAI", True, "`suffix` runs as /infill on a model with FIM tokens"),
     R("POST", "/chat/completions", "llama-server", True, "as /v1/chat/completions"),
     R("POST", "/v1/chat/completions", "OpenAI", True, "tools, structured output, the MCP tool loop"),
+    R("POST", "/predict", "Vertex AI", True, "chat completion instances (@requestFormat), concurrently"),
     R("POST", "/v1/chat/completions/control", "llama-server", True, "reasoning_end on a running chat"),
     R("POST", "/chat/completions/control", "Llamba", True, "as /v1/chat/completions/control"),
     R("POST", "/v1/responses", "OpenAI", True, "stored, background, MCP tools"),

@@ -6,9 +6,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
+from server import errors
 from server.schemas_tools import ConstraintFields, ToolFields
 from server.unsupported import unsupported
 
@@ -325,3 +326,38 @@ class StreamLookupRequest(BaseModel):
     """POST /v1/streams/lookup: the resumable streams to report on."""
 
     conversation_ids: list[str]
+
+
+class PredictRequest(BaseModel):
+    """Vertex AI's `POST /predict`: `instances`, each a chat completion request marked
+    `"@requestFormat": "chatCompletions"` (the one format served), none streamed."""
+
+    model_config = ConfigDict(extra="forbid")
+    instances: list[dict[str, Any]] = Field(min_length=1, max_length=64)
+    parameters: dict[str, Any] | None = None  # Vertex's per-call parameters: only an empty one
+
+    @field_validator("parameters")
+    @classmethod
+    def _no_parameters(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v:
+            raise ValueError("not read by Llamba: put each request's fields in its instance")
+        return v
+
+    def chat_requests(self) -> list[ChatCompletionRequest]:
+        """Each instance as a ChatCompletionRequest; a bad one is a 400 naming `instances.<i>...`."""
+        requests = []
+        for i, instance in enumerate(self.instances):
+            fields = dict(instance)
+            kind = fields.pop("@requestFormat", None)
+            if kind != "chatCompletions":
+                raise errors.invalid_request(
+                    f"'instances.{i}.@requestFormat' must be \"chatCompletions\", got {kind!r}"
+                )
+            if fields.get("stream"):
+                raise errors.invalid_request(f"'instances.{i}.stream': predictions are not streamed")
+            try:
+                requests.append(ChatCompletionRequest.model_validate(fields))
+            except ValidationError as exc:
+                err = errors.from_validation(exc)
+                raise errors.invalid_request(f"instances.{i}: {err.message}") from None
+        return requests

@@ -150,3 +150,31 @@ def test_errors_raise_the_right_exceptions(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], temperature=-1)
     with pytest.raises(openai.NotFoundError):
         client.post("/nothing-here", cast_to=object, body={})
+
+
+def test_vertex_predict_runs_each_instance_as_a_chat(server) -> None:  # type: ignore[no-untyped-def]
+    chats = [
+        {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 8}
+        for text in ("Hi", "Name a color.", "Count to three.")
+    ]
+    instances = [{"@requestFormat": "chatCompletions", **chat} for chat in chats]
+    reply = httpx.post(server.base_url + "/predict", json={"instances": instances}, timeout=120)
+    assert reply.status_code == 200, reply.text
+    predictions = reply.json()["predictions"]
+    alone = [httpx.post(server.base_url + "/v1/chat/completions", json=c, timeout=120).json() for c in chats]
+    assert [p["choices"][0]["message"] for p in predictions] == [a["choices"][0]["message"] for a in alone]
+
+
+@pytest.mark.parametrize(
+    "body, named",
+    [
+        ({"instances": []}, "instances"),
+        ({"instances": [{"messages": [{"role": "user", "content": "Hi"}]}]}, "instances.0.@requestFormat"),
+        ({"instances": [{"@requestFormat": "chatCompletions"}]}, "instances.0: "),
+        ({"instances": [{"@requestFormat": "chatCompletions", "stream": True}]}, "instances.0.stream"),
+        ({"instances": [{"@requestFormat": "x"}], "parameters": {"temperature": 1}}, "parameters"),
+    ],
+)
+def test_bad_predict_bodies_are_400_naming_the_field(server, body: dict, named: str) -> None:  # type: ignore[no-untyped-def]
+    reply = httpx.post(server.base_url + "/predict", json=body, timeout=30)
+    assert reply.status_code == 400 and named in reply.json()["error"]["message"], reply.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from server.mcp import McpManager
 from server.request_body import json_body
 from server.routes.stream import resumable
 from server.routes.tools import MANAGER_KEY
-from server.schemas import ChatCompletionRequest, GenerationFields, OpenAICompletionRequest
+from server.schemas import ChatCompletionRequest, GenerationFields, OpenAICompletionRequest, PredictRequest
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
 
@@ -48,8 +49,21 @@ def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) 
 @bp.post("/v1/chat/completions")
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
+    return await chat_reply(service(), ChatCompletionRequest.model_validate(await json_body()))
+
+
+@bp.post("/predict")
+async def predict() -> Any:
+    """Vertex AI's prediction route (as llama-server serves it): each instance is a chat completion
+    request (`"@requestFormat": "chatCompletions"`, not streamed); they run concurrently, and the
+    predictions are their replies in order."""
     svc = service()
-    body = ChatCompletionRequest.model_validate(await json_body())
+    bodies = PredictRequest.model_validate(await json_body()).chat_requests()
+    return {"predictions": list(await asyncio.gather(*(chat_reply(svc, body) for body in bodies)))}
+
+
+async def chat_reply(svc: ModelService, body: ChatCompletionRequest) -> Any:
+    """The reply to one chat completion request: whole, streamed, n choices, or an MCP tool-loop run."""
     completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
     svc.require_ready()
     plan = await agent_plan(mcp_manager(), svc.settings, body)
