@@ -72,6 +72,7 @@ class Settings(BaseModel):
 
     model: str | None = None
     alias: str | None = None
+    tags: str | None = None
     ctx_size: int = 4096
     parallel: int = 1
     batch_size: int = 2048
@@ -161,10 +162,20 @@ class Settings(BaseModel):
         return self.load_mode in LOCKING_LOAD_MODES
 
     @property
+    def aliases(self) -> list[str]:
+        """-a/--alias, comma-separated (llama-server's): the first is the model's id in the API."""
+        return [a.strip() for a in (self.alias or "").split(",") if a.strip()]
+
+    @property
     def model_alias(self) -> str:
-        if self.alias:
-            return self.alias
+        if self.aliases:
+            return self.aliases[0]
         return Path(self.model).name if self.model else "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+    @property
+    def tag_list(self) -> list[str]:
+        """--tags, comma-separated: informational, listed in /v1/models (not used for routing)."""
+        return [t.strip() for t in (self.tags or "").split(",") if t.strip()]
 
 
 class _ListDevices(argparse.Action):
@@ -204,7 +215,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     """The model, its context and batch sizes, threads."""
     add = p.add_argument_group("model and context").add_argument
     add("-m", "--model", default=None, help="GGUF path or model name (smollm2, gemma3, qwen)")
-    add("-a", "--alias", default=None)
+    add("-a", "--alias", default=None, help="the model's API names, comma-separated (the first is its id)")
+    add("--tags", default=None, help="the model's tags, comma-separated (listed in /v1/models)")
     add("-c", "--ctx-size", type=int, default=4096)
     add("-np", "--parallel", type=int, default=1)
     add("-b", "--batch-size", type=int, default=2048)

@@ -508,7 +508,7 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     ),
     F(("--video-ffmpeg-dir",), "DIR", "LLAMA_ARG_VIDEO_FFMPEG_DIR", "ignored", "no effect in Llamba"),
     F(("-a", "--alias"), "STRING", "LLAMA_ARG_ALIAS", "implemented", ""),
-    F(("--tags",), "STRING", "LLAMA_ARG_TAGS", "ignored", "no effect in Llamba"),
+    F(("--tags",), "STRING", "LLAMA_ARG_TAGS", "implemented", ""),
     F(("--embd-normalize",), "N", "", "implemented", ""),
     F(("--host",), "HOST", "LLAMA_ARG_HOST", "implemented", ""),
     F(("--port",), "PORT", "LLAMA_ARG_PORT", "implemented", ""),

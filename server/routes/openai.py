@@ -412,6 +412,8 @@ async def models() -> Any:
         }
     entry = {"id": svc.settings.model_alias, "object": "model", "created": int(svc.counters.started)}
     entry |= {"owned_by": "llamacpp", "meta": meta}
+    settings = svc.settings
+    entry |= {"aliases": settings.aliases[1:], "tags": settings.tag_list}
     return {
         "object": "list",
         "data": [entry],
