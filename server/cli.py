@@ -94,6 +94,7 @@ class Settings(BaseModel):
     timeout: int = 3600  # -to: seconds a request body may take to arrive, and a response write may block
     shutdown_timeout: float = 0.0  # seconds SIGTERM lets in-flight requests finish (0: cancel them at once)
     api_prefix: str = ""  # --api-prefix: every route under it (server/serving.py)
+    props: bool = False  # --props: POST /props is served
     ssl_key_file: str | None = None  # --ssl-key-file/--ssl-cert-file: HTTPS (both or neither)
     ssl_cert_file: str | None = None
     verbose: bool = False
@@ -343,6 +344,7 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--slots", dest="slots", action="store_true", default=True)
     add("--no-slots", dest="slots", action="store_false")
     add("--metrics", action="store_true", default=False)
+    add("--props", action="store_true", default=False, help="accept POST /props (no property changes yet)")
     add("--ui", "--webui", dest="webui", action="store_true", default=True)
     add("--no-webui", "--no-ui", dest="webui", action="store_false")
     add("-to", "--timeout", type=int, default=3600, help="seconds a request body may take, a write may block")

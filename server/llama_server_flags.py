@@ -589,7 +589,7 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     ),
     F(("--cache-reuse",), "N", "LLAMA_ARG_CACHE_REUSE", "ignored", "no effect in Llamba"),
     F(("--metrics",), "", "LLAMA_ARG_ENDPOINT_METRICS", "implemented", ""),
-    F(("--props",), "", "LLAMA_ARG_ENDPOINT_PROPS", "ignored", "no effect in Llamba"),
+    F(("--props",), "", "LLAMA_ARG_ENDPOINT_PROPS", "implemented", ""),
     F(("--slots", "--no-slots"), "", "LLAMA_ARG_ENDPOINT_SLOTS", "implemented", ""),
     F(("--slot-save-path",), "PATH", "", "implemented", ""),
     F(("--media-path",), "PATH", "", "ignored", "no effect in Llamba"),

@@ -127,6 +127,7 @@ ROUTES: tuple[Route, ...] = (
     Route("post", ("/v1/streams/lookup",), "resumable streams' state", StreamLookupRequest),
     Route("get", ("/health", "/v1/health"), "readiness: 200 once the model is loaded"),
     Route("get", ("/props",), "the server's settings and model"),
+    Route("post", ("/props",), "change global properties (--props; none yet: an empty object)"),
     Route("get", ("/v1/models", "/models"), "the served model"),
     Route("get", ("/slots",), "what each slot does"),
     Route("get", ("/slots/prefixes",), "the prompt cache's block hashes, busy slots, queue"),

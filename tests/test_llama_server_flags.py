@@ -100,7 +100,7 @@ def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> N
                    "-b", "512", "-ub", "256", "--temp", "0", "--top-k", "1", "--jinja", "--metrics",
                    "--slots", "--webui", "-to", "1", "--log-verbose", "-cram", "64", "-dev", "cpu",
                    "--reasoning-format", "auto", "--cont-batching", "-a", "mini,small",
-                   "--tags", "fast,tiny"]  # fmt: skip
+                   "--tags", "fast,tiny", "--props"]  # fmt: skip
     keys = tmp_path / "keys"
     keys.write_text("# the team's key\nfile-key\n")
     env = {"LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_SWA_FULL": "1",
@@ -109,6 +109,10 @@ def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> N
     proc = ServerProcess(*implemented, *argv, env=env).wait_healthy(timeout=300)
     try:
         _check_keys_and_variables(proc.base_url)
+        changed = httpx.post(proc.base_url + "/props", json={}, headers=AUTH)  # --props is among the flags
+        assert changed.status_code == 200 and changed.json() == {"success": True}
+        named = httpx.post(proc.base_url + "/props", json={"n_ctx": 1}, headers=AUTH)
+        assert named.status_code == 400 and "n_ctx" in named.json()["error"]["message"]
         listed = httpx.get(proc.base_url + "/v1/models", headers=AUTH).json()["data"][0]
         assert (listed["id"], listed["aliases"], listed["tags"]) == ("mini", ["small"], ["fast", "tiny"])
         body = {

@@ -178,3 +178,8 @@ def test_vertex_predict_runs_each_instance_as_a_chat(server) -> None:  # type: i
 def test_bad_predict_bodies_are_400_naming_the_field(server, body: dict, named: str) -> None:  # type: ignore[no-untyped-def]
     reply = httpx.post(server.base_url + "/predict", json=body, timeout=30)
     assert reply.status_code == 400 and named in reply.json()["error"]["message"], reply.text
+
+
+def test_post_props_needs_the_flag(server) -> None:  # type: ignore[no-untyped-def]
+    refused = httpx.post(server.base_url + "/props", json={})
+    assert refused.status_code == 501 and "--props" in refused.json()["error"]["message"]

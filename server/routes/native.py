@@ -47,6 +47,22 @@ async def health() -> Any:
     return {"status": "ok"}
 
 
+@bp.post("/props")
+async def change_props() -> Any:
+    """llama-server's POST /props (with --props): it changes no property yet, so the only body it takes
+    is an empty object; a property named is a 400 rather than silently kept as it is."""
+    if not service().settings.props:
+        raise errors.not_supported(
+            "This server does not support changing global properties. Start it with `--props`"
+        )
+    body = await json_body()
+    if not isinstance(body, dict):
+        raise errors.invalid_request("the body must be a JSON object")
+    if body:
+        raise errors.invalid_request(f"no property can be changed at run time (asked: {sorted(body)})")
+    return {"success": True}
+
+
 @bp.get("/props")
 async def props() -> Any:
     svc = service()
