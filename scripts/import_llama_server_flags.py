@@ -71,8 +71,6 @@ NOT_APPLIED: dict[str, str] = {
     "--no-prefill-assistant": OUTPUT + " (a final assistant message is always continued)",
     "--no-jinja": OUTPUT + " (chat templates are always rendered with Jinja; llama.cpp's built-in"
     " non-Jinja formats are not available)",
-    "--ignore-eos": per_request("ignore_eos"),
-    "--chat-template-kwargs": per_request("chat_template_kwargs"),
     "--spec-draft-hf": HUB,
     "--embd-gemma-default": HUB,
     "--fim-qwen-1.5b-default": HUB,

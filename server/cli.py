@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import re
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -95,6 +97,8 @@ class Settings(BaseModel):
     shutdown_timeout: float = 0.0  # seconds SIGTERM lets in-flight requests finish (0: cancel them at once)
     api_prefix: str = ""  # --api-prefix: every route under it (server/serving.py)
     props: bool = False  # --props: POST /props is served
+    ignore_eos: bool = False  # --ignore-eos: the default of a request's `ignore_eos`
+    chat_template_kwargs: dict[str, Any] = {}  # --chat-template-kwargs: under each request's own
     ssl_key_file: str | None = None  # --ssl-key-file/--ssl-cert-file: HTTPS (both or neither)
     ssl_cert_file: str | None = None
     verbose: bool = False
@@ -345,6 +349,9 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--no-slots", dest="slots", action="store_false")
     add("--metrics", action="store_true", default=False)
     add("--props", action="store_true", default=False, help="accept POST /props (no property changes yet)")
+    add("--ignore-eos", action="store_true", default=False, help="requests' default: generate past EOS")
+    add("--chat-template-kwargs", default=None, metavar="JSON",
+        help="a JSON object of chat template variables; a request's own win")  # fmt: skip
     add("--ui", "--webui", dest="webui", action="store_true", default=True)
     add("--no-webui", "--no-ui", dest="webui", action="store_false")
     add("-to", "--timeout", type=int, default=3600, help="seconds a request body may take, a write may block")
@@ -548,6 +555,7 @@ def parse_settings(
         parser.error(str(exc))
     values["cors_origins"] = _cors_origins(args.cors_origins)
     values["api_prefix"] = _api_prefix(parser, args.api_prefix)
+    values["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", args.chat_template_kwargs)
     _check_tls(parser, args)
     values["spec"] = _spec_params(parser, args)
     values["sampling"] = _sampling_params(parser, args)
@@ -569,6 +577,18 @@ def parse_settings(
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
     _check_cache_types(parser, args)
     return Settings(**values), ignored
+
+
+def _json_object(parser: argparse.ArgumentParser, flag: str, text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        parser.error(f"{flag} must be a JSON object: {exc}")
+    if not isinstance(value, dict):
+        parser.error(f"{flag} must be a JSON object, got {text!r}")
+    return value
 
 
 def _api_prefix(parser: argparse.ArgumentParser, prefix: str) -> str:

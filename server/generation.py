@@ -38,7 +38,7 @@ async def build_request(
         sampling=sampling,
         n_predict=body.max_new_tokens(service.settings.n_predict),
         stop=body.stop_list() + (tools.format.extra_stops if tools else ()),
-        ignore_eos=body.ignore_eos,
+        ignore_eos=service.settings.ignore_eos if body.ignore_eos is None else body.ignore_eos,
         id_slot=body.id_slot,
         cache_prompt=body.cache_prompt,
         request_id=request_id,

@@ -58,7 +58,7 @@ class GenerationFields(ConstraintFields):
     n_cmpl: int | None = Field(default=None, ge=1)  # llama-server's name for it (wins over `n`)
     cache_prompt: bool = True
     id_slot: int = -1
-    ignore_eos: bool = False
+    ignore_eos: bool | None = None  # None: the server's --ignore-eos
     timings_per_token: bool = False
     return_progress: bool = False
     verbose: bool = False

@@ -350,8 +350,9 @@ class ModelService:
         **kwargs: Any,
     ) -> str:
         """The chat as the model's prompt; with tools, as their format wants them (its message changes,
-        template variables and prompt fixes, llama.cpp's)."""
+        template variables and prompt fixes, llama.cpp's). `kwargs` go over --chat-template-kwargs."""
         template = self._require().template
+        kwargs = self.settings.chat_template_kwargs | kwargs
         if tools and tool_format is not None:
             messages = tool_format.prepare_messages(messages, tools)
             kwargs = tool_format.template_context(tools) | kwargs

@@ -128,7 +128,7 @@ def _values(action: argparse.Action, files: dict[str, str]) -> list[list[str]]:
     special = {
         "samplers": "top_k;temperature", "sampler_seq": "kt", "logit_bias": "15+1",
         "spec_type": "ngram-simple", "mcp_servers_json": json.dumps(MCP), "cache_type_k": "q8_0",
-        "cache_type_v": "q8_0", "cluster": "ray", **files,
+        "cache_type_v": "q8_0", "cluster": "ray", "chat_template_kwargs": '{"a": 1}', **files,
     }  # fmt: skip
     if action.nargs == 0:
         return [[]]

@@ -372,6 +372,25 @@ def test_tls_needs_both_files(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--ssl-key-file and --ssl-cert-file go together" in result.stderr
 
 
+def test_server_wide_request_defaults() -> None:
+    """--chat-template-kwargs and --ignore-eos are defaults that a request's own fields override."""
+    template = "{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    kwargs = '{"greeting": "HELLO "}'
+    args = ["--chat-template", template, "--chat-template-kwargs", kwargs, "--ignore-eos"]
+    proc = ServerProcess("-m", "smollm2", "-c", "512", *args).wait_healthy()
+    try:
+        url, messages = proc.base_url, [{"role": "user", "content": "Hi"}]
+        assert httpx.post(url + "/apply-template", json={"messages": messages}).json()["prompt"] == "HELLO Hi"
+        own = {"messages": messages, "chat_template_kwargs": {"greeting": "BYE "}}
+        assert httpx.post(url + "/apply-template", json=own).json()["prompt"] == "BYE Hi"
+        ran_on = httpx.post(
+            url + "/completion", json={"prompt": "Hi", "n_predict": 300, "temperature": 0}
+        ).json()
+        assert ran_on["tokens_predicted"] == 300 and ran_on["stop_type"] == "limit"
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
+
+
 @pytest.mark.parametrize("args", [["-c", "-5"], ["--port", "x"], ["-m", "/nonexistent/model.gguf"]])
 def test_bad_cli_values_exit_non_zero_with_a_reason(args: list[str]) -> None:
     result = subprocess.run(
