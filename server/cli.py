@@ -25,6 +25,7 @@ from server.env_args import EnvError, env_arguments
 from server.limits import RequestLimits
 from server.llama_server_flags import FLAGS, LlamaServerFlag
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
+from server.schemas_tools import check_schema
 
 # llama-server's flags that Llamba accepts but that have no effect here (`server/llama_server_flags.py`,
 # the README's table, says why for each), and those it refuses with a reason. Context checkpoints, for
@@ -98,6 +99,8 @@ class Settings(BaseModel):
     api_prefix: str = ""  # --api-prefix: every route under it (server/serving.py)
     props: bool = False  # --props: POST /props is served
     ignore_eos: bool = False  # --ignore-eos: the default of a request's `ignore_eos`
+    grammar: str | None = None  # --grammar/--grammar-file: the GBNF of requests without a constraint
+    json_schema: dict[str, Any] | None = None  # -j/-jf: the same with a JSON schema
     chat_template_kwargs: dict[str, Any] = {}  # --chat-template-kwargs: under each request's own
     ssl_key_file: str | None = None  # --ssl-key-file/--ssl-cert-file: HTTPS (both or neither)
     ssl_cert_file: str | None = None
@@ -350,6 +353,10 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--metrics", action="store_true", default=False)
     add("--props", action="store_true", default=False, help="accept POST /props (no property changes yet)")
     add("--ignore-eos", action="store_true", default=False, help="requests' default: generate past EOS")
+    add("--grammar", default=None, help="GBNF that constrains requests without their own constraint")
+    add("--grammar-file", default=None, help="--grammar from a file")
+    add("-j", "--json-schema", default=None, help="a JSON schema that constrains requests without their own")
+    add("-jf", "--json-schema-file", default=None, help="-j from a file")
     add("--chat-template-kwargs", default=None, metavar="JSON",
         help="a JSON object of chat template variables; a request's own win")  # fmt: skip
     add("--ui", "--webui", dest="webui", action="store_true", default=True)
@@ -556,6 +563,7 @@ def parse_settings(
     values["cors_origins"] = _cors_origins(args.cors_origins)
     values["api_prefix"] = _api_prefix(parser, args.api_prefix)
     values["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", args.chat_template_kwargs)
+    values.update(_default_constraint(parser, args))
     _check_tls(parser, args)
     values["spec"] = _spec_params(parser, args)
     values["sampling"] = _sampling_params(parser, args)
@@ -577,6 +585,33 @@ def parse_settings(
         parser.error(f"--embd-normalize must be >= -1, got {args.embd_normalize}")
     _check_cache_types(parser, args)
     return Settings(**values), ignored
+
+
+def _default_constraint(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """--grammar/--grammar-file or -j/-jf (at most one): the constraint of requests without their own."""
+    given = [f for f, v in (("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
+             ("-j", args.json_schema), ("-jf", args.json_schema_file)) if v is not None]  # fmt: skip
+    if len(given) > 1:
+        parser.error(f"{' and '.join(given)}: give one default constraint")
+    if args.grammar_file is not None:
+        return {"grammar": _read(parser, "--grammar-file", args.grammar_file)}
+    schema_text = args.json_schema
+    if args.json_schema_file is not None:
+        schema_text = _read(parser, "-jf", args.json_schema_file)
+    if schema_text is None:
+        return {"grammar": args.grammar}
+    schema = _json_object(parser, given[0], schema_text)
+    try:
+        return {"json_schema": check_schema(schema)}
+    except ValueError as exc:
+        parser.error(f"{given[0]}: {exc}")
+
+
+def _read(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        parser.error(f"cannot read {flag}: {exc}")
 
 
 def _json_object(parser: argparse.ArgumentParser, flag: str, text: str | None) -> dict[str, Any]:

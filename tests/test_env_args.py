@@ -128,7 +128,8 @@ def _values(action: argparse.Action, files: dict[str, str]) -> list[list[str]]:
     special = {
         "samplers": "top_k;temperature", "sampler_seq": "kt", "logit_bias": "15+1",
         "spec_type": "ngram-simple", "mcp_servers_json": json.dumps(MCP), "cache_type_k": "q8_0",
-        "cache_type_v": "q8_0", "cluster": "ray", "chat_template_kwargs": '{"a": 1}', **files,
+        "cache_type_v": "q8_0", "cluster": "ray", "chat_template_kwargs": '{"a": 1}',
+        "json_schema": '{"type": "object"}', **files,
     }  # fmt: skip
     if action.nargs == 0:
         return [[]]
@@ -150,8 +151,11 @@ def test_every_parsed_option_reaches_settings(tmp_path: Path) -> None:
     (tmp_path / "t.jinja").write_text("{{ messages }}")
     (tmp_path / "keys").write_text("k\n")
     (tmp_path / "mcp.json").write_text(json.dumps(MCP))
+    (tmp_path / "g.gbnf").write_text('root ::= "a"')
+    (tmp_path / "s.json").write_text('{"type": "object"}')
     files = {"chat_template_file": str(tmp_path / "t.jinja"), "api_key_file": str(tmp_path / "keys"),
-             "mcp_servers_config": str(tmp_path / "mcp.json")}  # fmt: skip
+             "mcp_servers_config": str(tmp_path / "mcp.json"), "grammar_file": str(tmp_path / "g.gbnf"),
+             "json_schema_file": str(tmp_path / "s.json")}  # fmt: skip
     base = parse_settings([], {})[0]
     parser = build_parser()
     assert not set(parser._option_string_actions) & (set(IGNORED_FLAGS) | set(REFUSED_FLAGS) | set(ALWAYS_ON))

@@ -391,6 +391,32 @@ def test_server_wide_request_defaults() -> None:
         proc.stop(timeout=SIGTERM_EXIT_S)
 
 
+def test_a_server_wide_grammar_constrains_requests_without_their_own() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "512", "--grammar", 'root ::= "yes" | "no"').wait_healthy()
+    try:
+        url, prompt = proc.base_url, {"prompt": "Is the sky blue?", "n_predict": 8, "temperature": 0}
+        assert httpx.post(url + "/completion", json=prompt).json()["content"] in ("yes", "no")
+        own = httpx.post(url + "/completion", json=prompt | {"grammar": 'root ::= "maybe"'}).json()
+        assert own["content"] == "maybe"
+    finally:
+        proc.stop(timeout=SIGTERM_EXIT_S)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grammar", "x", "-j", "{}"], "--grammar and -j: give one default constraint"),
+        (["-j", "[1]"], "-j must be a JSON object"),
+        (["--chat-template-kwargs", "nope"], "--chat-template-kwargs must be a JSON object"),
+    ],
+)
+def test_bad_request_defaults_exit_2(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and message in result.stderr
+
+
 @pytest.mark.parametrize("args", [["-c", "-5"], ["--port", "x"], ["-m", "/nonexistent/model.gguf"]])
 def test_bad_cli_values_exit_non_zero_with_a_reason(args: list[str]) -> None:
     result = subprocess.run(
