@@ -61,7 +61,6 @@ NOT_APPLIED: dict[str, str] = {
     "--spm-infill": OUTPUT + " (/infill uses the prefix-suffix-middle order)",
     "-mm": OUTPUT + " (no multimodal projector)",
     "-mmu": OUTPUT + " (no multimodal projector)",
-    "--reasoning-effort": per_request("reasoning_effort"),
     "--reasoning-preserve": OUTPUT,
     "--skip-chat-parsing": OUTPUT,
     "--no-prefill-assistant": OUTPUT + " (a final assistant message is always continued)",

@@ -36,8 +36,15 @@ def chat_prompt(svc: ModelService, body: ChatCompletionRequest, tools: ToolPlan 
         tools.format if tools else None,
         continue_final_message=body.continue_final_message,
         add_generation_prompt=body.add_generation_prompt is not False,
-        **thinking_kwargs(svc.settings.reasoning) | (body.chat_template_kwargs or {}),
+        **thinking_kwargs(svc.settings.reasoning)
+        | effort_kwargs(body.reasoning_effort or svc.settings.reasoning_effort)
+        | (body.chat_template_kwargs or {}),
     )
+
+
+def effort_kwargs(level: str) -> dict[str, Any]:
+    """The template's `reasoning_effort`, unless "default" (the template's own default)."""
+    return {} if level == "default" else {"reasoning_effort": level}
 
 
 async def chat_tokens(svc: ModelService, body: ChatCompletionRequest) -> list[int]:

@@ -99,6 +99,7 @@ class Settings(BaseModel):
     api_prefix: str = ""  # --api-prefix: every route under it (server/serving.py)
     props: bool = False  # --props: POST /props is served
     ignore_eos: bool = False  # --ignore-eos: the default of a request's `ignore_eos`
+    reasoning_effort: str = "default"  # --reasoning-effort: the template's, under a request's own
     grammar: str | None = None  # --grammar/--grammar-file: the GBNF of requests without a constraint
     json_schema: dict[str, Any] | None = None  # -j/-jf: the same with a JSON schema
     chat_template_kwargs: dict[str, Any] = {}  # --chat-template-kwargs: under each request's own
@@ -184,6 +185,9 @@ class Settings(BaseModel):
     def tag_list(self) -> list[str]:
         """--tags, comma-separated: informational, listed in /v1/models (not used for routing)."""
         return [t.strip() for t in (self.tags or "").split(",") if t.strip()]
+
+
+REASONING_EFFORTS = ("default", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 class _ListDevices(argparse.Action):
@@ -353,6 +357,8 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--metrics", action="store_true", default=False)
     add("--props", action="store_true", default=False, help="accept POST /props (no property changes yet)")
     add("--ignore-eos", action="store_true", default=False, help="requests' default: generate past EOS")
+    add("--reasoning-effort", default="default", choices=REASONING_EFFORTS,
+        help="reasoning_effort given to the chat template; a request's own wins")  # fmt: skip
     add("--grammar", default=None, help="GBNF that constrains requests without their own constraint")
     add("--grammar-file", default=None, help="--grammar from a file")
     add("-j", "--json-schema", default=None, help="a JSON schema that constrains requests without their own")

@@ -581,13 +581,7 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     ),
     F(("--reasoning-format",), "FORMAT", "LLAMA_ARG_THINK", "implemented", ""),
     F(("-rea", "--reasoning"), "[on|off|auto]", "LLAMA_ARG_REASONING", "implemented", ""),
-    F(
-        ("--reasoning-effort",),
-        "LEVEL",
-        "LLAMA_ARG_REASONING_EFFORT",
-        "ignored",
-        ("not applied: no server-wide default in Llamba; send `reasoning_effort` in the request"),
-    ),
+    F(("--reasoning-effort",), "LEVEL", "LLAMA_ARG_REASONING_EFFORT", "implemented", ""),
     F(("--reasoning-budget",), "N", "LLAMA_ARG_THINK_BUDGET", "implemented", ""),
     F(("--reasoning-budget-message",), "MESSAGE", "LLAMA_ARG_THINK_BUDGET_MESSAGE", "implemented", ""),
     F(

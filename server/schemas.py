@@ -203,6 +203,9 @@ class ChatCompletionRequest(GenerationFields, ToolFields):
     add_generation_prompt: bool | None = None
     # Reasoning (llama-server's names; thinking_* are what some clients send). None: the server default.
     reasoning_format: Literal["none", "deepseek", "auto"] | None = None
+    # Given to the chat template as `reasoning_effort` (OpenAI's levels and llama-server's); over the
+    # server's --reasoning-effort.
+    reasoning_effort: Literal["minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     reasoning_budget_tokens: int | None = Field(default=None, ge=-1)
     thinking_budget_tokens: int | None = Field(default=None, ge=-1)
     reasoning_budget_message: str | None = None

@@ -49,7 +49,6 @@ NOT_YET: dict[str, Any] = {
     "audio": None,
     "prediction": None,
     "web_search_options": None,
-    "reasoning_effort": None,
 }
 
 

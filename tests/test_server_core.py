@@ -373,10 +373,19 @@ def test_tls_needs_both_files(tmp_path: Path) -> None:
 
 
 def test_server_wide_request_defaults() -> None:
-    """--chat-template-kwargs and --ignore-eos are defaults that a request's own fields override."""
-    template = "{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    """--chat-template-kwargs, --reasoning-effort and --ignore-eos are defaults that a request's own
+    fields override."""
+    template = "{{ greeting }}{{ reasoning_effort }}{% for m in messages %}{{ m.content }}{% endfor %}"
     kwargs = '{"greeting": "HELLO "}'
-    args = ["--chat-template", template, "--chat-template-kwargs", kwargs, "--ignore-eos"]
+    args = [
+        "--chat-template",
+        template,
+        "--chat-template-kwargs",
+        kwargs,
+        "--ignore-eos",
+        "--reasoning-effort",
+        "low",
+    ]
     proc = ServerProcess("-m", "smollm2", "-c", "512", *args).wait_healthy()
     try:
         url, messages = proc.base_url, [{"role": "user", "content": "Hi"}]
