@@ -24,10 +24,6 @@ HUB = "not applied: Llamba has no model hub; it serves -m, or its known models (
 OUTPUT = "not applied: Llamba does not implement it, so outputs differ from llama-server's with it"
 
 
-def per_request(field: str) -> str:
-    return f"not applied: no server-wide default in Llamba; send `{field}` in the request"
-
-
 # Flags that print something and exit instead of serving.
 REFUSED: dict[str, str] = {
     "-cl": "lists a hub cache Llamba does not have",
@@ -56,7 +52,6 @@ NOT_APPLIED: dict[str, str] = {
     "-hff": HUB,
     "--adaptive-target": OUTPUT + " (the adaptive-p sampler)",
     "--adaptive-decay": OUTPUT + " (the adaptive-p sampler)",
-    "-r": per_request("stop"),
     "-sp": OUTPUT + " (special tokens are not rendered in the text)",
     "--spm-infill": OUTPUT + " (/infill uses the prefix-suffix-middle order)",
     "-mm": OUTPUT + " (no multimodal projector)",

@@ -100,6 +100,7 @@ class Settings(BaseModel):
     props: bool = False  # --props: POST /props is served
     ignore_eos: bool = False  # --ignore-eos: the default of a request's `ignore_eos`
     reasoning_effort: str = "default"  # --reasoning-effort: the template's, under a request's own
+    reverse_prompts: tuple[str, ...] = ()  # -r (repeatable): the stop strings of requests without any
     grammar: str | None = None  # --grammar/--grammar-file: the GBNF of requests without a constraint
     json_schema: dict[str, Any] | None = None  # -j/-jf: the same with a JSON schema
     chat_template_kwargs: dict[str, Any] = {}  # --chat-template-kwargs: under each request's own
@@ -357,6 +358,8 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--metrics", action="store_true", default=False)
     add("--props", action="store_true", default=False, help="accept POST /props (no property changes yet)")
     add("--ignore-eos", action="store_true", default=False, help="requests' default: generate past EOS")
+    add("-r", "--reverse-prompt", dest="reverse_prompts", action="append", default=[],
+        help="a stop string for requests that give none (repeat the flag for more)")  # fmt: skip
     add("--reasoning-effort", default="default", choices=REASONING_EFFORTS,
         help="reasoning_effort given to the chat template; a request's own wins")  # fmt: skip
     add("--grammar", default=None, help="GBNF that constrains requests without their own constraint")
@@ -570,6 +573,7 @@ def parse_settings(
     values["api_prefix"] = _api_prefix(parser, args.api_prefix)
     values["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", args.chat_template_kwargs)
     values.update(_default_constraint(parser, args))
+    values["reverse_prompts"] = tuple(p for p in args.reverse_prompts if p)
     _check_tls(parser, args)
     values["spec"] = _spec_params(parser, args)
     values["sampling"] = _sampling_params(parser, args)

@@ -37,7 +37,8 @@ async def build_request(
         prompt_tokens=prompt_tokens,
         sampling=sampling,
         n_predict=body.max_new_tokens(service.settings.n_predict),
-        stop=body.stop_list() + (tools.format.extra_stops if tools else ()),
+        stop=(body.stop_list() or service.settings.reverse_prompts)
+        + (tools.format.extra_stops if tools else ()),
         ignore_eos=service.settings.ignore_eos if body.ignore_eos is None else body.ignore_eos,
         id_slot=body.id_slot,
         cache_prompt=body.cache_prompt,

@@ -383,13 +383,7 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         "no effect in Llamba",
     ),
     F(("--context-shift", "--no-context-shift"), "", "LLAMA_ARG_CONTEXT_SHIFT", "implemented", ""),
-    F(
-        ("-r", "--reverse-prompt"),
-        "PROMPT",
-        "",
-        "ignored",
-        "not applied: no server-wide default in Llamba; send `stop` in the request",
-    ),
+    F(("-r", "--reverse-prompt"), "PROMPT", "", "implemented", ""),
     F(
         ("-sp", "--special"),
         "",

@@ -373,7 +373,7 @@ def test_tls_needs_both_files(tmp_path: Path) -> None:
 
 
 def test_server_wide_request_defaults() -> None:
-    """--chat-template-kwargs, --reasoning-effort and --ignore-eos are defaults that a request's own
+    """--chat-template-kwargs, --reasoning-effort, --ignore-eos and -r are defaults that a request's own
     fields override."""
     template = "{{ greeting }}{{ reasoning_effort }}{% for m in messages %}{{ m.content }}{% endfor %}"
     kwargs = '{"greeting": "HELLO "}'
