@@ -357,17 +357,6 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--no-slots", dest="slots", action="store_false")
     add("--metrics", action="store_true", default=False)
     add("--props", action="store_true", default=False, help="accept POST /props (no property changes yet)")
-    add("--ignore-eos", action="store_true", default=False, help="requests' default: generate past EOS")
-    add("-r", "--reverse-prompt", dest="reverse_prompts", action="append", default=[],
-        help="a stop string for requests that give none (repeat the flag for more)")  # fmt: skip
-    add("--reasoning-effort", default="default", choices=REASONING_EFFORTS,
-        help="reasoning_effort given to the chat template; a request's own wins")  # fmt: skip
-    add("--grammar", default=None, help="GBNF that constrains requests without their own constraint")
-    add("--grammar-file", default=None, help="--grammar from a file")
-    add("-j", "--json-schema", default=None, help="a JSON schema that constrains requests without their own")
-    add("-jf", "--json-schema-file", default=None, help="-j from a file")
-    add("--chat-template-kwargs", default=None, metavar="JSON",
-        help="a JSON object of chat template variables; a request's own win")  # fmt: skip
     add("--ui", "--webui", dest="webui", action="store_true", default=True)
     add("--no-webui", "--no-ui", dest="webui", action="store_false")
     add("-to", "--timeout", type=int, default=3600, help="seconds a request body may take, a write may block")
@@ -411,7 +400,24 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--stream-ttl", type=float, default=300.0)
     add("--stream-max-sessions", type=int, default=256)
     add("--stream-max-sessions-per-client", type=int, default=64)
+    _request_default_flags(p)
     _embedding_flags(p)
+
+
+def _request_default_flags(p: argparse.ArgumentParser) -> None:
+    """What a request gets unless it says otherwise (llama-server's `params_base`)."""
+    add = p.add_argument_group("request defaults").add_argument
+    add("--ignore-eos", action="store_true", default=False, help="requests' default: generate past EOS")
+    add("-r", "--reverse-prompt", dest="reverse_prompts", action="append", default=[],
+        help="a stop string for requests that give none (repeat the flag for more)")  # fmt: skip
+    add("--reasoning-effort", default="default", choices=REASONING_EFFORTS,
+        help="reasoning_effort given to the chat template; a request's own wins")  # fmt: skip
+    add("--grammar", default=None, help="GBNF that constrains requests without their own constraint")
+    add("--grammar-file", default=None, help="--grammar from a file")
+    add("-j", "--json-schema", default=None, help="a JSON schema that constrains requests without their own")
+    add("-jf", "--json-schema-file", default=None, help="-j from a file")
+    add("--chat-template-kwargs", default=None, metavar="JSON",
+        help="a JSON object of chat template variables; a request's own win")  # fmt: skip
 
 
 def _embedding_flags(p: argparse.ArgumentParser) -> None:
