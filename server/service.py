@@ -101,6 +101,8 @@ class Loaded:
     grammars: GrammarCompiler
     tool_format: ToolCallFormat  # how the template's model writes tool calls
     pooling: Pooling  # what embedding requests pool (engine/embedding.py)
+    # --grammar/--grammar-file or -j/-jf, compiled once at load: the constraint of requests without one.
+    default_grammar: CompiledGrammar | None = None
 
 
 # Where each load stage starts in the whole load's progress (router mode reports it on /models/sse); the
@@ -202,7 +204,26 @@ class ModelService:
         # The grammar engine's view of the vocabulary holds the GIL for 0.1 s (SmolLM2) to 1.6 s (Gemma
         # 3): built here, at load, never while requests are served.
         grammars = GrammarCompiler.for_tokenizer(llm.tokenizer)
-        return Loaded(llm, engine, template, llm.info(), grammars, detect_format(template.source), pooling)
+        default = self._default_grammar(grammars)
+        fmt = detect_format(template.source)
+        return Loaded(llm, engine, template, llm.info(), grammars, fmt, pooling, default)
+
+    def _default_grammar(self, grammars: GrammarCompiler) -> CompiledGrammar | None:
+        """The server-wide constraint, compiled for this model; a bad one fails the load, naming its flag."""
+        s = self.settings
+        if s.grammar is None and s.json_schema is None:
+            return None
+        if s.grammar is not None:
+            spec, flag = GrammarSpec.gbnf(s.grammar), "--grammar"
+        else:
+            spec, flag = GrammarSpec.json_schema(s.json_schema), "--json-schema"
+        try:
+            return grammars.compile(spec)
+        except GrammarError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+
+    def default_grammar(self) -> CompiledGrammar | None:
+        return self._require().default_grammar
 
     def _pooling_of(self, llm: LLM) -> Pooling:
         """--pooling, else the GGUF's pooling_type (llama.cpp's numbering), else none: llama.cpp's rule."""

@@ -8,7 +8,6 @@ does not stop the generation; cancelling the producer (DELETE, replacement, shut
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
@@ -156,11 +155,7 @@ class Session:
             log.exception("stream.session_failed", conversation_id=self.conversation_id, error=str(exc))
             self._append(sse.error_event(errors.APIError(500, str(exc), "server_error").body()))
         finally:
-            # Closing the source runs its cleanup now (cancelling the engine request, freeing the slot).
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+            await sse.close_quietly(source)
             self._finish()
 
     def _append(self, chunk: bytes) -> None:

@@ -17,9 +17,8 @@ from server import errors
 log = structlog.get_logger("server")
 
 # app.config key: how many bytes an SSE response may hold for a client that reads slower than they come
-# (--stream-buffer-size).
+# (--stream-buffer-size; server/app.py sets it).
 UNREAD_LIMIT_KEY = "llamba.sse_unread_limit"
-DEFAULT_UNREAD_LIMIT = 4 * 1024 * 1024
 
 DONE = b"data: [DONE]\n\n"
 
@@ -40,12 +39,24 @@ def error_event(body: dict[str, Any]) -> bytes:
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def response(body: AsyncIterator[bytes]) -> Response:
-    """A streaming SSE response; no response timeout: a long generation is not a stuck response."""
-    limit = current_app.config.get(UNREAD_LIMIT_KEY, DEFAULT_UNREAD_LIMIT)
-    reply = Response(relay(body, limit), headers=SSE_HEADERS)
+def response(body: AsyncIterator[bytes], relayed: bool = True) -> Response:
+    """A streaming SSE response; no response timeout: a long generation is not a stuck response. A
+    resumable session's reader is not relayed (`relayed=False`): its producer already runs ahead into
+    the session's ring, which ends a reader that falls behind it."""
+    if relayed:
+        body = relay(body, current_app.config[UNREAD_LIMIT_KEY])
+    reply = Response(body, headers=SSE_HEADERS)
     reply.timeout = None
     return reply
+
+
+async def close_quietly(source: AsyncIterator[bytes]) -> None:
+    """Close an async generator now (running its cleanup: cancelling the engine request, freeing the
+    slot), whatever it raises on the way."""
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
 
 
 async def relay(source: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
@@ -75,10 +86,7 @@ async def relay(source: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes
                     chunks.append(error_event(errors.APIError(408, message, "timeout_error").body()))
                     return
         finally:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+            await close_quietly(source)
             done = True
             arrived.set()
 

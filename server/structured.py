@@ -47,16 +47,6 @@ def constraint(body: GenerationFields) -> tuple[GrammarSpec, str] | None:
     return GrammarSpec.json_schema(schema), field
 
 
-def server_constraint(svc: ModelService) -> tuple[GrammarSpec, str] | None:
-    """--grammar/--grammar-file or -j/-jf: what constrains a request that brings no constraint."""
-    settings = svc.settings
-    if settings.grammar is not None:
-        return GrammarSpec.gbnf(settings.grammar), "--grammar"
-    if settings.json_schema is not None:
-        return GrammarSpec.json_schema(settings.json_schema), "--json-schema"
-    return None
-
-
 def tool_plan(svc: ModelService, body: ChatCompletionRequest, answer_only: bool = False) -> ToolPlan | None:
     """How the request's tools are offered and read back; None when there are none (or tool_choice none:
     the tools are then left out of the prompt too, so nothing invites a call). `answer_only` (the tool
@@ -88,9 +78,7 @@ async def answer_grammar(
     asked = constraint(body)
     if tools is not None and tools.grammar is not None:
         asked = (tools.grammar, "tools")
-    if asked is None and tools is None:
-        asked = server_constraint(svc)
-    if asked is None:
-        return None
+    if asked is None:  # --grammar or -j, compiled at load, constrains requests without their own or tools
+        return svc.default_grammar() if tools is None else None
     spec, field = asked
     return await svc.compile_grammar(spec, field)

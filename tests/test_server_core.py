@@ -411,6 +411,12 @@ def test_a_server_wide_grammar_constrains_requests_without_their_own() -> None:
         proc.stop(timeout=SIGTERM_EXIT_S)
 
 
+def test_a_bad_server_wide_grammar_fails_the_load_naming_it() -> None:
+    proc = ServerProcess("-m", "smollm2", "-c", "512", "--grammar", "root ::= nope")
+    assert proc.proc.wait(timeout=120) == 1
+    assert "model.load_failed" in proc.log() and "--grammar:" in proc.log()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

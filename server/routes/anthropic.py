@@ -45,7 +45,7 @@ async def messages() -> Any:
         stream = message_stream(svc, body, job, message_id)
         conversation_id = request.headers.get(CONVERSATION_HEADER)
         if conversation_id:  # a resumable session: the generation outlives this response
-            stream = await resumable(conversation_id, stream)
+            return sse.response(await resumable(conversation_id, stream), relayed=False)
         return sse.response(stream)
     blocks = ContentBlocks()
     final: TokenEvent | None = None

@@ -96,7 +96,7 @@ async def streamed(stream: AsyncIterator[bytes]) -> Response:
     outlives this response."""
     conversation_id = request.headers.get(CONVERSATION_HEADER)
     if conversation_id:
-        stream = await resumable(conversation_id, stream)
+        return sse.response(await resumable(conversation_id, stream), relayed=False)
     return sse.response(stream)
 
 

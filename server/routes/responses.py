@@ -21,6 +21,7 @@ from quart import Blueprint, current_app, request
 
 from server import errors, sse
 from server.agents import AgentRun, agent_plan
+from server.auth import request_client
 from server.chat_job import ChatJob, prepare_chat
 from server.request_body import json_body
 from server.response_output import item_id
@@ -64,12 +65,13 @@ async def create() -> Any:
     ctx = RunContext(svc, state, job, conversation, body.store, agent)
     source = run_events(ctx, run)
     if body.background:  # its session's task starts once this handler gives way: all is in place then
-        session = await sessions().open(response_id, source)
+        # Response ids are unique and global (as the stored responses are); the client's cap still counts.
+        session = await sessions().open(response_id, source, client=request_client())
         state.runs[response_id] = run
     if body.store:
         state.store.put(StoredResponse(run.snapshot, conversation))
     if body.background:
-        return sse.response(session.follow(0)) if body.stream else dict(run.snapshot)
+        return sse.response(session.follow(0), relayed=False) if body.stream else dict(run.snapshot)
     if body.stream:
         return sse.response(source)
     async for _ in source:  # a whole reply: the same events, drained
@@ -115,7 +117,7 @@ async def retrieve(response_id: str) -> Any:
         )
     offset = await run.offset_after(starting_after(request.args.get("starting_after")))
     session.check_offset(offset)
-    return sse.response(session.follow(offset))
+    return sse.response(session.follow(offset), relayed=False)
 
 
 def starting_after(value: str | None) -> int:

@@ -10,7 +10,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, current_app, request
 
 from server import errors, sse
 from server.auth import request_client, request_owner
@@ -45,9 +45,7 @@ async def replay() -> Any:
         session.check_offset(offset)
     except OffsetDropped as exc:
         raise errors.invalid_request(f"'from' {exc}: those bytes were dropped from the buffer") from exc
-    response = Response(session.follow(offset), headers=sse.SSE_HEADERS)
-    response.timeout = None  # follows a live generation for as long as it runs
-    return response
+    return sse.response(session.follow(offset), relayed=False)
 
 
 @bp.delete("/v1/stream")
