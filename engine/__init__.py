@@ -4,8 +4,15 @@ import os
 from pathlib import Path
 
 # Numba reads these when it is first imported, so they are set before anything imports numba.
-# JIT output is cached outside the checkout so a fresh clone (CI) reuses it between runs.
+# JIT output is cached outside the checkout so a fresh clone (CI) reuses it between runs,
 os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "llamba" / "numba"))
+# ...under the kernels' path inside the checkout and a digest of their sources, not the clone's absolute
+# path (engine/jit_cache.py); Numba's own locators for everything else.
+os.environ.setdefault(
+    "NUMBA_CACHE_LOCATOR_CLASSES",
+    "engine.jit_cache.CheckoutCacheLocator,UserProvidedCacheLocator,InTreeCacheLocator,UserWideCacheLocator,"
+    "IPythonCacheLocator,ZipCacheLocator",
+)
 # Parallel kernels are entered from the engine thread only. OpenMP with passive waiting keeps an idle
 # worker from spinning against the other core for long (measured 40x slowdowns otherwise), but waking a
 # sleeping worker costs ~55 us per parallel call, ~200 calls per decode step: a short spin (~0.3-1 ms)

@@ -22,7 +22,9 @@ def configure(log_format: str = "text", verbose: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write per line: print() writes the message and its newline apart, and a line another thread
+        # (hypercorn, the stdlib logging) wrote in between broke the JSON a router reads from its children.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
