@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PORT    ?= 8080
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=20
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/llamba/numba
 
 .PHONY: serve test test-all models reference browser bench cuda-check lint format clean cluster-demo

@@ -19,6 +19,25 @@ GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
 # The long English text of the perplexity figures and the long-text tokenizer checks (Debian's base-files).
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
+CACHED_AT_START = pytest.StashKey[int]()
+
+
+def _cached_kernels() -> int:
+    cache = os.environ.get("NUMBA_CACHE_DIR")
+    return sum(1 for _ in Path(cache).rglob("*.nbc")) if cache else 0
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[CACHED_AT_START] = _cached_kernels()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Whether this run found the JIT cache warm: a cold one compiles for minutes (engine/jit_cache.py)."""
+    start = config.stash.get(CACHED_AT_START, 0)
+    terminalreporter.write_line(
+        f"JIT cache {os.environ.get('NUMBA_CACHE_DIR')}: {start} compiled kernels at the start, "
+        f"{_cached_kernels() - start} compiled by this run"
+    )
 
 
 def load_golden(name: str) -> dict[str, Any]:
