@@ -244,7 +244,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 def _server_flags(p: argparse.ArgumentParser) -> None:
     """Where it listens and who may call it."""
     add = p.add_argument_group("server").add_argument
-    add("--host", default="127.0.0.1")
+    add("--host", default="127.0.0.1", help="an address, a unix socket (*.sock), or a comma list of them")
     add("--port", type=int, default=8080)
     add("--api-key", action="append", default=None, help="may be given several times (comma lists too)")
     add("--api-key-file", default=None)

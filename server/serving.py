@@ -2,9 +2,9 @@
 around the app (`-to` timeouts, `--api-prefix`), for the model server, the router and the cluster.
 
 `--ssl-key-file`/`--ssl-cert-file` (llama-server's TLS): hypercorn serves HTTPS with them (both or
-neither). `--api-prefix /p` (llama-server's): every route is served under /p (/p/v1/chat/completions,
-/p/health), other paths are 404, and /p itself redirects to /p/ where the web UI's page is (its
-requests are relative to it).
+neither). `--host` may name a unix socket (`*.sock`) or several addresses. `--api-prefix /p`
+(llama-server's): every route is served under /p (/p/v1/chat/completions, /p/health), other paths are
+404, and /p itself redirects to /p/ where the web UI's page is (its requests are relative to it).
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ from server.limits import hypercorn_limits
 
 def hypercorn_config(settings: Settings) -> Config:
     config = Config()
-    config.bind = [f"{settings.host}:{settings.port}"]
+    config.bind = binds(settings.host, settings.port)
     config.graceful_timeout = 1.0
     config.accesslog = None
     hypercorn_limits(config, settings.limits)
     if settings.ssl_cert_file:
         config.certfile, config.keyfile = settings.ssl_cert_file, settings.ssl_key_file
     return config
+
+
+def binds(host: str, port: int) -> list[str]:
+    """hypercorn's binds for `--host`: llama-server's address, or a unix socket when it ends with `.sock`;
+    Llamba also takes a comma list (one process listening on each, e.g. `127.0.0.1,/run/llamba.sock`)."""
+    hosts = [h.strip() for h in host.split(",") if h.strip()]
+    return [f"unix:{h}" if h.endswith(".sock") else f"{h}:{port}" for h in hosts]
 
 
 def served(app: Any, settings: Settings) -> App:

@@ -93,14 +93,17 @@ BY_VARIABLE = "--swa-full"
 
 def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> None:
     """One real start with every ignored flag and many implemented ones, spelled as llama-server's
-    users write them, plus variables (one the command line overrides, an ignored one, the key file);
-    each ignored flag gets its warning line, the server answers with the keys of the file and the
-    variable, and -to 1 bounds a request body without cutting a longer stream."""
+    users write them (`--host` an address and a unix socket), plus variables (one the command line
+    overrides, an ignored one, the key file); each ignored flag gets its warning line, the server
+    answers with the keys of the file and the variable, and -to 1 bounds a request body without
+    cutting a longer stream."""
     implemented = ["-m", "smollm2", "--predict", "160", "-ngl", "0", "--gpu-layers", "0", "-c", "2048",
                    "-b", "512", "-ub", "256", "--temp", "0", "--top-k", "1", "--jinja", "--metrics",
                    "--slots", "--webui", "-to", "1", "--log-verbose", "-cram", "64", "-dev", "cpu",
                    "--reasoning-format", "auto", "--cont-batching", "-a", "mini,small",
                    "--tags", "fast,tiny", "--props"]  # fmt: skip
+    sock = tmp_path / "llamba.sock"  # --host: an address and a unix socket, both served
+    implemented += ["--host", f"127.0.0.1,{sock}"]
     keys = tmp_path / "keys"
     keys.write_text("# the team's key\nfile-key\n")
     env = {"LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_SWA_FULL": "1",
@@ -109,6 +112,8 @@ def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> N
     proc = ServerProcess(*implemented, *argv, env=env).wait_healthy(timeout=300)
     try:
         _check_keys_and_variables(proc.base_url)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))) as unix:
+            assert unix.get("http://llamba/props", headers=AUTH).json()["total_slots"] == 2
         changed = httpx.post(proc.base_url + "/props", json={}, headers=AUTH)  # --props is among the flags
         assert changed.status_code == 200 and changed.json() == {"success": True}
         named = httpx.post(proc.base_url + "/props", json={"n_ctx": 1}, headers=AUTH)
