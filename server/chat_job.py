@@ -36,10 +36,15 @@ def chat_prompt(svc: ModelService, body: ChatCompletionRequest, tools: ToolPlan 
         tools.format if tools else None,
         continue_final_message=body.continue_final_message,
         add_generation_prompt=body.add_generation_prompt is not False,
-        **thinking_kwargs(svc.settings.reasoning)
-        | effort_kwargs(body.reasoning_effort or svc.settings.reasoning_effort)
-        | (body.chat_template_kwargs or {}),
+        **template_kwargs(svc, body.reasoning_effort, body.chat_template_kwargs),
     )
+
+
+def template_kwargs(svc: ModelService, effort: str | None, given: dict[str, Any] | None) -> dict[str, Any]:
+    """The template variables of a chat: --reasoning's enable_thinking, the reasoning effort (the
+    request's, else --reasoning-effort's), then the request's chat_template_kwargs over both."""
+    s = svc.settings
+    return thinking_kwargs(s.reasoning) | effort_kwargs(effort or s.reasoning_effort) | (given or {})
 
 
 def effort_kwargs(level: str) -> dict[str, Any]:

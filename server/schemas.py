@@ -13,6 +13,9 @@ from server import errors
 from server.schemas_tools import ConstraintFields, ToolFields
 from server.unsupported import unsupported
 
+# The template's `reasoning_effort` (OpenAI's levels and llama-server's).
+ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
+
 
 class GenerationFields(ConstraintFields):
     """Fields shared by every generation route (OpenAI names and llama-server's native ones)."""
@@ -205,7 +208,7 @@ class ChatCompletionRequest(GenerationFields, ToolFields):
     reasoning_format: Literal["none", "deepseek", "auto"] | None = None
     # Given to the chat template as `reasoning_effort` (OpenAI's levels and llama-server's); over the
     # server's --reasoning-effort.
-    reasoning_effort: Literal["minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     reasoning_budget_tokens: int | None = Field(default=None, ge=-1)
     thinking_budget_tokens: int | None = Field(default=None, ge=-1)
     reasoning_budget_message: str | None = None
@@ -287,6 +290,7 @@ class ApplyTemplateRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool | None = None  # as on chat: None continues a final assistant message
     add_generation_prompt: bool | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
 
 class InfillChunk(BaseModel):

@@ -389,12 +389,15 @@ def test_server_wide_request_defaults() -> None:
     proc = ServerProcess("-m", "smollm2", "-c", "512", *args).wait_healthy()
     try:
         url, messages = proc.base_url, [{"role": "user", "content": "Hi"}]
-        assert httpx.post(url + "/apply-template", json={"messages": messages}).json()["prompt"] == "HELLO Hi"
-        own = {"messages": messages, "chat_template_kwargs": {"greeting": "BYE "}}
-        assert httpx.post(url + "/apply-template", json=own).json()["prompt"] == "BYE Hi"
-        ran_on = httpx.post(
-            url + "/completion", json={"prompt": "Hi", "n_predict": 300, "temperature": 0}
-        ).json()
+        # /apply-template renders what the chat routes would: the defaults, then the request's fields.
+        rendered = httpx.post(url + "/apply-template", json={"messages": messages})
+        assert rendered.json()["prompt"] == "HELLO lowHi"
+        own = {"messages": messages, "chat_template_kwargs": {"greeting": "BYE "}, "reasoning_effort": "high"}
+        assert httpx.post(url + "/apply-template", json=own).json()["prompt"] == "BYE highHi"
+        bad = httpx.post(url + "/apply-template", json={"messages": messages, "reasoning_effort": "huge"})
+        assert bad.status_code == 400 and "reasoning_effort" in bad.json()["error"]["message"]
+        body = {"prompt": "Hi", "n_predict": 300, "temperature": 0}
+        ran_on = httpx.post(url + "/completion", json=body, timeout=120).json()
         assert ran_on["tokens_predicted"] == 300 and ran_on["stop_type"] == "limit"
     finally:
         proc.stop(timeout=SIGTERM_EXIT_S)

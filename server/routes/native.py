@@ -11,7 +11,7 @@ from quart import Blueprint, current_app
 
 from engine.api import ReasoningTags, SamplingParams, TokenEvent
 from server import errors, sse
-from server.chat_job import chat_tokens
+from server.chat_job import chat_tokens, template_kwargs
 from server.generation import (
     build_request,
     collect,
@@ -264,6 +264,6 @@ async def apply_template() -> Any:
         svc.tool_format() if body.tools else None,
         continue_final_message=body.continue_final_message,
         add_generation_prompt=body.add_generation_prompt is not False,
-        **(body.chat_template_kwargs or {}),
+        **template_kwargs(svc, body.reasoning_effort, body.chat_template_kwargs),
     )
     return {"prompt": prompt}
