@@ -22,7 +22,9 @@ KEY = "tools-key"
 
 @pytest.fixture(scope="module")
 def srv() -> Iterator[ServerProcess]:
-    proc = ServerProcess("-m", "smollm2", "-c", "2048", "--tools", "all", "--ui-mcp-proxy", "--api-key", KEY)
+    # The key by its variable, as a router hands its children theirs: commands must not see it.
+    args = ("-m", "smollm2", "-c", "2048", "--tools", "all", "--ui-mcp-proxy")
+    proc = ServerProcess(*args, env={"LLAMA_ARG_API_KEY": KEY})
     yield proc.wait_healthy()
     proc.stop()
 
@@ -208,6 +210,8 @@ def test_exec_runs_in_the_working_directory(client: httpx.Client, tmp_path: Path
     assert out == f"{tmp_path.resolve()}\noops\n\n[exit code: 3]"
     big = ok(client, tmp_path, "exec_shell_command", command="head -c 100000 /dev/zero | tr '\\0' a")
     assert big["plain_text_response"].endswith("\n[output truncated]\n[exit code: 0]")
+    env = ok(client, tmp_path, "exec_shell_command", command="env")["plain_text_response"]
+    assert "PATH=" in env and "LLAMA_ARG_API_KEY" not in env and KEY not in env
 
 
 def test_exec_timeout_kills_the_whole_process_group(client: httpx.Client, tmp_path: Path) -> None:

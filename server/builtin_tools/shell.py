@@ -24,6 +24,8 @@ DEFAULT_TIMEOUT_S = 10
 MAX_TIMEOUT_S = 60
 MAX_OUTPUT_BYTES = 16384
 READ_SIZE = 4096
+# Not passed to commands: the keys this server checks (a router hands its children theirs this way).
+SECRET_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY")
 
 
 class ExecShellCommand(Params):
@@ -62,6 +64,7 @@ class Execution:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: killed whole, grandchildren included
+            env={k: v for k, v in os.environ.items() if k not in SECRET_ENV},
         )
         try:
             async with asyncio.timeout(max(timeout_s, 0)):
