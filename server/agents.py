@@ -40,13 +40,15 @@ from pydantic import ValidationError
 
 from engine.api import TokenEvent, ToolCall
 from server import errors
+from server.builtin_tools import ToolContext
 from server.chat_job import ChatJob
 from server.cli import Settings
 from server.generation import Outcome, events_of
-from server.mcp import McpManager, McpTool, ToolResult
+from server.mcp import ToolResult
 from server.schemas import ChatCompletionRequest, ChatMessage
 from server.schemas_tools import FunctionTool, McpServerTool, NamedToolChoice
 from server.service import ModelService
+from server.toolbox import Tool, Toolbox
 
 log = structlog.get_logger("agents")
 
@@ -70,9 +72,10 @@ class AgentLimits:
 class AgentPlan:
     """The MCP tools one request offers the model, by the name it calls them, and its limits."""
 
-    tools: dict[str, McpTool]
+    tools: dict[str, Tool]
     definitions: tuple[FunctionTool, ...]  # the same tools as the function tools the model is shown
     limits: AgentLimits
+    context: ToolContext | None = None  # the built-in tools' (the request's x-tool-cwd), else the server's
 
 
 def agent_limits(settings: Settings, body: ChatCompletionRequest) -> AgentLimits:
@@ -99,7 +102,10 @@ def agent_limits(settings: Settings, body: ChatCompletionRequest) -> AgentLimits
 
 
 async def agent_plan(
-    mcp: McpManager | None, settings: Settings, body: ChatCompletionRequest
+    mcp: Toolbox | None,
+    settings: Settings,
+    body: ChatCompletionRequest,
+    context: Callable[[], ToolContext | None] = lambda: None,
 ) -> AgentPlan | None:
     """The plan of a request with `mcp` tools (None without): every problem a 4xx before any byte."""
     servers = body.mcp_tools()
@@ -107,7 +113,8 @@ async def agent_plan(
         return None
     if mcp is None:
         raise errors.invalid_request(
-            "'tools': mcp tools need MCP servers configured on this server (--mcp-servers-config)"
+            "'tools': mcp tools need MCP servers configured on this server (--mcp-servers-config) or "
+            "built-in tools (--tools)"
         )
     await mcp.wait_ready()  # bounded: the start-up warm-up has a timeout
     tools = {tool.name: tool for spec in servers for tool in offered_tools(mcp, spec)}
@@ -121,10 +128,10 @@ async def agent_plan(
             raise errors.invalid_request(f"'tool_choice' names {named!r}, which is not among the tools")
     definitions = tuple(d for d in (definition(t) for t in tools.values()) if d is not None)
     usable = {d.function.name: tools[d.function.name] for d in definitions}
-    return AgentPlan(usable, definitions, agent_limits(settings, body))
+    return AgentPlan(usable, definitions, agent_limits(settings, body), context())
 
 
-def offered_tools(mcp: McpManager, spec: McpServerTool) -> list[McpTool]:
+def offered_tools(mcp: Toolbox, spec: McpServerTool) -> list[Tool]:
     """The tools of one `mcp` entry: its server's, narrowed by allowed_tools."""
     label = spec.server_label
     if label not in mcp.server_names():
@@ -151,7 +158,7 @@ def offered_tools(mcp: McpManager, spec: McpServerTool) -> list[McpTool]:
     return offered
 
 
-def definition(tool: McpTool) -> FunctionTool | None:
+def definition(tool: Tool) -> FunctionTool | None:
     """The tool as a function tool; None (logged) when its input schema is not a valid JSON schema."""
     try:
         return FunctionTool.model_validate(tool.to_json()["definition"])
@@ -221,7 +228,7 @@ class AgentRun:
         svc: ModelService,
         body: ChatCompletionRequest,
         plan: AgentPlan,
-        mcp: McpManager,
+        mcp: Toolbox,
         prepare: Prepare,
     ) -> None:
         self.svc, self.body, self.plan, self.mcp, self.prepare = svc, body, plan, mcp, prepare
@@ -338,7 +345,7 @@ class AgentRun:
             return ToolExecuted.of(call, ToolResult(error="the arguments are not a JSON object"))
         begin = time.monotonic()
         try:
-            result = await self.mcp.call(tool, arguments, self.plan.limits.tool_timeout_s)
+            result = await self.mcp.call(tool, arguments, self.plan.limits.tool_timeout_s, self.plan.context)
         except Exception as exc:  # never a 5xx: whatever went wrong, the model reads about it
             log.exception("agents.tool_failed", tool=call.name)
             result = ToolResult(error=f"tool '{call.name}' failed: {exc}")

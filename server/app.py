@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 
 import anyio
@@ -11,6 +12,7 @@ from quart import Quart
 
 from server import sse
 from server.auth import install_auth
+from server.builtin_tools import BuiltinTools, ToolContext
 from server.cli import Settings
 from server.cors import install_cors
 from server.error_handlers import install_error_handlers
@@ -23,6 +25,7 @@ from server.responses_store import ResponseStore
 from server.routes import (
     anthropic,
     control,
+    cors_proxy,
     embeddings,
     metrics,
     native,
@@ -37,6 +40,7 @@ from server.routes import (
 from server.service import EXTENSION_KEY, ModelService
 from server.sessions import SessionLimits, SessionStore
 from server.sleep import IdleSleeper
+from server.toolbox import Toolbox
 
 log = structlog.get_logger("server")
 
@@ -70,7 +74,9 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     install_auth(app, settings.api_keys)
     install_cors(app, settings)
     install_error_handlers(app)
-    _install_mcp(app, settings)
+    _install_tools(app, settings)
+    if settings.ui_mcp_proxy:
+        app.register_blueprint(cors_proxy.bp)
     _install_lifespan(app, service, sessions, store, on_load_failure)
     if settings.sleep_idle_seconds > 0:
         _install_sleep(app, service, settings.sleep_idle_seconds)
@@ -91,11 +97,15 @@ def _install_sleep(app: Quart, service: ModelService, idle_seconds: float) -> No
         await sleeper.stop()
 
 
-def _install_mcp(app: Quart, settings: Settings) -> None:
-    """/tools and its MCP servers exist only when some are configured: /tools runs code on this host."""
-    if not settings.mcp_servers:
+def _install_tools(app: Quart, settings: Settings) -> None:
+    """/tools, the built-in tools and the MCP servers exist only when some are configured: /tools runs
+    code on this host."""
+    if not settings.mcp_servers and not settings.tools:
         return
-    manager = McpManager(settings.mcp_servers)
+    mcp = McpManager(settings.mcp_servers) if settings.mcp_servers else None
+    # The built-in tools' defaults: the server's own cwd, and --tools-runtime (checked while parsing).
+    defaults = ToolContext.of(None, settings.tools_runtime, ToolContext(os.getcwd()))
+    manager = Toolbox(mcp, BuiltinTools(settings.tools, defaults) if settings.tools else None)
     app.extensions[tools.MANAGER_KEY] = manager
     app.register_blueprint(tools.bp)
 

@@ -21,6 +21,7 @@ from engine.kv_types import cache_type
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
+from server.builtin_tools import BadContext, Runtime, parse_tool_names
 from server.env_args import EnvError, env_arguments
 from server.limits import RequestLimits
 from server.llama_server_flags import FLAGS, LlamaServerFlag
@@ -135,7 +136,12 @@ class Settings(BaseModel):
     tool_max_rounds: int = 8
     tool_timeout: float = 30.0
     tool_max_tokens: int = -1
-    # None is the default policy: any origin, but only localhost ones when MCP servers are configured.
+    # The built-in tools (--tools; server/builtin_tools/), in their fixed order, and where
+    # exec_shell_command runs without a request's x-tool-runtime (None: on this host).
+    tools: tuple[str, ...] = ()
+    tools_runtime: str | None = None
+    ui_mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy for the web UI's MCP client
+    # None is the default policy: any origin, but only localhost ones when tools run on this host.
     cors_origins: tuple[str, ...] | None = None
     # Embeddings (--embedding) and rerank (--reranking: pooling rank): the routes answer only with them;
     # pooling None is the model's own (its GGUF's pooling_type, else none, as llama.cpp decides).
@@ -439,6 +445,20 @@ def _tool_flags(p: argparse.ArgumentParser) -> None:
     add("--mcp-servers-config", default=None, help='JSON file {"mcpServers": {...}}')
     add("--mcp-servers-json", default=None, help="the same JSON, inline")
     add("--cors-origins", default=None, help="comma-separated allowed origins, or *")
+    add("--tools", default=None, metavar="TOOL1,TOOL2,...",
+        help="built-in tools served at /tools: all, or names (read_file, file_glob_search, "
+        "grep_search, exec_shell_command, write_file, edit_file); confined to x-tool-cwd, "
+        "else the server's cwd")  # fmt: skip
+    add("--tools-runtime", default=None, metavar="OPTION",
+        help="where exec_shell_command runs by default: docker-container:ID, "
+        "podman-container:ID or ssh:TARGET")  # fmt: skip
+    add("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy", action="store_true", default=False,
+        help="serve /cors-proxy?url= for the web UI's MCP client "
+        "(only x-llama-server-proxy-header-* headers are sent)")  # fmt: skip
+    add("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy", action="store_false")
+    add("-ag", "--agent", dest="agent", action="store_true", default=False,
+        help="--tools all and --ui-mcp-proxy")  # fmt: skip
+    add("-no-ag", "--no-agent", dest="agent", action="store_false")
     add("--responses-dir", default=None, help="keep stored /v1/responses as files here (survive restarts)")
     add("--responses-max", type=int, default=1000, help="stored /v1/responses kept (the oldest go first)")
     add("--tool-max-rounds", type=int, default=8,
@@ -576,6 +596,7 @@ def parse_settings(
     except McpConfigError as exc:
         parser.error(str(exc))
     values["cors_origins"] = _cors_origins(args.cors_origins)
+    values.update(_tool_settings(parser, args))
     values["api_prefix"] = _api_prefix(parser, args.api_prefix)
     values["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", args.chat_template_kwargs)
     values.update(_default_constraint(parser, args))
@@ -790,6 +811,18 @@ def _logit_bias_flags(values: list[str]) -> dict[int, float]:
         token = int(match.group(1))
         bias[token] = bias.get(token, 0.0) + (-amount if match.group(2) == "-" else amount)
     return bias
+
+
+def _tool_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """--tools, --tools-runtime, --ui-mcp-proxy, and --agent (the first and the last at once)."""
+    asked = "all" if args.agent else args.tools
+    try:
+        tools = parse_tool_names(asked) if asked is not None else ()
+        if args.tools_runtime:
+            Runtime.parse(args.tools_runtime)
+    except (ValueError, BadContext) as exc:
+        parser.error(str(exc))
+    return {"tools": tools, "ui_mcp_proxy": args.ui_mcp_proxy or args.agent}
 
 
 def _cors_origins(value: str | None) -> tuple[str, ...] | None:

@@ -18,12 +18,13 @@ LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$",
 
 def origin_allowed(origin: str, settings: Settings, host: str) -> bool:
     """Same-origin always; else --cors-origins, or by default any origin (llama-server's policy) unless
-    MCP servers are configured: then only localhost pages, since /tools runs code on this host."""
+    built-in tools or MCP servers are configured: then only localhost pages, since /tools runs code on
+    this host."""
     if urlsplit(origin).netloc.lower() == host.lower():
         return True
     if settings.cors_origins is not None:
         return "*" in settings.cors_origins or origin.rstrip("/") in settings.cors_origins
-    return not settings.mcp_servers or bool(LOCAL_ORIGIN.match(origin))
+    return not (settings.mcp_servers or settings.tools) or bool(LOCAL_ORIGIN.match(origin))
 
 
 def install_cors(app: Quart, settings: Settings) -> None:

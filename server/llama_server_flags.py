@@ -501,14 +501,32 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ("--ui-mcp-proxy", "--webui-mcp-proxy", "--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
         "",
         "LLAMA_ARG_UI_MCP_PROXY",
-        "ignored",
-        "no effect in Llamba",
+        "implemented",
+        "",
     ),
-    F(("--tools",), "TOOL1,TOOL2,...", "LLAMA_ARG_TOOLS", "ignored", "no effect in Llamba"),
-    F(("--tools-runtime",), "OPTION", "LLAMA_ARG_TOOLS_RUNTIME", "ignored", "no effect in Llamba"),
+    F(
+        ("--tools",),
+        "TOOL1,TOOL2,...",
+        "LLAMA_ARG_TOOLS",
+        "implemented",
+        (
+            "confined to the working directory (x-tool-cwd, else the server's cwd); get_info"
+            " is not one of them"
+        ),
+    ),
+    F(
+        ("--tools-runtime",),
+        "OPTION",
+        "LLAMA_ARG_TOOLS_RUNTIME",
+        "implemented",
+        (
+            "running containers (docker-container:ID, podman-container:ID) and ssh:TARGET;"
+            " only exec_shell_command runs there, the file tools refuse a runtime"
+        ),
+    ),
     F(("--mcp-servers-config",), "PATH", "LLAMA_ARG_MCP_SERVERS_CONFIG", "implemented", ""),
     F(("--mcp-servers-json",), "JSON", "LLAMA_ARG_MCP_SERVERS_JSON", "implemented", ""),
-    F(("-ag", "--agent", "-no-ag", "--no-agent"), "", "LLAMA_ARG_AGENT", "ignored", "no effect in Llamba"),
+    F(("-ag", "--agent", "-no-ag", "--no-agent"), "", "LLAMA_ARG_AGENT", "implemented", ""),
     F(("--ui", "--webui", "--no-ui", "--no-webui"), "", "LLAMA_ARG_UI", "implemented", ""),
     F(("--embedding", "--embeddings"), "", "LLAMA_ARG_EMBEDDINGS", "implemented", ""),
     F(("--rerank", "--reranking"), "", "LLAMA_ARG_RERANKING", "implemented", ""),

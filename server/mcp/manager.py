@@ -32,9 +32,12 @@ class Unavailable(Exception):
 class ToolResult:
     text: str | None = None
     error: str | None = None
+    data: dict[str, Any] | None = None  # a built-in tool's whole JSON result (its text is what a model reads)
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": self.error} if self.error is not None else {"plain_text_response": self.text or ""}
+        if self.error is not None:
+            return {"error": self.error}
+        return self.data if self.data is not None else {"plain_text_response": self.text or ""}
 
 
 @dataclass

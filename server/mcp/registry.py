@@ -35,6 +35,7 @@ class McpTool:
             "server": self.server,
             # MCP tools run arbitrary code: only a server's explicit read-only hint clears `write`.
             "permissions": {"write": not self.read_only},
+            "uses_cwd": False,  # llama-server's: x-tool-cwd is for the built-in tools only
             "definition": {
                 "type": "function",
                 "function": {

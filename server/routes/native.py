@@ -20,7 +20,6 @@ from server.generation import (
     openai_logprobs,
     stop_type,
 )
-from server.mcp import McpManager
 from server.request_body import json_body
 from server.routes.tools import MANAGER_KEY
 from server.schemas import (
@@ -32,6 +31,7 @@ from server.schemas import (
     TokenizeRequest,
 )
 from server.service import ModelService, service
+from server.toolbox import Toolbox
 
 bp = Blueprint("native", __name__)
 
@@ -97,7 +97,7 @@ def tool_loop_props(svc: ModelService) -> dict[str, Any]:
     """The server-side tool loop: its limits, and the MCP servers a request can name (`server_label`);
     a server is available once it started and listed its tools (`ready`: the start-up warm-up is over)."""
     s = svc.settings
-    mcp: McpManager | None = current_app.extensions.get(MANAGER_KEY)
+    mcp: Toolbox | None = current_app.extensions.get(MANAGER_KEY)
     servers = [
         {"server_label": name, "available": bool(tools), "tools": [t.tool for t in tools]}
         for name in (mcp.server_names() if mcp else [])

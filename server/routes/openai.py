@@ -24,13 +24,13 @@ from server.generation import (
     openai_logprobs,
     usage,
 )
-from server.mcp import McpManager
 from server.request_body import json_body
 from server.routes.stream import resumable
-from server.routes.tools import MANAGER_KEY
+from server.routes.tools import MANAGER_KEY, request_context
 from server.schemas import ChatCompletionRequest, GenerationFields, OpenAICompletionRequest, PredictRequest
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
+from server.toolbox import Toolbox
 
 bp = Blueprint("openai", __name__)
 
@@ -66,7 +66,7 @@ async def chat_reply(svc: ModelService, body: ChatCompletionRequest) -> Any:
     """The reply to one chat completion request: whole, streamed, n choices, or an MCP tool-loop run."""
     completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
     svc.require_ready()
-    plan = await agent_plan(mcp_manager(), svc.settings, body)
+    plan = await agent_plan(mcp_manager(), svc.settings, body, request_context)
     if plan is not None:
         if body.n_choices() > 1:
             raise errors.invalid_request("'n': one choice only when the server runs mcp tools")
@@ -109,7 +109,7 @@ def verbose_fields(job: ChatJob, out: Outcome) -> dict[str, Any]:
     }
 
 
-def mcp_manager() -> McpManager | None:
+def mcp_manager() -> Toolbox | None:
     return current_app.extensions.get(MANAGER_KEY)
 
 

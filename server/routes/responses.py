@@ -35,7 +35,7 @@ from server.response_runs import (
 )
 from server.responses_store import StoredResponse
 from server.routes.stream import sessions
-from server.routes.tools import MANAGER_KEY
+from server.routes.tools import MANAGER_KEY, request_context
 from server.schemas import ChatCompletionRequest
 from server.schemas_responses import ResponsesRequest
 from server.service import ModelService, service
@@ -86,7 +86,7 @@ async def tool_loop(
     them (a server_label not configured, a server_url that is not its server) is a 400 here."""
     svc.require_ready()
     manager = current_app.extensions.get(MANAGER_KEY)
-    plan = await agent_plan(manager, svc.settings, chat)
+    plan = await agent_plan(manager, svc.settings, chat, request_context)
     if plan is None:
         return None
     if max_calls is not None:
