@@ -81,15 +81,13 @@ class Execution:
     async def _read(self, proc: asyncio.subprocess.Process, cap: int) -> AsyncIterator[str]:
         assert proc.stdout is not None
         kept = 0
-        decoder = codecs.getincrementaldecoder("utf-8")(
-            errors="replace"
-        )  # a character split by a read stays whole
+        # Incremental: a character split by a read stays whole.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         while data := await proc.stdout.read(READ_SIZE):
             room = cap - kept
             if len(data) > room:
-                self.truncated = (
-                    True  # the rest is read and dropped, so the command never blocks on a full pipe
-                )
+                # The rest is read and dropped, so the command never blocks on a full pipe.
+                self.truncated = True
                 data = data[: max(room, 0)]
             kept += len(data)
             text = decoder.decode(data)
