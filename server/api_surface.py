@@ -15,8 +15,10 @@ from pydantic import BaseModel
 from server.schemas import ChatCompletionRequest, CompletionRequest, InfillRequest, OpenAICompletionRequest
 from server.unsupported import METADATA, NOT_YET
 
-# Where a route exists: the one-model server, the router (no -m), the server with MCP servers.
-SERVER, ROUTER, MCP = "server", "router", "server with MCP servers"
+# Where a route exists: the one-model server, the router (no -m), the server with tools (built-in or MCP
+# servers), the server with --ui-mcp-proxy.
+SERVER, ROUTER, MCP = "server", "router", "server with --tools or MCP servers"
+PROXY = "server with --ui-mcp-proxy"
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,10 @@ ROUTES: tuple[Route, ...] = (
     R("GET", "/v1/stream", "llama-server", True, "resume a stream by conversation id and offset"),
     R("DELETE", "/v1/stream", "llama-server", True, "stop a resumable stream"),
     R("POST", "/v1/streams/lookup", "llama-server", True),
-    R("GET", "/cors-proxy", "llama-server", False, "404: the web UI's MCP proxy is not served"),
-    R("POST", "/cors-proxy", "llama-server", False, "404: the web UI's MCP proxy is not served"),
-    R("GET", "/tools", "llama-server", True, "the configured MCP servers' tools", MCP),
-    R("POST", "/tools", "llama-server", True, "call one MCP tool", MCP),
+    R("GET", "/cors-proxy", "llama-server", True, "forwards only x-llama-server-proxy-header-*", PROXY),
+    R("POST", "/cors-proxy", "llama-server", True, "forwards only x-llama-server-proxy-header-*", PROXY),
+    R("GET", "/tools", "llama-server", True, "the built-in tools and the MCP servers' tools", MCP),
+    R("POST", "/tools", "llama-server", True, "call one tool (`stream` for exec_shell_command)", MCP),
     R("GET", "/models", "llama-server", True, "the catalogue with each model's status", ROUTER),
     R("GET", "/v1/models", "OpenAI", True, "the catalogue", ROUTER),
     R("GET", "/v1/models/<path:name>", "OpenAI", True, "one catalogue model", ROUTER),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from quart import Quart
 
-from server.api_surface import BODIES, MCP, ROUTER, ROUTES, SERVER, field_status
+from server.api_surface import BODIES, MCP, PROXY, ROUTER, ROUTES, SERVER, field_status
 from server.app import create_app
 from server.cli import parse_settings
 from server.mcp.config import McpServerConfig
@@ -33,7 +33,9 @@ def apps() -> dict[str, set[tuple[str, str]]]:
     settings, _ = parse_settings(["-m", "smollm2"], {})
     with_mcp = settings.model_copy(update={"mcp_servers": (McpServerConfig(name="t", command="true"),)})
     router = create_router_app(parse_settings([], {})[0], build_catalogue(None, None), [])
+    with_proxy = settings.model_copy(update={"ui_mcp_proxy": True})
     routes = {SERVER: _registered(create_app(settings)), MCP: _registered(create_app(with_mcp))}
+    routes[PROXY] = _registered(create_app(with_proxy))
     routes[ROUTER] = _registered(router)
     return routes
 
@@ -45,9 +47,10 @@ def test_each_route_row_is_what_its_app_registers(apps: dict[str, set[tuple[str,
 
 
 def test_every_registered_route_has_a_row(apps: dict[str, set[tuple[str, str]]]) -> None:
-    # The MCP app serves every route of the server; the router serves some of them itself (health,
-    # props, the stream routes) beside its own.
-    rows = {(mode, route.method, route.path) for route in ROUTES for mode in (route.mode, MCP, ROUTER)}
+    # The MCP and proxy apps serve every route of the server; the router serves some of them itself
+    # (health, props, the stream routes) beside its own.
+    modes = (MCP, PROXY, ROUTER)
+    rows = {(mode, route.method, route.path) for route in ROUTES for mode in (route.mode, *modes)}
     for mode, registered in apps.items():
         missing = {(m, p) for m, p in registered if (mode, m, p) not in rows}
         assert not missing, f"routes of the {mode} without a row in server/api_surface.py: {missing}"
