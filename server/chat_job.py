@@ -59,6 +59,11 @@ async def chat_tokens(svc: ModelService, body: ChatCompletionRequest) -> list[in
     return await svc.tokenize_prompt(chat_prompt(svc, body, tool_plan(svc, body)))
 
 
+def input_tokens(n: int) -> dict[str, Any]:
+    """OpenAI's input token count object (llama-server answers its chat count with it too)."""
+    return {"object": "response.input_tokens", "input_tokens": n}
+
+
 async def prepare_chat(
     svc: ModelService, body: ChatCompletionRequest, completion_id: str, answer_only: bool = False
 ) -> ChatJob:

@@ -95,6 +95,8 @@ _SLOT_ACTION = Query("action", "what to do with the slot", True, (("enum", ["sav
 ROUTES: tuple[Route, ...] = (
     Route("post", ("/v1/chat/completions", "/chat/completions"), "chat completion (OpenAI)",
           ChatCompletionRequest, streams=True),
+    Route("post", ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"),
+          "count a chat's prompt tokens (llama-server)", ChatCompletionRequest),
     Route("post", ("/v1/chat/completions/control", "/chat/completions/control"),
           "act on a running chat completion", ControlRequest),
     Route("post", ("/predict",), "Vertex AI prediction: chat completion instances", PredictRequest),
@@ -111,6 +113,8 @@ ROUTES: tuple[Route, ...] = (
           anthropic=True),
     Route("post", ("/v1/responses", "/responses"), "create a response (OpenAI Responses)", ResponsesRequest,
           streams=True),
+    Route("post", ("/v1/responses/input_tokens", "/responses/input_tokens"),
+          "count a response's input tokens (OpenAI Responses)", ResponsesRequest),
     Route("get", ("/v1/responses/{response_id}", "/responses/{response_id}"), "a stored response",
           query=(Query("stream", "true: replay a background response's events"),
                  Query("starting_after", "replay events after this sequence number")), streams=True),

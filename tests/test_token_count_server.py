@@ -4,6 +4,7 @@ the chat template as /v1/chat/completions does, so its count is that route's usa
 from __future__ import annotations
 
 import httpx
+import openai
 
 from tests.server_process import ServerProcess
 
@@ -46,3 +47,19 @@ def test_tokenize_refuses_what_it_cannot_count(server: ServerProcess) -> None:
         assert both.status_code == 400 and "content" in both.json()["error"]["message"]
         broken = http.post("/tokenize", json={"messages": [{"role": "wizard", "content": "x"}]})
         assert broken.status_code == 400 and "messages.0.role" in broken.json()["error"]["message"]
+
+
+def test_input_token_counts_are_the_prompts_usage(server: ServerProcess) -> None:
+    """/v1/chat/completions/input_tokens (llama-server's) and /v1/responses/input_tokens (OpenAI's, through
+    the SDK) count what the matching generation reports as its prompt."""
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+        counted = http.post("/v1/chat/completions/input_tokens", json={"messages": CHAT}).json()
+        assert counted == {"object": "response.input_tokens", "input_tokens": len(tokens_of(http, CHAT))}
+        empty = http.post("/chat/completions/input_tokens", json={"messages": []})
+        assert empty.status_code == 400 and "messages" in empty.json()["error"]["message"]
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+    ask = {"model": "smollm2", "instructions": "You are terse.", "input": "What is the weather in Paris?"}
+    count = client.responses.input_tokens.count(**ask)
+    reply = client.responses.create(**ask, max_output_tokens=16, store=False)
+    assert reply.usage is not None and count.input_tokens == reply.usage.input_tokens > 5
+    assert count.object == "response.input_tokens"

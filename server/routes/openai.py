@@ -13,7 +13,7 @@ from quart import Blueprint, Response, current_app, request
 from engine.api import GenerationRequest, TokenEvent
 from server import errors, sse
 from server.agents import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
-from server.chat_job import ChatJob, prepare_chat
+from server.chat_job import ChatJob, chat_tokens, input_tokens, prepare_chat
 from server.choices import choice_events, choice_requests, choices_usage, collect_choices, request_timings
 from server.generation import (
     Outcome,
@@ -50,6 +50,14 @@ def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) 
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
     return await chat_reply(service(), ChatCompletionRequest.model_validate(await json_body()))
+
+
+@bp.post("/v1/chat/completions/input_tokens")
+@bp.post("/chat/completions/input_tokens")
+async def chat_input_tokens() -> Any:
+    """llama-server's count of a chat body's prompt tokens (in OpenAI's Responses count shape)."""
+    body = ChatCompletionRequest.model_validate(await json_body())
+    return input_tokens(len(await chat_tokens(service(), body)))
 
 
 @bp.post("/predict")

@@ -22,7 +22,7 @@ from quart import Blueprint, current_app, request
 from server import errors, sse
 from server.agents import AgentRun, agent_plan
 from server.auth import request_client
-from server.chat_job import ChatJob, prepare_chat
+from server.chat_job import ChatJob, chat_tokens, input_tokens, prepare_chat
 from server.request_body import json_body
 from server.response_output import item_id
 from server.response_runs import (
@@ -77,6 +77,16 @@ async def create() -> Any:
     async for _ in source:  # a whole reply: the same events, drained
         pass
     return run.snapshot
+
+
+@bp.post("/v1/responses/input_tokens")
+@bp.post("/responses/input_tokens")
+async def count_input_tokens() -> Any:
+    """OpenAI's count of a Responses body's input tokens, after the stored conversation it continues."""
+    body = ResponsesRequest.model_validate(await json_body())
+    history = responses().conversation(body.previous_response_id)
+    chat = body.to_chat(history + body.input_messages(history), stream=False)
+    return input_tokens(len(await chat_tokens(service(), chat)))
 
 
 async def tool_loop(
