@@ -144,6 +144,7 @@ def test_registry_names_tools_and_never_overwrites_on_collision() -> None:
         "display_name": "Add",
         "type": "mcp",
         "permissions": {"write": False},
+        "uses_cwd": False,  # x-tool-cwd is the built-in tools' (llama-server's listing)
         "definition": {
             "type": "function",
             "function": {
