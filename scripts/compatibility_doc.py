@@ -18,7 +18,6 @@ DOC = ROOT / "docs" / "compatibility.md"
 STATUS_WORDS = {
     "implemented": "implemented",
     "ignored": "accepted, warns: no effect",
-    "refused": "refused (exits 2)",
 }
 
 
@@ -37,18 +36,17 @@ def _flags() -> list[str]:
         "",
         "## Flags",
         "",
-        "A llama-server command line that serves a model starts Llamba unchanged: implemented flags act",
-        "as in llama-server; ignored ones are accepted with one warning line each (`cli.flag_ignored`)",
-        "that says why: they would not change what the server answers, or (`not applied: ...`) Llamba",
-        "cannot honour them and says what it does instead; the two refused ones print something and",
-        "exit in llama-server too, and exit 2 here naming why. Each variable in the env column is read as",
+        "A llama-server command line starts Llamba unchanged: implemented flags act as in llama-server",
+        "(`-cl` and `--completion-bash` print and exit, as there); ignored ones are accepted with one",
+        "warning line each (`cli.flag_ignored`) that says why: they would not change what the server",
+        "answers, or (`not applied: ...`) Llamba cannot honour them and says what it does instead.",
+        "Each variable in the env column is read as",
         "llama-server reads it (`server/env_args.py`): a value flag takes its value, a switch is set by",
         "`on`/`enabled`/`true`/`1` and cleared by `off`/`disabled`/`false`/`0` (or by its `LLAMA_ARG_NO_*`",
-        "twin); an ignored or refused flag set by its variable warns or exits 2 naming the variable; a flag",
+        "twin); an ignored flag set by its variable warns naming the variable; a flag",
         "given on the command line wins over its variable (reported with `cli.flag_ignored`).",
         "",
-        f"{len(FLAGS)} flags: {counts['implemented']} implemented, {counts['ignored']} accepted and "
-        f"ignored, {counts['refused']} refused.",
+        f"{len(FLAGS)} flags: {counts['implemented']} implemented, {counts['ignored']} accepted and ignored.",
         "",
         "| flag | value | env | status | note |",
         "| --- | --- | --- | --- | --- |",

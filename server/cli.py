@@ -26,6 +26,7 @@ from server.env_args import EnvError, env_arguments
 from server.limits import RequestLimits
 from server.llama_server_flags import FLAGS, LlamaServerFlag
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
+from server.print_and_exit import CacheList, CompletionBash
 from server.schemas_tools import check_schema
 
 # llama-server's flags that Llamba accepts but that have no effect here (`server/llama_server_flags.py`,
@@ -41,9 +42,6 @@ _DRAFT_CTX = LlamaServerFlag(
     ("-cd", "--ctx-size-draft"), "N", "", "ignored", "the draft model's context is the target's"
 )
 IGNORED_FLAGS.update({form: _DRAFT_CTX for form in _DRAFT_CTX.forms})
-REFUSED_FLAGS: dict[str, LlamaServerFlag] = {
-    form: flag for flag in FLAGS if flag.status == "refused" for form in flag.forms
-}
 # Switches for what Llamba always does: accepted without a word, since their meaning holds.
 ALWAYS_ON: dict[str, str] = {
     "-cb": "always on: requests join and leave the batch at every step",
@@ -215,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-h", "--help", "--usage", action="help", help="show this help and exit")
     p.add_argument("--version", action="version", version=f"llamba-server {_version()}")
+    p.add_argument("-cl", "--cache-list", action=CacheList, help="list the models in the cache, then exit")
+    p.add_argument("--completion-bash", action=CompletionBash, also=tuple(IGNORED_FLAGS),
+                   help="print a bash completion script, then exit")  # fmt: skip
     for add_group in (
         _model_flags,
         _server_flags,
@@ -526,28 +527,23 @@ def _command_line(
     kept: list[str] = []
     ignored: list[Ignored] = []
     for var in from_env.read:
-        var_kept, var_ignored = _split_ignored(parser, list(var.args), var.env)
+        var_kept, var_ignored = _split_ignored(list(var.args))
         kept += var_kept
         ignored += [Ignored(f"{var.env} ({flag})", flag.reason) for flag in var_ignored]
     for env, flag in from_env.overridden:
         ignored.append(Ignored(env, f"the command line's {flag} wins over the variable"))
-    cli_kept, cli_ignored = _split_ignored(parser, argv)
+    cli_kept, cli_ignored = _split_ignored(argv)
     return kept + cli_kept, ignored + cli_ignored
 
 
-def _split_ignored(
-    parser: argparse.ArgumentParser, argv: list[str], variable: str = ""
-) -> tuple[list[str], list[Ignored]]:
+def _split_ignored(argv: list[str]) -> tuple[list[str], list[Ignored]]:
     """Take out the llama-server flags that have no effect here, so they warn instead of failing, and
-    the always-on switches; a refused one exits 2 naming it (and the variable that set it) and why."""
+    the always-on switches."""
     kept: list[str] = []
     ignored: list[Ignored] = []
     i = 0
     while i < len(argv):
         flag = argv[i].split("=", 1)[0]
-        if flag in REFUSED_FLAGS:
-            name = f"{variable} ({flag})" if variable else flag
-            parser.error(f"{name} is not supported by Llamba: {REFUSED_FLAGS[flag].note}")
         if flag in ALWAYS_ON and "=" not in argv[i]:
             i += 1
             continue

@@ -5,8 +5,7 @@ Every row of `server/llama_server_flags.py` that names a variable is read as lla
 enabled, true, 1) and, when it has a negative form, cleared by a falsey one (off, disabled, false, 0) or
 by the variable's `LLAMA_ARG_NO_*` twin. The command line wins: a variable whose flag is also given
 there is not read (and is reported). The arguments a variable stands for then go through the command
-line's own path, so an ignored flag set by its variable warns and a refused one exits 2, naming the
-variable.
+line's own path, so an ignored flag set by its variable warns, naming the variable.
 """
 
 from __future__ import annotations

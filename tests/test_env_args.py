@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from server.cli import ALWAYS_ON, IGNORED_FLAGS, REFUSED_FLAGS, Settings, build_parser, parse_settings
+from server.cli import ALWAYS_ON, IGNORED_FLAGS, Settings, build_parser, parse_settings
 from server.env_args import env_rows
 from server.llama_server_flags import FLAGS
+from server.print_and_exit import CacheList, CompletionBash
 from server.router.child import ROUTER_ONLY_ENV, inherited_environ
 from server.router.main import ROUTER_ONLY_FLAGS
 from tests.server_process import ServerProcess
@@ -119,7 +120,7 @@ def test_router_children_do_not_inherit_the_routers_own_variables() -> None:
 CHECKS = {"device_draft": ["-devd", "cuda"], "gpu_layers_draft": ["-dev", "cuda", "-ngld", "0"],
           "ssl_key_file": ["--ssl-key-file", "README.md"],
           "ssl_cert_file": ["--ssl-cert-file", "README.md"]}  # fmt: skip
-EXITING = (argparse._HelpAction, argparse._VersionAction)
+EXITING = (argparse._HelpAction, argparse._VersionAction, CacheList, CompletionBash)
 MCP = {"mcpServers": {"a": {"command": "true"}}}
 
 
@@ -148,7 +149,7 @@ def _values(action: argparse.Action, files: dict[str, str]) -> list[list[str]]:
 
 def test_every_parsed_option_reaches_settings(tmp_path: Path) -> None:
     """Each option of the parser, given a value, changes Settings (or is a check that exits 2 on a
-    mismatch); llama-server's ignored, refused and always-on flags are never parser options."""
+    mismatch); llama-server's ignored and always-on flags are never parser options."""
     (tmp_path / "t.jinja").write_text("{{ messages }}")
     (tmp_path / "keys").write_text("k\n")
     (tmp_path / "mcp.json").write_text(json.dumps(MCP))
@@ -159,7 +160,7 @@ def test_every_parsed_option_reaches_settings(tmp_path: Path) -> None:
              "json_schema_file": str(tmp_path / "s.json")}  # fmt: skip
     base = parse_settings([], {})[0]
     parser = build_parser()
-    assert not set(parser._option_string_actions) & (set(IGNORED_FLAGS) | set(REFUSED_FLAGS) | set(ALWAYS_ON))
+    assert not set(parser._option_string_actions) & (set(IGNORED_FLAGS) | set(ALWAYS_ON))
     for action in parser._actions:
         if isinstance(action, EXITING) or action.dest == "list_devices" or not action.option_strings:
             continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from server.cli import ALWAYS_ON, build_parser, parse_settings
 from server.llama_server_flags import FLAGS, LlamaServerFlag
 from tests.server_process import ServerProcess
 
-STATUSES = ("implemented", "ignored", "refused")
+STATUSES = ("implemented", "ignored")
 # Implemented flags that exit instead of serving (help, version, device list).
 EXITING = ("-h", "--version", "--list-devices")
 
@@ -71,14 +72,25 @@ def test_an_optional_value_is_taken_only_when_given(spelled: str) -> None:
     assert settings.n_predict == 7 and ignored == [spelled.split()[0].split("=")[0]]
 
 
-def test_refused_rows_exit_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    for flag in _rows("refused"):
-        for form in flag.forms:
-            with pytest.raises(SystemExit) as exit_info:
-                parse_settings([form, "x"] if flag.value else [form])
-            assert exit_info.value.code == 2, form
-            err = capsys.readouterr().err.strip().splitlines()[-1]
-            assert f"{form} is not supported by Llamba: {flag.note}" in err
+def test_the_flags_that_print_and_exit(capsys: pytest.CaptureFixture[str]) -> None:
+    """-cl lists the model cache and --completion-bash prints a completion script that bash runs, each
+    then exiting 0 (as llama-server's do)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_settings(["-cl"])
+    listing = capsys.readouterr().out
+    assert exit_info.value.code == 0 and listing.startswith("number of models in cache: ")
+    assert "smollm2 (" in listing  # the suite's set-up fetched it
+    with pytest.raises(SystemExit) as exit_info:
+        parse_settings(["--completion-bash"])
+    script = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    complete = 'COMP_WORDS=(llamba-server "$1"); COMP_CWORD=1; _llamba_server; echo "${COMPREPLY[@]}"'
+    cases = (("--ctx-size-d", {"--ctx-size-draft"}), ("--rope-sc", {"--rope-scale", "--rope-scaling"}))
+    for typed, expected in cases:
+        words = subprocess.run(
+            ["bash", "-c", f"{script}\n{complete}", "_", typed], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert set(words) == expected, (typed, words)
 
 
 def test_compatibility_doc_is_current() -> None:
