@@ -175,6 +175,16 @@ def _bias_tokens(key: Any, n_vocab: int, tokenize: Callable[[str], list[int]]) -
     return [key]
 
 
+class CalledFunction(BaseModel):
+    """The function of an earlier call: templates and tool formats read its name (a missing one was a
+    500 found by the long fuzz), and its arguments (OpenAI's JSON text, or an object)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
 class ToolCallMessage(BaseModel):
     """An earlier call in the history (an assistant message's tool_calls)."""
 
@@ -182,7 +192,7 @@ class ToolCallMessage(BaseModel):
 
     id: str | None = None
     type: Literal["function"] = "function"
-    function: dict[str, Any]
+    function: CalledFunction
 
 
 class ChatMessage(BaseModel):

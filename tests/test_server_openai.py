@@ -180,6 +180,16 @@ def test_bad_predict_bodies_are_400_naming_the_field(server, body: dict, named: 
     assert reply.status_code == 400 and named in reply.json()["error"]["message"], reply.text
 
 
+@pytest.mark.parametrize("path", ["/apply-template", "/v1/chat/completions", "/tokenize"])
+def test_an_earlier_call_without_a_function_name_is_400(server, path: str) -> None:  # type: ignore[no-untyped-def]
+    """Found by the long fuzz (a 500 on /apply-template): a history call's function must have a name."""
+    call = {"id": "c1", "type": "function", "function": {"arguments": "{}"}}
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [call]}]
+    reply = httpx.post(server.base_url + path, json={"messages": messages, "max_tokens": 1}, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert "messages.1.tool_calls.0.function.name" in reply.json()["error"]["message"]
+
+
 def test_post_props_needs_the_flag(server) -> None:  # type: ignore[no-untyped-def]
     refused = httpx.post(server.base_url + "/props", json={})
     assert refused.status_code == 501 and "--props" in refused.json()["error"]["message"]
