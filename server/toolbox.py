@@ -49,9 +49,10 @@ class Toolbox:
         return found or (self.mcp.tool(name) if self.mcp else None)
 
     def server_names(self) -> list[str]:
-        """The labels a chat's `mcp` tool may name: "builtin" (with --tools), then the MCP servers."""
-        mcp = [n for n in (self.mcp.server_names() if self.mcp else []) if n != BUILTIN_LABEL]
-        return [BUILTIN_LABEL, *mcp] if self.builtin else mcp
+        """The labels a chat's `mcp` tool may name: "builtin" (with --tools, which then hides an MCP
+        server of that name), then the MCP servers."""
+        mcp = self.mcp.server_names() if self.mcp else []
+        return [BUILTIN_LABEL, *(n for n in mcp if n != BUILTIN_LABEL)] if self.builtin else mcp
 
     def server_tools(self, server: str) -> list[Tool]:
         return [t for t in self.tools() if t.server == server]
