@@ -42,6 +42,10 @@ class EngineStopped(RuntimeError):
     """The engine thread is not running, so a call can't be answered."""
 
 
+class ForwardFailed(RuntimeError):
+    """The model's forward pass raised (a kernel failure): the slots' requests end, waiting ones still run."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     n_slots: int = 1
@@ -53,6 +57,9 @@ class EngineConfig:
     n_keep: int = 0  # tokens kept at the start by a context shift
     cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
+    # Fault injection for the error-path tests (LLAMBA_FAIL_FORWARD, read by server/service.py): the
+    # forward passes with these numbers (1 = the first after warm-up) raise as a failing kernel would.
+    fail_forward: frozenset[int] = frozenset()
 
 
 class Engine:
@@ -199,12 +206,43 @@ class Engine:
                 commands, self._commands = self._commands, []
                 stopping = self._stopping
             for fn in commands:
-                fn()
+                self._run_command(fn)
             if stopping:
                 self.scheduler.cancel_all("cancelled")
                 self._publish()
                 return
+            self._guarded_step()
+            self._publish()
+
+    @staticmethod
+    def _run_command(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # a failed command must not end the engine thread
+            log.exception("engine.command_failed", error=str(exc))
+
+    def _guarded_step(self) -> None:
+        """Run one step; an exception must not kill the engine thread and hang every client.
+
+        The requests in the slots end with finish_reason "error" (their clients get an error) and their
+        cells are dropped, since a failed step may have half written them; waiting requests then run as
+        usual. A failure outside the forward pass (admission, batching, a sequence's advance) may leave
+        any request's state half updated, so the waiting ones end too.
+        """
+        try:
             self._step()
+        except Exception as exc:
+            forward = isinstance(exc, ForwardFailed)
+            cause = exc.__cause__ or exc
+            log.exception("engine.step_failed", error=str(cause), forward=forward)
+            error = f"the engine failed while generating: {type(cause).__name__}: {cause}"
+            for slot in self.pool.busy():
+                slot.tokens.clear()
+                self.kv.clear(slot.id)
+                if slot.seq is not None:
+                    self.scheduler.cancel(slot.seq.request.request_id, "error", error)
+            if not forward:
+                self.scheduler.cancel_all("error", error)
 
     def _step(self) -> None:
         """Admit, run one batch and advance its sequences.
@@ -218,18 +256,15 @@ class Engine:
             return
         batch, outputs = planned
         try:
+            if self._n_steps + 1 in self.config.fail_forward:
+                self._n_steps += 1
+                raise RuntimeError(f"injected failure of forward pass {self._n_steps} (LLAMBA_FAIL_FORWARD)")
             out = self.llm.model.run(batch, self.kv)
-        except Exception as exc:  # a kernel failure must not kill the thread or hang clients
-            log.exception("engine.step_failed", error=str(exc))
-            for seq_id in set(batch.seq_ids.tolist()):  # their cells may be half written
-                self.pool[seq_id].tokens.clear()
-                self.kv.clear(seq_id)
-            self.scheduler.cancel_all("error")
-        else:
-            self.scheduler.apply(out.logits, outputs, out.hidden)
-            self._n_steps += 1
-            self._n_tokens += batch.n_tokens
-        self._publish()
+        except Exception as exc:
+            raise ForwardFailed from exc
+        self.scheduler.apply(out.logits, outputs, out.hidden)
+        self._n_steps += 1
+        self._n_tokens += batch.n_tokens
 
     def _publish(self) -> None:
         waiting = len(self.scheduler.waiting)

@@ -218,20 +218,21 @@ class Scheduler:
                 return result
         return ControlResult(False, f"no running completion with id {request_id!r}")
 
-    def cancel(self, request_id: str, reason: str = "cancelled") -> None:
+    def cancel(self, request_id: str, reason: str = "cancelled", error: str | None = None) -> None:
+        """End a request (`error`: the message its client gets when `reason` is "error")."""
         self._end_on_start.discard(request_id)
         self.choices.cancel_waiting(request_id, reason)
         for slot in self.pool.busy():
             if slot.seq is not None and slot.seq.request.request_id == request_id:
-                slot.seq.emit(slot.seq.finished_early(reason))
+                slot.seq.emit(slot.seq.finished_early(reason, error))
                 self._finish(slot)
         for item in [w for w in self.waiting if w[0].request_id == request_id]:
             self.waiting.remove(item)
-            item[1](TokenEvent(text="", finish_reason=reason))
+            item[1](TokenEvent(text="", finish_reason=reason, error=error))
 
-    def cancel_all(self, reason: str) -> None:
+    def cancel_all(self, reason: str, error: str | None = None) -> None:
         for request, _ in list(self.waiting):
-            self.cancel(request.request_id, reason)
+            self.cancel(request.request_id, reason, error)
         for slot in self.pool.busy():
             if slot.seq is not None:
-                self.cancel(slot.seq.request.request_id, reason)
+                self.cancel(slot.seq.request.request_id, reason, error)

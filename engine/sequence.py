@@ -240,9 +240,10 @@ class Sequence:
         progress = PromptProgress(total, self.n_cached, total - len(self.pending), elapsed_ms)
         return TokenEvent(text="", progress=progress, n_prompt=total, id_slot=self.slot_id)
 
-    def finished_early(self, reason: str) -> TokenEvent:
+    def finished_early(self, reason: str, error: str | None = None) -> TokenEvent:
         """The final event of a sequence ended from outside (cancel, shutdown, a failed step)."""
-        return TokenEvent(text="", finish_reason=reason, timings=self.timings(), id_slot=self.slot_id)
+        timings = self.timings()
+        return TokenEvent(text="", finish_reason=reason, timings=timings, id_slot=self.slot_id, error=error)
 
     def timings(self) -> Timings:
         now = time.perf_counter()

@@ -114,6 +114,7 @@ class Outcome:
         return self.final.timings.predicted_n if self.final and self.final.timings else len(self.tokens)
 
     def add(self, event: TokenEvent) -> None:
+        raise_if_failed(event)
         self.text += event.text
         self.reasoning += event.reasoning_text
         add_tool_call_steps(self.tool_calls, event.tool_calls)
@@ -122,6 +123,13 @@ class Outcome:
             self.events.append(event)
         if event.finish_reason is not None:
             self.final = event
+
+
+def raise_if_failed(event: TokenEvent) -> None:
+    """A request the engine ended with an error (a failed step) is a 500 naming the failure; in a stream
+    that already sent bytes, `sse.errors_as_events` turns it into the closing error event."""
+    if event.finish_reason == "error":
+        raise errors.APIError(500, event.error or "the engine failed while generating", "server_error")
 
 
 async def events_of(service: ModelService, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import os
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -187,6 +188,7 @@ class ModelService:
             n_keep=s.keep,
             cache_type_k=s.cache_type_k,
             cache_type_v=s.cache_type_v,
+            fail_forward=_injected_failures(),
         )
         draft = None
         if s.model_draft:  # draft-simple speculation: refused at start-up if it speaks another vocabulary
@@ -606,3 +608,10 @@ async def _final_event(handle: RequestHandle) -> TokenEvent:
                 raise errors.APIError(500, f"the request ended: {event.finish_reason}", "server_error")
             return event
     raise errors.APIError(500, "the request ended without an answer", "server_error")
+
+
+def _injected_failures() -> frozenset[int]:
+    """LLAMBA_FAIL_FORWARD="3,7": forward passes that fail as a broken kernel would (the error-path tests
+    need a real server whose engine step raises; nothing else can make a correct kernel fail on demand)."""
+    spec = os.environ.get("LLAMBA_FAIL_FORWARD", "")
+    return frozenset(int(n) for n in spec.split(",") if n.strip())

@@ -43,11 +43,24 @@ def response(body: AsyncIterator[bytes], relayed: bool = True) -> Response:
     """A streaming SSE response; no response timeout: a long generation is not a stuck response. A
     resumable session's reader is not relayed (`relayed=False`): its producer already runs ahead into
     the session's ring, which ends a reader that falls behind it."""
+    body = errors_as_events(body)
     if relayed:
         body = relay(body, current_app.config[UNREAD_LIMIT_KEY])
     reply = Response(body, headers=SSE_HEADERS)
     reply.timeout = None
     return reply
+
+
+async def errors_as_events(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`source`'s bytes; an APIError it raises after its first byte (a failed engine step) ends the
+    stream with llama-server's error event instead of a cut connection."""
+    try:
+        async for chunk in source:
+            yield chunk
+    except errors.APIError as exc:
+        yield error_event(exc.body())
+    finally:
+        await close_quietly(source)
 
 
 async def close_quietly(source: AsyncIterator[bytes]) -> None:

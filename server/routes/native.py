@@ -18,6 +18,7 @@ from server.generation import (
     completion_request,
     events_of,
     openai_logprobs,
+    raise_if_failed,
     stop_type,
 )
 from server.request_body import json_body
@@ -199,6 +200,7 @@ async def native_stream(
     svc: ModelService, body: CompletionRequest, gen: Any, n_prompt: int
 ) -> AsyncIterator[bytes]:
     async for event in events_of(svc, gen):
+        raise_if_failed(event)
         if event.progress is not None:
             yield sse.event({"prompt_progress": event.progress.as_dict()})
             continue

@@ -22,6 +22,7 @@ from server.generation import (
     events_of,
     has_probs,
     openai_logprobs,
+    raise_if_failed,
     usage,
 )
 from server.request_body import json_body
@@ -104,7 +105,7 @@ async def streamed(stream: AsyncIterator[bytes]) -> Response:
     outlives this response."""
     conversation_id = request.headers.get(CONVERSATION_HEADER)
     if conversation_id:
-        return sse.response(await resumable(conversation_id, stream), relayed=False)
+        return sse.response(await resumable(conversation_id, sse.errors_as_events(stream)), relayed=False)
     return sse.response(stream)
 
 
@@ -189,6 +190,7 @@ async def chat_stream(
     yield chunks.chunk({"role": "assistant", "content": None})
     final: TokenEvent | None = None
     async for event in events_of(svc, gen):
+        raise_if_failed(event)
         for data in chunks.event(event):
             yield data
         if event.finish_reason is not None:
@@ -231,6 +233,7 @@ async def chat_choices_stream(
         yield chunks.chunk({"role": "assistant", "content": None}, index=index)
     finals: list[TokenEvent | None] = [None] * len(requests)
     async for index, event in choice_events(svc, requests):
+        raise_if_failed(event)
         for data in chunks.event(event, index):
             yield data
         if event.finish_reason is not None:
@@ -380,6 +383,7 @@ async def completion_stream(
         yield chunk(prefix, None, index)
     finals: list[TokenEvent | None] = [None] * len(requests)
     async for index, event in indexed_events(svc, requests):
+        raise_if_failed(event)
         if event.finish_reason is not None:
             finals[index] = event
             yield chunk(event.text, final_reason(event), index)
