@@ -261,11 +261,12 @@ async def lookup() -> Any:
 @bp.post("/v1/chat/completions/control")
 @bp.post("/chat/completions/control")
 async def control() -> Any:
-    """A running completion is named by its id, which only its replica knows: ask each ready one."""
+    """A running completion is named by its id, which only its replica knows: ask each ready (or
+    draining) one."""
     ctx = cluster()
     body = await request.get_data()
     answer: Any = {"success": False, "message": "no replica has this completion"}
-    for fleet, replica in [(f, r) for f in ctx.fleets.values() for r in f.ready]:
+    for fleet, replica in [(f, r) for f in ctx.fleets.values() for r in f.serving]:
         answer = await _ask(ctx, fleet, replica, body)
         if isinstance(answer, dict) and answer.get("success"):
             return answer

@@ -103,6 +103,7 @@ class Fleet:
         self._last_change: float | None = None
         self._scaler: asyncio.Task[None] | None = None
         self._draining: set[asyncio.Task[None]] = set()
+        self._lost: set[int] = set()  # draining replicas that died: stop them now, serve nothing there
         # Counters for /metrics (server/cluster/metrics.py).
         self.placed = {"prefix": 0, "load": 0, "sticky": 0}
         self.retries = 0  # requests sent to another replica after one could not be reached
@@ -176,6 +177,8 @@ class Fleet:
             health = await self._client.get(replica.url + "/health", timeout=POLL_TIMEOUT_S)
         except httpx.HTTPError:
             return
+        if replica.status == DRAINING:  # Ray restarted a draining replica: it stays out, to be stopped
+            return
         if health.status_code == 200 and await self._poll(replica):  # its engine answers too
             replica.status = READY
             log.info(
@@ -207,10 +210,15 @@ class Fleet:
         return True
 
     def mark_down(self, replica: Replica, reason: str) -> None:
-        """No new requests for it, its conversations are gone; the monitor waits for Ray's replacement."""
-        if replica.status == DOWN:
+        """No new requests for it, its conversations are gone; the monitor waits for Ray's replacement
+        (a draining replica that dies is stopped at once instead)."""
+        if replica.status == DOWN or replica.index in self._lost:
             return
-        replica.status, replica.hashes = DOWN, set()
+        if replica.status == DRAINING:
+            self._lost.add(replica.index)
+        else:
+            replica.status = DOWN
+        replica.hashes = set()
         log.warning(
             "replica.down", model=self.model_id, replica=replica.index, url=replica.url, reason=reason
         )
@@ -284,7 +292,7 @@ class Fleet:
         while (now := time.monotonic()) - started < DRAIN_MAX_S:
             idle = replica.in_flight == 0 and replica.n_busy + replica.n_waiting == 0
             quiet = now - replica.last_conversation >= self._conversation_ttl_s
-            if idle and (quiet or not replica.url):
+            if (idle and (quiet or not replica.url)) or replica.index in self._lost:
                 break
             await asyncio.sleep(self._poll_s)
         task = self._tasks.pop(replica.index, None)
@@ -293,6 +301,7 @@ class Fleet:
         handle = self._handles.pop(replica.index)
         await self._stop_actor(handle)
         self.replicas.remove(replica)
+        self._lost.discard(replica.index)
         log.info(
             "cluster.drained",
             model=self.model_id,
@@ -305,6 +314,12 @@ class Fleet:
     @property
     def ready(self) -> list[Replica]:
         return [r for r in self.replicas if r.status == READY]
+
+    @property
+    def serving(self) -> list[Replica]:
+        """The replicas whose running requests and conversations can still be reached (ready or
+        draining)."""
+        return [r for r in self.replicas if r.status in (READY, DRAINING) and r.index not in self._lost]
 
     def get(self, index: int) -> Replica | None:
         return next((r for r in self.replicas if r.index == index), None)
@@ -332,7 +347,12 @@ class Fleet:
         if owned is None:
             return None
         replica = self.get(owned[0])
-        if replica is None or replica.status not in (READY, DRAINING) or replica.incarnation != owned[1]:
+        if (
+            replica is None
+            or replica.status not in (READY, DRAINING)
+            or replica.incarnation != owned[1]
+            or replica.index in self._lost
+        ):
             return None
         replica.last_conversation = time.monotonic()
         return replica

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable
 
 from server.cluster.fleet import Fleet
-from server.cluster.placement import DRAINING, READY, Replica
+from server.cluster.placement import Replica
 from server.router.metrics import CONTENT_TYPE, Family, add_exposition, labelled, render, scrape_url
 from server.router.upstream import UpstreamClient
 
@@ -92,7 +92,7 @@ def cluster_families(fleets: list[Fleet]) -> dict[str, Family]:
 
 async def aggregate(fleets: list[Fleet], client: UpstreamClient, secret: str) -> str:
     families = cluster_families(fleets)
-    live = [(fleet, r) for fleet in fleets for r in fleet.replicas if r.status in (READY, DRAINING)]
+    live = [(fleet, r) for fleet in fleets for r in fleet.serving]
     texts = await asyncio.gather(*(scrape_url(client, secret, r.url) for _, r in live))
     for (fleet, replica), text in zip(live, texts, strict=True):
         if text is not None:
