@@ -22,6 +22,7 @@ from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.builtin_tools import BadContext, Runtime, parse_tool_names
+from server.cluster.autoscale import replica_bounds
 from server.env_args import EnvError, env_arguments
 from server.limits import RequestLimits
 from server.llama_server_flags import FLAGS, LlamaServerFlag
@@ -154,6 +155,10 @@ class Settings(BaseModel):
     # Scale-out (server/cluster/): `ray`, `ray:ADDRESS` or `ray://HOST:PORT`; replicas of the model.
     cluster: str | None = None
     replicas: int = 1
+    replicas_min: int | None = None  # autoscaling's bounds (server/cluster/autoscale.py); None: --replicas
+    replicas_max: int | None = None
+    scale_up_after: float = 10.0  # seconds of sustained queue before a replica is added
+    scale_down_after: float = 60.0  # seconds of sustained low load before one is drained
     placement: str = "prefix"  # prefix (cache-aware, else least loaded), least-loaded, random (benchmarks)
     # Seconds without work before the model frees its weights and KV memory (-1: never); also per child.
     sleep_idle_seconds: float = -1
@@ -483,7 +488,16 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
         help="place the model's servers as Ray actors: `ray` (the running local cluster, or a new one), "
         "`ray:ADDRESS` (ray.init's address, e.g. `ray:local`, `ray:10.0.0.1:6379`), `ray://HOST:PORT` "
         "(Ray Client)")  # fmt: skip
-    add("--replicas", type=int, default=1, help="cluster: replicas of the model")
+    add("--replicas", type=int, default=1,
+        help="cluster: replicas of each model (a preset section's `replicas = N` overrides it)")  # fmt: skip
+    add("--replicas-min", type=int, default=None,
+        help="cluster: autoscaling's fewest replicas per model (default: --replicas)")  # fmt: skip
+    add("--replicas-max", type=int, default=None,
+        help="cluster: autoscaling's most replicas per model (default: --replicas)")  # fmt: skip
+    add("--scale-up-after", type=float, default=10.0, metavar="SECONDS",
+        help="cluster: add a replica after this long with a queue of >= 1 request per replica")  # fmt: skip
+    add("--scale-down-after", type=float, default=60.0, metavar="SECONDS",
+        help="cluster: drain a replica after this long with at most 1/4 of the slots used")  # fmt: skip
     add("--placement", default="prefix", choices=["prefix", "least-loaded", "random"],
         help="cluster: where a new request goes (random: a baseline for benchmarks)")  # fmt: skip
     add("--sleep-idle-seconds", type=float, default=-1,
@@ -694,6 +708,8 @@ def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         ("timeout", args.timeout, 1),
         ("shutdown-timeout", args.shutdown_timeout, 0),
         ("replicas", args.replicas, 1),
+        ("replicas-min", 1 if args.replicas_min is None else args.replicas_min, 1),
+        ("replicas-max", 1 if args.replicas_max is None else args.replicas_max, 1),
     ):
         if value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -712,8 +728,23 @@ def _check_draft_device(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 
 def _check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if (args.replicas != 1 or args.placement != "prefix") and args.cluster is None:
-        parser.error("--replicas and --placement need --cluster")
+    cluster_flags = {
+        "--replicas": args.replicas != 1,
+        "--replicas-min": args.replicas_min is not None,
+        "--replicas-max": args.replicas_max is not None,
+        "--scale-up-after": args.scale_up_after != 10.0,
+        "--scale-down-after": args.scale_down_after != 60.0,
+        "--placement": args.placement != "prefix",
+    }
+    given = [flag for flag, changed in cluster_flags.items() if changed]
+    if given and args.cluster is None:
+        parser.error(f"{', '.join(given)}: need --cluster")
+    if not (args.scale_up_after > 0 and args.scale_down_after > 0):
+        parser.error("--scale-up-after and --scale-down-after must be > 0 seconds")
+    try:
+        replica_bounds(args.replicas, args.replicas_min, args.replicas_max)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.cluster is not None and not (args.cluster == "ray" or args.cluster.startswith("ray:")):
         parser.error(f"--cluster must be ray, ray:ADDRESS or ray://HOST:PORT, got {args.cluster!r}")
 

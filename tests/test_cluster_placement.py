@@ -55,7 +55,7 @@ def test_placement_without_a_hit_takes_the_least_loaded_ready_replica() -> None:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--replicas", "2"], "--replicas and --placement need --cluster"),
+        (["--replicas", "2"], "--replicas: need --cluster"),
         (["--cluster", "kubernetes"], "--cluster must be ray"),
         (["--cluster", "ray", "--replicas", "0"], "--replicas must be >= 1"),
     ],

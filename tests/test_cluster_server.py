@@ -3,8 +3,9 @@ replicas of one thread each, talked to over HTTP as clients do (slow: Ray and tw
 
 Covers: concurrent chats spread over both replicas; a resumable stream resumed and stopped through the
 cluster router; a shared long system prompt placed on the replica that cached it (`timings.cache_n`);
-killing one replica's server process: the other's in-flight stream finishes, its conversation answers
-404, new requests go to the survivor without a 5xx, and Ray replaces the dead replica.
+the cluster's /metrics (its own counters and each replica's llamacpp:* labelled by replica); killing one
+replica's server process: the other's in-flight stream finishes, its conversation answers 404, new
+requests go to the survivor without a 5xx, and Ray replaces the dead replica.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def all_ready(proc: ServerProcess) -> bool:
 @pytest.fixture(scope="module")
 def cluster():  # type: ignore[no-untyped-def]
     proc = ServerProcess(
-        "--cluster", "ray:local", "--replicas", "2", "-m", "smollm2", "-t", "1", "-c", "8192", "-np", "4"
-    )
+        "--cluster", "ray:local", "--replicas", "2", "-m", "smollm2", "-t", "1", "-c", "8192", "-np", "4",
+        "--metrics",
+    )  # fmt: skip
     try:
         proc.wait_healthy(START_S)
         wait_until(lambda: all_ready(proc), START_S, "both replicas ready")
@@ -138,6 +140,47 @@ def test_a_shared_long_system_prompt_lands_on_the_replica_that_cached_it(client:
         assert reply.json()["timings"]["cache_n"] >= 9 * 64  # the system prompt came from the cache
 
 
+def metrics(client: httpx.Client) -> dict[str, float]:
+    """The /metrics samples: `name{labels}` -> value."""
+    reply = client.get("/metrics")
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
+    samples = [line.rsplit(" ", 1) for line in reply.text.splitlines() if line and not line.startswith("#")]
+    return {name: float(value) for name, value in samples}
+
+
+def test_cluster_metrics_count_placements_and_label_each_replicas_own(client: httpx.Client) -> None:
+    before = metrics(client)
+    sticky = 'llamba:cluster_placements_total{model="smollm2",reason="sticky"}'
+    conv = {CONV: "cluster/metrics"}
+    first = client.post("/v1/chat/completions", json=chat("Hi", stream=True), headers=conv)
+    again = client.post("/v1/chat/completions", json=chat("Hi again"), headers=conv)  # a new turn: sticky
+    assert first.status_code == again.status_code == 200
+    assert again.headers[REPLICA] == first.headers[REPLICA]
+    with ThreadPoolExecutor(4) as pool:
+        assert [r.status_code for r in pool.map(lambda i: say_hi(client, i), range(4))] == [200] * 4
+    after = metrics(client)
+    assert after[sticky] == before[sticky] + 1
+    placed = sum(
+        after[f'llamba:cluster_placements_total{{model="smollm2",reason="{r}"}}'] for r in ("prefix", "load")
+    )
+    placed_before = sum(
+        before[f'llamba:cluster_placements_total{{model="smollm2",reason="{r}"}}'] for r in ("prefix", "load")
+    )
+    assert placed == placed_before + 5  # the first turn and the four new chats
+    served = [after[f'llamba:cluster_requests_total{{model="smollm2",replica="{i}"}}'] for i in (0, 1)]
+    assert all(n > 0 for n in served)
+    assert after['llamba:cluster_replicas_up{model="smollm2"}'] == 2
+    assert after['llamba:cluster_replica_status{model="smollm2",replica="0",status="ready"}'] == 1
+    assert 'llamba:cluster_replica_queue{model="smollm2",replica="1"}' in after
+    assert after['llamba:cluster_replicas_desired{model="smollm2"}'] == 2  # no autoscaling: fixed at 2
+    # Each replica's own metrics, labelled: its generated tokens count what it served.
+    for i in (0, 1):
+        tokens = after[f'llamacpp:tokens_predicted_total{{model="smollm2",replica="{i}"}}']
+        assert tokens > 0
+    text = client.get("/metrics").text
+    assert text.count("# TYPE llamacpp:tokens_predicted_total ") == 1  # one head per family
+
+
 def test_killing_a_replica_fails_over_and_ray_replaces_it(
     cluster: ServerProcess, client: httpx.Client
 ) -> None:
@@ -177,6 +220,7 @@ def test_killing_a_replica_fails_over_and_ray_replaces_it(
     after = replicas(cluster)[int(victim)]
     assert after["restarts"] == 1 and after["pid"] != before[victim]["pid"]
     assert client.get("/v1/stream", params={"conv_id": owners[victim]}).status_code == 404
+    assert metrics(client)['llamba:cluster_replicas_replaced_total{model="smollm2"}'] == 1
     with ThreadPoolExecutor(8) as pool:
         replies = list(
             pool.map(lambda i: client.post("/v1/chat/completions", json=chat(f"Hi {i}")), range(8))

@@ -186,7 +186,17 @@ def _check_undoes_its_opposite(
 
 
 # Options that mean something only beside another (each alone exits 2 naming what it needs).
-NEEDS = {"replicas": ["--cluster", "ray"], "placement": ["--cluster", "ray"]}
+NEEDS = {
+    name: ["--cluster", "ray"]
+    for name in (
+        "replicas",
+        "replicas_min",
+        "replicas_max",
+        "scale_up_after",
+        "scale_down_after",
+        "placement",
+    )
+}
 
 
 def _changes_settings(action: argparse.Action, candidates: list[list[str]], base: Settings) -> bool:

@@ -1,5 +1,10 @@
-"""`llamba-server --cluster ray...`: join (or start) a Ray cluster, place the model's replicas on it as
-actors, and serve the cluster router in front of them with hypercorn.
+"""`llamba-server --cluster ray...`: join (or start) a Ray cluster, place each served model's replicas
+on it as actors, and serve the cluster router in front of them with hypercorn.
+
+The served models: `-m` alone; else the catalogue's (`--models-dir`, `--models-preset`, the built-in
+models) sections that set `replicas` (or `load-on-startup`), else its default model. Each model's
+replica count is its preset's `replicas`, else `--replicas`; its autoscaling bounds its `replicas-min`
+/ `replicas-max`, else the flags', else that count.
 
 The only module that imports Ray at module level; `server/__main__.py` imports it only with `--cluster`.
 Ray Core actors rather than Ray Serve: docs/scale-out.md says why.
@@ -12,6 +17,7 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,7 @@ from hypercorn.asyncio import serve
 
 from server.cli import Settings
 from server.cluster.app import create_cluster_app
+from server.cluster.autoscale import ScalePolicy, replica_bounds
 from server.cluster.fleet import ReplicaHandle
 from server.cluster.replica import ReplicaServer
 from server.router.catalogue import CatalogueError, ModelEntry, build_catalogue
@@ -33,8 +40,21 @@ log = structlog.get_logger("cluster")
 # keeps serving from the others meanwhile.
 MAX_RESTARTS = -1
 # The cluster's own flags (and -m, given to each replica explicitly): replicas do not inherit them.
-CLUSTER_ONLY_FLAGS = {"--cluster": True, "--replicas": True, "--placement": True, "-m": True, "--model": True}
+CLUSTER_ONLY_FLAGS = {
+    "--cluster": True,
+    "--replicas": True,
+    "--replicas-min": True,
+    "--replicas-max": True,
+    "--scale-up-after": True,
+    "--scale-down-after": True,
+    "--placement": True,
+    "-m": True,
+    "--model": True,
+}
 LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # Ray's minimum is 75 MiB; only actor calls' small answers use it
+# The replicas' API key: a fresh secret per run, unless this variable sets it (for tools that must reach
+# a replica directly, as scripts/bench_cluster.py measuring the router's own latency).
+SECRET_ENV = "LLAMBA_CLUSTER_SECRET"
 # The environment a replica's child needs from the router's (Ray's workers do not inherit the driver's).
 PASSED_ENV = ("NUMBA_CACHE_DIR", "LLAMBA_NO_VNNI", "HOME", "TMPDIR", "CUDA_VISIBLE_DEVICES")
 
@@ -63,12 +83,45 @@ def ray_address(cluster: str) -> str | None:
     return cluster if cluster.startswith("ray://") else cluster[len("ray:") :]
 
 
-def model_entry(settings: Settings) -> ModelEntry:
-    """`-m` when given, else the catalogue's default model (its preset flags included)."""
+def served_models(settings: Settings) -> list[ModelEntry]:
+    """`-m` when given; else the catalogue's entries with a `replicas` line or `load-on-startup`, else
+    its default model (its preset flags included). The default model comes first."""
     if settings.model is not None:
         name = settings.alias or Path(settings.model).name
-        return ModelEntry(id=name, model=settings.model, source="cli")
-    return build_catalogue(settings.models_dir, settings.models_preset).default
+        return [ModelEntry(id=name, model=settings.model, source="cli")]
+    catalogue = build_catalogue(settings.models_dir, settings.models_preset)
+    chosen = [e for e in catalogue.entries.values() if e.replicas[0] is not None or e.load_on_startup]
+    default = catalogue.default
+    if not chosen:
+        return [default]
+    return sorted(chosen, key=lambda e: e.id != default.id)
+
+
+def scaling(settings: Settings, entry: ModelEntry) -> tuple[ScalePolicy, int]:
+    """The model's policy and initial replica count; CatalogueError naming the model when its bounds
+    do not hold."""
+    count, low, high = entry.replicas
+    try:
+        initial, low, high = replica_bounds(
+            count or settings.replicas,
+            low if low is not None else settings.replicas_min,
+            high if high is not None else settings.replicas_max,
+        )
+    except ValueError as exc:
+        raise CatalogueError(f"model {entry.id!r}: {exc}") from None
+    policy = ScalePolicy(low, high, settings.scale_up_after, settings.scale_down_after)
+    return policy, initial
+
+
+def replica_threads(settings: Settings, entry: ModelEntry) -> int:
+    """The CPU threads one replica uses (its preset's `threads`, else -t): its Ray CPU resources."""
+    args = list(entry.args)
+    for flag in ("-t", "--threads"):
+        if flag in args[:-1]:
+            value = args[args.index(flag) + 1]
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+    return settings.threads or 1
 
 
 def replica_args(entry: ModelEntry, argv: list[str]) -> list[str]:
@@ -85,24 +138,26 @@ def replica_args(entry: ModelEntry, argv: list[str]) -> list[str]:
     return ["-m", entry.model, "-a", entry.id, "--log-format", "json", *entry.args, *kept]
 
 
-def start_replicas(
+def replica_starter(
     settings: Settings, entry: ModelEntry, argv: list[str], secret: str
-) -> list[ReplicaHandle]:
+) -> Callable[[], ReplicaHandle]:
+    """What starts one more replica of the model: a new Ray actor each call."""
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env |= {**dict(entry.env), "LLAMA_ARG_API_KEY": secret}
     actor_class = ray.remote(ReplicaServer).options(  # type: ignore[attr-defined]
-        num_cpus=settings.threads or 1,
+        num_cpus=replica_threads(settings, entry),
         num_gpus=1 if settings.device == "cuda" else 0,
         max_restarts=MAX_RESTARTS,
         max_concurrency=4,  # describe answers while stop runs
     )
     args = replica_args(entry, argv)
-    return [RayReplica(actor_class.remote(args, env)) for _ in range(settings.replicas)]
+    return lambda: RayReplica(actor_class.remote(args, env))
 
 
 async def run_cluster(settings: Settings, argv: list[str]) -> int:
     try:
-        entry = model_entry(settings)
+        entries = served_models(settings)
+        plans = [scaling(settings, entry) for entry in entries]
     except CatalogueError as exc:
         print(f"llamba-server: error: {exc}", file=sys.stderr)
         return 2
@@ -112,15 +167,21 @@ async def run_cluster(settings: Settings, argv: list[str]) -> int:
         options |= {"include_dashboard": False, "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
     context = ray.init(address=address, **options)
     gcs = (getattr(context, "address_info", None) or {}).get("gcs_address", address or "ray")
-    secret = secrets.token_hex(16)
-    handles = start_replicas(settings, entry, argv, secret)
-    app = create_cluster_app(settings, entry, handles, secret, str(gcs))
+    secret = os.environ.get(SECRET_ENV) or secrets.token_hex(16)
+    models = [
+        (entry, replica_starter(settings, entry, argv, secret), policy, initial)
+        for entry, (policy, initial) in zip(entries, plans, strict=True)
+    ]
+    app = create_cluster_app(settings, models, secret, str(gcs))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info(
-        "cluster.listening", host=settings.host, port=settings.port, model=entry.id, replicas=len(handles)
+        "cluster.listening",
+        host=settings.host,
+        port=settings.port,
+        models={entry.id: initial for entry, _, _, initial in models},
     )
     try:
         await serve(served(app, settings), hypercorn_config(settings), shutdown_trigger=stop.wait)  # type: ignore[arg-type]

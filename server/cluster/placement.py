@@ -11,7 +11,8 @@ from typing import Any
 
 from server.cluster.prefixes import matched_blocks
 
-STARTING, READY, DOWN = "starting", "ready", "down"
+# A draining replica (autoscaling removes it) takes no new requests but still serves its conversations.
+STARTING, READY, DOWN, DRAINING = "starting", "ready", "down", "draining"
 
 
 @dataclass
@@ -31,11 +32,17 @@ class Replica:
     hashes: set[str] = field(default_factory=set)  # block-prefix hashes of its prompt cache
     restarts: int = 0  # incarnations after the first
     served: int = 0
+    last_conversation: float = 0.0  # monotonic time a conversation of it last had a request
 
     @property
     def load(self) -> int:
         """Requests on it: the router's own count, or the replica's busy slots and queue if higher."""
         return max(self.in_flight, self.n_busy + self.n_waiting)
+
+    @property
+    def queued(self) -> int:
+        """Requests on it beyond its slots: waiting at the replica, or in flight to it and not yet seen."""
+        return max(0, self.load - self.n_slots) if self.n_slots else self.n_waiting
 
     def listing(self) -> dict[str, Any]:
         return {

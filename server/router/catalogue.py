@@ -24,6 +24,8 @@ ROUTER_KEYS = {
     "api-prefix", "ssl-key-file", "ssl-cert-file",
 }  # fmt: skip
 PRESET_ONLY_KEYS = {"load-on-startup", "stop-timeout"}
+# A model's replica count with --cluster (server/cluster/): `replicas`, and autoscaling's bounds.
+REPLICA_KEYS = ("replicas", "replicas-min", "replicas-max")
 SPLIT_SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 DEFAULT_STOP_TIMEOUT = 10.0
 
@@ -45,6 +47,7 @@ class ModelEntry:
     load_on_startup: bool = False
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
     draft: str | None = None  # a sidecar draft model found next to it
+    replicas: tuple[int | None, int | None, int | None] = (None, None, None)  # REPLICA_KEYS (--cluster)
 
     def names(self) -> tuple[str, ...]:
         return (self.id, *self.aliases)
@@ -153,12 +156,25 @@ def _preset_entry(base: ModelEntry | None, name: str, keys: dict[str, str], path
     aliases = tuple(a.strip() for a in keys.pop("alias", "").split(",") if a.strip())
     load = _truthy(keys.pop("load-on-startup", "false"))
     stop_timeout = float(keys.pop("stop-timeout", DEFAULT_STOP_TIMEOUT))
+    replicas = _replica_counts(name, keys, path)
     args = preset_args(name, {k: v for k, v in keys.items() if not k.startswith("LLAMA_ARG_")}, path)
     if base is not None:
         entry = replace(base, args=(*base.args, *args), env=env, source="preset", stop_timeout=stop_timeout)
-        entry = replace(entry, aliases=(*base.aliases, *aliases), load_on_startup=load)
+        entry = replace(entry, aliases=(*base.aliases, *aliases), load_on_startup=load, replicas=replicas)
         return replace(entry, model=model) if model else entry
-    return ModelEntry(name, str(model), "preset", args, env, aliases, load, stop_timeout)
+    return ModelEntry(name, str(model), "preset", args, env, aliases, load, stop_timeout, replicas=replicas)
+
+
+def _replica_counts(name: str, keys: dict[str, str], path: Path) -> tuple[int | None, int | None, int | None]:
+    counts: list[int | None] = []
+    for key in REPLICA_KEYS:
+        value = keys.pop(key, None)
+        if value is not None and not (value.isdigit() and int(value) >= 1):
+            raise CatalogueError(
+                f"--models-preset {path}: [{name}] {key} must be an integer >= 1, got {value!r}"
+            )
+        counts.append(None if value is None else int(value))
+    return counts[0], counts[1], counts[2]
 
 
 def _truthy(value: str) -> bool:

@@ -40,19 +40,19 @@ def label_value(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def labelled(sample: str, model: str) -> str:
-    """A sample line with `model="<id>"` as its first label."""
+def labelled(sample: str, model: str, **extra: str) -> str:
+    """A sample line with `model="<id>"` (then `extra`'s labels, e.g. a cluster's `replica`) first."""
     name = METRIC_NAME.match(sample)
     end = name.end() if name else 0
-    label = f'model="{label_value(model)}"'
+    label = ",".join(f'{k}="{label_value(v)}"' for k, v in {"model": model, **extra}.items())
     if sample[end : end + 1] == "{":
         rest = sample[end + 1 :]
         return f"{sample[:end]}{{{label}{'' if rest.startswith('}') else ','}{rest}"
     return f"{sample[:end]}{{{label}}}{sample[end:]}"
 
 
-def add_exposition(families: dict[str, Family], text: str, model: str) -> None:
-    """One child's metrics into `families`, its samples labelled with its model."""
+def add_exposition(families: dict[str, Family], text: str, model: str, **extra: str) -> None:
+    """One child's metrics into `families`, its samples labelled with its model (and `extra`)."""
     current: Family | None = None
     for line in text.splitlines():
         if line.startswith(("# HELP ", "# TYPE ")):
@@ -66,7 +66,7 @@ def add_exposition(families: dict[str, Family], text: str, model: str) -> None:
             if current is None:  # a sample without a head: its own untyped family
                 name = METRIC_NAME.match(line)
                 current = families.setdefault(name[0] if name else "", Family())
-            current.samples.append(labelled(line, model))
+            current.samples.append(labelled(line, model, **extra))
 
 
 def router_families(pool: ModelPool) -> dict[str, Family]:
@@ -88,12 +88,15 @@ def router_families(pool: ModelPool) -> dict[str, Family]:
 async def scrape(client: UpstreamClient, secret: str, state: ModelState) -> str | None:
     """A running child's /metrics text, or None (it went away, or its metrics are off)."""
     child = state.child
-    if child is None:
-        return None
+    return None if child is None else await scrape_url(client, secret, child.url)
+
+
+async def scrape_url(client: UpstreamClient, secret: str, url: str) -> str | None:
+    """The /metrics text of the server at `url` (a router child, a cluster replica), or None."""
     headers = [("Authorization", f"Bearer {secret}")]
     try:
         async with asyncio.timeout(SCRAPE_TIMEOUT_S):
-            answer = await client.send(child.url, "GET", "/metrics", headers, b"")
+            answer = await client.send(url, "GET", "/metrics", headers, b"")
             try:
                 body = await answer.aread()
             finally:
