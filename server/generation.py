@@ -124,6 +124,12 @@ class Outcome:
             self.final = event
 
 
+def replayable(request: GenerationRequest) -> bool:
+    """Whether the request decodes the same tokens when run again (a resumed durable stream): greedy,
+    or seeded sampling; the kernels' batch invariance does the rest."""
+    return request.sampling.greedy or not request.sampling.random_seed
+
+
 async def events_of(service: ModelService, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
     """The request's events; if the consumer goes away (client disconnect) the generation is cancelled."""
     handle = service.submit(request)
