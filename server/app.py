@@ -139,6 +139,7 @@ def _install_lifespan(
         load = asyncio.get_running_loop().create_task(_load(service, on_load_failure))
         loading.add(load)
         if sessions.journals is not None:  # replayable at once; resumed ones wait for the model
+            sessions.journals.start()
             regenerators = _regenerators(service)
             model = str(service.settings.model)
             restore_sessions(RestoreContext(sessions, sessions.journals, regenerators, model, load))

@@ -165,6 +165,11 @@ def read_journal(path: Path) -> JournalContents | None:
     return contents
 
 
+def journal_name(owner: str, conversation_id: str) -> str:
+    """A session's journal file name: conversation ids are opaque (any characters, any length)."""
+    return hashlib.sha256(f"{owner}\0{conversation_id}".encode()).hexdigest()[:40] + SUFFIX
+
+
 def journal_folder(root: Path, model: str) -> Path:
     """The model's own folder under --stream-journal DIR."""
     digest = hashlib.sha256(model.encode()).hexdigest()[:12]
@@ -185,6 +190,8 @@ class JournalWriter:
         self._ops: queue.SimpleQueue[tuple[str, Path, bytes] | None] = queue.SimpleQueue()
         self._files: dict[Path, _Open] = {}
         self._thread = threading.Thread(target=self._run, name="stream-journal", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def put(self, op: str, path: Path, data: bytes = b"") -> None:
@@ -192,8 +199,9 @@ class JournalWriter:
 
     def close(self) -> None:
         """Finish every pending operation, fsync and close (server shutdown)."""
-        self._ops.put(None)
-        self._thread.join()
+        if self._thread.is_alive():
+            self._ops.put(None)
+            self._thread.join()
 
     def _run(self) -> None:
         while True:
@@ -344,8 +352,7 @@ class JournalDir:
         self.writer = JournalWriter()
 
     def path_for(self, owner: str, conversation_id: str) -> Path:
-        digest = hashlib.sha256(f"{owner}\0{conversation_id}".encode()).hexdigest()[:40]
-        return self.folder / f"{digest}{SUFFIX}"
+        return self.folder / journal_name(owner, conversation_id)
 
     def create(self, header: JournalHeader) -> Journal:
         path = self.path_for(header.owner, header.conversation_id)
@@ -376,6 +383,10 @@ class JournalDir:
                 continue
             found.append((path.stat().st_mtime, contents))
         return [c for _, c in sorted(found, key=lambda item: item[0], reverse=True)]
+
+    def start(self) -> None:
+        """Start the writer thread (the app's lifespan)."""
+        self.writer.start()
 
     def close(self) -> None:
         self.writer.close()

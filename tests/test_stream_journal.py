@@ -15,6 +15,7 @@ from server.stream_journal import (
     END,
     HEADER,
     MAGIC,
+    JournalContents,
     JournalDir,
     JournalError,
     JournalHeader,
@@ -24,7 +25,7 @@ from server.stream_journal import (
     encode_record,
     read_journal,
 )
-from server.stream_resume import Diverged, continuation, same_event
+from server.stream_resume import DIVERGED, Diverged, Regenerator, continuation, resumed, same_event
 
 HEADER_VALUE = JournalHeader(
     "conv/1: x",
@@ -73,6 +74,7 @@ def test_a_journal_without_a_whole_header_reads_as_nothing(tmp_path: Path) -> No
 
 def test_the_writer_records_ends_caps_reopens_and_removes(tmp_path: Path) -> None:
     journals = JournalDir(tmp_path, "/models/a.gguf", cap=20)
+    journals.start()
     journal = journals.create(HEADER_VALUE)
     for chunk in (b"data: 123456\n\n", b"x", b"data: too long now\n\n", b"y"):
         journal.append(chunk)
@@ -90,6 +92,7 @@ def test_the_writer_records_ends_caps_reopens_and_removes(tmp_path: Path) -> Non
     with second.path.open("ab") as f:
         f.write(encode_record(DATA, b"data: torn\n\n")[:-4])
     journals.writer = type(journals.writer)()
+    journals.start()
     torn = read_journal(second.path)
     assert torn is not None and torn.chunks == [b"data: live\n\n"]
     reopened = journals.reopen(torn)
@@ -165,3 +168,29 @@ def test_a_regenerated_stream_that_differs_raises() -> None:
         rest_of([ROLE, A, B], [ROLE, A, C, C])
     with pytest.raises(Diverged, match="shorter"):
         rest_of([ROLE, A, B], [ROLE, A])
+
+
+def test_a_resumed_session_ends_with_the_routes_error_event_when_it_diverges(tmp_path: Path) -> None:
+    closed = []
+
+    async def fresh(chunks: list[bytes]) -> AsyncIterator[bytes]:
+        try:
+            for c in chunks:
+                yield c
+        finally:
+            closed.append(True)  # the engine request is cancelled with it
+
+    async def stream(recipe: Recipe) -> AsyncIterator[bytes]:
+        assert recipe == HEADER_VALUE.recipe
+        return fresh([ROLE, A, C, C, C])
+
+    regenerator = Regenerator(stream, lambda error: b"error: " + error.message.encode() + b"\n\n")
+    contents = JournalContents(tmp_path / "j", HEADER_VALUE, [ROLE, A, B], False, None, 0)
+
+    async def run() -> list[bytes]:
+        ready = asyncio.get_running_loop().create_future()
+        ready.set_result(None)
+        return [c async for c in resumed(contents, regenerator, ready)]
+
+    assert asyncio.run(run()) == [f"error: {DIVERGED}\n\n".encode()]
+    assert closed == [True]

@@ -19,12 +19,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
-from server.stream_resume import NOT_RESUMABLE
+from server.stream_journal import (
+    DATA,
+    HEADER,
+    MAGIC,
+    JournalContents,
+    encode_record,
+    journal_name,
+    read_journal,
+)
+from server.stream_resume import DIVERGED, NOT_RESUMABLE
 from tests.server_process import REPO, ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow  # three model loads and ~500 generated tokens
@@ -33,6 +43,7 @@ CONV = "X-Conversation-Id"
 KEY1, KEY2 = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
 N_TOKENS = 96  # with ignore_eos: enough that the kill lands mid-generation
 READ_BEFORE_KILL = 4  # content events each stream's client reads before the kill
+TTL = 3  # seconds: the last restart's --stream-ttl
 
 
 def server(journal: Path, *extra: str) -> ServerProcess:
@@ -143,6 +154,22 @@ class Streams:
             self.stack.close()
 
 
+def tampered_copy(contents: JournalContents, conv: str) -> bytes:
+    """A copy of an unfinished journal under another conversation id and reply id (the engine knows a
+    request by it), one journaled token changed (as if the model or its flags had changed since): what
+    was sent can no longer be generated again."""
+    old_id = contents.header.recipe.ids.reply_id
+    new_id = old_id[:-6] + "000000"
+    recipe = replace(contents.header.recipe, ids=replace(contents.header.recipe.ids, reply_id=new_id))
+    header = replace(contents.header, conversation_id=conv, recipe=recipe)
+    chunks = [c.replace(old_id.encode(), new_id.encode()) for c in contents.chunks]
+    first = next(i for i, c in enumerate(chunks) if b'"content":"' in c)
+    chunks[first] = chunks[first].replace(b'"content":"', b'"content":"~', 1)
+    data = MAGIC + encode_record(HEADER, header.encode()) + b"".join(encode_record(DATA, c) for c in chunks)
+    (contents.path.parent / journal_name(header.owner, conv)).write_bytes(data)
+    return b"".join(chunks)
+
+
 @pytest.fixture(scope="module")
 def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("journal") / "streams"  # created by the server
@@ -228,9 +255,10 @@ def test_an_unseeded_stream_ends_with_the_documented_error(
 def test_a_sigtermed_stream_resumes_too_and_expired_journals_go(
     journal: Path, killed: tuple[dict[str, bytes], dict[str, bytes]], restarted: ServerProcess
 ) -> None:
-    """SIGTERM cancels what runs, but leaves its journal unfinished: the next start resumes it. A
-    restart with a TTL the finished journals are past deletes them; a session that expires later
-    takes its journal with it."""
+    """SIGTERM cancels what runs, but leaves its journal unfinished: the next start resumes it (and a
+    journal whose bytes the regeneration does not reproduce ends with the documented error). A restart
+    with a TTL the finished journals are past deletes them; a session that expires later takes its
+    journal with it."""
     with httpx.Client(base_url=restarted.base_url, timeout=300, headers=KEY1) as client:
         wait_done(client, *CASES, "random")
         streams = Streams(client)
@@ -239,10 +267,19 @@ def test_a_sigtermed_stream_resumes_too_and_expired_journals_go(
         streams.close()
     assert restarted.exited_cleanly(), restarted.log()
     assert len(journal_files(journal)) == 5
-    time.sleep(1.1)  # past the next start's TTL for the finished ones
-    srv = server(journal, "--stream-ttl", "1")
+    found = {c.header.conversation_id: c for c in map(read_journal, journal_files(journal)) if c}
+    sigterm = found["sigterm"]
+    assert sigterm.finished_at is None
+    tampered = tampered_copy(sigterm, "tampered")
+    time.sleep(TTL + 0.1)  # past the next start's TTL for the finished ones
+    srv = server(journal, "--stream-ttl", str(TTL))
     try:
         with httpx.Client(base_url=srv.base_url, timeout=300, headers=KEY1) as client:
+            # First: it ends at its first regenerated token, and is gone TTL seconds later.
+            journaled, sep, error = replay(client, "tampered").content.partition(b"error: ")
+            assert journaled == tampered and sep
+            assert json.loads(error.split(b"\n\n")[0])["error"]["message"] == DIVERGED
+            assert error.endswith(b"\n\ndata: [DONE]\n\n")
             full = replay(client, "sigterm").content  # followed while it is regenerated
             reference = killed[0]["greedy"]
             assert normalized(reference, reference, full) == normalized(full, full, full)
