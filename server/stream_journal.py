@@ -25,6 +25,8 @@ chunks still in that queue, since what was written to the OS survives the proces
 when it is created (and its folder), when it ends, and otherwise at most once per `FSYNC_INTERVAL_S` while
 chunks come: a power loss or kernel crash can lose about the last second of a live stream's bytes (and a
 session created within that second). A deterministic session regenerates what was lost in either case.
+An append costs the event loop about 4 us (framing, CRC, a queue put: 100k chunks of 227 bytes at a
+machine load of 10); the thread writes each record with its own `write`.
 
 Bounds: at most `--stream-buffer-size` bytes of chunks per journal and one journal per session, so
 `--stream-max-sessions` journals; a journal is deleted with its session (TTL, DELETE, replacement,

@@ -136,7 +136,8 @@ class RestoreContext:
 
 def restore_sessions(ctx: RestoreContext) -> int:
     """Every journal as a session again (the newest `--stream-max-sessions`; the others and expired
-    ones are deleted). Returns how many were restored."""
+    ones are deleted). Returns how many were restored. The files are read on the loop: this runs
+    before the server serves anything (as the responses store reads its folder)."""
     limits = ctx.store.limits
     restored = 0
     for contents in ctx.journals.read_all():
