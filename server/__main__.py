@@ -19,6 +19,8 @@ from server.cli import NO_EFFECT, parse_settings
 from server.routes.tools import MANAGER_KEY as MCP_KEY
 from server.service import EXTENSION_KEY as SERVICE_KEY
 from server.serving import hypercorn_config, served
+from server.sessions import SESSIONS_KEY
+from server.stream_journal import JournalError
 
 log = structlog.get_logger("server")
 
@@ -57,7 +59,11 @@ async def run(argv: list[str] | None = None) -> int:
         exit_code = 1
         stop.set()
 
-    app = create_app(settings, on_load_failure=load_failed)
+    try:
+        app = create_app(settings, on_load_failure=load_failed)
+    except JournalError as exc:
+        print(f"llamba-server: error: {exc}", file=sys.stderr)
+        return 2
     forced = _on_signals(stop)
 
     log.info("server.listening", host=settings.host, port=settings.port, model=str(model_path))
@@ -88,6 +94,8 @@ async def _shut_down(app: Quart, timeout: float, stop: asyncio.Event, forced: as
     service = app.extensions[SERVICE_KEY]
     if timeout > 0:
         await service.drain(timeout, forced)
+    # Before the engine stops: the generations it cancels must not end their journals (they resume).
+    app.extensions[SESSIONS_KEY].detach_journals()
     mcp = app.extensions.get(MCP_KEY)
     await asyncio.gather(
         anyio.to_thread.run_sync(service.stop),

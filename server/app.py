@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import structlog
@@ -38,8 +38,10 @@ from server.routes import (
     webui,
 )
 from server.service import EXTENSION_KEY, ModelService
-from server.sessions import SessionLimits, SessionStore
+from server.sessions import SESSIONS_KEY, SessionLimits, SessionStore
 from server.sleep import IdleSleeper
+from server.stream_journal import JournalDir, Recipe
+from server.stream_resume import Regenerator, RestoreContext, restore_sessions
 from server.toolbox import Toolbox
 
 log = structlog.get_logger("server")
@@ -56,9 +58,13 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
         settings.stream_max_sessions,
         settings.stream_max_sessions_per_client,
     )
-    sessions = SessionStore(limits)
+    # --stream-journal: the model's journal folder (locked; JournalError when it cannot be used).
+    journals = None
+    if settings.stream_journal is not None:
+        journals = JournalDir(settings.stream_journal, str(settings.model), settings.stream_buffer_size)
+    sessions = SessionStore(limits, journals=journals)
     app.config[sse.UNREAD_LIMIT_KEY] = settings.stream_buffer_size
-    app.extensions["llamba.sessions"] = sessions
+    app.extensions[SESSIONS_KEY] = sessions
     # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
     store = ResponseStore(settings.responses_max, settings.responses_dir)
     app.extensions[RESPONSES_KEY] = ResponsesState(store)
@@ -130,7 +136,13 @@ def _install_lifespan(
     @app.before_serving
     async def start_loading() -> None:
         # Not awaited: the server answers (503 on /health) while the model loads.
-        loading.add(asyncio.get_running_loop().create_task(_load(service, on_load_failure)))
+        load = asyncio.get_running_loop().create_task(_load(service, on_load_failure))
+        loading.add(load)
+        if sessions.journals is not None:  # replayable at once; resumed ones wait for the model
+            sessions.journals.start()
+            regenerators = _regenerators(service)
+            model = str(service.settings.model)
+            restore_sessions(RestoreContext(sessions, sessions.journals, regenerators, model, load))
         sessions.start_gc()
 
     @app.after_serving
@@ -138,8 +150,25 @@ def _install_lifespan(
         # Sessions first: their producers hold engine requests that must not outlive the engine, and
         # background responses they stop are stored (as cancelled) before the store's last write.
         await sessions.close()
+        if sessions.journals is not None:
+            await anyio.to_thread.run_sync(sessions.journals.close)
         await anyio.to_thread.run_sync(store.close)
         await anyio.to_thread.run_sync(service.stop)
+
+
+def _regenerators(service: ModelService) -> dict[str, Regenerator]:
+    """The durable routes (`Recipe.route`): how each makes a journaled stream again after a restart."""
+
+    async def chat(recipe: Recipe) -> AsyncIterator[bytes]:
+        return await openai.regenerate_chat(service, recipe)
+
+    async def messages(recipe: Recipe) -> AsyncIterator[bytes]:
+        return await anthropic.regenerate_messages(service, recipe)
+
+    return {
+        "chat": Regenerator(chat, openai.chat_error_event),
+        "messages": Regenerator(messages, anthropic.error_event),
+    }
 
 
 async def _load(service: ModelService, on_failure: Callable[[], None] | None) -> None:

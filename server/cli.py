@@ -9,6 +9,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -123,6 +124,7 @@ class Settings(BaseModel):
     stream_ttl: float = 300.0
     stream_max_sessions: int = 256
     stream_max_sessions_per_client: int = 64
+    stream_journal: Path | None = None  # --stream-journal: durable resumable streams
     spec: SpecParams = SpecParams()  # the default speculation of every request (none unless --spec-type)
     model_draft: str | None = None
     # Stored Responses API responses: how many are kept, and the folder that keeps them across restarts.
@@ -412,6 +414,8 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--stream-ttl", type=float, default=300.0)
     add("--stream-max-sessions", type=int, default=256)
     add("--stream-max-sessions-per-client", type=int, default=64)
+    add("--stream-journal", metavar="DIR", default=None,
+        help="journal resumable streams in DIR (created if missing): they survive a restart")  # fmt: skip
     _request_default_flags(p)
     _embedding_flags(p)
 
@@ -618,6 +622,7 @@ def parse_settings(
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
     values["slot_save_path"] = Path(args.slot_save_path) if args.slot_save_path else None
     values["responses_dir"] = Path(args.responses_dir) if args.responses_dir else None
+    values["stream_journal"] = _stream_journal(parser, args.stream_journal)
     values["models_dir"] = Path(args.models_dir) if args.models_dir else None
     values["models_preset"] = Path(args.models_preset) if args.models_preset else None
     _check_cluster(parser, args)
@@ -671,6 +676,23 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, text: str | None) -
     if not isinstance(value, dict):
         parser.error(f"{flag} must be a JSON object, got {text!r}")
     return value
+
+
+def _stream_journal(parser: argparse.ArgumentParser, value: str | None) -> Path | None:
+    """--stream-journal DIR: created if missing; a file, or a folder this process cannot write in,
+    exits 2 naming it."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        parser.error(f"--stream-journal: {value} is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # writable (root ignores mode bits, not a read-only mount)
+            pass
+    except OSError as exc:
+        parser.error(f"--stream-journal: cannot write in {value}: {exc.strerror or exc}")
+    return path
 
 
 def _api_prefix(parser: argparse.ArgumentParser, prefix: str) -> str:

@@ -34,6 +34,7 @@ LLAMBA_ENV: tuple[LlamaServerFlag, ...] = (
     F(("--stream-max-sessions",), "N", "LLAMA_ARG_STREAM_MAX_SESSIONS", "implemented"),
     F(("--shutdown-timeout",), "SECONDS", "LLAMA_ARG_SHUTDOWN_TIMEOUT", "implemented"),
     F(("--stream-max-sessions-per-client",), "N", "LLAMA_ARG_STREAM_MAX_SESSIONS_PER_CLIENT", "implemented"),
+    F(("--stream-journal",), "DIR", "LLAMA_ARG_STREAM_JOURNAL", "implemented"),
     F(("--tool-max-rounds",), "N", "LLAMA_ARG_TOOL_MAX_ROUNDS", "implemented"),
     F(("--tool-timeout",), "N", "LLAMA_ARG_TOOL_TIMEOUT", "implemented"),
     F(("--tool-max-tokens",), "N", "LLAMA_ARG_TOOL_MAX_TOKENS", "implemented"),

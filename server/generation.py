@@ -132,6 +132,12 @@ def raise_if_failed(event: TokenEvent) -> None:
         raise errors.APIError(500, event.error or "the engine failed while generating", "server_error")
 
 
+def replayable(request: GenerationRequest) -> bool:
+    """Whether the request decodes the same tokens when run again (a resumed durable stream): greedy,
+    or seeded sampling; the kernels' batch invariance does the rest."""
+    return request.sampling.greedy or not request.sampling.random_seed
+
+
 async def events_of(service: ModelService, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
     """The request's events; if the consumer goes away (client disconnect) the generation is cancelled."""
     handle = service.submit(request)

@@ -16,10 +16,12 @@ from typing import Any
 import structlog
 
 from server import errors, sse
+from server.stream_journal import Journal, JournalDir, JournalHeader, Recipe
 
 log = structlog.get_logger("server")
 
 CONVERSATION_HEADER = "X-Conversation-Id"
+SESSIONS_KEY = "llamba.sessions"  # app.extensions: the SessionStore
 # Finished sessions are also expired on access, so the sweep only bounds how long their memory lingers.
 GC_INTERVAL_MAX = 60.0
 CANCEL_WAIT = 2.0
@@ -128,6 +130,7 @@ class Session:
     clock: Callable[[], float] = time.monotonic
     client: str = ""  # who it counts against for SessionLimits.max_per_client
     finished_at: float | None = None
+    journal: Journal | None = None  # with --stream-journal: its bytes also go to disk
     _producer: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     # Replaced on every change; readers wait on the one they saw, so no wake-up is ever missed.
     _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
@@ -149,18 +152,28 @@ class Session:
             async for chunk in source:
                 self._append(chunk)
         except asyncio.CancelledError:
+            # Stopped, replaced or shut down: its journal gets no end (a shutdown's resumes next start).
             log.info("stream.session_cancelled", conversation_id=self.conversation_id)
             raise
         except Exception as exc:
             log.exception("stream.session_failed", conversation_id=self.conversation_id, error=str(exc))
             self._append(sse.error_event(errors.APIError(500, str(exc), "server_error").body()))
+            self._end_journal()
+        else:
+            self._end_journal()
         finally:
             await sse.close_quietly(source)
             self._finish()
 
     def _append(self, chunk: bytes) -> None:
         self.buffer.append(chunk)
+        if self.journal is not None:
+            self.journal.append(chunk)
         self._notify()
+
+    def _end_journal(self) -> None:
+        if self.journal is not None:
+            self.journal.end(self.buffer.end)
 
     def _finish(self) -> None:
         if self.finished_at is None:
@@ -220,9 +233,15 @@ class SessionStore:
     per-client cap counts.
     """
 
-    def __init__(self, limits: SessionLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        limits: SessionLimits,
+        clock: Callable[[], float] = time.monotonic,
+        journals: JournalDir | None = None,
+    ) -> None:
         self.limits = limits
         self._clock = clock
+        self.journals = journals  # --stream-journal: sessions opened with a recipe are journaled
         self._sessions: dict[tuple[str, str], Session] = {}
         self._gc: asyncio.Task[None] | None = None
 
@@ -243,28 +262,49 @@ class SessionStore:
             self.sweep()
 
     async def close(self) -> None:
-        """Stop the sweeper and every producer (server shutdown)."""
+        """Stop the sweeper and every producer (server shutdown); live sessions' journals stay as they
+        are, for the next start to resume."""
         if self._gc is not None:
             self._gc.cancel()
             await asyncio.wait({self._gc}, timeout=CANCEL_WAIT)
             self._gc = None
+        self.detach_journals()
         sessions, self._sessions = list(self._sessions.values()), {}
         await asyncio.gather(*(s.cancel() for s in sessions))
 
+    def detach_journals(self) -> None:
+        """Record nothing more (shutdown, before the engine stops and cancels what runs: the journals
+        must not take those cancelled endings for the streams' own)."""
+        for session in self._sessions.values():
+            if session.journal is not None:
+                session.journal.detach()
+
     # -- sessions -----------------------------------------------------------------------------------
     async def open(
-        self, conversation_id: str, source: AsyncIterator[bytes], owner: str = "", client: str = ""
+        self,
+        conversation_id: str,
+        source: AsyncIterator[bytes],
+        owner: str = "",
+        client: str = "",
+        recipe: Recipe | None = None,
     ) -> Session:
         """A new session driving `source`; the owner's session already under this id is cancelled and
-        replaced."""
+        replaced. With a journal folder and a `recipe`, the session is journaled."""
         # A loop, not an if: a concurrent open of the same id may have slipped in while we awaited.
         while (old := self._sessions.pop((owner, conversation_id), None)) is not None:
             await old.cancel()
+            _drop_journal(old)
         self._make_room(conversation_id, client)
         session = Session(conversation_id, ByteRing(self.limits.buffer_size), self._clock, client)
+        if recipe is not None and self.journals is not None:
+            session.journal = self.journals.create(JournalHeader(conversation_id, owner, client, recipe))
         self._sessions[owner, conversation_id] = session
         session.start(source)
         return session
+
+    def adopt(self, owner: str, session: Session) -> None:
+        """A session restored from its journal at start-up (server/stream_resume.py)."""
+        self._sessions[owner, session.conversation_id] = session
 
     def _make_room(self, conversation_id: str, client: str) -> None:
         """Evict the oldest finished sessions until the new one fits under both caps: 429 when the
@@ -286,18 +326,24 @@ class SessionStore:
         finished = [k for k in keys if self._sessions[k].is_done]
         if not finished:
             return False
-        del self._sessions[min(finished, key=lambda k: self._sessions[k].finished_at or 0.0)]
+        self._remove(min(finished, key=lambda k: self._sessions[k].finished_at or 0.0))
         return True
+
+    def _remove(self, key: tuple[str, str]) -> Session | None:
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            _drop_journal(session)
+        return session
 
     def get(self, conversation_id: str, owner: str = "") -> Session | None:
         session = self._sessions.get((owner, conversation_id))
         if session is not None and session.expired(self.limits.ttl):
-            del self._sessions[owner, conversation_id]
+            self._remove((owner, conversation_id))
             return None
         return session
 
     async def delete(self, conversation_id: str, owner: str = "") -> None:
-        session = self._sessions.pop((owner, conversation_id), None)
+        session = self._remove((owner, conversation_id))
         if session is not None:
             await session.cancel()
 
@@ -307,4 +353,9 @@ class SessionStore:
 
     def sweep(self) -> None:
         for key in [key for key, s in self._sessions.items() if s.expired(self.limits.ttl)]:
-            del self._sessions[key]
+            self._remove(key)
+
+
+def _drop_journal(session: Session) -> None:
+    if session.journal is not None:
+        session.journal.remove()

@@ -10,7 +10,6 @@ carries the API key, and `anthropic-version` is accepted (one version of the API
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -22,12 +21,13 @@ from server import errors, sse
 from server.anthropic_blocks import ContentBlocks, StreamEvent
 from server.chat_job import ChatJob, chat_tokens, prepare_chat
 from server.error_handlers import ANTHROPIC_PREFIX
-from server.generation import events_of
+from server.generation import events_of, replayable
 from server.request_body import json_body
-from server.routes.stream import resumable
+from server.routes.stream import resumable, stream_recipe
 from server.schemas_anthropic import CountTokensRequest, MessagesRequest
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
+from server.stream_journal import Recipe, ReplyIds
 
 bp = Blueprint("anthropic", __name__)
 
@@ -39,13 +39,15 @@ PING = ("ping", {"type": "ping"})
 async def messages() -> Any:
     svc = service()
     body = MessagesRequest.model_validate(await json_body())
-    message_id = f"msg_{uuid.uuid4().hex[:24]}"  # also the engine request id
+    ids = ReplyIds.fresh("msg", "_")  # the id is also the engine request id
+    message_id = ids.reply_id
     job = await prepare_chat(svc, body.to_chat(stream=body.stream), message_id)
     if body.stream:
         stream = message_stream(svc, body, job, message_id)
         conversation_id = request.headers.get(CONVERSATION_HEADER)
         if conversation_id:  # a resumable session: the generation outlives this response
-            return sse.response(await resumable(conversation_id, stream), relayed=False)
+            recipe = await stream_recipe("messages", ids, replayable(job.request))
+            return sse.response(await resumable(conversation_id, stream, recipe), relayed=False)
         return sse.response(stream)
     blocks = ContentBlocks()
     final: TokenEvent | None = None
@@ -126,6 +128,18 @@ async def message_stream(
     delta = {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]}
     yield send(("message_delta", {"type": "message_delta", "delta": delta, "usage": end["usage"]}))
     yield send(("message_stop", {"type": "message_stop"}))
+
+
+async def regenerate_messages(svc: ModelService, recipe: Recipe) -> AsyncIterator[bytes]:
+    """A journaled message stream made again after a restart (server/stream_resume.py)."""
+    body = MessagesRequest.model_validate(recipe.body)
+    message_id = recipe.ids.reply_id
+    job = await prepare_chat(svc, body.to_chat(stream=body.stream), message_id)
+    return message_stream(svc, body, job, message_id)
+
+
+def error_event(error: errors.APIError) -> bytes:
+    return send(("error", errors.anthropic_body(error)))
 
 
 def send(item: StreamEvent) -> bytes:

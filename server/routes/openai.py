@@ -23,14 +23,16 @@ from server.generation import (
     has_probs,
     openai_logprobs,
     raise_if_failed,
+    replayable,
     usage,
 )
 from server.request_body import json_body
-from server.routes.stream import resumable
+from server.routes.stream import resumable, stream_recipe
 from server.routes.tools import MANAGER_KEY, request_context
 from server.schemas import ChatCompletionRequest, GenerationFields, OpenAICompletionRequest, PredictRequest
 from server.service import ModelService, service
 from server.sessions import CONVERSATION_HEADER
+from server.stream_journal import Recipe, ReplyIds
 from server.toolbox import Toolbox
 
 bp = Blueprint("openai", __name__)
@@ -85,8 +87,8 @@ async def chat_reply(svc: ModelService, body: ChatCompletionRequest) -> Any:
     if body.n_choices() > 1:
         return await chat_choices(svc, body, job, completion_id, created)
     if body.stream:
-        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
-        return await streamed(chat_stream(svc, body, job.request, head, job.n_prompt))
+        ids = ReplyIds(completion_id, created)
+        return await streamed(chat_stream_of(svc, body, job, ids), replayable(job.request), ids)
     out = await collect(svc, job.request)
     reply: dict[str, Any] = {
         **base_fields(svc, "chat.completion", completion_id, created),
@@ -100,13 +102,37 @@ async def chat_reply(svc: ModelService, body: ChatCompletionRequest) -> Any:
     return reply
 
 
-async def streamed(stream: AsyncIterator[bytes]) -> Response:
+async def streamed(stream: AsyncIterator[bytes], deterministic: bool, ids: ReplyIds) -> Response:
     """The SSE response; with X-Conversation-Id a resumable session runs the stream, so the generation
-    outlives this response."""
+    outlives this response (and, with --stream-journal, a restart: `deterministic` says whether
+    running the request again gives the same bytes)."""
     conversation_id = request.headers.get(CONVERSATION_HEADER)
     if conversation_id:
-        return sse.response(await resumable(conversation_id, sse.errors_as_events(stream)), relayed=False)
+        recipe = await stream_recipe("chat", ids, deterministic)
+        session = await resumable(conversation_id, sse.errors_as_events(stream), recipe)
+        return sse.response(session, relayed=False)
     return sse.response(stream)
+
+
+def chat_stream_of(
+    svc: ModelService, body: ChatCompletionRequest, job: ChatJob, ids: ReplyIds
+) -> AsyncIterator[bytes]:
+    """One chat's stream, its chunks carrying `ids` (fresh, or a journal's when regenerated)."""
+    head = base_fields(svc, "chat.completion.chunk", ids.reply_id, ids.created)
+    return chat_stream(svc, body, job.request, head, job.n_prompt)
+
+
+async def regenerate_chat(svc: ModelService, recipe: Recipe) -> AsyncIterator[bytes]:
+    """A journaled chat stream made again after a restart (server/stream_resume.py): the same body,
+    the same reply ids."""
+    body = ChatCompletionRequest.model_validate(recipe.body)
+    job = await prepare_chat(svc, body, recipe.ids.reply_id)
+    return chat_stream_of(svc, body, job, recipe.ids)
+
+
+def chat_error_event(error: errors.APIError) -> bytes:
+    """An error as a chat stream ends with one: the error event, then [DONE]."""
+    return sse.error_event(error.body()) + sse.DONE
 
 
 def verbose_fields(job: ChatJob, out: Outcome) -> dict[str, Any]:
@@ -207,7 +233,9 @@ async def chat_choices(
     requests = choice_requests(svc, job.request, body.n_choices())
     if body.stream:
         head = base_fields(svc, "chat.completion.chunk", completion_id, created)
-        return await streamed(chat_choices_stream(svc, body, requests, head, job.n_prompt))
+        # Not deterministic as bytes: the choices' chunks interleave as they come.
+        stream = chat_choices_stream(svc, body, requests, head, job.n_prompt)
+        return await streamed(stream, False, ReplyIds(completion_id, created))
     outs = await collect_choices(svc, requests)
     finals = [out.final for out in outs]
     reply: dict[str, Any] = {
@@ -260,7 +288,9 @@ async def agent_completion(
     created = int(time.time())
     if body.stream:
         head = base_fields(svc, "chat.completion.chunk", completion_id, created)
-        return await streamed(agent_stream(run, ChatChunks(svc, body, head)))
+        # Not run again after a restart: its MCP calls act on the world.
+        stream = agent_stream(run, ChatChunks(svc, body, head))
+        return await streamed(stream, False, ReplyIds(completion_id, created))
     async with contextlib.aclosing(run.events()) as events:
         async for _ in events:
             pass

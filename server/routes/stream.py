@@ -16,7 +16,9 @@ from server import errors, sse
 from server.auth import request_client, request_owner
 from server.request_body import json_body
 from server.schemas import StreamLookupRequest
-from server.sessions import OffsetDropped, SessionStore
+from server.service import service
+from server.sessions import SESSIONS_KEY, OffsetDropped, SessionStore
+from server.stream_journal import Recipe, ReplyIds
 
 bp = Blueprint("stream", __name__)
 
@@ -24,14 +26,27 @@ _DIGITS = re.compile(r"[0-9]+")
 
 
 def sessions() -> SessionStore:
-    return current_app.extensions["llamba.sessions"]
+    return current_app.extensions[SESSIONS_KEY]
 
 
-async def resumable(conversation_id: str, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def resumable(
+    conversation_id: str, source: AsyncIterator[bytes], recipe: Recipe | None = None
+) -> AsyncIterator[bytes]:
     """Run `source` as the session of `conversation_id`; what is returned is one reader of it, so the
-    caller's response can end (client gone) while the generation goes on."""
-    session = await sessions().open(conversation_id, source, request_owner(), request_client())
+    caller's response can end (client gone) while the generation goes on. With --stream-journal, a
+    `recipe` (see `stream_recipe`) journals it."""
+    owner, client = request_owner(), request_client()
+    session = await sessions().open(conversation_id, source, owner, client, recipe)
     return session.follow(0)
+
+
+async def stream_recipe(route: str, ids: ReplyIds, deterministic: bool) -> Recipe | None:
+    """How the request being answered would be made again after a restart (None without
+    --stream-journal): `route` names its regenerator (server/app.py), the body is the request's own."""
+    if sessions().journals is None:
+        return None
+    body = await json_body()  # the body as received; it passed the route's validation
+    return Recipe(route, body, ids, deterministic, str(service().settings.model))
 
 
 @bp.get("/v1/stream")

@@ -1,0 +1,196 @@
+"""Stream journals: the file format (a kill mid-write leaves a journal readable up to its last whole
+record), the writer thread, and the check that a regenerated stream repeats the journaled bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from server.stream_journal import (
+    DATA,
+    END,
+    HEADER,
+    MAGIC,
+    JournalContents,
+    JournalDir,
+    JournalError,
+    JournalHeader,
+    Recipe,
+    ReplyIds,
+    decode_records,
+    encode_record,
+    read_journal,
+)
+from server.stream_resume import DIVERGED, Diverged, Regenerator, continuation, resumed, same_event
+
+HEADER_VALUE = JournalHeader(
+    "conv/1: x",
+    "owner-digest",
+    "addr:127.0.0.1",
+    Recipe("chat", {"messages": [{"role": "user", "content": "hi"}]}, ReplyIds("chatcmpl-1", 7), True, "m"),
+)
+
+
+def journal_bytes(*chunks: bytes, end: bool = False) -> bytes:
+    data = MAGIC + encode_record(HEADER, HEADER_VALUE.encode())
+    data += b"".join(encode_record(DATA, c) for c in chunks)
+    return data + (encode_record(END, json.dumps({"finished_at": 5.0}).encode()) if end else b"")
+
+
+def test_records_round_trip_and_a_cut_last_record_is_left_out(tmp_path: Path) -> None:
+    whole = journal_bytes(b"data: a\n\n", b"data: bb\n\n")
+    records, size = decode_records(whole)
+    assert [k for k, _ in records] == [HEADER, DATA, DATA] and size == len(whole)
+    for cut in range(1, len(encode_record(DATA, b"data: bb\n\n"))):
+        records, size = decode_records(whole[:-cut])
+        assert [p for _, p in records[1:]] == [b"data: a\n\n"]
+        assert size == len(journal_bytes(b"data: a\n\n"))
+    path = tmp_path / "j.journal"
+    path.write_bytes(whole[:-3])
+    contents = read_journal(path)
+    assert contents is not None
+    assert contents.header == HEADER_VALUE
+    assert contents.chunks == [b"data: a\n\n"] and contents.finished_at is None and not contents.complete
+
+
+def test_a_corrupt_record_ends_the_journal_there() -> None:
+    whole = journal_bytes(b"data: a\n\n", b"data: bb\n\n", end=True)
+    flipped = bytearray(whole)
+    flipped[len(journal_bytes(b"data: a\n\n")) + 12] ^= 0xFF  # a payload byte of the second chunk
+    records, _ = decode_records(bytes(flipped))
+    assert [p for k, p in records if k == DATA] == [b"data: a\n\n"]
+    assert decode_records(b"not a journal")[0] == []
+
+
+def test_a_journal_without_a_whole_header_reads_as_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "j.journal"
+    path.write_bytes(journal_bytes()[:-1])
+    assert read_journal(path) is None
+
+
+def test_the_writer_records_ends_caps_reopens_and_removes(tmp_path: Path) -> None:
+    journals = JournalDir(tmp_path, "/models/a.gguf", cap=20)
+    journals.start()
+    journal = journals.create(HEADER_VALUE)
+    for chunk in (b"data: 123456\n\n", b"x", b"data: too long now\n\n", b"y"):
+        journal.append(chunk)
+    journal.end(15)
+    other = journals.create(JournalHeader("conv 2", "", "c", HEADER_VALUE.recipe))
+    other.append(b"data: live\n\n")
+    journals.writer.close()  # every operation done
+    found = {c.header.conversation_id: c for c in journals.read_all()}
+    first, second = found["conv/1: x"], found["conv 2"]
+    assert first.chunks == [b"data: 123456\n\n", b"x"] and first.cut and first.finished_at is not None
+    assert not first.complete, "a journal past its cap cannot be replayed as it is"
+    assert second.chunks == [b"data: live\n\n"] and second.finished_at is None
+
+    # A kill mid-write: a torn record at the end is cut off before the journal is appended to again.
+    with second.path.open("ab") as f:
+        f.write(encode_record(DATA, b"data: torn\n\n")[:-4])
+    journals.writer = type(journals.writer)()
+    journals.start()
+    torn = read_journal(second.path)
+    assert torn is not None and torn.chunks == [b"data: live\n\n"]
+    reopened = journals.reopen(torn)
+    reopened.append(b"m")  # (12 + 1 bytes: within the cap)
+    first_journal = journals.ended(first)
+    first_journal.remove()
+    journals.close()
+    [only] = journals.read_all()
+    assert only.chunks == [b"data: live\n\n", b"m"]
+    assert not first.path.exists()
+
+
+def test_one_server_per_journal_folder(tmp_path: Path) -> None:
+    journals = JournalDir(tmp_path, "/models/a.gguf", cap=100)
+    with pytest.raises(JournalError, match="in use by another server"):
+        JournalDir(tmp_path, "/models/a.gguf", cap=100)
+    other_model = JournalDir(tmp_path, "/models/b.gguf", cap=100)  # a router's other child
+    assert other_model.folder != journals.folder
+    journals.close()
+    other_model.close()
+    JournalDir(tmp_path, "/models/a.gguf", cap=100).close()  # free again
+
+
+def chunk(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def regenerate(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield c
+
+
+def rest_of(journaled: list[bytes], fresh: list[bytes]) -> list[bytes]:
+    async def run() -> list[bytes]:
+        return [c async for c in continuation(journaled, regenerate(fresh))]
+
+    return asyncio.run(run())
+
+
+ROLE = chunk({"id": "x", "choices": [{"delta": {"role": "assistant"}}]})
+A, B, C = (chunk({"id": "x", "choices": [{"delta": {"content": t}}]}) for t in "abc")
+PROGRESS = chunk({"id": "x", "choices": [], "prompt_progress": {"total": 9, "processed": 3}})
+
+
+def test_the_regenerated_stream_goes_on_after_the_journaled_chunks() -> None:
+    assert rest_of([ROLE, A], [ROLE, A, B, C]) == [B, C]
+    assert rest_of([], [ROLE, A]) == [ROLE, A]
+    assert rest_of([ROLE, A, B, C], [ROLE, A, B, C]) == []
+
+
+def test_progress_events_are_aligned_loosely() -> None:
+    assert rest_of([PROGRESS, PROGRESS, ROLE], [PROGRESS, ROLE, A]) == [A]
+    assert rest_of([PROGRESS, ROLE, A], [PROGRESS, PROGRESS, PROGRESS, ROLE, A, B]) == [B]
+    assert rest_of([PROGRESS], [PROGRESS, PROGRESS, ROLE]) == [PROGRESS, ROLE]
+
+
+def test_only_measurements_may_differ() -> None:
+    timed = {"id": "x", "choices": [{"delta": {}, "finish_reason": "length"}]}
+    fast, slow = ({"timings": {"prompt_ms": ms}} for ms in (1.5, 9))
+    assert same_event(chunk(timed | fast), chunk(timed | slow))
+    usage = {"completion_tokens": 8, "prompt_tokens": 20}
+    cold = chunk({"choices": [], "usage": usage | {"prompt_tokens_details": {"cached_tokens": 0}}})
+    warm = chunk({"choices": [], "usage": usage | {"prompt_tokens_details": {"cached_tokens": 19}}})
+    assert same_event(cold, warm)
+    assert not same_event(cold, chunk({"choices": [], "usage": usage | {"completion_tokens": 9}}))
+    assert not same_event(A, B)
+    ping = b"event: ping\ndata: {}\n\n"
+    assert same_event(ping, ping) and not same_event(b"data: [DONE]\n\n", b"data: [DONE]\n")
+
+
+def test_a_regenerated_stream_that_differs_raises() -> None:
+    with pytest.raises(Diverged):
+        rest_of([ROLE, A, B], [ROLE, A, C, C])
+    with pytest.raises(Diverged, match="shorter"):
+        rest_of([ROLE, A, B], [ROLE, A])
+
+
+def test_a_resumed_session_ends_with_the_routes_error_event_when_it_diverges(tmp_path: Path) -> None:
+    closed = []
+
+    async def fresh(chunks: list[bytes]) -> AsyncIterator[bytes]:
+        try:
+            for c in chunks:
+                yield c
+        finally:
+            closed.append(True)  # the engine request is cancelled with it
+
+    async def stream(recipe: Recipe) -> AsyncIterator[bytes]:
+        assert recipe == HEADER_VALUE.recipe
+        return fresh([ROLE, A, C, C, C])
+
+    regenerator = Regenerator(stream, lambda error: b"error: " + error.message.encode() + b"\n\n")
+    contents = JournalContents(tmp_path / "j", HEADER_VALUE, [ROLE, A, B], False, None, 0)
+
+    async def run() -> list[bytes]:
+        ready = asyncio.get_running_loop().create_future()
+        ready.set_result(None)
+        return [c async for c in resumed(contents, regenerator, ready)]
+
+    assert asyncio.run(run()) == [f"error: {DIVERGED}\n\n".encode()]
+    assert closed == [True]
