@@ -62,6 +62,21 @@ class EngineConfig:
     fail_forward: frozenset[int] = frozenset()
 
 
+def end_failed(scheduler: Scheduler, cause: str, in_forward: bool) -> None:
+    """After a failed step: the requests in the slots end with finish_reason "error" (their clients get
+    an error naming `cause`) and their cells are dropped, since the step may have half written them. A
+    failure outside the forward pass (admission, batching, a sequence's advance) may have left any
+    request half updated, so the waiting ones end too; after a kernel failure they run as usual."""
+    error = f"the engine failed while generating: {cause}"
+    for slot in scheduler.pool.busy():
+        slot.tokens.clear()
+        scheduler.pool.kv.clear(slot.id)
+        if slot.seq is not None:
+            scheduler.cancel(slot.seq.request.request_id, "error", error)
+    if not in_forward:
+        scheduler.cancel_all("error", error)
+
+
 class Engine:
     def __init__(self, llm: LLM, config: EngineConfig, draft: LLM | None = None) -> None:
         """`draft`: a draft model for `draft-simple` speculation (same vocabulary: checked by the caller)."""
@@ -222,27 +237,13 @@ class Engine:
             log.exception("engine.command_failed", error=str(exc))
 
     def _guarded_step(self) -> None:
-        """Run one step; an exception must not kill the engine thread and hang every client.
-
-        The requests in the slots end with finish_reason "error" (their clients get an error) and their
-        cells are dropped, since a failed step may have half written them; waiting requests then run as
-        usual. A failure outside the forward pass (admission, batching, a sequence's advance) may leave
-        any request's state half updated, so the waiting ones end too.
-        """
+        """One step; an exception must not kill the engine thread and hang every client (end_failed)."""
         try:
             self._step()
         except Exception as exc:
-            forward = isinstance(exc, ForwardFailed)
             cause = exc.__cause__ or exc
-            log.exception("engine.step_failed", error=str(cause), forward=forward)
-            error = f"the engine failed while generating: {type(cause).__name__}: {cause}"
-            for slot in self.pool.busy():
-                slot.tokens.clear()
-                self.kv.clear(slot.id)
-                if slot.seq is not None:
-                    self.scheduler.cancel(slot.seq.request.request_id, "error", error)
-            if not forward:
-                self.scheduler.cancel_all("error", error)
+            log.exception("engine.step_failed", error=str(cause), forward=isinstance(exc, ForwardFailed))
+            end_failed(self.scheduler, f"{type(cause).__name__}: {cause}", isinstance(exc, ForwardFailed))
 
     def _step(self) -> None:
         """Admit, run one batch and advance its sequences.

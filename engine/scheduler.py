@@ -219,7 +219,6 @@ class Scheduler:
         return ControlResult(False, f"no running completion with id {request_id!r}")
 
     def cancel(self, request_id: str, reason: str = "cancelled", error: str | None = None) -> None:
-        """End a request (`error`: the message its client gets when `reason` is "error")."""
         self._end_on_start.discard(request_id)
         self.choices.cancel_waiting(request_id, reason)
         for slot in self.pool.busy():
