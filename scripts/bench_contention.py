@@ -101,6 +101,12 @@ async def many_streams(url: str, tokens: int, n: int) -> float:
     return sum(r.json()["tokens_predicted"] for r in replies) / elapsed
 
 
+async def warm(url: str) -> None:
+    """Every slot and batch size once, so no measured request pays a first-time cost."""
+    await decode_rate(url, 32)
+    await many_streams(url, 32, 16)
+
+
 @contextlib.contextmanager
 def burner() -> Iterator[None]:
     """One busy-loop process per core: another program that wants every core."""
@@ -117,7 +123,7 @@ def burner() -> Iterator[None]:
 async def measure(kind: str, args: argparse.Namespace, model: Path) -> dict[str, float]:
     first = Server(kind, args.llama_server, model, args.threads).wait_ready()
     try:
-        await decode_rate(first.url, 16)  # warm
+        await warm(first.url)
         figures = {
             "1 stream": await one_stream(first.url, args.tokens, args.rounds),
             "16 streams": await many_streams(first.url, args.tokens, 16),
@@ -127,7 +133,7 @@ async def measure(kind: str, args: argparse.Namespace, model: Path) -> dict[str,
             figures["16 streams, burner"] = await many_streams(first.url, args.tokens, 16)
         second = Server(kind, args.llama_server, model, args.threads).wait_ready()
         try:
-            await decode_rate(second.url, 16)
+            await warm(second.url)
             both = await asyncio.gather(
                 *(one_stream(s.url, args.tokens, args.rounds) for s in (first, second))
             )
