@@ -13,7 +13,9 @@ exactly as llama.cpp's q8_0/q8_1/q8_K blocks (see ACTIVATIONS); the inner loop m
 int16 lanes (vpmullw/vpaddw, 32 rows per instruction), or, on AVX-512 VNNI CPUs, vpdpwssd/vpdpbusd
 from LLVM-IR intrinsics (the same integer sums).
 Half a block's products always fit int16; the weight and activation scales are applied per half
-block in float, the block minimum (Q4_1, Q4_K, Q4_0's -8) once per block through the activation sum.
+block in float, the block minimum (Q4_1, Q4_0's -8) once per block through the activation sum. Q4_K,
+Q5_K and Q6_K scale in llama.cpp's order instead: each (sub-)block's integer sum times its integer
+scale, added in int32 over the 256-weight super-block, then one float scaling (mins likewise).
 
 Float path (Q8_0, F16, BF16, F32): the weights are converted to float per position (once per token tile)
 and multiplied by the unquantized activations with FMAs. For int8 weights this measured faster than
@@ -833,42 +835,29 @@ def _each_tile(n_tok, tile, args, small_tile, small_args, g) -> None:  # type: i
 
 @njit(inline="always")
 def _q4_add_half(acc, s16, d, sc, kind, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """acc += scale * xd * s16 for half a block; the scale of Q4_K is d(super-block) * sc(block)."""
-    if kind == KIND_Q4_K:
-        dq, scq = _lanes(d, g, b >> 3), _lanes(sc, g, b)
-        for t in range(n_tok):
-            xdt = xd[t0 + t, b]
-            for r in range(ROWS):
-                acc[t, r] += f16_to_f32(dq[r]) * np.float32(scq[r]) * xdt * np.float32(s16[t, r])
-    else:
-        dq = _lanes(d, g, b)
-        for t in range(n_tok):
-            xdt = xd[t0 + t, b]
-            for r in range(ROWS):
-                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s16[t, r])
+    """acc += d * xd * s16 for half a block (Q4_0, Q4_1; Q4_K scales per super-block: _k_superblock)."""
+    dq = _lanes(d, g, b)
+    for t in range(n_tok):
+        xdt = xd[t0 + t, b]
+        for r in range(ROWS):
+            acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s16[t, r])
 
 
 @njit(inline="always")
 def _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """acc += (block minimum) * sum(x of the block): -8d for Q4_0, m for Q4_1, -dmin * mn for Q4_K."""
+    """acc += (block minimum) * sum(x of the block): -8d for Q4_0, m for Q4_1."""
     if kind == KIND_Q4_0:
         dq = _lanes(d, g, b)
         for t in range(n_tok):
             xst = xs[t0 + t, b]
             for r in range(ROWS):
                 acc[t, r] -= np.float32(8.0) * f16_to_f32(dq[r]) * xst
-    elif kind == KIND_Q4_1:
+    else:
         mq = _lanes(m, g, b)
         for t in range(n_tok):
             xst = xs[t0 + t, b]
             for r in range(ROWS):
                 acc[t, r] += f16_to_f32(mq[r]) * xst
-    else:
-        mq, mnq = _lanes(m, g, b >> 3), _lanes(mn, g, b)
-        for t in range(n_tok):
-            xst = xs[t0 + t, b]
-            for r in range(ROWS):
-                acc[t, r] -= f16_to_f32(mq[r]) * np.float32(mnq[r]) * xst
 
 
 @njit(inline="always")
@@ -999,10 +988,14 @@ def _matmul_q4_1(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
 # added in int32 over the super-block (|sum| <= 32 * 15 * 127 per block, x 63 x 8 blocks ~ 30.7M), the
 # mins as integer activation sums times the 6-bit mins, and the float scaling once per super-block:
 # d * xd * isum - dmin * xd * imin. The half-block float scaling before (f16 d, times sc, times xd,
-# per 16 weights) cost as much as the vpdpbusd work at one token.
+# per 16 weights) cost as much as the vpdpbusd work at one token: 4096 x 2048, one thread, thread CPU
+# time, best of 20 (load 10-12, so ranges of two runs): Q4_K T=1 0.224-0.380 -> 0.113-0.133 ms, T=8
+# 0.62-1.06 -> 0.49 ms; Q6_K T=1 0.27-0.31 -> 0.22-0.25 ms (docs/performance.md).
 # The tiles keep the 8 blocks' scaled sums in a stack array indexed by the block (memory, not registers:
 # a super-block int32 accumulator beside the float tile and the vpdpbusd sums spilled at 8 tokens,
-# 6.7x slower at T = 16 in a first try); the epilogue adds them up per row lane.
+# 6.7x slower at T = 16 in a first try); the epilogue adds them up per row lane. The scale multiply
+# sits in the vpdpbusd intrinsic (_q4k_block_sums): as a lane loop storing into that array LLVM
+# scalarized it (32 imul a block), and Q4_K's T=4 / T=8 tiles ran 1.8x / 3.6x slower than before.
 
 
 @njit(inline="always")
@@ -1209,33 +1202,37 @@ def _matmul_q5_1(x, qs, qh, d, m, out) -> None:  # type: ignore[no-untyped-def]
 
 @njit(inline="always")
 def _q5k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    qs, qh, d, m, sc, mn, xq, xd, xs, out = a
+    """Q5_K in Q4_K's integer order (_k_superblock): block b's sc x (sum of (q - 16) x + 16 sum(x))."""
+    qs, qh, d, m, sc, mn, xq, xd, xsum, out = a
     acc = stack_tile_f32()
     s16 = stack_tile_i16()
+    blocks = carray(_alloca_i32(2048), (8, 8, 32))
     _zero_tile(acc, n_tok)
-    for b in range(xd.shape[1]):
-        for half in range(2):
-            _zero_tile(s16, n_tok)
-            for c in range(2 * half, 2 * half + 2):
-                wh = _lanes(qh, g, b * 4 + c)
-                _q5_position(s16, qs, wh, 0, xq, g, b, 4 * c, t0, n_tok)
-                _q5_position(s16, qs, wh, 2, xq, g, b, 4 * c + 1, t0, n_tok)
-                _q5_position(s16, qs, wh, 4, xq, g, b, 4 * c + 2, t0, n_tok)
-                _q5_position(s16, qs, wh, 6, xq, g, b, 4 * c + 3, t0, n_tok)
-            _q4_add_half(acc, s16, d, sc, KIND_Q4_K, g, b, xd, t0, n_tok)
-        dq, mq, scq, mnq = _lanes(d, g, b >> 3), _lanes(m, g, b >> 3), _lanes(sc, g, b), _lanes(mn, g, b)
-        for t in range(n_tok):
-            xst = xs[t0 + t, b]
-            for r in range(ROWS):
-                low = np.float32(16.0) * f16_to_f32(dq[r]) * np.float32(scq[r])
-                acc[t, r] += (low - f16_to_f32(mq[r]) * np.float32(mnq[r])) * xst
+    for sb in range(xd.shape[1] // 8):
+        for bb in range(8):
+            b = sb * 8 + bb
+            scq = _lanes(sc, g, b)
+            for half in range(2):
+                _zero_tile(s16, n_tok)
+                for c in range(2 * half, 2 * half + 2):
+                    wh = _lanes(qh, g, b * 4 + c)
+                    _q5_position(s16, qs, wh, 0, xq, g, b, 4 * c, t0, n_tok)
+                    _q5_position(s16, qs, wh, 2, xq, g, b, 4 * c + 1, t0, n_tok)
+                    _q5_position(s16, qs, wh, 4, xq, g, b, 4 * c + 2, t0, n_tok)
+                    _q5_position(s16, qs, wh, 6, xq, g, b, 4 * c + 3, t0, n_tok)
+                for t in range(n_tok):
+                    offset = np.int32(16 * xsum[t0 + t, b]) if half == 0 else np.int32(0)
+                    for r in range(ROWS):
+                        scaled = np.int32(np.int32(scq[r]) * np.int32(np.int32(s16[t, r]) + offset))
+                        blocks[bb, t, r] = scaled if half == 0 else np.int32(blocks[bb, t, r] + scaled)
+        _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q5k(x, qs, qh, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x, ACT_Q8_K)
-    a = (qs, qh, d, m, sc, mn, xq, xd, xs, out)
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, d, m, sc, mn, xq, xd, _activation_sums32(xq), out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q5k_tile, a, _q5k_tile, a, g)
 
