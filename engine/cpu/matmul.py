@@ -13,7 +13,9 @@ exactly as llama.cpp's q8_0/q8_1/q8_K blocks (see ACTIVATIONS); the inner loop m
 int16 lanes (vpmullw/vpaddw, 32 rows per instruction), or, on AVX-512 VNNI CPUs, vpdpwssd/vpdpbusd
 from LLVM-IR intrinsics (the same integer sums).
 Half a block's products always fit int16; the weight and activation scales are applied per half
-block in float, the block minimum (Q4_1, Q4_K, Q4_0's -8) once per block through the activation sum.
+block in float, the block minimum (Q4_1, Q4_0's -8) once per block through the activation sum. Q4_K,
+Q5_K and Q6_K scale in llama.cpp's order instead: each (sub-)block's integer sum times its integer
+scale, added in int32 over the 256-weight super-block, then one float scaling (mins likewise).
 
 Float path (Q8_0, F16, BF16, F32): the weights are converted to float per position (once per token tile)
 and multiplied by the unquantized activations with FMAs. For int8 weights this measured faster than
@@ -437,25 +439,97 @@ def _plus(builder, value, n: int):  # type: ignore[no-untyped-def]
     return builder.add(value, ir.Constant(ir.IntType(64), n))
 
 
-def _q6k_quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
-    """Q6_K's half block (positions 8 at `packed_at`, their qh bytes at `high_at`) for n_tok tokens and
-    32 rows, the unsigned 6-bit weights times the activations: low[t * 32 + r] over positions j < 8,
-    high[t * 32 + r] over positions j + 16 (another sub-block, another scale); xb as in _quad_sums.
-    The caller subtracts 32 x the activations' sum (the weights are q - 32)."""
+def _chain_totals(builder, acc):  # type: ignore[no-untyped-def]
+    """acc[t][lane] (a list of chains) -> their sums."""
+    totals = []
+    for per_lane in acc:
+        row = []
+        for chains in per_lane:
+            total = chains[0]
+            for partial in chains[1:]:
+                total = builder.add(total, partial)
+            row.append(total)
+        totals.append(row)
+    return totals
+
+
+def _store_rows(context, builder, array_type, array, at, t: int, lane: int, value) -> None:  # type: ignore[no-untyped-def]
+    """array[at + t * 32 + 16 * lane :][:16] = value (16 int32)."""
+    index = builder.add(at, ir.Constant(ir.IntType(64), t * ROWS + lane * 16))
+    builder.store(value, _vector_at(context, builder, array_type, array, index, _V16I32), align=4)
+
+
+def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+    """Q4_K's whole block b for n_tok tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] =
+    sc[sc_at + r] x sum over the 16 positions j of w[r, j] * x[t, j] + w[r, j + 16] * x[t, j + 16]
+    (xb as in _quad_sums, col0 = 8b). The scale multiply is here, on whole vectors: written in the tile
+    as a lane loop over a (block, token, row) array, LLVM scalarized it (32 imul a block at T = 1)."""
 
     @intrinsic
-    def q6k_sums(typingctx, low, high, packed, packed_at, qh, qh_at, xb, row0, col0):  # type: ignore[no-untyped-def]
+    def block_sums(typingctx, out, out_at, packed, packed_at, xb, row0, col0, sc, sc_at):  # type: ignore[no-untyped-def]
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            low_type, _, packed_type, _, qh_type, _, xb_type, _, _ = sig.args
-            at0, qh_at0, row, col = (
-                context.cast(builder, args[i], sig.args[i], types.intp) for i in (3, 5, 7, 8)
+            out_type, _, packed_type, _, xb_type, _, _, sc_type, _ = sig.args
+            out_at, at0, row, col, sc_at = (
+                context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 6, 8)
+            )
+            xb_array = context.make_array(xb_type)(context, builder, args[4])
+            dpbusd = _vpdpbusd(builder)
+            acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
+            for q in range(4):
+                lanes = _nibble_quads(context, builder, packed_type, args[2], at0, q)
+                for t in range(n_tok):
+                    for nibble in (0, 1):  # low nibbles: positions 4q.., high: 16 + 4q..
+                        x = _broadcast_at(
+                            context,
+                            builder,
+                            xb_type,
+                            xb_array,
+                            _plus(builder, row, t),
+                            _plus(builder, col, q + 4 * nibble),
+                        )
+                        chain = (2 * q + nibble) % chains
+                        for lane in (0, 1):
+                            c = acc[t][lane]
+                            c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][nibble], x])
+            scales = [
+                _widen_bytes16(
+                    context, builder, sc_type, args[7], _plus(builder, sc_at, 16 * lane), signed=False
+                )
+                for lane in (0, 1)
+            ]
+            for t, per_lane in enumerate(_chain_totals(builder, acc)):
+                for lane, total in enumerate(per_lane):
+                    _store_rows(
+                        context, builder, out_type, args[0], out_at, t, lane, builder.mul(total, scales[lane])
+                    )
+            return context.get_dummy_value()
+
+        return types.void(out, out_at, packed, packed_at, xb, row0, col0, sc, sc_at), codegen
+
+    return block_sums
+
+
+def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+    """Q6_K's whole block b (its 16 positions at `packed_at`, their qh bytes at `qh_at`) for n_tok
+    tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] = sc_lo[r] x (sum over j < 16 of
+    u[r, j] * x[t, j] - 32 x16[t, 2b]) + sc_hi[r] x (the same over j + 16, - 32 x16[t, 2b + 1]), where
+    u are the unsigned 6-bit weights (q - 32 = u - 32), sc_lo / sc_hi the int8 scales at sc_at and
+    sc_at + 32, x16 the activations' sums per 16 and xb as in _quad_sums (col0 = 8b)."""
+
+    @intrinsic
+    def q6k_sums(typingctx, out, out_at, packed, packed_at, qh, qh_at, xb, row0, col0, sc, sc_at, x16):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            out_type, _, packed_type, _, qh_type, _, xb_type, _, _, sc_type, _, x16_type = sig.args
+            out_at, at0, qh_at0, row, col, sc_at = (
+                context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 7, 8, 10)
             )
             xb_array = context.make_array(xb_type)(context, builder, args[6])
+            x16_array = context.make_array(x16_type)(context, builder, args[11])
             dpbusd = _vpdpbusd(builder)
             acc = [
                 [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)] for _ in (0, 1)
             ]
-            for q in (0, 1):
+            for q in range(4):
                 lanes = _q6k_quads(context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q)
                 for t in range(n_tok):
                     for part in (0, 1):  # weights j (low sums), weights j + 16 (high sums)
@@ -470,21 +544,57 @@ def _q6k_quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
                         for lane in (0, 1):
                             c = acc[part][t][lane]
                             c[q % chains] = builder.call(dpbusd, [c[q % chains], lanes[lane][part], x])
-            for part in (0, 1):
-                _store_chains(context, builder, low_type, args[part], acc[part])
+            scales = [
+                [
+                    _widen_bytes16(
+                        context,
+                        builder,
+                        sc_type,
+                        args[9],
+                        _plus(builder, sc_at, 32 * part + 16 * lane),
+                        signed=True,
+                    )
+                    for lane in (0, 1)
+                ]
+                for part in (0, 1)
+            ]
+            totals = [_chain_totals(builder, acc[part]) for part in (0, 1)]
+            # x16 column of the low sub-block: col0 / 4 (= 2b)
+            x16_col = builder.ashr(col, ir.Constant(ir.IntType(64), 2))
+            for t in range(n_tok):
+                for lane in (0, 1):
+                    value = None
+                    for part in (0, 1):
+                        shift = _broadcast_at(
+                            context,
+                            builder,
+                            x16_type,
+                            x16_array,
+                            _plus(builder, row, t),
+                            _plus(builder, x16_col, part),
+                        )
+                        centred = builder.sub(totals[part][t][lane], builder.shl(shift, _splat(5)))
+                        scaled = builder.mul(centred, scales[part][lane])
+                        value = scaled if value is None else builder.add(value, scaled)
+                    _store_rows(context, builder, out_type, args[0], out_at, t, lane, value)
             return context.get_dummy_value()
 
-        return types.void(low, high, packed, packed_at, qh, qh_at, xb, row0, col0), codegen
+        return types.void(out, out_at, packed, packed_at, qh, qh_at, xb, row0, col0, sc, sc_at, x16), codegen
 
     return q6k_sums
 
 
-_q6k_quad_sums1 = _q6k_quad_sums(1, 2)
-_q6k_quad_sums2 = _q6k_quad_sums(2, 2)
+_q6k_block_sums1 = _q6k_block_sums(1, 4)
+_q6k_block_sums2 = _q6k_block_sums(2, 2)
 _quad_sums1 = _quad_sums(1, 4)
 _quad_sums2 = _quad_sums(2, 2)
 _quad_sums4 = _quad_sums(4, 1)
 _quad_sums8 = _quad_sums(8, 1)
+# Whole Q4_K blocks (16 positions) times their scales.
+_q4k_block_sums1 = _q4k_block_sums(1, 4)
+_q4k_block_sums2 = _q4k_block_sums(2, 2)
+_q4k_block_sums4 = _q4k_block_sums(4, 1)
+_q4k_block_sums8 = _q4k_block_sums(8, 1)
 
 # A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where the memory-accumulated
 # _dot_int8_pairs16 was latency-bound (2.4x slower than the float path at T = 1).
@@ -725,42 +835,29 @@ def _each_tile(n_tok, tile, args, small_tile, small_args, g) -> None:  # type: i
 
 @njit(inline="always")
 def _q4_add_half(acc, s16, d, sc, kind, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """acc += scale * xd * s16 for half a block; the scale of Q4_K is d(super-block) * sc(block)."""
-    if kind == KIND_Q4_K:
-        dq, scq = _lanes(d, g, b >> 3), _lanes(sc, g, b)
-        for t in range(n_tok):
-            xdt = xd[t0 + t, b]
-            for r in range(ROWS):
-                acc[t, r] += f16_to_f32(dq[r]) * np.float32(scq[r]) * xdt * np.float32(s16[t, r])
-    else:
-        dq = _lanes(d, g, b)
-        for t in range(n_tok):
-            xdt = xd[t0 + t, b]
-            for r in range(ROWS):
-                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s16[t, r])
+    """acc += d * xd * s16 for half a block (Q4_0, Q4_1; Q4_K scales per super-block: _k_superblock)."""
+    dq = _lanes(d, g, b)
+    for t in range(n_tok):
+        xdt = xd[t0 + t, b]
+        for r in range(ROWS):
+            acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s16[t, r])
 
 
 @njit(inline="always")
 def _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """acc += (block minimum) * sum(x of the block): -8d for Q4_0, m for Q4_1, -dmin * mn for Q4_K."""
+    """acc += (block minimum) * sum(x of the block): -8d for Q4_0, m for Q4_1."""
     if kind == KIND_Q4_0:
         dq = _lanes(d, g, b)
         for t in range(n_tok):
             xst = xs[t0 + t, b]
             for r in range(ROWS):
                 acc[t, r] -= np.float32(8.0) * f16_to_f32(dq[r]) * xst
-    elif kind == KIND_Q4_1:
+    else:
         mq = _lanes(m, g, b)
         for t in range(n_tok):
             xst = xs[t0 + t, b]
             for r in range(ROWS):
                 acc[t, r] += f16_to_f32(mq[r]) * xst
-    else:
-        mq, mnq = _lanes(m, g, b >> 3), _lanes(mn, g, b)
-        for t in range(n_tok):
-            xst = xs[t0 + t, b]
-            for r in range(ROWS):
-                acc[t, r] -= f16_to_f32(mq[r]) * np.float32(mnq[r]) * xst
 
 
 @njit(inline="always")
@@ -866,15 +963,6 @@ def _matmul_q4_1_vnni(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
         _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile_vnni, a_vnni, g)
 
 
-@njit(parallel=True, **_KERNEL)
-def _matmul_q4_k_vnni(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x, ACT_Q8_K)
-    xb = _activation_quads(xq)
-    a_vnni = (qs, d, m, sc, mn, KIND_Q4_K, xb, xd, xs, out)
-    for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q4_tile_vnni, a_vnni, _q4_tile_vnni, a_vnni, g)
-
-
 # One kernel per kind, so the kind is a constant in the tiles (a runtime kind halved Q4_K's speed at
 # T = 1), and each compiles only when a model uses it.
 
@@ -895,12 +983,132 @@ def _matmul_q4_1(x, qs, d, m, out) -> None:  # type: ignore[no-untyped-def]
         _each_tile(xq.shape[0], _q4_tile, a, _q4_tile, a, g)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Q4_K (and Q5_K's scales) in llama.cpp's order: each 32-block's integer sum times its 6-bit scale,
+# added in int32 over the super-block (|sum| <= 32 * 15 * 127 per block, x 63 x 8 blocks ~ 30.7M), the
+# mins as integer activation sums times the 6-bit mins, and the float scaling once per super-block:
+# d * xd * isum - dmin * xd * imin. The half-block float scaling before (f16 d, times sc, times xd,
+# per 16 weights) cost as much as the vpdpbusd work at one token: 4096 x 2048, one thread, thread CPU
+# time, best of 20 (load 10-12, so ranges of two runs): Q4_K T=1 0.224-0.380 -> 0.113-0.133 ms, T=8
+# 0.62-1.06 -> 0.49 ms; Q6_K T=1 0.27-0.31 -> 0.22-0.25 ms (docs/performance.md).
+# The tiles keep the 8 blocks' scaled sums in a stack array indexed by the block (memory, not registers:
+# a super-block int32 accumulator beside the float tile and the vpdpbusd sums spilled at 8 tokens,
+# 6.7x slower at T = 16 in a first try); the epilogue adds them up per row lane. The scale multiply
+# sits in the vpdpbusd intrinsic (_q4k_block_sums): as a lane loop storing into that array LLVM
+# scalarized it (32 imul a block), and Q4_K's T=4 / T=8 tiles ran 1.8x / 3.6x slower than before.
+
+
+@njit(inline="always")
+def _k_superblock(acc, blocks, d, m, mn, with_min, xd, xsum, g, sb, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """acc += d * xd * sum_b blocks[b] (- dmin * xd * sum_b mn[b] * xsum[b] `with_min`) for super-block
+    sb of row group g; blocks[b, t, r] = scale x integer sum of block sb * 8 + b, token t0 + t, row r.
+    One function for every tile and both paths, so a token's output does not depend on its tile."""
+    dq, mq = _lanes(d, g, sb), _lanes(m, g, sb)
+    for t in range(n_tok):
+        xdt = xd[t0 + t, sb * 8]
+        for r in range(ROWS):
+            isum = np.int32(0)
+            for bb in range(8):
+                isum = np.int32(isum + blocks[bb, t, r])
+            if with_min:
+                imin = np.int32(0)
+                for bb in range(8):
+                    b = sb * 8 + bb
+                    imin = np.int32(imin + np.int32(mn[g, b * ROWS + r]) * xsum[t0 + t, b])
+                dmin = f16_to_f32(mq[r]) * xdt
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(isum) - dmin * np.float32(imin)
+            else:
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(isum)
+
+
+@njit(inline="always")
+def _q4k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """Q4_K on int16 lanes: half-block sums as _q4_tile's, then _k_superblock."""
+    qs, d, m, sc, mn, xq, xd, xsum, out = a
+    acc = stack_tile_f32()
+    s16 = stack_tile_i16()
+    blocks = carray(_alloca_i32(2048), (8, 8, 32))
+    _zero_tile(acc, n_tok)
+    for sb in range(xd.shape[1] // 8):
+        for bb in range(8):
+            b = sb * 8 + bb
+            scq = _lanes(sc, g, b)
+            for half in range(2):
+                _zero_tile(s16, n_tok)
+                for jj in range(8):
+                    j = half * 8 + jj
+                    wq = _lanes(qs, g, b * 16 + j)
+                    for t in range(n_tok):
+                        xlo = xq[t0 + t, b * QK + j]
+                        xhi = xq[t0 + t, b * QK + j + 16]
+                        for r in range(ROWS):
+                            v = wq[r]
+                            s16[t, r] += np.int16(v & 15) * xlo + np.int16(v >> 4) * xhi
+                for t in range(n_tok):
+                    for r in range(ROWS):
+                        scaled = np.int32(np.int32(scq[r]) * np.int32(s16[t, r]))
+                        blocks[bb, t, r] = scaled if half == 0 else np.int32(blocks[bb, t, r] + scaled)
+        _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q4k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """Q4_K on vpdpbusd, a whole block per call (_block_sums*), every tile size; the same integers as
+    _q4k_tile, the same _k_superblock."""
+    qs, d, m, sc, mn, xb, xd, xsum, out = a
+    acc = stack_tile_f32()
+    blocks_ptr = _alloca_i32(2048)
+    blocks, flat_blocks = carray(blocks_ptr, (8, 8, 32)), carray(blocks_ptr, (2048,))
+    qs_g, sc_g = qs[g], sc[g]
+    _zero_tile(acc, n_tok)
+    for sb in range(xd.shape[1] // 8):
+        for bb in range(8):
+            b = sb * 8 + bb
+            first = b * 16 * ROWS
+            if n_tok <= 2:
+                for line in range(8):
+                    _prefetch(qs_g, first + PREFETCH_BYTES + 64 * line)
+            if n_tok == 8:
+                _q4k_block_sums8(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
+            elif n_tok == 4:
+                _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
+            elif n_tok == 2:
+                _q4k_block_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
+            else:
+                _q4k_block_sums1(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
+        _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(**_KERNEL)
+def _activation_sums32(xq: np.ndarray) -> np.ndarray:
+    """The integer sum of each 32-block of int8 activations (the K-quants' mins go through them)."""
+    n_tok, k = xq.shape
+    out = np.empty((n_tok, k // QK), np.int32)
+    for t in range(n_tok):
+        for b in range(k // QK):
+            total = 0
+            for i in range(QK):
+                total += np.int32(xq[t, b * QK + i])
+            out[t, b] = total
+    return out
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4_k_vnni(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, d, m, sc, mn, _activation_quads(xq), xd, _activation_sums32(xq), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q4k_tile_vnni, a, _q4k_tile_vnni, a, g)
+
+
 @njit(parallel=True, **_KERNEL)
 def _matmul_q4_k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x, ACT_Q8_K)
-    a = (qs, d, m, sc, mn, KIND_Q4_K, xq, xd, xs, out)
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, d, m, sc, mn, xq, xd, _activation_sums32(xq), out)
     for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q4_tile, a, _q4_tile, a, g)
+        _each_tile(xq.shape[0], _q4k_tile, a, _q4k_tile, a, g)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -994,33 +1202,37 @@ def _matmul_q5_1(x, qs, qh, d, m, out) -> None:  # type: ignore[no-untyped-def]
 
 @njit(inline="always")
 def _q5k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    qs, qh, d, m, sc, mn, xq, xd, xs, out = a
+    """Q5_K in Q4_K's integer order (_k_superblock): block b's sc x (sum of (q - 16) x + 16 sum(x))."""
+    qs, qh, d, m, sc, mn, xq, xd, xsum, out = a
     acc = stack_tile_f32()
     s16 = stack_tile_i16()
+    blocks = carray(_alloca_i32(2048), (8, 8, 32))
     _zero_tile(acc, n_tok)
-    for b in range(xd.shape[1]):
-        for half in range(2):
-            _zero_tile(s16, n_tok)
-            for c in range(2 * half, 2 * half + 2):
-                wh = _lanes(qh, g, b * 4 + c)
-                _q5_position(s16, qs, wh, 0, xq, g, b, 4 * c, t0, n_tok)
-                _q5_position(s16, qs, wh, 2, xq, g, b, 4 * c + 1, t0, n_tok)
-                _q5_position(s16, qs, wh, 4, xq, g, b, 4 * c + 2, t0, n_tok)
-                _q5_position(s16, qs, wh, 6, xq, g, b, 4 * c + 3, t0, n_tok)
-            _q4_add_half(acc, s16, d, sc, KIND_Q4_K, g, b, xd, t0, n_tok)
-        dq, mq, scq, mnq = _lanes(d, g, b >> 3), _lanes(m, g, b >> 3), _lanes(sc, g, b), _lanes(mn, g, b)
-        for t in range(n_tok):
-            xst = xs[t0 + t, b]
-            for r in range(ROWS):
-                low = np.float32(16.0) * f16_to_f32(dq[r]) * np.float32(scq[r])
-                acc[t, r] += (low - f16_to_f32(mq[r]) * np.float32(mnq[r])) * xst
+    for sb in range(xd.shape[1] // 8):
+        for bb in range(8):
+            b = sb * 8 + bb
+            scq = _lanes(sc, g, b)
+            for half in range(2):
+                _zero_tile(s16, n_tok)
+                for c in range(2 * half, 2 * half + 2):
+                    wh = _lanes(qh, g, b * 4 + c)
+                    _q5_position(s16, qs, wh, 0, xq, g, b, 4 * c, t0, n_tok)
+                    _q5_position(s16, qs, wh, 2, xq, g, b, 4 * c + 1, t0, n_tok)
+                    _q5_position(s16, qs, wh, 4, xq, g, b, 4 * c + 2, t0, n_tok)
+                    _q5_position(s16, qs, wh, 6, xq, g, b, 4 * c + 3, t0, n_tok)
+                for t in range(n_tok):
+                    offset = np.int32(16 * xsum[t0 + t, b]) if half == 0 else np.int32(0)
+                    for r in range(ROWS):
+                        scaled = np.int32(np.int32(scq[r]) * np.int32(np.int32(s16[t, r]) + offset))
+                        blocks[bb, t, r] = scaled if half == 0 else np.int32(blocks[bb, t, r] + scaled)
+        _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q5k(x, qs, qh, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, xs = _quantize(x, ACT_Q8_K)
-    a = (qs, qh, d, m, sc, mn, xq, xd, xs, out)
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, d, m, sc, mn, xq, xd, _activation_sums32(xq), out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q5k_tile, a, _q5k_tile, a, g)
 
@@ -1260,77 +1472,79 @@ def _q6k_position(slo, shi, qs, wh, shift, xq, g, b, j, t0, n_tok) -> None:  # t
 
 @njit(inline="always")
 def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """Q6_K on int16 lanes: per block sc_lo x (sum of q - 32 over weights j < 16) + sc_hi x (over j + 16)
+    in int32, the super-block's float scaling once in _k_superblock, as llama.cpp (|sum| per 16 weights
+    <= 16 * 32 * 127, x 128, x 16 sub-blocks ~ 133M: int32)."""
     qs, qh, sc, d, xq, xd, out = a
     acc = stack_tile_f32()
     slo = stack_tile_i16()
     shi = stack_tile_i16()
+    blocks = carray(_alloca_i32(2048), (8, 8, 32))
     _zero_tile(acc, n_tok)
-    for b in range(xd.shape[1]):
-        dq = _lanes(d, g, b >> 3)
-        sclo, schi = _lanes(sc, g, 2 * b), _lanes(sc, g, 2 * b + 1)
-        for half in range(2):
-            _zero_tile(slo, n_tok)
-            _zero_tile(shi, n_tok)
-            for p in range(4 * half, 4 * half + 4):
-                wh = _lanes(qh, g, b * 8 + p)
-                _q6k_position(slo, shi, qs, wh, 0, xq, g, b, 2 * p, t0, n_tok)
-                _q6k_position(slo, shi, qs, wh, 4, xq, g, b, 2 * p + 1, t0, n_tok)
-            for t in range(n_tok):
-                xdt = xd[t0 + t, b]
-                for r in range(ROWS):
-                    lo = np.float32(sclo[r]) * np.float32(slo[t, r])
-                    hi = np.float32(schi[r]) * np.float32(shi[t, r])
-                    acc[t, r] += f16_to_f32(dq[r]) * xdt * (lo + hi)
+    for sb in range(xd.shape[1] // 8):
+        for bb in range(8):
+            b = sb * 8 + bb
+            sclo, schi = _lanes(sc, g, 2 * b), _lanes(sc, g, 2 * b + 1)
+            for half in range(2):
+                _zero_tile(slo, n_tok)
+                _zero_tile(shi, n_tok)
+                for p in range(4 * half, 4 * half + 4):
+                    wh = _lanes(qh, g, b * 8 + p)
+                    _q6k_position(slo, shi, qs, wh, 0, xq, g, b, 2 * p, t0, n_tok)
+                    _q6k_position(slo, shi, qs, wh, 4, xq, g, b, 2 * p + 1, t0, n_tok)
+                for t in range(n_tok):
+                    for r in range(ROWS):
+                        lo = np.int32(np.int32(sclo[r]) * np.int32(slo[t, r]))
+                        hi = np.int32(np.int32(schi[r]) * np.int32(shi[t, r]))
+                        scaled = np.int32(lo + hi)
+                        blocks[bb, t, r] = scaled if half == 0 else np.int32(blocks[bb, t, r] + scaled)
+        _k_superblock(acc, blocks, d, d, d, False, xd, xd, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
-# Tiles of 1 and 2 tokens on VNNI CPUs: the unsigned 6-bit weights on vpdpbusd (see _quad_sums), minus
-# 32 x the activations' sum of each 8 positions: the int16 path's sums exactly, scaled the same way.
+# Tiles of 1 and 2 tokens on VNNI CPUs: the unsigned 6-bit weights on vpdpbusd, minus 32 x the
+# activations' sum of each 16 positions, times the scales (_q6k_block_sums): the int16 path's integers
+# exactly, the same _k_superblock.
 
 
 @njit(inline="always")
 def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    qs, qh, sc, d, xb, x8, xd, out = a
+    qs, qh, sc, d, xb, x16, xd, out = a
     acc = stack_tile_f32()
-    low_ptr, high_ptr = _alloca_i32(256), _alloca_i32(256)
-    slo, shi = carray(low_ptr, (8, 32)), carray(high_ptr, (8, 32))
-    flat_lo, flat_hi = carray(low_ptr, (256,)), carray(high_ptr, (256,))
-    qs_g, qh_g = qs[g], qh[g]
+    blocks_ptr = _alloca_i32(2048)
+    blocks, flat_blocks = carray(blocks_ptr, (8, 8, 32)), carray(blocks_ptr, (2048,))
+    qs_g, qh_g, sc_g = qs[g], qh[g], sc[g]
     _zero_tile(acc, n_tok)
-    for b in range(xd.shape[1]):
-        dq = _lanes(d, g, b >> 3)
-        sclo, schi = _lanes(sc, g, 2 * b), _lanes(sc, g, 2 * b + 1)
-        for half in range(2):
-            at, qh_at = (b * 16 + 8 * half) * ROWS, (b * 8 + 4 * half) * ROWS
-            for line in range(4):
+    for sb in range(xd.shape[1] // 8):
+        for bb in range(8):
+            b = sb * 8 + bb
+            at, qh_at = b * 16 * ROWS, b * 8 * ROWS
+            for line in range(8):
                 _prefetch(qs_g, at + PREFETCH_BYTES + 64 * line)
-            for line in range(2):
+            for line in range(4):
                 _prefetch(qh_g, qh_at + PREFETCH_BYTES // 2 + 64 * line)
             if n_tok == 2:
-                _q6k_quad_sums2(flat_lo, flat_hi, qs_g, at, qh_g, qh_at, xb, t0, b * 8 + 2 * half)
+                _q6k_block_sums2(
+                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
+                )
             else:
-                _q6k_quad_sums1(flat_lo, flat_hi, qs_g, at, qh_g, qh_at, xb, t0, b * 8 + 2 * half)
-            for t in range(n_tok):
-                xdt = xd[t0 + t, b]
-                low_shift = np.int32(32) * x8[t0 + t, b * 4 + half]
-                high_shift = np.int32(32) * x8[t0 + t, b * 4 + 2 + half]
-                for r in range(ROWS):
-                    lo = np.float32(sclo[r]) * np.float32(np.int32(slo[t, r] - low_shift))
-                    hi = np.float32(schi[r]) * np.float32(np.int32(shi[t, r] - high_shift))
-                    acc[t, r] += f16_to_f32(dq[r]) * xdt * (lo + hi)
+                _q6k_block_sums1(
+                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
+                )
+        _k_superblock(acc, blocks, d, d, d, False, xd, xd, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
 @njit(**_KERNEL)
-def _activation_sums8(xq: np.ndarray) -> np.ndarray:
-    """The integer sum of each 8 consecutive int8 activations."""
+def _activation_sums16(xq: np.ndarray) -> np.ndarray:
+    """The integer sum of each 16 consecutive int8 activations."""
     n_tok, k = xq.shape
-    out = np.empty((n_tok, k // 8), np.int32)
+    out = np.empty((n_tok, k // 16), np.int32)
     for t in range(n_tok):
-        for i in range(k // 8):
+        for i in range(k // 16):
             total = 0
-            for c in range(8):
-                total += np.int32(xq[t, 8 * i + c])
+            for c in range(16):
+                total += np.int32(xq[t, 16 * i + c])
             out[t, i] = total
     return out
 
@@ -1347,7 +1561,7 @@ def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
 def _matmul_q6k_vnni(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (qs, qh, sc, d, xq, xd, out)
-    a_quads = (qs, qh, sc, d, _activation_quads(xq), _activation_sums8(xq), xd, out)
+    a_quads = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q6k_tile, a, _q6k_tile_quads, a_quads, g)
 
