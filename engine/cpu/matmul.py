@@ -834,7 +834,7 @@ def _each_tile(n_tok, tile, args, small_tile, small_args, g) -> None:  # type: i
 
 
 @njit(inline="always")
-def _q4_add_half(acc, s16, d, sc, kind, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+def _q4_add_half(acc, s16, d, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     """acc += d * xd * s16 for half a block (Q4_0, Q4_1; Q4_K scales per super-block: _k_superblock)."""
     dq = _lanes(d, g, b)
     for t in range(n_tok):
@@ -844,7 +844,7 @@ def _q4_add_half(acc, s16, d, sc, kind, g, b, xd, t0, n_tok) -> None:  # type: i
 
 
 @njit(inline="always")
-def _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+def _q4_add_min(acc, d, m, kind, g, b, xs, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     """acc += (block minimum) * sum(x of the block): -8d for Q4_0, m for Q4_1."""
     if kind == KIND_Q4_0:
         dq = _lanes(d, g, b)
@@ -878,8 +878,8 @@ def _q4_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                     for r in range(ROWS):
                         v = wq[r]
                         s16[t, r] += np.int16(v & 15) * xlo + np.int16(v >> 4) * xhi
-            _q4_add_half(acc, s16, d, sc, kind, g, b, xd, t0, n_tok)
-        _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok)
+            _q4_add_half(acc, s16, d, g, b, xd, t0, n_tok)
+        _q4_add_min(acc, d, m, kind, g, b, xs, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
@@ -913,8 +913,8 @@ def _q4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 _quad_sums2(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
             else:
                 _quad_sums1(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
-            _q4_add_half(acc, sums, d, sc, kind, g, b, xd, t0, n_tok)
-        _q4_add_min(acc, d, m, mn, kind, g, b, xs, t0, n_tok)
+            _q4_add_half(acc, sums, d, g, b, xd, t0, n_tok)
+        _q4_add_min(acc, d, m, kind, g, b, xs, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
