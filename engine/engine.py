@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+import numba
 import structlog
 
 from engine.api import ControlResult, EmbeddingRequest, EngineSnapshot, GenerationRequest
@@ -53,6 +54,7 @@ class EngineConfig:
     n_keep: int = 0  # tokens kept at the start by a context shift
     cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
+    n_threads: int = 0  # compute threads of the engine thread (Numba's are per thread); 0: Numba's default
 
 
 class Engine:
@@ -188,6 +190,8 @@ class Engine:
 
     def _run(self, warm_up: bool, ready: threading.Event) -> None:
         try:
+            if self.config.n_threads:
+                numba.set_num_threads(min(self.config.n_threads, numba.config.NUMBA_NUM_THREADS))
             if warm_up:
                 self._warm_up()
         finally:
@@ -212,6 +216,7 @@ class Engine:
         The snapshot is published before the forward pass too, so a client that holds a token of its
         request always finds the request's slot busy in /slots."""
         self.scheduler.admit()
+        start = time.perf_counter()
         planned = self.scheduler.build_batch()
         self._publish()
         if planned is None:
@@ -227,6 +232,8 @@ class Engine:
             self.scheduler.cancel_all("error")
         else:
             self.scheduler.apply(out.logits, outputs, out.hidden)
+            if len(batch.output_rows) == batch.n_tokens:  # decode and draft tokens only: what drafts cost
+                self.scheduler.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
             self._n_steps += 1
             self._n_tokens += batch.n_tokens
         self._publish()

@@ -22,17 +22,12 @@ from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
 from engine.slots import Slot, SlotPool
 from engine.speculative import Speculation
+from engine.speculative.policy import DraftPolicy
 from engine.text.reasoning import end_before_start
 from engine.text.tokenizer import Tokenizer
 
 ShiftKV = Callable[[int, int, int, int], None]
 Request = GenerationRequest | EmbeddingRequest
-
-# Drafts only fill a step up to this many tokens (decode tokens first): on the CPU a step stops being
-# cheap per token early (T=16 costs ~3.7-4.5x T=1, docs/performance.md), so with many sequences decoding
-# a verified draft token costs about what it saves. Measured with llamba-bench-serve --workload copy,
-# 16 streams, SmolLM2, n-gram drafts on every sequence: 0.94x the aggregate without speculation.
-SPEC_STEP_TOKENS = 17
 
 
 class Scheduler:
@@ -49,6 +44,7 @@ class Scheduler:
         self.pool = pool
         self.rank_head = rank_head  # the model's rerank classifier, for pooling rank
         self.speculation = speculation
+        self.policy = DraftPolicy()  # which drafts a step verifies (their gain against the step's cost)
         self.tokenizer = tokenizer
         self.dry = DryVocabulary(tokenizer)  # DRY's breaker tables, built on first use, kept per set
         self.choices = Choices(pool, tokenizer, self.dry)  # `n` choices waiting for their leader
@@ -88,28 +84,27 @@ class Scheduler:
 
     # -- one step ----------------------------------------------------------------------------------
     def build_batch(self) -> tuple[Batch, list[Slot]] | None:
-        """The next batch and, in output-row order, the slots whose logits it returns."""
+        """The next batch and, in output-row order, the slots whose logits it returns: decode tokens
+        first, then prompt chunks, then the drafts worth verifying in what budget is left."""
         active = [s.seq for s in self.pool.busy() if s.seq is not None and not s.seq.held]
         active.sort(key=lambda seq: (not seq.generating, seq.t_start))
-        budget, parts, outputs = self.n_ubatch, [], []
-        drafts_left = max(0, SPEC_STEP_TOKENS - sum(seq.generating for seq in active))
-        self._prefilling, self._embedding = [], []
+        budget, taken = self.n_ubatch, []
         for seq in active:
             if budget <= 0:
                 break
-            if not seq.generating:
-                self._prefilling.append(seq)
-            slot = self.pool[seq.slot_id]
             chunk = seq.take(budget)
+            budget -= len(chunk)
+            taken.append((seq, chunk))
+        self._prefilling = [seq for seq, _ in taken if not seq.generating]
+        self._embedding, parts, outputs = [], [], []
+        self._add_drafts(taken, budget)
+        for seq, chunk in taken:
+            slot = self.pool[seq.slot_id]
             if isinstance(seq, EmbeddingSequence):
-                budget -= len(chunk)
                 parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none", want_hidden=True))
                 slot.tokens.extend(chunk)
                 self._embedding.append((slot, len(chunk)))
                 continue
-            seq.drafts = self._drafts(slot, seq, chunk, min(budget - len(chunk), drafts_left))
-            budget -= len(chunk) + len(seq.drafts)
-            drafts_left -= len(seq.drafts)
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
             parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want))
             slot.tokens.extend(chunk + seq.drafts)
@@ -117,14 +112,34 @@ class Scheduler:
                 outputs.append(slot)
         return (Batch.of(parts), outputs) if parts else None
 
-    def _drafts(self, slot: Slot, seq: Sequence, chunk: list[int], budget: int) -> list[int]:
-        """Speculative tokens to verify after `chunk` (a generating sequence's last token), if any."""
-        room = min(budget, self.pool.kv.n_ctx - len(slot.tokens) - len(chunk) - 2)
-        n = seq.draft_length(room) if self.speculation is not None and seq.drafting is not None else 0
+    def _add_drafts(self, taken: list[tuple[Sequence | EmbeddingSequence, list[int]]], budget: int) -> None:
+        """Drafts for the generating sequences, as many tokens as the policy finds worth their cost:
+        first how many each may propose (from its acceptance rate), then how many of each proposal."""
+        wanting = [(s, c) for s, c in taken if isinstance(s, Sequence) and s.drafting is not None]
+        if self.speculation is None or not wanting:
+            return
+        n_tokens = sum(len(chunk) for _, chunk in taken)
+        n_emitting = sum(not seq.pending for seq, _ in taken if isinstance(seq, Sequence))
+        rates = [self.policy.acceptance(seq.drafting.acceptance) for seq, _ in wanting if seq.drafting]
+        lengths = [seq.draft_length(self._room(seq, chunk)) for seq, chunk in wanting]
+        caps = self.policy.plan(n_tokens, n_emitting, list(zip(rates, lengths, strict=True)), budget)
+        drafts = [self._propose(seq, chunk, cap) for (seq, chunk), cap in zip(wanting, caps, strict=True)]
+        proposed = [(a, len(d)) for a, d in zip(rates, drafts, strict=True)]
+        keep = self.policy.plan(n_tokens, n_emitting, proposed, budget)
+        for (seq, _), draft, k in zip(wanting, drafts, keep, strict=True):
+            n_min = seq.drafting.params.n_min if seq.drafting else 0
+            seq.drafts = draft[:k] if k >= max(1, n_min) else []
+
+    def _room(self, seq: Sequence, chunk: list[int]) -> int:
+        """Cells left for drafts after `chunk` (two kept free: the pick after the drafts, and one more)."""
+        return self.pool.kv.n_ctx - len(self.pool[seq.slot_id].tokens) - len(chunk) - 2
+
+    def _propose(self, seq: Sequence, chunk: list[int], n: int) -> list[int]:
+        """The chain's draft of at most n tokens after `chunk` (a generating sequence's last token)."""
         if n <= 0 or self.speculation is None or seq.drafting is None:
             return []
-        key, history = seq.request.request_id, slot.tokens + chunk
-        proposal = self.speculation.propose(key, history, seq.drafting.params, n)
+        history = self.pool[seq.slot_id].tokens + chunk
+        proposal = self.speculation.propose(seq.request.request_id, history, seq.drafting.params, n)
         if proposal is None:
             return []
         seq.drafting.source, draft = proposal
@@ -181,6 +196,7 @@ class Scheduler:
         self.pool.kv.truncate(slot.id, keep)
         history = slot.tokens[: keep - seq.drafts_accepted]
         key = seq.request.request_id
+        self.policy.learn(seq.drafting.acceptance, len(seq.drafts), seq.drafts_accepted)
         self.speculation.accepted(seq.drafting.source, key, history, seq.drafts, seq.drafts_accepted)
         seq.drafts = []
 

@@ -220,6 +220,7 @@ def run(
             index += len(group)
             continue
         log(f"{label}: loaded {llm.path.name} in {load_s:.2f} s ({llm.backend.name})")
+        draft = _load_draft(params, llm, load, group[0].n_threads, log)
         info = ModelInfo.of(llm)
         runner = Runner(llm, log, params)
         warned: set[int] = set()
@@ -234,7 +235,17 @@ def run(
             inst = dataclasses.replace(inst, n_threads=used)
             result = BenchResult(inst, info, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             first = runner.first_forward is None
-            result.samples_ns = runner.run(inst, index, len(tests))
+            if inst.spec_type:
+                from cli.bench.spec import run_speculative  # the engine: only for speculative tests
+
+                spec = run_speculative(llm, draft, inst, params.reps, not params.no_warmup)
+                result.samples_ns, result.draft_n, result.draft_accepted = (
+                    spec.samples_ns,
+                    spec.draft_n,
+                    spec.draft_accepted,
+                )
+            else:
+                result.samples_ns = runner.run(inst, index, len(tests))
             if first and runner.first_forward is not None:
                 log_first_token(log, label, runner.first_forward, load_start + load_s, started)
             if params.verbose:
@@ -244,6 +255,20 @@ def run(
     for printer in printers:
         printer.end()
     return 1 if failed else 0
+
+
+def _load_draft(
+    params: BenchParams, llm: LLM, load: Loader, n_threads: int, log: Callable[[str], None]
+) -> LLM | None:
+    """The draft model of draft-simple tests (-md), checked against the target's vocabulary."""
+    if params.model_draft is None:
+        return None
+    from engine.speculative.draft import check_vocabulary
+
+    draft = load(params.model_draft, n_threads)
+    check_vocabulary(draft, llm)
+    log(f"draft: loaded {draft.path.name}")
+    return draft
 
 
 def log_first_token(
