@@ -33,12 +33,14 @@ class StepCosts:
 
     means: dict[int, float] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
+    _curve: tuple[np.ndarray, np.ndarray, float] | None = None  # (counts, seconds, slope), until observe
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         n = self.counts.get(n_tokens, 0) + 1
         self.counts[n_tokens] = n
         old = self.means.get(n_tokens, seconds)
         self.means[n_tokens] = old + max(ALPHA, 1.0 / n) * (seconds - old)
+        self._curve = None
 
     @property
     def known(self) -> bool:
@@ -47,14 +49,22 @@ class StepCosts:
 
     def estimate(self, n_tokens: np.ndarray) -> np.ndarray:
         """The expected seconds of steps of these token counts (requires `known`)."""
-        xs = np.array(sorted(self.means), dtype=np.float64)
-        ys = np.array([self.means[int(x)] for x in xs])
-        slope = max(0.0, float(np.polyfit(xs, ys, 1)[0]))
+        xs, ys, slope = self._fit()
         t = np.asarray(n_tokens, dtype=np.float64)
-        inside = np.interp(t, xs, ys)
-        outside = np.where(t > xs[-1], ys[-1] + slope * (t - xs[-1]), ys[0] - slope * (xs[0] - t))
-        cost = np.where((t < xs[0]) | (t > xs[-1]), outside, inside)
+        cost = np.interp(t, xs, ys)
+        cost = np.where(t > xs[-1], ys[-1] + slope * (t - xs[-1]), cost)
+        cost = np.where(t < xs[0], ys[0] - slope * (xs[0] - t), cost)
         return np.maximum(cost, 1e-6)
+
+    def _fit(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """The sorted curve and its slope, computed once per step (plan asks twice)."""
+        if self._curve is None:
+            xs = np.array(sorted(self.means), dtype=np.float64)
+            ys = np.array([self.means[int(x)] for x in xs])
+            dx = xs - xs.mean()
+            slope = max(0.0, float(dx @ (ys - ys.mean()) / (dx @ dx)))
+            self._curve = (xs, ys, slope)
+        return self._curve
 
 
 @dataclass
@@ -96,9 +106,13 @@ class DraftPolicy:
         (a sequence's in order, since a^i falls with i), as many as make (n_emitting + expected accepted)
         / expected step time highest: none if no draft pays for its share of the step.
         """
-        gains = [a ** np.arange(1, n + 1, dtype=np.float64) for a, n in drafts]
-        owner = np.repeat(np.arange(len(drafts)), [n for _, n in drafts])
-        flat = np.concatenate(gains) if gains else np.zeros(0)
+        rates = np.array([a for a, _ in drafts], dtype=np.float64)
+        lengths = np.array([n for _, n in drafts], dtype=np.int64)
+        if not lengths.sum():
+            return [0] * len(drafts)
+        owner = np.repeat(np.arange(len(drafts)), lengths)
+        position = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
+        flat = rates[owner] ** position  # P(the draft token at this position is accepted)
         order = np.argsort(-flat, kind="stable")[:budget]
         if not self.costs.known:
             k = max(0, min(len(order), COLD_STEP_TOKENS - n_tokens))
