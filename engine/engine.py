@@ -233,7 +233,7 @@ class Engine:
         else:
             self.scheduler.apply(out.logits, outputs, out.hidden)
             if len(batch.output_rows) == batch.n_tokens:  # decode and draft tokens only: what drafts cost
-                self.scheduler.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
+                self.scheduler.drafts.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
             self._n_steps += 1
             self._n_tokens += batch.n_tokens
         self._publish()

@@ -22,7 +22,7 @@ from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
 from engine.slots import Slot, SlotPool
 from engine.speculative import Speculation
-from engine.speculative.policy import DraftPolicy
+from engine.speculative.batching import StepDrafts
 from engine.text.reasoning import end_before_start
 from engine.text.tokenizer import Tokenizer
 
@@ -44,7 +44,7 @@ class Scheduler:
         self.pool = pool
         self.rank_head = rank_head  # the model's rerank classifier, for pooling rank
         self.speculation = speculation
-        self.policy = DraftPolicy()  # which drafts a step verifies (their gain against the step's cost)
+        self.drafts = StepDrafts(speculation, pool)  # the speculative part of each step
         self.tokenizer = tokenizer
         self.dry = DryVocabulary(tokenizer)  # DRY's breaker tables, built on first use, kept per set
         self.choices = Choices(pool, tokenizer, self.dry)  # `n` choices waiting for their leader
@@ -97,7 +97,7 @@ class Scheduler:
             taken.append((seq, chunk))
         self._prefilling = [seq for seq, _ in taken if not seq.generating]
         self._embedding, parts, outputs = [], [], []
-        self._add_drafts(taken, budget)
+        self.drafts.add(taken, budget)
         for seq, chunk in taken:
             slot = self.pool[seq.slot_id]
             if isinstance(seq, EmbeddingSequence):
@@ -111,39 +111,6 @@ class Scheduler:
             if not seq.pending:
                 outputs.append(slot)
         return (Batch.of(parts), outputs) if parts else None
-
-    def _add_drafts(self, taken: list[tuple[Sequence | EmbeddingSequence, list[int]]], budget: int) -> None:
-        """Drafts for the generating sequences, as many tokens as the policy finds worth their cost:
-        first how many each may propose (from its acceptance rate), then how many of each proposal."""
-        wanting = [(s, c) for s, c in taken if isinstance(s, Sequence) and s.drafting is not None]
-        if self.speculation is None or not wanting:
-            return
-        n_tokens = sum(len(chunk) for _, chunk in taken)
-        n_emitting = sum(not seq.pending for seq, _ in taken if isinstance(seq, Sequence))
-        rates = [self.policy.acceptance(seq.drafting.acceptance) for seq, _ in wanting if seq.drafting]
-        lengths = [seq.draft_length(self._room(seq, chunk)) for seq, chunk in wanting]
-        caps = self.policy.plan(n_tokens, n_emitting, list(zip(rates, lengths, strict=True)), budget)
-        drafts = [self._propose(seq, chunk, cap) for (seq, chunk), cap in zip(wanting, caps, strict=True)]
-        proposed = [(a, len(d)) for a, d in zip(rates, drafts, strict=True)]
-        keep = self.policy.plan(n_tokens, n_emitting, proposed, budget)
-        for (seq, _), draft, k in zip(wanting, drafts, keep, strict=True):
-            n_min = seq.drafting.params.n_min if seq.drafting else 0
-            seq.drafts = draft[:k] if k >= max(1, n_min) else []
-
-    def _room(self, seq: Sequence, chunk: list[int]) -> int:
-        """Cells left for drafts after `chunk` (two kept free: the pick after the drafts, and one more)."""
-        return self.pool.kv.n_ctx - len(self.pool[seq.slot_id].tokens) - len(chunk) - 2
-
-    def _propose(self, seq: Sequence, chunk: list[int], n: int) -> list[int]:
-        """The chain's draft of at most n tokens after `chunk` (a generating sequence's last token)."""
-        if n <= 0 or self.speculation is None or seq.drafting is None:
-            return []
-        history = self.pool[seq.slot_id].tokens + chunk
-        proposal = self.speculation.propose(seq.request.request_id, history, seq.drafting.params, n)
-        if proposal is None:
-            return []
-        seq.drafting.source, draft = proposal
-        return draft
 
     def apply(self, logits: np.ndarray, outputs: list[Slot], hidden: np.ndarray | None = None) -> None:
         """Advance every sequence that got logits; release the finished, shift the full. `hidden`: the
@@ -169,7 +136,7 @@ class Scheduler:
         assert isinstance(seq, Sequence)
         full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
         events = seq.verify(rows, room=not full or self.shift_kv is not None)
-        self._keep_accepted(slot, seq)
+        self.drafts.settle(slot, seq)
         for event in events:
             seq.emit(event)
         if events[-1].finish_reason is not None:
@@ -187,22 +154,9 @@ class Scheduler:
                 slot.seq.emit(event)
                 self._finish(slot)
 
-    def _keep_accepted(self, slot: Slot, seq: Sequence) -> None:
-        """Drop the cells of refused draft tokens; tell the speculator how its draft fared."""
-        if not seq.drafts or self.speculation is None or seq.drafting is None:
-            return
-        keep = len(slot.tokens) - len(seq.drafts) + seq.drafts_accepted
-        del slot.tokens[keep:]
-        self.pool.kv.truncate(slot.id, keep)
-        history = slot.tokens[: keep - seq.drafts_accepted]
-        key = seq.request.request_id
-        self.policy.learn(seq.drafting.acceptance, len(seq.drafts), seq.drafts_accepted)
-        self.speculation.accepted(seq.drafting.source, key, history, seq.drafts, seq.drafts_accepted)
-        seq.drafts = []
-
     def _finish(self, slot: Slot) -> None:
-        if self.speculation is not None and slot.seq is not None:
-            self.speculation.forget(slot.seq.request.request_id)
+        if slot.seq is not None:
+            self.drafts.forget(slot.seq.request.request_id)
         if isinstance(slot.seq, Sequence) and slot.seq.forks:
             for held in self.choices.drop_held(slot.seq, "cancelled"):
                 self.pool.release(held)
