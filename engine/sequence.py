@@ -46,8 +46,8 @@ class Drafting:
     misses: int = 0  # consecutive drafts refused outright
     n_drafted: int = 0
     n_accepted: int = 0
-    # What the draft policy prices its next draft with (engine/speculative/policy.py; the scheduler
-    # updates it with the engine-wide rate).
+    # Its per-token acceptance, which the draft policy prices its next draft with (learnt in
+    # engine/speculative/batching.py `StepDrafts.settle`, with the engine-wide rate as prior).
     acceptance: AcceptanceRate = field(default_factory=AcceptanceRate)
 
     def __post_init__(self) -> None:
