@@ -21,7 +21,14 @@ from engine.speculative import SpecParams
 from engine.speculative.block import ReplayDrafter
 from engine.speculative.draft import DraftModelError, check_vocabulary
 from engine.speculative.ngram import NgramCache, NgramMapK, NgramSimple, last_match_end
-from engine.speculative.policy import COLD_STEP_TOKENS, AcceptanceRate, DraftPolicy, StepCosts
+from engine.speculative.policy import (
+    COLD_STEP_TOKENS,
+    EXPLORE_EVERY,
+    EXPLORE_TOKENS,
+    AcceptanceRate,
+    DraftPolicy,
+    StepCosts,
+)
 
 # -- speculators ----------------------------------------------------------------------------------------
 
@@ -139,6 +146,15 @@ def test_drafts_are_taken_best_first_and_the_cold_start_keeps_the_old_cap() -> N
     cold = DraftPolicy()  # no step timed yet: drafts fill the step up to COLD_STEP_TOKENS
     assert sum(cold.plan(4, 4, [(0.5, 8)] * 4, 508)) == COLD_STEP_TOKENS - 4
     assert cold.plan(20, 20, [(0.9, 8)], 492) == [0]
+
+
+def test_every_64th_step_explores_a_few_draft_tokens() -> None:
+    policy = DraftPolicy(cpu_costs())
+    chat = [(0.3, 8)] * 16
+    assert policy.plan(16, 16, chat, 496) == [0] * 16
+    steps = [policy.explore() for _ in range(2 * EXPLORE_EVERY)]
+    assert [i for i, e in enumerate(steps) if e] == [EXPLORE_EVERY - 1, 2 * EXPLORE_EVERY - 1]
+    assert sum(policy.plan(16, 16, chat, 496, explore=True)) == EXPLORE_TOKENS
 
 
 # -- the sampler's verification rule ------------------------------------------------------------------------

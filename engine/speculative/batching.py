@@ -28,14 +28,15 @@ class StepDrafts:
         wanting = [(s, c) for s, c in taken if isinstance(s, Sequence) and s.drafting is not None]
         if self.speculation is None or not wanting:
             return
+        explore = self.policy.explore()
         n_tokens = sum(len(chunk) for _, chunk in taken)
         n_emitting = sum(not seq.pending for seq, _ in taken if isinstance(seq, Sequence))
         rates = [self.policy.acceptance(seq.drafting.acceptance) for seq, _ in wanting if seq.drafting]
         lengths = [seq.draft_length(self._room(seq, chunk)) for seq, chunk in wanting]
-        caps = self.policy.plan(n_tokens, n_emitting, list(zip(rates, lengths, strict=True)), budget)
+        caps = self.policy.plan(n_tokens, n_emitting, list(zip(rates, lengths, strict=True)), budget, explore)
         drafts = [self._propose(seq, chunk, cap) for (seq, chunk), cap in zip(wanting, caps, strict=True)]
         proposed = [(a, len(d)) for a, d in zip(rates, drafts, strict=True)]
-        keep = self.policy.plan(n_tokens, n_emitting, proposed, budget)
+        keep = self.policy.plan(n_tokens, n_emitting, proposed, budget, explore)
         for (seq, _), draft, k in zip(wanting, drafts, keep, strict=True):
             n_min = seq.drafting.params.n_min if seq.drafting else 0
             seq.drafts = draft[:k] if k >= max(1, n_min) else []
