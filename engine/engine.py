@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+import numba
 import structlog
 
 from engine.api import ControlResult, EmbeddingRequest, EngineSnapshot, GenerationRequest
@@ -57,6 +58,7 @@ class EngineConfig:
     n_keep: int = 0  # tokens kept at the start by a context shift
     cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
+    n_threads: int = 0  # compute threads of the engine thread (Numba's are per thread); 0: Numba's default
     # Fault injection for the error-path tests (LLAMBA_FAIL_FORWARD, read by server/service.py): the
     # forward passes with these numbers (1 = the first after warm-up) raise as a failing kernel would.
     fail_forward: frozenset[int] = frozenset()
@@ -210,6 +212,8 @@ class Engine:
 
     def _run(self, warm_up: bool, ready: threading.Event) -> None:
         try:
+            if self.config.n_threads:
+                numba.set_num_threads(min(self.config.n_threads, numba.config.NUMBA_NUM_THREADS))
             if warm_up:
                 self._warm_up()
         finally:
@@ -251,6 +255,7 @@ class Engine:
         The snapshot is published before the forward pass too, so a client that holds a token of its
         request always finds the request's slot busy in /slots."""
         self.scheduler.admit()
+        start = time.perf_counter()
         planned = self.scheduler.build_batch()
         self._publish()
         if planned is None:
@@ -264,6 +269,8 @@ class Engine:
         except Exception as exc:
             raise ForwardFailed from exc
         self.scheduler.apply(out.logits, outputs, out.hidden)
+        if len(batch.output_rows) == batch.n_tokens:  # decode and draft tokens only: what drafts cost
+            self.scheduler.drafts.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
         self._n_steps += 1
         self._n_tokens += batch.n_tokens
 

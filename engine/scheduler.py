@@ -22,17 +22,12 @@ from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
 from engine.slots import Slot, SlotPool
 from engine.speculative import Speculation
+from engine.speculative.batching import StepDrafts
 from engine.text.reasoning import end_before_start
 from engine.text.tokenizer import Tokenizer
 
 ShiftKV = Callable[[int, int, int, int], None]
 Request = GenerationRequest | EmbeddingRequest
-
-# Drafts only fill a step up to this many tokens (decode tokens first): on the CPU a step stops being
-# cheap per token early (T=16 costs ~3.7-4.5x T=1, docs/performance.md), so with many sequences decoding
-# a verified draft token costs about what it saves. Measured with llamba-bench-serve --workload copy,
-# 16 streams, SmolLM2, n-gram drafts on every sequence: 0.94x the aggregate without speculation.
-SPEC_STEP_TOKENS = 17
 
 
 class Scheduler:
@@ -49,6 +44,7 @@ class Scheduler:
         self.pool = pool
         self.rank_head = rank_head  # the model's rerank classifier, for pooling rank
         self.speculation = speculation
+        self.drafts = StepDrafts(speculation, pool)  # the speculative part of each step
         self.tokenizer = tokenizer
         self.dry = DryVocabulary(tokenizer)  # DRY's breaker tables, built on first use, kept per set
         self.choices = Choices(pool, tokenizer, self.dry)  # `n` choices waiting for their leader
@@ -88,47 +84,33 @@ class Scheduler:
 
     # -- one step ----------------------------------------------------------------------------------
     def build_batch(self) -> tuple[Batch, list[Slot]] | None:
-        """The next batch and, in output-row order, the slots whose logits it returns."""
+        """The next batch and, in output-row order, the slots whose logits it returns: decode tokens
+        first, then prompt chunks, then the drafts worth verifying in what budget is left."""
         active = [s.seq for s in self.pool.busy() if s.seq is not None and not s.seq.held]
         active.sort(key=lambda seq: (not seq.generating, seq.t_start))
-        budget, parts, outputs = self.n_ubatch, [], []
-        drafts_left = max(0, SPEC_STEP_TOKENS - sum(seq.generating for seq in active))
-        self._prefilling, self._embedding = [], []
+        budget, taken = self.n_ubatch, []
         for seq in active:
             if budget <= 0:
                 break
-            if not seq.generating:
-                self._prefilling.append(seq)
-            slot = self.pool[seq.slot_id]
             chunk = seq.take(budget)
+            budget -= len(chunk)
+            taken.append((seq, chunk))
+        self._prefilling = [seq for seq, _ in taken if not seq.generating]
+        self._embedding, parts, outputs = [], [], []
+        self.drafts.add(taken, budget)
+        for seq, chunk in taken:
+            slot = self.pool[seq.slot_id]
             if isinstance(seq, EmbeddingSequence):
-                budget -= len(chunk)
                 parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none", want_hidden=True))
                 slot.tokens.extend(chunk)
                 self._embedding.append((slot, len(chunk)))
                 continue
-            seq.drafts = self._drafts(slot, seq, chunk, min(budget - len(chunk), drafts_left))
-            budget -= len(chunk) + len(seq.drafts)
-            drafts_left -= len(seq.drafts)
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
             parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want))
             slot.tokens.extend(chunk + seq.drafts)
             if not seq.pending:
                 outputs.append(slot)
         return (Batch.of(parts), outputs) if parts else None
-
-    def _drafts(self, slot: Slot, seq: Sequence, chunk: list[int], budget: int) -> list[int]:
-        """Speculative tokens to verify after `chunk` (a generating sequence's last token), if any."""
-        room = min(budget, self.pool.kv.n_ctx - len(slot.tokens) - len(chunk) - 2)
-        n = seq.draft_length(room) if self.speculation is not None and seq.drafting is not None else 0
-        if n <= 0 or self.speculation is None or seq.drafting is None:
-            return []
-        key, history = seq.request.request_id, slot.tokens + chunk
-        proposal = self.speculation.propose(key, history, seq.drafting.params, n)
-        if proposal is None:
-            return []
-        seq.drafting.source, draft = proposal
-        return draft
 
     def apply(self, logits: np.ndarray, outputs: list[Slot], hidden: np.ndarray | None = None) -> None:
         """Advance every sequence that got logits; release the finished, shift the full. `hidden`: the
@@ -154,7 +136,7 @@ class Scheduler:
         assert isinstance(seq, Sequence)
         full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
         events = seq.verify(rows, room=not full or self.shift_kv is not None)
-        self._keep_accepted(slot, seq)
+        self.drafts.settle(slot, seq)
         for event in events:
             seq.emit(event)
         if events[-1].finish_reason is not None:
@@ -172,21 +154,9 @@ class Scheduler:
                 slot.seq.emit(event)
                 self._finish(slot)
 
-    def _keep_accepted(self, slot: Slot, seq: Sequence) -> None:
-        """Drop the cells of refused draft tokens; tell the speculator how its draft fared."""
-        if not seq.drafts or self.speculation is None or seq.drafting is None:
-            return
-        keep = len(slot.tokens) - len(seq.drafts) + seq.drafts_accepted
-        del slot.tokens[keep:]
-        self.pool.kv.truncate(slot.id, keep)
-        history = slot.tokens[: keep - seq.drafts_accepted]
-        key = seq.request.request_id
-        self.speculation.accepted(seq.drafting.source, key, history, seq.drafts, seq.drafts_accepted)
-        seq.drafts = []
-
     def _finish(self, slot: Slot) -> None:
-        if self.speculation is not None and slot.seq is not None:
-            self.speculation.forget(slot.seq.request.request_id)
+        if slot.seq is not None:
+            self.drafts.forget(slot.seq.request.request_id)
         if isinstance(slot.seq, Sequence) and slot.seq.forks:
             for held in self.choices.drop_held(slot.seq, "cancelled"):
                 self.pool.release(held)

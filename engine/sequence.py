@@ -21,6 +21,7 @@ from engine.api import ControlResult, GenerationRequest, PromptProgress, Timings
 from engine.grammar import GrammarMatcher
 from engine.sampling import DryVocabulary, Sampler
 from engine.speculative import SpecParams
+from engine.speculative.policy import AcceptanceRate
 from engine.text.reasoning import ReasoningState, Split
 from engine.text.stop import StopMatcher
 from engine.text.tokenizer import IncrementalDecoder, Tokenizer
@@ -45,6 +46,9 @@ class Drafting:
     misses: int = 0  # consecutive drafts refused outright
     n_drafted: int = 0
     n_accepted: int = 0
+    # Its per-token acceptance, which the draft policy prices its next draft with (learnt in
+    # engine/speculative/batching.py `StepDrafts.settle`, with the engine-wide rate as prior).
+    acceptance: AcceptanceRate = field(default_factory=AcceptanceRate)
 
     def __post_init__(self) -> None:
         self.length = self.params.n_max

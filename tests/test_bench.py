@@ -423,3 +423,98 @@ def test_tiny_real_markdown_run(capsys: pytest.CaptureFixture) -> None:
     rows = [line for line in out.splitlines() if line.startswith("| llama")]
     assert [row.split("|")[6].strip() for row in rows] == ["pp8 @ d4", "tg2 x2 @ d4", "pp4+tg2 @ d4"]
     assert all(float(row.split("|")[7].split("±")[0]) > 0 for row in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Speculative tg tests (Llamba's addition, llama-server's flag names)
+
+
+def test_spec_flags_sweep_tg_tests_only() -> None:
+    p = parse_args(["-p", "16", "-n", "32", "--spec-type", "none,ngram-simple", "--draft-max", "4,8"])
+    tests = plan(p)
+    assert [t.name for t in tests] == ["pp16"] + ["tg32 copy"] * 4
+    assert [(t.draft_max, t.spec_type) for t in tests[1:]] == [
+        (4, "none"),
+        (4, "ngram-simple"),
+        (8, "none"),
+        (8, "ngram-simple"),
+    ]
+    assert tests[0].spec_type == "" and tests[1].spec is None
+    spec = tests[2].spec
+    assert spec is not None and (spec.types, spec.n_max, spec.n_min, spec.ngram_n) == (
+        ("ngram-simple",),
+        4,
+        0,
+        12,
+    )
+    chat = plan(parse_args(["-p", "0", "-n", "8", "--spec-type", "ngram-cache", "--spec-prompt", "chat"]))
+    assert [(t.name, t.spec_prompt) for t in chat] == [("tg8 chat", "chat")]
+    drafted = parse_args(["-md", "smollm2", "-p", "0"])  # -md alone: draft-simple, as in llama-server
+    assert drafted.spec_types == ("draft-simple",) and drafted.model_draft == "smollm2"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--draft-max", "8"], "--draft-max needs --spec-type"),
+        (["--spec-prompt", "copy"], "--spec-prompt needs --spec-type"),
+        (["--spec-type", "eagle"], "--spec-type 'eagle' is not supported"),
+        (["--spec-type", "draft-simple"], "needs a draft model"),
+        (["--spec-type", "ngram-simple", "--spec-prompt", "poem"], "--spec-prompt 'poem'"),
+        (["--spec-type", "ngram-simple", "-d", "64"], "-d does not apply"),
+        (["--spec-type", "ngram-simple", "--draft-min", "9", "--draft-max", "4"], "n_min"),
+    ],
+)
+def test_bad_spec_flags_are_refused(argv: list[str], says: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_spec_results_show_their_settings_and_drafts() -> None:
+    params = _params("-p", "0", "-n", "128", "--spec-type", "none,ngram-simple", "--spec-ngram-size-n", "4")
+    info = _results()[0].model
+    base, spec = (BenchResult(t, info, "2025-01-01T00:00:00Z", [1_000_000_000]) for t in plan(params))
+    spec.draft_n, spec.draft_accepted = 90, 60
+    out = io.StringIO()
+    printer = PRINTERS["md"](out, params)
+    for r in (base, spec):
+        printer.row(r)
+    header, _, *rows = out.getvalue().splitlines()
+    names = [c.strip() for c in header.split("|")[1:-1]]
+    assert names[4:] == ["threads", "spec_type", "ngram_n", "test", "t/s", "draft_n", "accepted"]
+    assert [c.strip() for c in rows[1].split("|")[1:-1]][5:] == [
+        "ngram-simple",
+        "4",
+        "tg128 copy",
+        "128.00 ± 0.00",
+        "90",
+        "60",
+    ]
+    assert [c.strip() for c in rows[0].split("|")[1:-1]][-2:] == ["0", "0"]  # the baseline drafts nothing
+    out = io.StringIO()
+    printer = PRINTERS["json"](out, params)
+    printer.begin()
+    printer.row(spec)
+    printer.end()
+    (obj,) = json.loads(out.getvalue())
+    assert (obj["spec_type"], obj["draft_max"], obj["spec_ngram_size_n"], obj["spec_prompt"]) == (
+        "ngram-simple",
+        16,
+        4,
+        "copy",
+    )
+    assert (obj["draft_n"], obj["draft_n_accepted"]) == (90, 60)
+
+
+def test_tiny_real_speculative_run(capsys: pytest.CaptureFixture) -> None:
+    """SmolLM2 repeating code: the n-gram drafts are verified and many accepted; the baseline drafts none."""
+    argv = ["-p", "0", "-n", "48", "-r", "1", "-o", "json", "--spec-type", "none,ngram-simple"]
+    status = main([*argv, "--spec-ngram-size-n", "4", "--draft-max", "8"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    base, spec = json.loads(captured.out)
+    assert (base["spec_type"], base["draft_n"]) == ("none", 0)
+    assert spec["spec_type"] == "ngram-simple" and spec["n_gen"] == 48
+    assert 0 < spec["draft_n_accepted"] <= spec["draft_n"]
+    assert base["avg_ts"] > 0 and spec["avg_ts"] > 0

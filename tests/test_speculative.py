@@ -21,6 +21,14 @@ from engine.speculative import SpecParams
 from engine.speculative.block import ReplayDrafter
 from engine.speculative.draft import DraftModelError, check_vocabulary
 from engine.speculative.ngram import NgramCache, NgramMapK, NgramSimple, last_match_end
+from engine.speculative.policy import (
+    COLD_STEP_TOKENS,
+    EXPLORE_EVERY,
+    EXPLORE_TOKENS,
+    AcceptanceRate,
+    DraftPolicy,
+    StepCosts,
+)
 
 # -- speculators ----------------------------------------------------------------------------------------
 
@@ -71,6 +79,82 @@ def test_drafting_grows_shrinks_and_pauses() -> None:
 def test_bad_speculative_settings_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         SpecParams(("ngram-simple",), **bad)
+
+
+# -- the draft policy (pure: step costs and acceptance given, no model) ----------------------------------
+
+
+def cpu_costs(ms_first: float = 4.5, ms_per_token: float = 0.75, sizes: range = range(1, 40)) -> StepCosts:
+    """Step times shaped like this CPU's SmolLM2 steps: T=16 costs ~3.5x T=1 (docs/performance.md)."""
+    costs = StepCosts()
+    for t in sizes:
+        costs.observe(t, (ms_first + ms_per_token * (t - 1)) / 1e3)
+    return costs
+
+
+def test_step_costs_interpolate_extrapolate_and_average() -> None:
+    costs = StepCosts()
+    assert not costs.known
+    costs.observe(1, 0.004)
+    assert not costs.known  # one size: no slope yet
+    costs.observe(9, 0.012)
+    estimate = costs.estimate(np.array([1, 5, 9, 17]))
+    assert np.allclose(estimate, [0.004, 0.008, 0.012, 0.020])  # linear between, the fitted slope beyond
+    costs.observe(9, 0.020)  # the second time of a size is averaged in; later ones move it by ALPHA
+    assert costs.estimate(np.array([9]))[0] == pytest.approx(0.016)
+    for _ in range(200):
+        costs.observe(9, 0.010)
+    assert costs.estimate(np.array([9]))[0] == pytest.approx(0.010, rel=1e-3)
+    falling = StepCosts()
+    falling.observe(2, 0.010)
+    falling.observe(3, 0.008)  # noise: a larger step timed faster
+    assert falling.estimate(np.array([30]))[0] == pytest.approx(0.008)  # the slope is never negative
+
+
+def test_acceptance_counts_the_first_refusal_and_forgets_slowly() -> None:
+    rate = AcceptanceRate()
+    assert rate.rate(0.5) == 0.5  # nothing verified yet: the prior
+    rate.learn(4, 4)  # four accepted, none refused: four successes
+    rate.learn(4, 1)  # one accepted, then a refusal (the last two never tested): two trials
+    assert rate.rate(0.5, weight=0.0) == pytest.approx((0.9 * 4 + 1) / (0.9 * 4 + 2))
+    for _ in range(50):
+        rate.learn(4, 0)
+    assert rate.rate(0.5) < 0.1
+
+
+def test_one_stream_drafts_as_far_as_it_pays() -> None:
+    policy = DraftPolicy(cpu_costs())
+    good, poor = policy.plan(1, 1, [(0.9, 16)], 511), policy.plan(1, 1, [(0.2, 16)], 511)
+    assert good[0] >= 6  # a draft token costs ~1/6 of the step and is accepted 9 times in 10
+    assert 1 <= poor[0] < good[0]
+    assert policy.plan(1, 1, [(0.9, 16)], 3) == [3]  # never beyond the batch budget
+
+
+def test_sixteen_streams_draft_only_what_is_nearly_sure() -> None:
+    policy = DraftPolicy(cpu_costs())
+    chat = [(0.5, 8)] * 16  # a draft token costs ~0.75 of a decode token's share of the step
+    assert policy.plan(16, 16, chat, 496) == [0] * 16
+    copy = [(0.5, 8)] * 15 + [(0.97, 8)]
+    planned = policy.plan(16, 16, copy, 496)
+    assert planned[:15] == [0] * 15 and planned[15] >= 1
+
+
+def test_drafts_are_taken_best_first_and_the_cold_start_keeps_the_old_cap() -> None:
+    policy = DraftPolicy(cpu_costs())
+    lengths = policy.plan(2, 2, [(0.6, 8), (0.95, 8)], 510)
+    assert lengths[1] > lengths[0] > 0
+    cold = DraftPolicy()  # no step timed yet: drafts fill the step up to COLD_STEP_TOKENS
+    assert sum(cold.plan(4, 4, [(0.5, 8)] * 4, 508)) == COLD_STEP_TOKENS - 4
+    assert cold.plan(20, 20, [(0.9, 8)], 492) == [0]
+
+
+def test_every_64th_step_explores_a_few_draft_tokens() -> None:
+    policy = DraftPolicy(cpu_costs())
+    chat = [(0.3, 8)] * 16
+    assert policy.plan(16, 16, chat, 496) == [0] * 16
+    steps = [policy.explore() for _ in range(2 * EXPLORE_EVERY)]
+    assert [i for i, e in enumerate(steps) if e] == [EXPLORE_EVERY - 1, 2 * EXPLORE_EVERY - 1]
+    assert sum(policy.plan(16, 16, chat, 496, explore=True)) == EXPLORE_TOKENS
 
 
 # -- the sampler's verification rule ------------------------------------------------------------------------
@@ -228,12 +312,30 @@ def gemma_prompt(llm: LLM, text: str) -> list[int]:
     return llm.tokenizer.encode(turn, True, True)
 
 
+class FreeDrafts(StepCosts):
+    """Step costs that price draft tokens at nothing (a GPU's flat curve at small batches): the policy then
+    verifies every draft, so a test of verification does not depend on this CPU's step times."""
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        pass
+
+    @property
+    def known(self) -> bool:
+        return True
+
+    def estimate(self, n_tokens: np.ndarray) -> np.ndarray:
+        return np.ones(len(n_tokens))
+
+
 def test_a_weaker_draft_model_keeps_the_output(smollm2_llm: LLM, plain_outputs: list[list[int]]) -> None:
     """The target with half its layers as the draft: some drafts refused, the output unchanged."""
     weak = LLM.load("smollm2")
     weak.model.layers = weak.model.layers[:15]
     weak.model.hp = replace(weak.model.hp, n_layer=15)
     engine = Engine(smollm2_llm, EngineConfig(n_slots=4, n_ctx=4 * 1024), draft=weak)
+    # Priced by this CPU's steps, a draft model half the target's size is not worth its passes and the
+    # policy soon stops asking it: free drafts keep it drafting, refused or not.
+    engine.scheduler.drafts.policy.costs = FreeDrafts()
     engine.start()
     try:
         spec = SpecParams(("draft-simple",), n_max=6, p_min=0.3)
@@ -280,17 +382,21 @@ def test_sampled_tokens_follow_the_same_distribution(smollm2_llm: LLM) -> None:
     engine = Engine(smollm2_llm, EngineConfig(n_slots=4, n_ctx=4 * 256))
     guess = ReplayDrafter(prompt, smollm2_llm.generate_greedy([prompt], 3)[0])
     engine.scheduler.speculation.speculators["replay"] = guess
+    engine.scheduler.drafts.policy.costs = FreeDrafts()  # every draft verified, however often refused
     engine.start()
     try:
-        pairs = {}
+        pairs, verified = {}, 0
         for name, spec in (("plain", None), ("drafted", SpecParams(("replay",), n_max=2))):
             requests = [
                 GenerationRequest(prompt, SamplingParams(temperature=1.0, seed=s), 3, speculative=spec)
                 for s in range(2000)
             ]
-            pairs[name] = Counter(tuple(tokens(e)[:2]) for e in asyncio.run(generate(engine, requests)))
+            runs = asyncio.run(generate(engine, requests))
+            pairs[name] = Counter(tuple(tokens(e)[:2]) for e in runs)
+            verified += sum(e[-1].timings.draft_n for e in runs)
     finally:
         engine.stop()
+    assert verified > 0  # drafts were verified (after a first pick that matched the guess)
     keys = sorted(set(pairs["plain"]) | set(pairs["drafted"]))
     plain = np.array([pairs["plain"][k] for k in keys], float)
     drafted = np.array([pairs["drafted"][k] for k in keys], float)

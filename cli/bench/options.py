@@ -8,12 +8,17 @@ Tests (each repeated -r times after an untimed warm-up, the KV cache emptied bef
   tgN xB   Llamba's addition (--batch-seqs B): B sequences decoded together, one token each per step,
            each first given its own small prompt (or the depth context); tokens/s is the aggregate B*N/time,
            what continuous batching gains over one sequence at a time.
+  tgN copy Llamba's speculative mode (--spec-type, llama-server's flag names; `none` for the baseline):
+           N greedy tokens generated through the engine after a prompt whose answer repeats text
+           (--spec-prompt copy, or chat: an ordinary question), the prompt cached beforehand so only
+           generation is timed; draft_n and accepted count the draft tokens verified and accepted.
 Load time and time to first token go to stderr, so cold and warm starts can be read off.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import re
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.kv_types import cache_type
+from engine.speculative import SPEC_TYPES, SpecParams
 
 PROG = "llamba-bench"
 FORMATS = ("md", "csv", "json", "jsonl", "sql")
@@ -31,6 +37,7 @@ DEFAULT_N_BATCH = [2048]
 DEFAULT_N_UBATCH = [512]
 # Prompt of each sequence of a batched tg test at depth 0, so the sequences hold distinct contexts.
 SEQ_PROMPT_TOKENS = 8
+SPEC_PROMPTS = ("copy", "chat")  # the speculative tg tests' prompts (cli/bench/spec.py)
 
 # llama-bench options that make no sense here (GPU offload, NUMA, Hugging Face, ...): a clear
 # error instead of argparse's guess (-ngl would otherwise read as -n gl).
@@ -96,6 +103,13 @@ class BenchParams:
     device: str = "cpu"  # auto | cpu | cuda (engine.backend.select_backend)
     type_k: tuple[str, ...] = ("f16",)  # KV cache cell types (engine/kv_types.py), as llama-bench's -ctk
     type_v: tuple[str, ...] = ("f16",)
+    # Speculative tg tests (empty spec_types: none). Lists are swept like the other test parameters.
+    spec_types: tuple[str, ...] = ()
+    draft_max: tuple[int, ...] = (16,)
+    draft_min: tuple[int, ...] = (0,)
+    ngram_n: tuple[int, ...] = (12,)
+    spec_prompts: tuple[str, ...] = ("copy",)
+    model_draft: str | None = None
 
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?")
@@ -175,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     names = {"action": "extend", "type": _parse_names, "metavar": "TYPE"}
     lists.add_argument("-ctk", "--cache-type-k", **names, help="KV cache key type: f16, q8_0 (default: f16)")
     lists.add_argument("-ctv", "--cache-type-v", **names, help="KV cache value type (default: f16)")
+    spec = p.add_argument_group("speculative decoding (Llamba's addition: tg tests through the engine)")
+    spec.add_argument("--spec-type", **names, help="none, " + ", ".join(SPEC_TYPES) + " (a list sweeps)")
+    spec.add_argument("--draft-max", "--draft", "--draft-n", **ints, help="most draft tokens (default: 16)")
+    spec.add_argument("--draft-min", "--draft-n-min", **ints, help="shortest draft verified (default: 0)")
+    spec.add_argument("--spec-ngram-size-n", **ints, help="n-gram looked up (default: 12)")
+    spec.add_argument("--spec-prompt", **names, help="copy (the answer repeats the prompt) or chat")
+    spec.add_argument("-md", "--model-draft", metavar="NAME|PATH", help="draft model (draft-simple)")
     p.add_argument("-dev", "--device", choices=("auto", "cpu", "cuda"), default="cpu", help="default: cpu")
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N", help="repetitions (default: 5)")
     p.add_argument("-o", "--output", choices=(*FORMATS, "none"), default="md", help="stdout format")
@@ -231,6 +252,7 @@ def parse_args(argv: list[str] | None = None) -> BenchParams:
         type_k=tuple(a.cache_type_k or ["f16"]),
         type_v=tuple(a.cache_type_v or ["f16"]),
     )
+    params = _spec_params(parser, a, params)
     for name in (*params.type_k, *params.type_v):
         try:
             cache_type(name)
@@ -251,6 +273,42 @@ def parse_args(argv: list[str] | None = None) -> BenchParams:
     return params
 
 
+def _spec_params(parser: argparse.ArgumentParser, a: argparse.Namespace, params: BenchParams) -> BenchParams:
+    """The speculative flags, checked: -md alone means draft-simple (as in llama-server), and a draft
+    setting without --spec-type is an error rather than ignored."""
+    types = a.spec_type or (["draft-simple"] if a.model_draft else [])
+    settings = {"--draft-max": a.draft_max, "--draft-min": a.draft_min}
+    settings |= {"--spec-ngram-size-n": a.spec_ngram_size_n, "--spec-prompt": a.spec_prompt}
+    given = [name for name, value in settings.items() if value]
+    if given and not types:
+        parser.error(f"{given[0]} needs --spec-type")
+    unknown = [t for t in types if t not in ("none", *SPEC_TYPES)]
+    if unknown:
+        parser.error(f"--spec-type {unknown[0]!r} is not supported (known: none, {', '.join(SPEC_TYPES)})")
+    if "draft-simple" in types and not a.model_draft:
+        parser.error("--spec-type draft-simple needs a draft model: -md/--model-draft NAME|PATH")
+    bad = [name for name in a.spec_prompt or () if name not in SPEC_PROMPTS]
+    if bad:
+        parser.error(f"--spec-prompt {bad[0]!r}: expected one of {', '.join(SPEC_PROMPTS)}")
+    if types and any(params.n_depth):
+        parser.error("-d does not apply to speculative tg tests: their context is the --spec-prompt")
+    spec = dataclasses.replace(
+        params,
+        spec_types=tuple(types),
+        model_draft=a.model_draft,
+        draft_max=tuple(a.draft_max or params.draft_max),
+        draft_min=tuple(a.draft_min or params.draft_min),
+        ngram_n=tuple(a.spec_ngram_size_n or params.ngram_n),
+        spec_prompts=tuple(a.spec_prompt or params.spec_prompts),
+    )
+    for n_max, n_min, n in itertools.product(spec.draft_max, spec.draft_min, spec.ngram_n):
+        try:
+            SpecParams(("ngram-simple",), n_max=n_max, n_min=n_min, ngram_n=n)
+        except ValueError as exc:
+            parser.error(str(exc))
+    return spec
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Test plan
 
@@ -269,6 +327,18 @@ class Instance:
     n_seqs: int = 1
     type_k: str = "f16"
     type_v: str = "f16"
+    spec_type: str = ""  # a speculative tg test ("none": its baseline); "": an ordinary test
+    draft_max: int = 16
+    draft_min: int = 0
+    ngram_n: int = 12
+    spec_prompt: str = ""
+
+    @property
+    def spec(self) -> SpecParams | None:
+        """A speculative test's request settings (None: speculation off)."""
+        if self.spec_type in ("", "none"):
+            return None
+        return SpecParams((self.spec_type,), self.draft_max, self.draft_min, ngram_n=self.ngram_n)
 
     @property
     def name(self) -> str:
@@ -282,6 +352,8 @@ class Instance:
             name += f" x{self.n_seqs}"
         if self.n_depth:
             name += f" @ d{self.n_depth}"
+        if self.spec_type:
+            name += f" {self.spec_prompt}"
         return name
 
     @property
@@ -305,11 +377,22 @@ def plan(params: BenchParams) -> list[Instance]:
         common = {"model": model, "n_depth": nd, "n_batch": nb, "n_ubatch": nub, "n_threads": nt}
         common |= {"type_k": tk, "type_v": tv}
         tests += [Instance(n_prompt=n, n_gen=0, **common) for n in params.n_prompt if n > 0]
-        tests += [
+        tg = [
             Instance(n_prompt=0, n_gen=n, n_seqs=b, **common)
             for n in params.n_gen
             if n > 0
             for b in params.batch_seqs
         ]
+        tests += [spec for t in tg for spec in _speculative(t, params)] if params.spec_types else tg
         tests += [Instance(n_prompt=pp, n_gen=tg, **common) for pp, tg in params.n_pg if pp or tg]
     return tests
+
+
+def _speculative(test: Instance, p: BenchParams) -> list[Instance]:
+    """A tg test once per speculative setting (the speculation type innermost, so `none` and a type
+    are side by side)."""
+    settings = itertools.product(p.spec_prompts, p.draft_max, p.draft_min, p.ngram_n, p.spec_types)
+    return [
+        dataclasses.replace(test, spec_prompt=pr, draft_max=dmax, draft_min=dmin, ngram_n=n, spec_type=t)
+        for pr, dmax, dmin, n, t in settings
+    ]

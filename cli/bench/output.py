@@ -115,6 +115,18 @@ def _cell(text: str, width: int) -> str:
     return f" {text:<{-width}} |" if width < 0 else f" {text:>{width}} |"
 
 
+def _spec_columns(p: BenchParams) -> list[Column]:
+    """The speculative settings: the type always, the draft flags when swept or not at their defaults."""
+    cols = [Column("spec_type", -12, lambda r: r.inst.spec_type)]
+    if p.draft_max != (16,):
+        cols.append(Column("draft_max", 9, lambda r: str(r.inst.draft_max) if r.inst.spec_type else ""))
+    if p.draft_min != (0,):
+        cols.append(Column("draft_min", 9, lambda r: str(r.inst.draft_min) if r.inst.spec_type else ""))
+    if p.ngram_n != (12,):
+        cols.append(Column("ngram_n", 7, lambda r: str(r.inst.ngram_n) if r.inst.spec_type else ""))
+    return cols
+
+
 class MarkdownPrinter(Printer):
     """llama-bench's table: fixed columns, plus a column for each parameter swept or set to a non-default."""
 
@@ -139,8 +151,13 @@ class MarkdownPrinter(Printer):
             cols.append(Column("type_k", 6, lambda r: r.inst.type_k))
         if p.type_v != ("f16",):
             cols.append(Column("type_v", 6, lambda r: r.inst.type_v))
+        if p.spec_types:
+            cols += _spec_columns(p)
         cols.append(Column("test", 15, lambda r: r.inst.name))
         cols.append(Column("t/s", 20, lambda r: f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"))
+        if p.spec_types:
+            cols.append(Column("draft_n", 7, lambda r: str(r.draft_n) if r.inst.spec_type else ""))
+            cols.append(Column("accepted", 8, lambda r: str(r.draft_accepted) if r.inst.spec_type else ""))
         return cols
 
     def header(self, backend: str) -> None:

@@ -35,6 +35,8 @@ class BenchResult:
     model: ModelInfo
     test_time: str
     samples_ns: list[int] = field(default_factory=list)
+    draft_n: int = 0  # speculative tests: draft tokens verified per repetition, and accepted
+    draft_accepted: int = 0
 
     @property
     def samples_ts(self) -> list[float]:
@@ -69,7 +71,8 @@ def _stddev(values: list[int] | list[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-# Field name and type, in output order: llama-bench's names where they apply, plus n_seqs.
+# Field name and type, in output order: llama-bench's names where they apply, plus n_seqs and the
+# speculative tests' settings and counts.
 FIELDS: tuple[tuple[str, type], ...] = (
     ("build_commit", str),
     ("cpu_info", str),
@@ -88,6 +91,13 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("n_gen", int),
     ("n_depth", int),
     ("n_seqs", int),
+    ("spec_type", str),  # Llamba's speculative tg tests (llama-server's flag names); "" elsewhere
+    ("draft_max", int),
+    ("draft_min", int),
+    ("spec_ngram_size_n", int),
+    ("spec_prompt", str),
+    ("draft_n", int),
+    ("draft_n_accepted", int),
     ("test_time", str),
     ("avg_ns", int),
     ("stddev_ns", int),
@@ -118,6 +128,13 @@ def record(r: BenchResult) -> dict[str, str | int | float]:
         "n_gen": i.n_gen,
         "n_depth": i.n_depth,
         "n_seqs": i.n_seqs,
+        "spec_type": i.spec_type,
+        "draft_max": i.draft_max if i.spec_type else 0,
+        "draft_min": i.draft_min if i.spec_type else 0,
+        "spec_ngram_size_n": i.ngram_n if i.spec_type else 0,
+        "spec_prompt": i.spec_prompt,
+        "draft_n": r.draft_n,
+        "draft_n_accepted": r.draft_accepted,
         "test_time": r.test_time,
         "avg_ns": r.avg_ns,
         "stddev_ns": r.stddev_ns,

@@ -37,8 +37,11 @@ def set_threads(n: int) -> int:
 class Runner:
     """Runs tests on one loaded model and remembers how long its very first forward pass took."""
 
-    def __init__(self, llm: LLM, log: Callable[[str], None], params: BenchParams) -> None:
+    def __init__(
+        self, llm: LLM, log: Callable[[str], None], params: BenchParams, draft: LLM | None = None
+    ) -> None:
         self.llm = llm
+        self.draft = draft  # -md: the draft model of draft-simple tests
         self.log = log
         self.params = params
         self.rng = np.random.default_rng(RANDOM_SEED)
@@ -98,6 +101,19 @@ class Runner:
         return steps
 
     # -- one test ----------------------------------------------------------------------------------------
+
+    def result(self, inst: Instance, info: ModelInfo, index: int, total: int) -> BenchResult:
+        """Run one test: its repetitions' times (and a speculative test's draft counts)."""
+        result = BenchResult(inst, info, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        if not inst.spec_type:
+            result.samples_ns = self.run(inst, index, total)
+            return result
+        from cli.bench.spec import run_speculative  # the engine: only for speculative tests
+
+        spec = run_speculative(self.llm, self.draft, inst, self.params.reps, not self.params.no_warmup)
+        result.samples_ns = spec.samples_ns
+        result.draft_n, result.draft_accepted = spec.draft_n, spec.draft_accepted
+        return result
 
     def build_context(self, kv: KVCache, inst: Instance) -> None:
         """The untimed part before each run: the depth prefill, or each batched sequence's own prompt."""
@@ -221,7 +237,7 @@ def run(
             continue
         log(f"{label}: loaded {llm.path.name} in {load_s:.2f} s ({llm.backend.name})")
         info = ModelInfo.of(llm)
-        runner = Runner(llm, log, params)
+        runner = Runner(llm, log, params, _load_draft(params, llm, load, group[0].n_threads, log))
         warned: set[int] = set()
         for inst in group:
             index += 1
@@ -232,9 +248,8 @@ def run(
                 warned.add(inst.n_threads)
                 log(f"warning: {inst.n_threads} threads requested, Numba's pool has {used}; running {used}")
             inst = dataclasses.replace(inst, n_threads=used)
-            result = BenchResult(inst, info, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             first = runner.first_forward is None
-            result.samples_ns = runner.run(inst, index, len(tests))
+            result = runner.result(inst, info, index, len(tests))
             if first and runner.first_forward is not None:
                 log_first_token(log, label, runner.first_forward, load_start + load_s, started)
             if params.verbose:
@@ -244,6 +259,20 @@ def run(
     for printer in printers:
         printer.end()
     return 1 if failed else 0
+
+
+def _load_draft(
+    params: BenchParams, llm: LLM, load: Loader, n_threads: int, log: Callable[[str], None]
+) -> LLM | None:
+    """The draft model of draft-simple tests (-md), checked against the target's vocabulary."""
+    if params.model_draft is None:
+        return None
+    from engine.speculative.draft import check_vocabulary
+
+    draft = load(params.model_draft, n_threads)
+    check_vocabulary(draft, llm)
+    log(f"draft: loaded {draft.path.name}")
+    return draft
 
 
 def log_first_token(

@@ -90,15 +90,16 @@ class Speculation:
             stats.calls += 1
             draft = self.speculators[name].propose(key, history, params, n)[:n]
             if draft and len(draft) >= max(params.n_min, 1):
-                stats.drafts += 1
-                stats.proposed += len(draft)
                 return name, draft
         return None
 
     def accepted(
         self, name: str, key: str, history: Sequence[int], draft: list[int], n_accepted: int
     ) -> None:
-        self._stats(name).accepted += n_accepted
+        stats = self._stats(name)  # counted once verified: the draft policy may verify only part of it
+        stats.drafts += 1
+        stats.proposed += len(draft)
+        stats.accepted += n_accepted
         self.speculators[name].accepted(key, history, draft, n_accepted)
 
     def forget(self, key: str) -> None:
