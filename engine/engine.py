@@ -28,12 +28,14 @@ from engine.handle import RequestHandle
 from engine.kv import CacheTypes
 from engine.kv_types import cache_type
 from engine.llm import LLM
+from engine.models.llama import ForwardOutput
 from engine.prompt_cache import PromptCache, mib_to_bytes
 from engine.scheduler import Scheduler
 from engine.slot_files import ModelIdentity, slot_action
 from engine.slots import SlotPool
 from engine.speculative.draft import DraftModel
 from engine.speculative.setup import speculation
+from engine.threads import ThreadTuner
 
 log = structlog.get_logger("engine")
 T = TypeVar("T")
@@ -59,6 +61,7 @@ class EngineConfig:
     cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
     n_threads: int = 0  # compute threads of the engine thread (Numba's are per thread); 0: Numba's default
+    adaptive_threads: bool = True  # fewer threads while other programs take the cores (engine/threads.py)
     # Fault injection for the error-path tests (LLAMBA_FAIL_FORWARD, read by server/service.py): the
     # forward passes with these numbers (1 = the first after warm-up) raise as a failing kernel would.
     fail_forward: frozenset[int] = frozenset()
@@ -108,6 +111,9 @@ class Engine:
         self._ids = itertools.count()
         self._n_steps = 0  # forward passes run
         self._n_tokens = 0  # tokens they processed
+        threads = min(config.n_threads or numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS)
+        adaptive = config.adaptive_threads and threads > 1 and llm.backend.name == "CPU"
+        self.threads = ThreadTuner(threads) if adaptive else None
 
     @property
     def n_ctx_slot(self) -> int:
@@ -265,7 +271,7 @@ class Engine:
             if self._n_steps + 1 in self.config.fail_forward:
                 self._n_steps += 1
                 raise RuntimeError(f"injected failure of forward pass {self._n_steps} (LLAMBA_FAIL_FORWARD)")
-            out = self.llm.model.run(batch, self.kv)
+            out = self._forward(batch)
         except Exception as exc:
             raise ForwardFailed from exc
         self.scheduler.apply(out.logits, outputs, out.hidden)
@@ -273,6 +279,16 @@ class Engine:
             self.scheduler.drafts.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
         self._n_steps += 1
         self._n_tokens += batch.n_tokens
+
+    def _forward(self, batch: Batch) -> ForwardOutput:
+        if self.threads is None:
+            return self.llm.model.run(batch, self.kv)
+        n_threads = self.threads.choose(batch.n_tokens)
+        numba.set_num_threads(n_threads)
+        start = time.perf_counter()
+        out = self.llm.model.run(batch, self.kv)
+        self.threads.observe(n_threads, batch.n_tokens, time.perf_counter() - start)
+        return out
 
     def _publish(self) -> None:
         waiting = len(self.scheduler.waiting)

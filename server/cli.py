@@ -82,6 +82,7 @@ class Settings(BaseModel):
     batch_size: int = 2048
     ubatch_size: int = 512
     threads: int | None = None
+    adaptive_threads: bool = True  # --no-adaptive-threads: always -t threads, even on a busy machine
     n_predict: int = -1
     host: str = "127.0.0.1"
     port: int = 8080
@@ -249,6 +250,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add("-b", "--batch-size", type=int, default=2048)
     add("-ub", "--ubatch-size", type=int, default=512)
     add("-t", "--threads", type=int, default=None)
+    busy = "always compute on -t threads (by default a step runs on one while others take the cores)"
+    add("--no-adaptive-threads", dest="adaptive_threads", action="store_false", help=busy)
     add("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1)
     lock_help = "mlock, mmap+mlock: lock the weights in RAM"
     add("-lm", "--load-mode", choices=LOAD_MODES, default="auto", help=lock_help)

@@ -189,6 +189,8 @@ class ModelService:
             cache_type_k=s.cache_type_k,
             cache_type_v=s.cache_type_v,
             fail_forward=_injected_failures(),
+            n_threads=s.threads or 0,
+            adaptive_threads=s.adaptive_threads,
         )
         draft = None
         if s.model_draft:  # draft-simple speculation: refused at start-up if it speaks another vocabulary
