@@ -28,14 +28,13 @@ from engine.handle import RequestHandle
 from engine.kv import CacheTypes
 from engine.kv_types import cache_type
 from engine.llm import LLM
-from engine.models.llama import ForwardOutput
 from engine.prompt_cache import PromptCache, mib_to_bytes
 from engine.scheduler import Scheduler
 from engine.slot_files import ModelIdentity, slot_action
 from engine.slots import SlotPool
 from engine.speculative.draft import DraftModel
 from engine.speculative.setup import speculation
-from engine.threads import ThreadTuner
+from engine.threads import tuner_for
 
 log = structlog.get_logger("engine")
 T = TypeVar("T")
@@ -111,9 +110,7 @@ class Engine:
         self._ids = itertools.count()
         self._n_steps = 0  # forward passes run
         self._n_tokens = 0  # tokens they processed
-        threads = min(config.n_threads or numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS)
-        adaptive = config.adaptive_threads and threads > 1 and llm.backend.name == "CPU"
-        self.threads = ThreadTuner(threads) if adaptive else None
+        self.threads = tuner_for(config.n_threads, config.adaptive_threads, llm.backend.name)
 
     @property
     def n_ctx_slot(self) -> int:
@@ -121,12 +118,9 @@ class Engine:
 
     # -- thread-safe public surface ----------------------------------------------------------------
     def start(self, warm_up: bool = True) -> None:
-        """Start the engine thread; returns once it is ready for requests (kernels compiled or loaded).
-
-        The warm-up runs on the engine thread itself: OpenMP gives every thread that enters a parallel
-        region its own worker team, and with two teams on two cores libgomp throttles its spinning
-        (measured: decode 4.7 -> 12 ms a step).
-        """
+        """Start the engine thread; returns once it is ready for requests (kernels compiled or loaded). The
+        warm-up runs on the engine thread itself: OpenMP gives every thread that enters a parallel region its
+        own worker team, and with two teams on two cores libgomp throttles its spin (4.7 -> 12 ms a step)."""
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(warm_up, ready), name="llamba-engine", daemon=True
@@ -231,20 +225,16 @@ class Engine:
                 commands, self._commands = self._commands, []
                 stopping = self._stopping
             for fn in commands:
-                self._run_command(fn)
+                try:
+                    fn()
+                except Exception as exc:  # a failed command must not end the engine thread
+                    log.exception("engine.command_failed", error=str(exc))
             if stopping:
                 self.scheduler.cancel_all("cancelled")
                 self._publish()
                 return
             self._guarded_step()
             self._publish()
-
-    @staticmethod
-    def _run_command(fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception as exc:  # a failed command must not end the engine thread
-            log.exception("engine.command_failed", error=str(exc))
 
     def _guarded_step(self) -> None:
         """One step; an exception must not kill the engine thread and hang every client (end_failed)."""
@@ -256,10 +246,8 @@ class Engine:
             end_failed(self.scheduler, f"{type(cause).__name__}: {cause}", isinstance(exc, ForwardFailed))
 
     def _step(self) -> None:
-        """Admit, run one batch and advance its sequences.
-
-        The snapshot is published before the forward pass too, so a client that holds a token of its
-        request always finds the request's slot busy in /slots."""
+        """Admit, run one batch and advance its sequences. The snapshot is published before the forward pass
+        too, so a client that holds a token of its request always finds the request's slot busy in /slots."""
         self.scheduler.admit()
         start = time.perf_counter()
         planned = self.scheduler.build_batch()
@@ -271,7 +259,8 @@ class Engine:
             if self._n_steps + 1 in self.config.fail_forward:
                 self._n_steps += 1
                 raise RuntimeError(f"injected failure of forward pass {self._n_steps} (LLAMBA_FAIL_FORWARD)")
-            out = self._forward(batch)
+            run = functools.partial(self.llm.model.run, batch, self.kv)
+            out = run() if self.threads is None else self.threads.run(batch.n_tokens, run)
         except Exception as exc:
             raise ForwardFailed from exc
         self.scheduler.apply(out.logits, outputs, out.hidden)
@@ -279,16 +268,6 @@ class Engine:
             self.scheduler.drafts.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
         self._n_steps += 1
         self._n_tokens += batch.n_tokens
-
-    def _forward(self, batch: Batch) -> ForwardOutput:
-        if self.threads is None:
-            return self.llm.model.run(batch, self.kv)
-        n_threads = self.threads.choose(batch.n_tokens)
-        numba.set_num_threads(n_threads)
-        start = time.perf_counter()
-        out = self.llm.model.run(batch, self.kv)
-        self.threads.observe(n_threads, batch.n_tokens, time.perf_counter() - start)
-        return out
 
     def _publish(self) -> None:
         waiting = len(self.scheduler.waiting)

@@ -17,9 +17,21 @@ order whatever the split (tests/test_threads.py compares logits bitwise).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numba
+
+T = TypeVar("T")
 
 EWMA_WEIGHT = 0.3  # of the newest step: a few steps follow a change, one noisy step does not flip it
+
+
+def tuner_for(n_threads: int, adaptive: bool, backend: str) -> ThreadTuner | None:
+    """The engine's tuner: none on one thread, on a GPU backend, or with --no-adaptive-threads."""
+    threads = min(n_threads or numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS)
+    return ThreadTuner(threads) if adaptive and threads > 1 and backend == "CPU" else None
 
 
 def bucket(n_tokens: int) -> int:
@@ -54,3 +66,12 @@ class ThreadTuner:
         fresh = old is not None and now - self._measured_at[key] <= self.probe_every_s
         self._seconds[key] = old + EWMA_WEIGHT * (seconds - old) if fresh else seconds  # type: ignore[operator]
         self._measured_at[key] = now
+
+    def run(self, n_tokens: int, forward: Callable[[], T]) -> T:
+        """`forward` (a step of `n_tokens`) on the chosen thread count, timed."""
+        threads = self.choose(n_tokens)
+        numba.set_num_threads(threads)
+        start = time.perf_counter()
+        out = forward()
+        self.observe(threads, n_tokens, time.perf_counter() - start)
+        return out
