@@ -732,7 +732,9 @@ def test_download_and_remove_the_cache_models(make_router, preset: Path, tmp_pat
 
     r = httpx.delete(proc.base_url + "/models", params={"model": "smollm2"}, timeout=30)
     assert r.status_code == 200 and r.json() == {"success": True}
-    assert not (cache / SMOLLM2.filename).exists() and sse.named("model_remove", "smollm2")
+    assert not (cache / SMOLLM2.filename).exists()
+    # the event is sent before the reply, but the test's SSE reader thread may not have read it yet
+    wait_until(lambda: sse.named("model_remove", "smollm2") != [], 10, "the model_remove event")
     assert "smollm2" in models(proc)  # still listed: the next load fetches it again
 
     r = httpx.post(proc.base_url + "/models", json={"model": "gemma3"}, timeout=10)  # not in the index
