@@ -107,9 +107,30 @@ def main(argv=None):
 """
 
 
+# The repeat workload: prose to repeat word for word. SmolLM2 and Gemma 3 repeat it (one ';' becomes '.')
+# where they rewrite parts of COPY_TEXT (renamed flags, a changed call), so their drafts run longer.
+REPEAT_TEXT = (
+    "The river rises in the hills north of the town and runs for about forty miles before it reaches the"
+    " sea. In spring the snow melts and the water is high and fast; in late summer it is low enough to"
+    " cross on foot in some places. The old mill stood by the bridge for two hundred years, grinding"
+    " wheat for the farms around it, until a flood in the winter of 1921 took away its wheel. The town"
+    " bought the building in 1950 and it is now a small museum, open on weekends from May to October."
+    " Visitors can see the millstones, a model of the wheel, and photographs of the town as it was a"
+    " century ago. A path follows the river from the museum to the harbour, passing the church, the"
+    " school and the market square, where farmers sell vegetables, cheese and bread every Saturday"
+    " morning. At the harbour there are fishing boats, a lighthouse painted red and white, and a cafe"
+    " that serves the best fish soup on the coast. In the evening the lights of the boats come on one by"
+    " one, and the sound of the water against the harbour wall is the only thing you can hear."
+)
+WORKLOADS = ("chat", "copy", "repeat")
+
+
 def workload_prompts(workload: str, n: int) -> list[str]:
     if workload == "copy":
         return [f"Repeat this code exactly:\n{COPY_TEXT}\n# request {i}" for i in range(n)]
+    if workload == "repeat":
+        ask = "Repeat the following text exactly, word for word, with no changes:"
+        return [f"Request {i}. {ask}\n\n{REPEAT_TEXT}" for i in range(n)]
     return [f"Request {i}: write about the number {i * 7 % 101}." for i in range(n)]
 
 
@@ -224,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         "--json-schema", default=None, help="'builtin' or a JSON schema file: constrained decoding"
     )
     p.add_argument(
-        "--workload", choices=["chat", "copy"], default="chat", help="copy: answers repeat the prompt"
+        "--workload",
+        choices=WORKLOADS,
+        default="chat",
+        help="copy: answers repeat (and partly rewrite) code; repeat: answers repeat prose",
     )
     p.add_argument("--spec", default=None, help="speculative.type of every request (e.g. ngram-simple)")
     p.add_argument("--spec-n-max", type=int, default=16)

@@ -16,7 +16,8 @@ from cli.bench import main
 from cli.bench.options import SEQ_PROMPT_TOKENS, BenchParams, Instance, parse_args, parse_int_list, plan
 from cli.bench.output import PRINTERS, JsonPrinter
 from cli.bench.results import BenchResult, ModelInfo
-from cli.bench.runner import run
+from cli.bench.runner import _turns, run
+from cli.bench_serve import REPEAT_TEXT, workload_prompts
 from engine.batch import Batch
 from engine.kv import KVCache
 from engine.llm import LLM
@@ -507,9 +508,30 @@ def test_spec_results_show_their_settings_and_drafts() -> None:
     assert (obj["draft_n"], obj["draft_n_accepted"]) == (90, 60)
 
 
+def test_spec_tests_of_one_setting_take_turns() -> None:
+    """Tests that differ only in their speculation type run together (their repetitions interleaved);
+    every other test alone."""
+    argv = ["-p", "16", "-n", "8", "--batch-seqs", "1,4", "--spec-type", "none,ngram-simple"]
+    turns = list(_turns(plan(parse_args([*argv, "--spec-prompt", "repeat,chat"]))))
+    assert [[t.name for t in turn] for turn in turns] == [
+        ["pp16"],
+        ["tg8 repeat", "tg8 repeat"],
+        ["tg8 chat", "tg8 chat"],
+        ["tg8 x4 repeat", "tg8 x4 repeat"],
+        ["tg8 x4 chat", "tg8 x4 chat"],
+    ]
+    assert all([t.spec_type for t in turn] == ["none", "ngram-simple"] for turn in turns[1:])
+
+
+def test_the_repeat_workload_asks_to_repeat_prose() -> None:
+    first, second = workload_prompts("repeat", 2)
+    assert first != second and REPEAT_TEXT in first and "exactly" in first
+
+
 def test_tiny_real_speculative_run(capsys: pytest.CaptureFixture) -> None:
-    """SmolLM2 repeating code: the n-gram drafts are verified and many accepted; the baseline drafts none."""
-    argv = ["-p", "0", "-n", "48", "-r", "1", "-o", "json", "--spec-type", "none,ngram-simple"]
+    """SmolLM2 repeating code, two interleaved repetitions: the n-gram drafts are verified and many
+    accepted; the baseline drafts none."""
+    argv = ["-p", "0", "-n", "48", "-r", "2", "-o", "json", "--spec-type", "none,ngram-simple"]
     status = main([*argv, "--spec-ngram-size-n", "4", "--draft-max", "8"])
     captured = capsys.readouterr()
     assert status == 0, captured.err

@@ -10,8 +10,9 @@ Tests (each repeated -r times after an untimed warm-up, the KV cache emptied bef
            what continuous batching gains over one sequence at a time.
   tgN copy Llamba's speculative mode (--spec-type, llama-server's flag names; `none` for the baseline):
            N greedy tokens generated through the engine after a prompt whose answer repeats text
-           (--spec-prompt copy, or chat: an ordinary question), the prompt cached beforehand so only
-           generation is timed; draft_n and accepted count the draft tokens verified and accepted.
+           (--spec-prompt copy: code, repeat: prose, or chat: an ordinary question), the prompt cached
+           beforehand so only generation is timed; draft_n and accepted count the draft tokens verified
+           and accepted.
 Load time and time to first token go to stderr, so cold and warm starts can be read off.
 """
 
@@ -26,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from cli.bench_serve import WORKLOADS
 from engine.kv_types import cache_type
 from engine.speculative import SPEC_TYPES, SpecParams
 
@@ -37,7 +39,7 @@ DEFAULT_N_BATCH = [2048]
 DEFAULT_N_UBATCH = [512]
 # Prompt of each sequence of a batched tg test at depth 0, so the sequences hold distinct contexts.
 SEQ_PROMPT_TOKENS = 8
-SPEC_PROMPTS = ("copy", "chat")  # the speculative tg tests' prompts (cli/bench/spec.py)
+SPEC_PROMPTS = WORKLOADS  # the speculative tg tests' prompts (cli/bench/spec.py)
 
 # llama-bench options that make no sense here (GPU offload, NUMA, Hugging Face, ...): a clear
 # error instead of argparse's guess (-ngl would otherwise read as -n gl).
@@ -194,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--draft-max", "--draft", "--draft-n", **ints, help="most draft tokens (default: 16)")
     spec.add_argument("--draft-min", "--draft-n-min", **ints, help="shortest draft verified (default: 0)")
     spec.add_argument("--spec-ngram-size-n", **ints, help="n-gram looked up (default: 12)")
-    spec.add_argument("--spec-prompt", **names, help="copy (the answer repeats the prompt) or chat")
+    spec.add_argument(
+        "--spec-prompt", **names, help="copy (code to repeat), repeat (prose to repeat) or chat"
+    )
     spec.add_argument("-md", "--model-draft", metavar="NAME|PATH", help="draft model (draft-simple)")
     p.add_argument("-dev", "--device", choices=("auto", "cpu", "cuda"), default="cpu", help="default: cpu")
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N", help="repetitions (default: 5)")

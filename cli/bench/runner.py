@@ -102,18 +102,21 @@ class Runner:
 
     # -- one test ----------------------------------------------------------------------------------------
 
-    def result(self, inst: Instance, info: ModelInfo, index: int, total: int) -> BenchResult:
-        """Run one test: its repetitions' times (and a speculative test's draft counts)."""
-        result = BenchResult(inst, info, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        if not inst.spec_type:
-            result.samples_ns = self.run(inst, index, total)
-            return result
-        from cli.bench.spec import run_speculative  # the engine: only for speculative tests
+    def results(self, insts: list[Instance], info: ModelInfo, index: int, total: int) -> list[BenchResult]:
+        """Run one test, or speculative tests that differ only in their type (interleaved): their
+        repetitions' times (and a speculative test's draft counts)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        results = [BenchResult(inst, info, stamp) for inst in insts]
+        if not insts[0].spec_type:
+            results[0].samples_ns = self.run(insts[0], index, total)
+            return results
+        from cli.bench.spec import run_interleaved  # the engine: only for speculative tests
 
-        spec = run_speculative(self.llm, self.draft, inst, self.params.reps, not self.params.no_warmup)
-        result.samples_ns = spec.samples_ns
-        result.draft_n, result.draft_accepted = spec.draft_n, spec.draft_accepted
-        return result
+        runs = run_interleaved(self.llm, self.draft, insts, self.params.reps, not self.params.no_warmup)
+        for result, spec in zip(results, runs, strict=True):
+            result.samples_ns = spec.samples_ns
+            result.draft_n, result.draft_accepted = spec.draft_n, spec.draft_accepted
+        return results
 
     def build_context(self, kv: KVCache, inst: Instance) -> None:
         """The untimed part before each run: the depth prefill, or each batched sequence's own prompt."""
@@ -201,6 +204,15 @@ def _by_model(tests: list[Instance]) -> Iterator[tuple[str | None, list[Instance
         yield model, list(group)
 
 
+def _turns(tests: list[Instance]) -> Iterator[list[Instance]]:
+    """The tests one by one, except speculative tests that differ only in their type: together (they
+    are adjacent in the plan, the type innermost), so their repetitions take turns."""
+    for _, group in itertools.groupby(
+        tests, key=lambda t: dataclasses.replace(t, spec_type="none") if t.spec_type else t
+    ):
+        yield list(group)
+
+
 def run(
     params: BenchParams,
     out: TextIO,
@@ -239,23 +251,25 @@ def run(
         info = ModelInfo.of(llm)
         runner = Runner(llm, log, params, _load_draft(params, llm, load, group[0].n_threads, log))
         warned: set[int] = set()
-        for inst in group:
-            index += 1
+        for insts in _turns(group):
             if params.progress:
-                log(f"benchmark {index}/{len(tests)}: starting")
-            used = set_threads(inst.n_threads)
-            if used != inst.n_threads and inst.n_threads not in warned:
-                warned.add(inst.n_threads)
-                log(f"warning: {inst.n_threads} threads requested, Numba's pool has {used}; running {used}")
-            inst = dataclasses.replace(inst, n_threads=used)
+                log(f"benchmark {index + 1}/{len(tests)}: starting")
+            index += len(insts)
+            asked = insts[0].n_threads
+            used = set_threads(asked)
+            if used != asked and asked not in warned:
+                warned.add(asked)
+                log(f"warning: {asked} threads requested, Numba's pool has {used}; running {used}")
+            insts = [dataclasses.replace(inst, n_threads=used) for inst in insts]
             first = runner.first_forward is None
-            result = runner.result(inst, info, index, len(tests))
+            results = runner.results(insts, info, index, len(tests))
             if first and runner.first_forward is not None:
                 log_first_token(log, label, runner.first_forward, load_start + load_s, started)
-            if params.verbose:
-                log(f"{inst.name}: samples_ns {result.samples_ns}")
-            for printer in printers:
-                printer.row(result)
+            for result in results:
+                if params.verbose:
+                    log(f"{result.inst.name}: samples_ns {result.samples_ns}")
+                for printer in printers:
+                    printer.row(result)
     for printer in printers:
         printer.end()
     return 1 if failed else 0

@@ -2,18 +2,23 @@
 
 llama-bench has no such mode; the flags are llama-server's (--spec-type, --draft-max, --draft-min,
 --spec-ngram-size-n, -md). Drafts need text to draft from, so each sequence gets a chat prompt
-(llamba-bench-serve's workloads: `copy` asks to repeat a piece of code, `chat` an ordinary question),
-rendered with the model's chat template. The prompts are run once untimed (cached in their slots), then
-each repetition generates n tokens per sequence (ignore_eos) and is timed from submission to the last
-token: the time is generation, prompt processing is one token per sequence. The engine (its draft policy,
-its step-cost table) lives for the whole test, as in a server.
+(llamba-bench-serve's workloads: `copy` asks to repeat a piece of code, `repeat` a piece of prose, `chat`
+an ordinary question), rendered with the model's chat template. The prompts are run once untimed (cached
+in their slots), then each repetition generates n tokens per sequence (ignore_eos) and is timed from
+submission to the last token: the time is generation, prompt processing is one token per sequence. The
+engine (its draft policy, its step-cost table) lives for the whole test, as in a server.
+
+Tests that differ only in their speculation type (`--spec-type none,ngram-simple`) run interleaved, one
+repetition of each in turn, each with its own engine: this VM's speed drifts by ±10% over a minute
+(Gemma 3, 16 streams, no drafts: 268-322 t/s in six 2-repetition runs), so back-to-back blocks of
+repetitions compared the machine's moods more than the speculators.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cli.bench.options import Instance
@@ -28,11 +33,11 @@ if TYPE_CHECKING:
     from engine.llm import LLM
 
 
-@dataclass(frozen=True)
+@dataclass
 class SpecRun:
-    samples_ns: list[int]
-    draft_n: int  # draft tokens verified, per repetition (all sequences)
-    draft_accepted: int  # of those, accepted
+    samples_ns: list[int] = field(default_factory=list)
+    draft_n: int = 0  # draft tokens verified, per repetition (all sequences)
+    draft_accepted: int = 0  # of those, accepted
 
 
 def prompts(llm: LLM, kind: str, n: int) -> list[list[int]]:
@@ -55,34 +60,58 @@ async def _generate(
     return await asyncio.gather(*(one(p) for p in prompts))
 
 
-def run_speculative(llm: LLM, draft: LLM | None, inst: Instance, reps: int, warmup: bool) -> SpecRun:
-    """`reps` timed generations of inst.n_gen tokens on each of inst.n_seqs sequences."""
-    tokens = prompts(llm, inst.spec_prompt, inst.n_seqs)
-    n_ctx = max(len(t) for t in tokens) + inst.n_gen + 8
-    config = EngineConfig(
-        n_slots=inst.n_seqs,
-        n_ctx=inst.n_seqs * n_ctx,
-        n_ubatch=inst.n_ubatch,
-        cache_ram_mib=0,
-        cache_type_k=inst.type_k,
-        cache_type_v=inst.type_v,
-        n_threads=inst.n_threads,
-    )
-    engine = Engine(llm, config, draft=draft if inst.spec_type == "draft-simple" else None)
-    engine.start(warm_up=False)  # the untimed prompt pass below compiles what is not cached
-    spec = inst.spec
-    try:
-        asyncio.run(_generate(engine, tokens, 1, None))  # the prompts into their slots, untimed
+class SpecTest:
+    """One speculative test's engine, its prompts cached in their slots."""
+
+    def __init__(self, llm: LLM, draft: LLM | None, inst: Instance, warmup: bool) -> None:
+        self.inst, self.run = inst, SpecRun()
+        self.tokens = prompts(llm, inst.spec_prompt, inst.n_seqs)
+        n_ctx = max(len(t) for t in self.tokens) + inst.n_gen + 8
+        config = EngineConfig(
+            n_slots=inst.n_seqs,
+            n_ctx=inst.n_seqs * n_ctx,
+            n_ubatch=inst.n_ubatch,
+            cache_ram_mib=0,
+            cache_type_k=inst.type_k,
+            cache_type_v=inst.type_v,
+            n_threads=inst.n_threads,
+        )
+        self.engine = Engine(llm, config, draft=draft if inst.spec_type == "draft-simple" else None)
+        self.engine.start(warm_up=False)  # the untimed prompt pass below compiles what is not cached
+        asyncio.run(_generate(self.engine, self.tokens, 1, None))  # the prompts into their slots
         if warmup:
-            asyncio.run(_generate(engine, tokens, min(16, inst.n_gen), spec))
-        samples, drafted, accepted = [], 0, 0
+            asyncio.run(_generate(self.engine, self.tokens, min(16, inst.n_gen), inst.spec))
+
+    def repetition(self) -> None:
+        start = time.perf_counter_ns()
+        runs = asyncio.run(_generate(self.engine, self.tokens, self.inst.n_gen, self.inst.spec))
+        self.run.samples_ns.append(time.perf_counter_ns() - start)
+        finals = [events[-1].timings for events in runs]
+        self.run.draft_n += sum(t.draft_n for t in finals if t is not None)
+        self.run.draft_accepted += sum(t.draft_n_accepted for t in finals if t is not None)
+
+
+def run_interleaved(
+    llm: LLM, draft: LLM | None, insts: list[Instance], reps: int, warmup: bool
+) -> list[SpecRun]:
+    """`reps` timed generations of inst.n_gen tokens on each of inst.n_seqs sequences, per test, the
+    tests taking turns; draft counts per repetition."""
+    tests: list[SpecTest] = []
+    try:
+        for inst in insts:
+            tests.append(SpecTest(llm, draft, inst, warmup))
         for _ in range(reps):
-            start = time.perf_counter_ns()
-            runs = asyncio.run(_generate(engine, tokens, inst.n_gen, spec))
-            samples.append(time.perf_counter_ns() - start)
-            finals = [events[-1].timings for events in runs]
-            drafted += sum(t.draft_n for t in finals if t is not None)
-            accepted += sum(t.draft_n_accepted for t in finals if t is not None)
+            for test in tests:
+                test.repetition()
     finally:
-        engine.stop()
-    return SpecRun(samples, drafted // reps, accepted // reps)
+        for test in tests:
+            test.engine.stop()
+    for test in tests:
+        test.run.draft_n //= max(reps, 1)
+        test.run.draft_accepted //= max(reps, 1)
+    return [test.run for test in tests]
+
+
+def run_speculative(llm: LLM, draft: LLM | None, inst: Instance, reps: int, warmup: bool) -> SpecRun:
+    """One test alone."""
+    return run_interleaved(llm, draft, [inst], reps, warmup)[0]
