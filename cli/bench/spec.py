@@ -9,9 +9,12 @@ submission to the last token: the time is generation, prompt processing is one t
 engine (its draft policy, its step-cost table) lives for the whole test, as in a server.
 
 Tests that differ only in their speculation type (`--spec-type none,ngram-simple`) run interleaved, one
-repetition of each in turn, each with its own engine: this VM's speed drifts by ±10% over a minute
-(Gemma 3, 16 streams, no drafts: 268-322 t/s in six 2-repetition runs), so back-to-back blocks of
-repetitions compared the machine's moods more than the speculators.
+repetition of each in turn, on one engine (the type is a request setting): this VM's speed drifts by ±10%
+over a minute (Gemma 3, 16 streams, no drafts: 268-322 t/s in six 2-repetition runs), so back-to-back
+blocks of repetitions compared the machine's moods more than the speculators. One engine, not one per
+test: a second engine thread is a second OpenMP master, and libgomp cuts every worker's spin-wait to
+~100 iterations once it manages more threads than there are CPUs (Gemma 3 one stream: 82-87 t/s alone,
+52-67 with an idle second engine beside it).
 """
 
 from __future__ import annotations
@@ -60,56 +63,56 @@ async def _generate(
     return await asyncio.gather(*(one(p) for p in prompts))
 
 
-class SpecTest:
-    """One speculative test's engine, its prompts cached in their slots."""
+class SpecTests:
+    """The engine of speculative tests that share their workload, its prompts cached in their slots."""
 
-    def __init__(self, llm: LLM, draft: LLM | None, inst: Instance, warmup: bool) -> None:
-        self.inst, self.run = inst, SpecRun()
-        self.tokens = prompts(llm, inst.spec_prompt, inst.n_seqs)
-        n_ctx = max(len(t) for t in self.tokens) + inst.n_gen + 8
+    def __init__(self, llm: LLM, draft: LLM | None, insts: list[Instance], warmup: bool) -> None:
+        first = insts[0]
+        self.tokens = prompts(llm, first.spec_prompt, first.n_seqs)
+        n_ctx = max(len(t) for t in self.tokens) + first.n_gen + 8
         config = EngineConfig(
-            n_slots=inst.n_seqs,
-            n_ctx=inst.n_seqs * n_ctx,
-            n_ubatch=inst.n_ubatch,
+            n_slots=first.n_seqs,
+            n_ctx=first.n_seqs * n_ctx,
+            n_ubatch=first.n_ubatch,
             cache_ram_mib=0,
-            cache_type_k=inst.type_k,
-            cache_type_v=inst.type_v,
-            n_threads=inst.n_threads,
+            cache_type_k=first.type_k,
+            cache_type_v=first.type_v,
+            n_threads=first.n_threads,
         )
-        self.engine = Engine(llm, config, draft=draft if inst.spec_type == "draft-simple" else None)
+        drafted = any(inst.spec_type == "draft-simple" for inst in insts)
+        self.engine = Engine(llm, config, draft=draft if drafted else None)
         self.engine.start(warm_up=False)  # the untimed prompt pass below compiles what is not cached
         asyncio.run(_generate(self.engine, self.tokens, 1, None))  # the prompts into their slots
         if warmup:
-            asyncio.run(_generate(self.engine, self.tokens, min(16, inst.n_gen), inst.spec))
+            for inst in insts:
+                asyncio.run(_generate(self.engine, self.tokens, min(16, inst.n_gen), inst.spec))
 
-    def repetition(self) -> None:
+    def repetition(self, inst: Instance, run: SpecRun) -> None:
         start = time.perf_counter_ns()
-        runs = asyncio.run(_generate(self.engine, self.tokens, self.inst.n_gen, self.inst.spec))
-        self.run.samples_ns.append(time.perf_counter_ns() - start)
-        finals = [events[-1].timings for events in runs]
-        self.run.draft_n += sum(t.draft_n for t in finals if t is not None)
-        self.run.draft_accepted += sum(t.draft_n_accepted for t in finals if t is not None)
+        events = asyncio.run(_generate(self.engine, self.tokens, inst.n_gen, inst.spec))
+        run.samples_ns.append(time.perf_counter_ns() - start)
+        finals = [each[-1].timings for each in events]
+        run.draft_n += sum(t.draft_n for t in finals if t is not None)
+        run.draft_accepted += sum(t.draft_n_accepted for t in finals if t is not None)
 
 
 def run_interleaved(
     llm: LLM, draft: LLM | None, insts: list[Instance], reps: int, warmup: bool
 ) -> list[SpecRun]:
-    """`reps` timed generations of inst.n_gen tokens on each of inst.n_seqs sequences, per test, the
-    tests taking turns; draft counts per repetition."""
-    tests: list[SpecTest] = []
+    """`reps` timed generations of n_gen tokens on each of n_seqs sequences, per test (the tests differ
+    only in their speculation type), the tests taking turns; draft counts per repetition."""
+    runs = [SpecRun() for _ in insts]
+    tests = SpecTests(llm, draft, insts, warmup)
     try:
-        for inst in insts:
-            tests.append(SpecTest(llm, draft, inst, warmup))
         for _ in range(reps):
-            for test in tests:
-                test.repetition()
+            for inst, run in zip(insts, runs, strict=True):
+                tests.repetition(inst, run)
     finally:
-        for test in tests:
-            test.engine.stop()
-    for test in tests:
-        test.run.draft_n //= max(reps, 1)
-        test.run.draft_accepted //= max(reps, 1)
-    return [test.run for test in tests]
+        tests.engine.stop()
+    for run in runs:
+        run.draft_n //= max(reps, 1)
+        run.draft_accepted //= max(reps, 1)
+    return runs
 
 
 def run_speculative(llm: LLM, draft: LLM | None, inst: Instance, reps: int, warmup: bool) -> SpecRun:
