@@ -29,6 +29,11 @@ PRIOR_WEIGHT = 2.0  # pseudo-trials a sequence's estimate gives the engine-wide 
 # would otherwise never be measured again. At 16 streams on this CPU that costs ~0.3% of the steps' time.
 EXPLORE_EVERY = 64
 EXPLORE_TOKENS = 4
+# Drafts are verified only when they promise this much more tokens/s than the step without them. The
+# step-time table is an EWMA of a VM whose speed drifts by ±10% a minute, so a predicted gain of 1% is as
+# likely a loss: Gemma 3 at 16 streams verified 168 draft tokens of a chat (156 accepted) for a predicted
+# gain of at most a few percent and measured 0.91x (docs/performance.md). One stream's gains are 50-200%.
+MIN_GAIN = 0.03
 
 
 @dataclass
@@ -122,7 +127,7 @@ class DraftPolicy:
         it; `drafts`: (acceptance rate a, length) per candidate draft, whose i-th token is accepted with
         probability ~a^i; `budget`: the most draft tokens that fit. Draft tokens are taken best first
         (a sequence's in order, since a^i falls with i), as many as make (n_emitting + expected accepted)
-        / expected step time highest: none if no draft pays for its share of the step. `explore`: at
+        / expected step time highest: none if that gains less than MIN_GAIN over no drafts. `explore`: at
         least the best EXPLORE_TOKENS, so their cost and acceptance are measured again.
         """
         rates = np.array([a for a, _ in drafts], dtype=np.float64)
@@ -138,7 +143,9 @@ class DraftPolicy:
         else:
             expected = n_emitting + np.concatenate(([0.0], np.cumsum(flat[order])))
             seconds = self.costs.estimate(n_tokens + np.arange(len(order) + 1))
-            k = int(np.argmax(expected / seconds))  # ties: the fewest draft tokens
+            speed = expected / seconds
+            k = int(np.argmax(speed))  # ties: the fewest draft tokens
+            k = k if speed[k] >= (1 + MIN_GAIN) * speed[0] else 0
         if explore:
             k = max(k, min(len(order), EXPLORE_TOKENS))
         return np.bincount(owner[order[:k]], minlength=len(drafts)).tolist()
