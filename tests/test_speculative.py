@@ -26,6 +26,7 @@ from engine.speculative.policy import (
     EXPLORE_EVERY,
     EXPLORE_TOKENS,
     MIN_GAIN,
+    REFIT_EVERY,
     AcceptanceRate,
     DraftPolicy,
     StepCosts,
@@ -102,7 +103,11 @@ def test_step_costs_interpolate_extrapolate_and_average() -> None:
     estimate = costs.estimate(np.array([1, 5, 9, 17]))
     assert np.allclose(estimate, [0.004, 0.008, 0.012, 0.020])  # linear between, the fitted slope beyond
     costs.observe(9, 0.020)  # the second time of a size is averaged in; later ones move it by ALPHA
-    assert costs.estimate(np.array([9]))[0] == pytest.approx(0.016)
+    assert costs.means[9] == pytest.approx(0.016)
+    assert costs.estimate(np.array([9]))[0] == pytest.approx(0.012)  # the curve waits a few steps
+    for _ in range(REFIT_EVERY - 1):
+        costs.observe(1, 0.004)
+    assert costs.estimate(np.array([9]))[0] == pytest.approx(0.016)  # refitted
     for _ in range(200):
         costs.observe(9, 0.010)
     assert costs.estimate(np.array([9]))[0] == pytest.approx(0.010, rel=1e-3)

@@ -35,8 +35,11 @@ class StepDrafts:
         lengths = [seq.draft_length(self._room(seq, chunk)) for seq, chunk in wanting]
         caps = self.policy.plan(n_tokens, n_emitting, list(zip(rates, lengths, strict=True)), budget, explore)
         drafts = [self._propose(seq, chunk, cap) for (seq, chunk), cap in zip(wanting, caps, strict=True)]
-        proposed = [(a, len(d)) for a, d in zip(rates, drafts, strict=True)]
-        keep = self.policy.plan(n_tokens, n_emitting, proposed, budget, explore)
+        keep = [len(d) for d in drafts]
+        if keep != caps:  # a shorter draft: what else pays now (the same drafts keep the same plan)
+            keep = self.policy.plan(
+                n_tokens, n_emitting, list(zip(rates, keep, strict=True)), budget, explore
+            )
         for (seq, _), draft, k in zip(wanting, drafts, keep, strict=True):
             n_min = seq.drafting.params.n_min if seq.drafting else 0
             seq.drafts = draft[:k] if k >= max(1, n_min) else []
