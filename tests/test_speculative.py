@@ -35,6 +35,22 @@ from engine.speculative.policy import (
 # -- speculators ----------------------------------------------------------------------------------------
 
 
+def test_ngram_simple_index_agrees_with_the_full_lookup() -> None:
+    """The incremental index finds what `last_match_end` finds over the whole history, as the history
+    grows a token or a few at a time, and after it shrinks (a refused draft, a context shift)."""
+    rng = np.random.default_rng(7)
+    speculator, params = NgramSimple(), SpecParams(("ngram-simple",), ngram_n=2, ngram_m=3)
+    history: list[int] = []
+    for step in range(400):
+        if step % 97 == 96:
+            del history[-5:]  # shrunk: rebuilt
+        history += rng.integers(0, 4, int(rng.integers(1, 4))).tolist()
+        end = last_match_end(np.array(history), 2)
+        expected = [] if end is None else history[end : end + 3]
+        assert speculator.propose("seq", history, params, 8) == expected
+    assert speculator.cheap
+
+
 def test_ngram_simple_drafts_what_followed_the_last_occurrence() -> None:
     history = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
     assert last_match_end(np.array(history), 3) == 8  # the latest earlier "1 2 3" is followed by 7

@@ -46,6 +46,9 @@ class Speculator(ABC):
     """
 
     name: str = ""
+    # Proposing costs microseconds (a lookup), so a step drafts first and prices what came back; a
+    # costly speculator (a model's forward passes) is priced first and asked for no more than pays.
+    cheap: bool = False
 
     @abstractmethod
     def propose(self, key: str, history: Sequence[int], params: SpecParams, n: int) -> list[int]:
@@ -92,6 +95,10 @@ class Speculation:
             if draft and len(draft) >= max(params.n_min, 1):
                 return name, draft
         return None
+
+    def cheap(self, params: SpecParams) -> bool:
+        """Every speculator these settings may ask is cheap (Speculator.cheap)."""
+        return all(self.speculators[t].cheap for t in params.types if t in self.speculators)
 
     def accepted(
         self, name: str, key: str, history: Sequence[int], draft: list[int], n_accepted: int

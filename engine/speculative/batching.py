@@ -33,16 +33,28 @@ class StepDrafts:
         n_emitting = sum(not seq.pending for seq, _ in taken if isinstance(seq, Sequence))
         rates = [self.policy.acceptance(seq.drafting.acceptance) for seq, _ in wanting if seq.drafting]
         lengths = [seq.draft_length(self._room(seq, chunk)) for seq, chunk in wanting]
-        caps = self.policy.plan(n_tokens, n_emitting, list(zip(rates, lengths, strict=True)), budget, explore)
+        cheap = all(self.speculation.cheap(seq.drafting.params) for seq, _ in wanting if seq.drafting)
+        caps = lengths if cheap else self.plan(n_tokens, n_emitting, rates, lengths, budget, explore)
         drafts = [self._propose(seq, chunk, cap) for (seq, chunk), cap in zip(wanting, caps, strict=True)]
         keep = [len(d) for d in drafts]
-        if keep != caps:  # a shorter draft: what else pays now (the same drafts keep the same plan)
-            keep = self.policy.plan(
-                n_tokens, n_emitting, list(zip(rates, keep, strict=True)), budget, explore
-            )
+        if keep != caps or cheap:  # what of the proposals pays (the planned drafts, proposed whole, do)
+            keep = self.plan(n_tokens, n_emitting, rates, keep, budget, explore)
         for (seq, _), draft, k in zip(wanting, drafts, keep, strict=True):
             n_min = seq.drafting.params.n_min if seq.drafting else 0
             seq.drafts = draft[:k] if k >= max(1, n_min) else []
+
+    def plan(
+        self,
+        n_tokens: int,
+        n_emitting: int,
+        rates: list[float],
+        lengths: list[int],
+        budget: int,
+        explore: bool,
+    ) -> list[int]:
+        if not any(lengths):
+            return lengths
+        return self.policy.plan(n_tokens, n_emitting, list(zip(rates, lengths, strict=True)), budget, explore)
 
     def settle(self, slot: Slot, seq: Sequence) -> None:
         """Drop the cells of refused draft tokens; tell the policy and the speculator how the draft fared."""
