@@ -7,8 +7,10 @@ import dataclasses
 import io
 import json
 import sqlite3
+import threading
 from typing import Any
 
+import numba
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from cli.bench import main
 from cli.bench.options import SEQ_PROMPT_TOKENS, BenchParams, Instance, parse_args, parse_int_list, plan
 from cli.bench.output import PRINTERS, JsonPrinter
 from cli.bench.results import BenchResult, ModelInfo
-from cli.bench.runner import _turns, run
+from cli.bench.runner import _on_own_thread, _turns, run
 from cli.bench_serve import REPEAT_TEXT, workload_prompts
 from engine.batch import Batch
 from engine.kv import KVCache
@@ -521,6 +523,23 @@ def test_spec_tests_of_one_setting_take_turns() -> None:
         ["tg8 x4 chat", "tg8 x4 chat"],
     ]
     assert all([t.spec_type for t in turn] == ["none", "ngram-simple"] for turn in turns[1:])
+
+
+def test_each_turn_runs_on_a_thread_that_ends_with_it() -> None:
+    """A thread that enters a parallel kernel stays an OpenMP master until it exits (libgomp then
+    throttles every team's workers): a turn never runs on the calling thread, and its thread is gone."""
+
+    class Recorder:
+        def results(self, insts: list[Instance], info: Any, index: int, total: int) -> list[Any]:
+            self.thread = threading.current_thread()
+            self.threads = numba.get_num_threads()
+            return ["done"]
+
+    recorder = Recorder()
+    inst = plan(parse_args(["-p", "0", "-n", "8", "-t", "1"]))[0]
+    assert _on_own_thread(recorder, [inst], None, 1, 1) == ["done"]  # type: ignore[arg-type]
+    assert recorder.thread is not threading.main_thread() and not recorder.thread.is_alive()
+    assert recorder.threads == 1  # the turn's thread count is set on its own thread
 
 
 def test_the_repeat_workload_asks_to_repeat_prose() -> None:
