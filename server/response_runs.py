@@ -192,7 +192,7 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
                         snap["output"] = items.finished()
                     yield run.frame(payload)
         status = "failed" if end.error else terminal_status(end.final)
-        closing = items.close("incomplete" if status == "incomplete" else "completed")
+        closing = items.close("completed" if status == "completed" else "incomplete")  # cut: incomplete
         for payload in closing + items.abandon_calls():
             yield run.frame(payload)
         finish(ctx, run, items, end, status)

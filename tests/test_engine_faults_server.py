@@ -64,3 +64,38 @@ def test_a_failed_step_ends_its_requests_with_an_error_and_the_server_keeps_serv
     assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 8
     assert httpx.get(url + "/health", timeout=10).status_code == 200
     assert "engine.step_failed" in failing_server.log()
+
+
+@pytest.fixture(scope="module")
+def failing_agents_server() -> Iterator[ServerProcess]:
+    # pass 2: the Responses request's second pass; pass 5: the Anthropic request's third (it starts at 3)
+    proc = ServerProcess("-m", "smollm2", "-np", "2", "-c", "2048", env={"LLAMBA_FAIL_FORWARD": "2,5"})
+    yield proc.wait_healthy()
+    proc.stop()
+
+
+def test_a_failed_step_ends_responses_and_anthropic_requests_in_their_shapes(
+    failing_agents_server: ServerProcess,
+) -> None:
+    url, ask = failing_agents_server.base_url, "Count to fifty."
+    responses = {"input": ask, "max_output_tokens": 8, "temperature": 0}
+    # The Responses API reports a generation that failed as the Response's state, not an HTTP error: a
+    # Response with status "failed" and its error; the message cut short is "incomplete".
+    failed = httpx.post(url + "/v1/responses", json=responses, timeout=120)  # passes 1, 2
+    assert failed.status_code == 200, failed.text
+    response = failed.json()
+    assert response["status"] == "failed" and response["error"]["code"] == "server_error", response
+    assert "injected failure" in response["error"]["message"]
+    assert [item["status"] for item in response["output"]] == ["incomplete"]
+
+    messages = {"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": ask}]}
+    failed = httpx.post(url + "/v1/messages", json=messages, timeout=120)  # passes 3, 4, 5
+    assert failed.status_code == 500, failed.text
+    body = failed.json()
+    assert body["type"] == "error" and "injected failure" in body["error"]["message"], body
+
+    ok = httpx.post(url + "/v1/messages", json=messages, timeout=120)
+    assert ok.status_code == 200 and ok.json()["stop_reason"] == "max_tokens", ok.text
+    ok = httpx.post(url + "/v1/responses", json=responses, timeout=120)
+    assert ok.status_code == 200 and ok.json()["status"] in ("completed", "incomplete"), ok.text
+    assert not any(s["is_processing"] for s in httpx.get(url + "/slots", timeout=10).json())
