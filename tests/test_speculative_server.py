@@ -9,13 +9,14 @@ import sys
 import httpx
 import pytest
 
+from cli.bench_serve import REPEAT_TEXT
 from tests.server_process import REPO, ServerProcess
 
-CODE = (
-    "def area(width, height):\n    return width * height\n\n"
-    "for w in range(3):\n    for h in range(3):\n        print(area(w, h))\n"
-)
-COPY = {"messages": [{"role": "user", "content": "Repeat this code exactly:\n" + CODE}], "max_tokens": 64}
+# Prose to repeat word for word (llamba-bench's repeat workload): SmolLM2 copies it, so its n-gram
+# drafts are accepted and pay even on a loaded machine's step times. The code it was before is partly
+# rewritten by the model, and the draft policy may then rightly verify nothing (CI of 2026-12-03).
+ASK = "Repeat the following text exactly, word for word, with no changes:\n\n" + REPEAT_TEXT
+COPY = {"messages": [{"role": "user", "content": ASK}], "max_tokens": 64}
 
 
 @pytest.fixture(scope="module")
