@@ -113,8 +113,3 @@ def run_interleaved(
         run.draft_n //= max(reps, 1)
         run.draft_accepted //= max(reps, 1)
     return runs
-
-
-def run_speculative(llm: LLM, draft: LLM | None, inst: Instance, reps: int, warmup: bool) -> SpecRun:
-    """One test alone."""
-    return run_interleaved(llm, draft, [inst], reps, warmup)[0]

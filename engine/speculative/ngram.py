@@ -44,32 +44,44 @@ class NgramSimple(Speculator):
     cheap = True
 
     def __init__(self) -> None:
-        self._index: dict[str, tuple[int, list[int], dict[tuple[int, ...], int]]] = {}
+        self._index: dict[str, _Index] = {}
 
     def propose(self, key: str, history: Sequence[int], params: SpecParams, n: int) -> list[int]:
         size = params.ngram_n
         if len(history) <= size:
             return []
-        last_end = self._indexed(key, history, size)
-        end = last_end.get(tuple(history[-size:]))
+        end = self._indexed(key, history, size).last_end.get(tuple(history[-size:]))
         return [] if end is None else list(history[end : end + min(n, params.ngram_m)])
 
     def forget(self, key: str) -> None:
         self._index.pop(key, None)
 
-    def _indexed(self, key: str, history: Sequence[int], size: int) -> dict[tuple[int, ...], int]:
+    def _indexed(self, key: str, history: Sequence[int], size: int) -> _Index:
         """The index of every n-gram followed by at least one token; rebuilt when `history` is not the
         indexed one grown (another n, a context shift), as told by its length and last indexed token:
         a wrong index costs acceptance, never output (every draft is verified)."""
-        n, seen, last_end = self._index.get(key, (size, [], {}))
-        done = len(seen)
-        if n != size or done > len(history) or history[done - 1 : done] != seen[done - 1 : done]:
-            n, seen, last_end, done = size, [], {}, 0
-        for end in range(max(done, size), len(history)):
-            last_end[tuple(history[end - size : end])] = end
-        seen[done:] = history[done:]
-        self._index[key] = (n, seen, last_end)
-        return last_end
+        index = self._index.get(key)
+        if (
+            index is None
+            or index.n != size
+            or index.done > len(history)
+            or (index.done and history[index.done - 1] != index.tail)
+        ):
+            index = self._index[key] = _Index(size)
+        for end in range(max(index.done, size), len(history)):
+            index.last_end[tuple(history[end - size : end])] = end
+        index.done, index.tail = len(history), history[-1]
+        return index
+
+
+@dataclass
+class _Index:
+    """One sequence's n-grams (ngram-simple): where each was last followed, up to `done` tokens."""
+
+    n: int
+    done: int = 0  # history positions indexed
+    tail: int = -1  # the token at done - 1, to tell a grown history from another one
+    last_end: dict[tuple[int, ...], int] = field(default_factory=dict)
 
 
 @dataclass
