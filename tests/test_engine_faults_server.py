@@ -88,7 +88,13 @@ def test_a_failed_step_ends_responses_and_anthropic_requests_in_their_shapes(
     assert "injected failure" in response["error"]["message"]
     assert [item["status"] for item in response["output"]] == ["incomplete"]
 
-    messages = {"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": ask}]}
+    # greedy: Anthropic's default temperature is 1, and a sampled reply may end before its third pass
+    messages = {
+        "model": "smollm2",
+        "max_tokens": 8,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": ask}],
+    }
     failed = httpx.post(url + "/v1/messages", json=messages, timeout=120)  # passes 3, 4, 5
     assert failed.status_code == 500, failed.text
     body = failed.json()
