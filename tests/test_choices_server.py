@@ -80,7 +80,9 @@ def test_completion_choices_and_n_cmpl(server: ServerProcess) -> None:
 def test_openai_sdk_n(server: ServerProcess) -> None:
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
     body = chat_body()
-    reply = client.chat.completions.create(model="x", messages=body["messages"], n=2, max_tokens=8, seed=3)
+    reply = client.chat.completions.create(
+        model="x", messages=body["messages"], n=2, max_tokens=8, seed=3, extra_body={"ignore_eos": True}
+    )
     assert [c.index for c in reply.choices] == [0, 1] and all(c.message.content for c in reply.choices)
 
 

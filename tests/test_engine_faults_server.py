@@ -88,7 +88,7 @@ def test_a_failed_step_ends_responses_and_anthropic_requests_in_their_shapes(
     assert "injected failure" in response["error"]["message"]
     assert [item["status"] for item in response["output"]] == ["incomplete"]
 
-    # greedy: Anthropic's default temperature is 1, and a sampled reply may end before its third pass
+    # greedy: the server's default temperature (0.8) samples, and a reply may end before its third pass
     messages = {
         "model": "smollm2",
         "max_tokens": 8,

@@ -56,7 +56,14 @@ def test_post_sampling_probs_on_chat_and_streams(server: ServerProcess) -> None:
     assert len(content) == 3
     for entry in content:  # greedy: the chain leaves one token, probability 1 (zeros are left out)
         assert entry["prob"] == 1.0 and [t["prob"] for t in entry["top_probs"]] == [1.0]
-    native = {"prompt": PROMPT, "n_predict": 3, "stream": True, "n_probs": 2, "post_sampling_probs": True}
+    native = {
+        "prompt": PROMPT,
+        "n_predict": 3,
+        "ignore_eos": True,
+        "stream": True,
+        "n_probs": 2,
+        "post_sampling_probs": True,
+    }
     with httpx.stream("POST", server.base_url + "/completion", json=native, timeout=120) as resp:
         chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     probs = [c["completion_probabilities"][0] for c in chunks if c.get("completion_probabilities")]

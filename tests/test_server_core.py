@@ -356,7 +356,11 @@ def test_tls_with_llama_servers_flags(tmp_path: Path) -> None:
     try:
         trust = ssl.create_default_context(cafile=str(cert))
         proc.wait_healthy(verify=trust)
-        reply = httpx.post(proc.base_url + "/completion", json={"prompt": "Hi", "n_predict": 2}, verify=trust)
+        reply = httpx.post(
+            proc.base_url + "/completion",
+            json={"prompt": "Hi", "n_predict": 2, "ignore_eos": True},
+            verify=trust,
+        )
         assert reply.status_code == 200 and reply.json()["tokens_predicted"] == 2
         with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
             httpx.get(proc.base_url.replace("https://", "http://") + "/health", timeout=5)

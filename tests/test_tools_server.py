@@ -161,6 +161,7 @@ def test_a_whole_round_trip(any_server: ServerProcess) -> None:
             messages=ASK,
             tools=TOOLS,
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            temperature=0,  # greedy: a sampled answer below may end at once (the server's default is 0.8)
         )
         call = first.choices[0].message.tool_calls[0]
         history = [
@@ -170,7 +171,7 @@ def test_a_whole_round_trip(any_server: ServerProcess) -> None:
         ]
         # The tiny models would call again under "auto"; "none" asks for the answer, as agents do last.
         answer = api.chat.completions.create(
-            model="any", messages=history, tools=TOOLS, tool_choice="none", max_tokens=120
+            model="any", messages=history, tools=TOOLS, tool_choice="none", max_tokens=120, temperature=0
         )
         choice = answer.choices[0]
         assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
