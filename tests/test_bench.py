@@ -19,6 +19,7 @@ from cli.bench.options import SEQ_PROMPT_TOKENS, BenchParams, Instance, parse_ar
 from cli.bench.output import PRINTERS, JsonPrinter
 from cli.bench.results import BenchResult, ModelInfo
 from cli.bench.runner import _on_own_thread, _turns, run
+from cli.bench.spec import all_active_rate
 from cli.bench_serve import REPEAT_TEXT, workload_prompts
 from engine.batch import Batch
 from engine.kv import KVCache
@@ -508,6 +509,28 @@ def test_spec_results_show_their_settings_and_drafts() -> None:
         "copy",
     )
     assert (obj["draft_n"], obj["draft_n_accepted"]) == (90, 60)
+
+
+def test_several_sequences_report_the_rate_while_all_decode() -> None:
+    # two sequences: one done after 3 tokens at 3 s, the other's first 2 tokens came by then
+    s = 10**9
+    assert all_active_rate([[1 * s, 2 * s, 3 * s], [1 * s, 3 * s, 5 * s, 7 * s]]) == 5 / 3
+    params = _params("-p", "0", "-n", "128", "--batch-seqs", "1,16", "--spec-type", "none,ngram-simple")
+    info = _results()[0].model
+    results = [BenchResult(t, info, "2025-01-01T00:00:00Z", [1_000_000_000]) for t in plan(params)]
+    for r in results:
+        r.active_ts = (
+            ([100.0, 300.0] if r.inst.spec_type == "ngram-simple" else [150.0]) if r.inst.n_seqs > 1 else []
+        )
+    out = io.StringIO()
+    printer = PRINTERS["md"](out, params)
+    for r in results:
+        printer.row(r)
+    header, _, *rows = out.getvalue().splitlines()
+    assert header.split("|")[-2].strip() == "all active t/s"
+    # the tests of 16 sequences have the figure, with speculation and without (its baseline)
+    assert [row.split("|")[-2].strip() for row in rows] == ["", "", "150.00", "200.00"]
+    assert [r.inst.name for r in results][-1] == "tg128 x16 copy"
 
 
 def test_spec_tests_of_one_setting_take_turns() -> None:

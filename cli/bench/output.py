@@ -127,6 +127,11 @@ def _spec_columns(p: BenchParams) -> list[Column]:
     return cols
 
 
+def _all_active(r: BenchResult) -> str:
+    """A speculative test's rate while all its sequences decode (cli/bench/spec.py), with several."""
+    return f"{r.avg_active_ts:.2f}" if r.inst.spec_type and r.inst.n_seqs > 1 else ""
+
+
 class MarkdownPrinter(Printer):
     """llama-bench's table: fixed columns, plus a column for each parameter swept or set to a non-default."""
 
@@ -158,6 +163,8 @@ class MarkdownPrinter(Printer):
         if p.spec_types:
             cols.append(Column("draft_n", 7, lambda r: str(r.draft_n) if r.inst.spec_type else ""))
             cols.append(Column("accepted", 8, lambda r: str(r.draft_accepted) if r.inst.spec_type else ""))
+            if max(p.batch_seqs) > 1:
+                cols.append(Column("all active t/s", 14, _all_active))
         return cols
 
     def header(self, backend: str) -> None:

@@ -37,10 +37,15 @@ class BenchResult:
     samples_ns: list[int] = field(default_factory=list)
     draft_n: int = 0  # speculative tests: draft tokens verified per repetition, and accepted
     draft_accepted: int = 0
+    active_ts: list[float] = field(default_factory=list)  # several sequences: the rate while all decode
 
     @property
     def samples_ts(self) -> list[float]:
         return [1e9 * self.inst.n_tokens / ns for ns in self.samples_ns]
+
+    @property
+    def avg_active_ts(self) -> float:
+        return _mean(self.active_ts)
 
     @property
     def avg_ns(self) -> int:
@@ -98,6 +103,7 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("spec_prompt", str),
     ("draft_n", int),
     ("draft_n_accepted", int),
+    ("avg_ts_all_active", float),  # speculative tests of several sequences (cli/bench/spec.py); else 0
     ("test_time", str),
     ("avg_ns", int),
     ("stddev_ns", int),
@@ -135,6 +141,7 @@ def record(r: BenchResult) -> dict[str, str | int | float]:
         "spec_prompt": i.spec_prompt,
         "draft_n": r.draft_n,
         "draft_n_accepted": r.draft_accepted,
+        "avg_ts_all_active": round(r.avg_active_ts, 6),
         "test_time": r.test_time,
         "avg_ns": r.avg_ns,
         "stddev_ns": r.stddev_ns,

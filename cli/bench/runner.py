@@ -117,6 +117,7 @@ class Runner:
         for result, spec in zip(results, runs, strict=True):
             result.samples_ns = spec.samples_ns
             result.draft_n, result.draft_accepted = spec.draft_n, spec.draft_accepted
+            result.active_ts = spec.active_ts
         return results
 
     def build_context(self, kv: KVCache, inst: Instance) -> None:
