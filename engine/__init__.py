@@ -22,6 +22,25 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 
+def _load_tbb() -> None:
+    """NUMBA_THREADING_LAYER=tbb (the `tbb` extra, opt-in): load the wheel's libtbb, which it puts in the
+    environment's lib/ where Numba's TBB layer does not look (without this: "No threading layer could be
+    loaded"). TBB's threads steal the chunks a descheduled thread has not started, where OpenMP's join
+    waits for it: beside a program on one core, SmolLM2 decoded 118-148 tokens/s against OpenMP's 21-29
+    (docs/performance.md, busy machines). Not the default: on an idle machine the server measured up to
+    18% slower with it."""
+    import ctypes
+    import sys
+
+    libs = sorted(Path(sys.prefix, "lib").glob("libtbb.so.*"))
+    if libs:  # else Numba says what is missing
+        ctypes.CDLL(str(libs[0]), mode=ctypes.RTLD_GLOBAL)
+
+
+if os.environ["NUMBA_THREADING_LAYER"] == "tbb":
+    _load_tbb()
+
+
 def _keep_freed_memory() -> None:
     """Let glibc keep the step's big buffers once freed instead of unmapping them.
 

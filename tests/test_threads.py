@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
 
 from engine.batch import Batch, BatchPart
 from engine.threads import ThreadTuner, bucket
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Clock:
@@ -55,23 +62,56 @@ def test_a_one_thread_engine_has_a_single_candidate() -> None:
     assert ThreadTuner(1).candidates == (1,)
 
 
+PROMPTS = [[1, 504, 3636, 2016, 314, 1070, 28], [1, 422, 1023, 30, 8, 7, 9, 2, 44] * 3]
+
+
+def step_logits(llm, threads: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The logits of a prompt step of two sequences and of a decode step after it, on `threads`."""
+    numba.set_num_threads(threads)
+    kv = llm.new_cache(2, 256)
+    batch = Batch.of([BatchPart(i, 0, p, want_logits="all") for i, p in enumerate(PROMPTS)])
+    out = np.array(llm.model.run(batch, kv).logits)
+    step = Batch.of([BatchPart(i, len(p), [42]) for i, p in enumerate(PROMPTS)])  # a decode step too
+    return np.concatenate([out, np.array(llm.model.run(step, kv).logits)])
+
+
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two cores")
 def test_logits_are_bitwise_the_same_on_one_thread_and_on_all(smollm2_llm) -> None:  # type: ignore[no-untyped-def]
     """The tuner may switch at any step, so a step's outputs must not depend on the thread count."""
-    llm = smollm2_llm
-    prompts = [[1, 504, 3636, 2016, 314, 1070, 28], [1, 422, 1023, 30, 8, 7, 9, 2, 44] * 3]
-
-    def logits(threads: int) -> np.ndarray:
-        numba.set_num_threads(threads)
-        kv = llm.new_cache(2, 256)
-        batch = Batch.of([BatchPart(i, 0, p, want_logits="all") for i, p in enumerate(prompts)])
-        out = np.array(llm.model.run(batch, kv).logits)
-        step = Batch.of([BatchPart(i, len(p), [42]) for i, p in enumerate(prompts)])  # a decode step too
-        return np.concatenate([out, np.array(llm.model.run(step, kv).logits)])
-
     try:
-        one, full = logits(1), logits(numba.config.NUMBA_NUM_THREADS)
+        one, full = step_logits(smollm2_llm, 1), step_logits(smollm2_llm, numba.config.NUMBA_NUM_THREADS)
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-    assert one.shape[0] == sum(len(p) for p in prompts) + 2
+    assert one.shape[0] == sum(len(p) for p in PROMPTS) + 2
     assert np.array_equal(one.view(np.uint32), full.view(np.uint32))
+
+
+TBB_RUN = """
+import sys
+import numba
+import numpy as np
+from engine.llm import LLM
+from tests.test_threads import step_logits
+np.save(sys.argv[1], step_logits(LLM.load("smollm2"), numba.config.NUMBA_NUM_THREADS))
+print(numba.threading_layer())
+"""
+
+
+def test_the_tbb_threading_layer_loads_and_gives_the_same_logits(smollm2_llm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """NUMBA_THREADING_LAYER=tbb (opt-in, engine/__init__.py) in a process of its own: the layer is chosen
+    when Numba first runs a parallel kernel, so not in this one."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "tbb"}
+    env.pop("LD_LIBRARY_PATH", None)  # found by engine/__init__.py, not by the environment
+    ran = subprocess.run(
+        [sys.executable, "-c", TBB_RUN, str(tmp_path / "tbb.npy")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert ran.returncode == 0 and ran.stdout.split()[-1] == "tbb", ran.stderr[-2000:]
+    omp = step_logits(smollm2_llm, numba.config.NUMBA_NUM_THREADS)
+    assert numba.threading_layer() == "omp"
+    assert np.array_equal(np.load(tmp_path / "tbb.npy").view(np.uint32), omp.view(np.uint32))
