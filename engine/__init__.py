@@ -27,8 +27,8 @@ def _load_tbb() -> None:
     environment's lib/ where Numba's TBB layer does not look (without this: "No threading layer could be
     loaded"). TBB's threads steal the chunks a descheduled thread has not started, where OpenMP's join
     waits for it: beside a program on one core, SmolLM2 decoded 118-148 tokens/s against OpenMP's 21-29
-    (docs/performance.md, busy machines). Not the default: on an idle machine the server measured up to
-    18% slower with it."""
+    without the thread tuner (docs/performance.md, busy machines). Not the default: idle, SmolLM2's one
+    stream decoded up to 25% slower with it."""
     import ctypes
     import sys
 

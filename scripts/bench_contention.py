@@ -40,12 +40,12 @@ BURN = "while True: pass"
 class Server:
     """A Llamba or llama-server process on a free port."""
 
-    def __init__(self, kind: str, binary: str | None, model: Path, threads: int) -> None:
+    def __init__(self, kind: str, binary: str | None, model: Path, threads: int, extra: str = "") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         common = ["-m", str(model), "--port", str(self.port), "-np", "16", "-c", "8192", "-t", str(threads)]
         if kind == "llamba":
-            cmd = [sys.executable, "-m", "server", *common]
+            cmd = [sys.executable, "-m", "server", *common, *extra.split()]
         else:
             assert binary is not None
             cmd = [binary, *common, "-tb", str(threads), "--no-webui"]
@@ -121,7 +121,7 @@ def burner() -> Iterator[None]:
 
 
 async def measure(kind: str, args: argparse.Namespace, model: Path) -> dict[str, float]:
-    first = Server(kind, args.llama_server, model, args.threads).wait_ready()
+    first = Server(kind, args.llama_server, model, args.threads, args.server_args).wait_ready()
     try:
         await warm(first.url)
         figures = {
@@ -131,7 +131,7 @@ async def measure(kind: str, args: argparse.Namespace, model: Path) -> dict[str,
         with burner():
             figures["1 stream, burner"] = await one_stream(first.url, args.tokens, args.rounds)
             figures["16 streams, burner"] = await many_streams(first.url, args.tokens, 16)
-        second = Server(kind, args.llama_server, model, args.threads).wait_ready()
+        second = Server(kind, args.llama_server, model, args.threads, args.server_args).wait_ready()
         try:
             await warm(second.url)
             both = await asyncio.gather(
@@ -164,6 +164,7 @@ def main() -> None:
     parser.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--server-args", default="", help="more flags for Llamba's servers")
     args = parser.parse_args()
     model = resolve(args.model)
     print(f"uptime load: {os.getloadavg()}")
