@@ -72,6 +72,19 @@ def test_ngram_map_k_needs_its_hits_and_waits_after_a_refusal() -> None:
     assert speculator.propose("b", [*twice, 1, 5, 6], params, 8) == [1, 5, 6]
 
 
+def test_ngram_map_k_index_agrees_with_a_fresh_one_after_shifts() -> None:
+    """Indexed as the history grows, and rebuilt when it shrinks or changes (a context shift): its
+    drafts are those of a speculator that sees the history for the first time."""
+    rng = np.random.default_rng(11)
+    params = SpecParams(("ngram-map-k",), ngram_n=2, ngram_m=3, min_hits=2)
+    speculator, history = NgramMapK(), []
+    for step in range(300):
+        if step % 61 == 60:
+            history = history[len(history) // 2 :]  # shifted: the older half dropped
+        history += rng.integers(0, 4, int(rng.integers(1, 4))).tolist()
+        assert speculator.propose("seq", history, params, 8) == NgramMapK().propose("x", history, params, 8)
+
+
 def test_ngram_cache_learns_across_requests() -> None:
     params = SpecParams(("ngram-cache",))
     speculator = NgramCache()

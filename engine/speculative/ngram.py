@@ -61,17 +61,17 @@ class NgramSimple(Speculator):
         indexed one grown (another n, a context shift), as told by its length and last indexed token:
         a wrong index costs acceptance, never output (every draft is verified)."""
         index = self._index.get(key)
-        if (
-            index is None
-            or index.n != size
-            or index.done > len(history)
-            or (index.done and history[index.done - 1] != index.tail)
-        ):
+        if index is None or index.n != size or not _grown(history, index.done, index.tail):
             index = self._index[key] = _Index(size)
         for end in range(max(index.done, size), len(history)):
             index.last_end[tuple(history[end - size : end])] = end
         index.done, index.tail = len(history), history[-1]
         return index
+
+
+def _grown(history: Sequence[int], done: int, tail: int) -> bool:
+    """Whether `history` is the one indexed up to `done` (whose last token was `tail`), grown or not."""
+    return done <= len(history) and (done == 0 or history[done - 1] == tail)
 
 
 @dataclass
@@ -88,7 +88,9 @@ class _Index:
 class _KeyMap:
     """One sequence's n-gram keys: where each was last followed, how often seen, and its last result."""
 
+    n: int
     indexed: int = 0  # history positions already indexed
+    tail: int = -1  # the token at indexed - 1, to tell a grown history from another one
     last_end: dict[tuple[int, ...], int] = field(default_factory=dict)
     hits: Counter[tuple[int, ...]] = field(default_factory=Counter)
     refused: set[tuple[int, ...]] = field(default_factory=set)  # its last draft got nothing accepted
@@ -120,14 +122,18 @@ class NgramMapK(Speculator):
         self._maps.pop(key, None)
 
     def _index(self, key: str, history: Sequence[int], n: int) -> _KeyMap:
-        """Index every key followed by at least one token (the current one is looked up, not indexed)."""
-        keys = self._maps.setdefault(key, _KeyMap())
+        """Index every key followed by at least one token (the current one is looked up, not indexed);
+        rebuilt, hits and refusals too, when `history` is not the indexed one grown (a context shift)."""
+        keys = self._maps.get(key)
+        if keys is None or keys.n != n or not _grown(history, keys.indexed, keys.tail):
+            keys = self._maps[key] = _KeyMap(n)
         for end in range(max(keys.indexed, n), len(history)):
             ngram = tuple(history[end - n : end])
             keys.last_end[ngram] = end
             keys.hits[ngram] += 1
             keys.refused.discard(ngram)  # seen again: worth another try
-        keys.indexed = max(keys.indexed, len(history))
+        if history:
+            keys.indexed, keys.tail = len(history), history[-1]
         return keys
 
 
