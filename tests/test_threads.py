@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -13,8 +12,7 @@ import pytest
 
 from engine.batch import Batch, BatchPart
 from engine.threads import ThreadTuner, bucket
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.server_process import REPO
 
 
 class Clock:
@@ -105,7 +103,7 @@ def test_the_tbb_threading_layer_loads_and_gives_the_same_logits(smollm2_llm, tm
     ran = subprocess.run(
         [sys.executable, "-c", TBB_RUN, str(tmp_path / "tbb.npy")],
         env=env,
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,

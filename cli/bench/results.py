@@ -103,7 +103,7 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("spec_prompt", str),
     ("draft_n", int),
     ("draft_n_accepted", int),
-    ("avg_ts_all_active", float),  # speculative tests of several sequences (cli/bench/spec.py); else 0
+    ("avg_ts_all_active", float),  # speculative tests: the rate while all sequences decode; else 0
     ("test_time", str),
     ("avg_ns", int),
     ("stddev_ns", int),

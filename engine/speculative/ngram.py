@@ -61,17 +61,11 @@ class NgramSimple(Speculator):
         indexed one grown (another n, a context shift), as told by its length and last indexed token:
         a wrong index costs acceptance, never output (every draft is verified)."""
         index = self._index.get(key)
-        if index is None or index.n != size or not _grown(history, index.done, index.tail):
+        if index is None or not index.extends(history, size):
             index = self._index[key] = _Index(size)
-        for end in range(max(index.done, size), len(history)):
+        for end in index.new_ends(history):
             index.last_end[tuple(history[end - size : end])] = end
-        index.done, index.tail = len(history), history[-1]
         return index
-
-
-def _grown(history: Sequence[int], done: int, tail: int) -> bool:
-    """Whether `history` is the one indexed up to `done` (whose last token was `tail`), grown or not."""
-    return done <= len(history) and (done == 0 or history[done - 1] == tail)
 
 
 @dataclass
@@ -83,15 +77,26 @@ class _Index:
     tail: int = -1  # the token at done - 1, to tell a grown history from another one
     last_end: dict[tuple[int, ...], int] = field(default_factory=dict)
 
+    def extends(self, history: Sequence[int], n: int) -> bool:
+        """Whether `history` is the one indexed, grown or not, for n-grams of n."""
+        return (
+            self.n == n
+            and self.done <= len(history)
+            and (self.done == 0 or history[self.done - 1] == self.tail)
+        )
+
+    def new_ends(self, history: Sequence[int]) -> range:
+        """The ends of the n-grams not yet indexed; they count as indexed from here on."""
+        ends = range(max(self.done, self.n), len(history))
+        if history:
+            self.done, self.tail = len(history), history[-1]
+        return ends
+
 
 @dataclass
-class _KeyMap:
-    """One sequence's n-gram keys: where each was last followed, how often seen, and its last result."""
+class _KeyMap(_Index):
+    """One sequence's n-gram keys (ngram-map-k): also how often each was seen, and its last result."""
 
-    n: int
-    indexed: int = 0  # history positions already indexed
-    tail: int = -1  # the token at indexed - 1, to tell a grown history from another one
-    last_end: dict[tuple[int, ...], int] = field(default_factory=dict)
     hits: Counter[tuple[int, ...]] = field(default_factory=Counter)
     refused: set[tuple[int, ...]] = field(default_factory=set)  # its last draft got nothing accepted
     last_key: tuple[int, ...] = ()  # the key of the draft being verified
@@ -125,15 +130,13 @@ class NgramMapK(Speculator):
         """Index every key followed by at least one token (the current one is looked up, not indexed);
         rebuilt, hits and refusals too, when `history` is not the indexed one grown (a context shift)."""
         keys = self._maps.get(key)
-        if keys is None or keys.n != n or not _grown(history, keys.indexed, keys.tail):
+        if keys is None or not keys.extends(history, n):
             keys = self._maps[key] = _KeyMap(n)
-        for end in range(max(keys.indexed, n), len(history)):
+        for end in keys.new_ends(history):
             ngram = tuple(history[end - n : end])
             keys.last_end[ngram] = end
             keys.hits[ngram] += 1
             keys.refused.discard(ngram)  # seen again: worth another try
-        if history:
-            keys.indexed, keys.tail = len(history), history[-1]
         return keys
 
 
