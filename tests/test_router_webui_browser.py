@@ -66,7 +66,9 @@ def test_reload_during_a_load_gets_the_whole_answer(page: Any, router: ServerPro
     page.get_by_role("combobox", name="Model").select_option("smol-c")
     settings(page, Temperature="0", **{"Max tokens": "32"})
     send(page, "Tell me about dragons.")
-    wait_until(lambda: bool(posts), 30, "the chat sent")
+    # Playwright's sync API hands events to `chat_posts` only inside its own calls: wait in one of those
+    # (a bare poll never saw a request sent after `send` returned: CI failed so once)
+    wait_until(lambda: page.wait_for_timeout(50) or bool(posts), 30, "the chat sent")
     # the picker's load and the chat both wait for the model (one load for both; it may first wait for
     # room: the page's GET /tools went to the default model, which took the second place)
     wait_until(lambda: models(router)["smol-c"]["queued"] == 2, 30, "the chat waits for its model")
