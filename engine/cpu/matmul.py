@@ -153,10 +153,15 @@ def _broadcast(builder, x32):  # type: ignore[no-untyped-def]
     return builder.shuffle_vector(x, ir.Constant(_V16I32, ir.Undefined), _splat(0))
 
 
-# Decode tiles (1-2 tokens) prefetch their weight bytes this far ahead. The hardware prefetchers stop at
-# 4 KiB boundaries and left the DRAM stream latency-bound: Qwen-shaped Q4_K matrices streaming through
-# 206 MiB, 2 threads (scripts/bench_huge_pages.py), 13.6 -> 27.8 GB/s at 1 KiB (512: 25.0, 2 KiB: 23.8,
-# 4 KiB: 23.9); Q6_K 20-22 -> 24-29 GB/s. Tiles of 4+ tokens are compute-bound and do not prefetch.
+# The Q4_0 and Q4_1 decode tiles (1-2 tokens) prefetch their weight bytes this far ahead: the
+# hardware prefetchers stop at 4 KiB boundaries. Measured in one process, the two variants alternated
+# over Qwen-shaped matrices streaming through 206-293 MiB (scripts/bench_huge_pages.py, 2 threads,
+# 2026-12-03): Q4_1 with it 28.76 / 26.74 GB/s, without 27.24 / 25.71. The K-quant tiles (Q4_K, Q6_K)
+# do more arithmetic a byte and stream faster without it, which the hardware prefetchers keep up with:
+# Q4_K 19.04 -> 21.68 and 18.01 -> 21.85 GB/s, Q6_K 27.60 -> 29.76 and 24.53 -> 25.84 (Qwen2.5-Coder
+# 1.5B tg64, 4 pairs alternated: 25.4 -> 27.6 t/s). An earlier VM measured Q4_K the other way (13.6 ->
+# 27.8 GB/s with it), so re-measure on a new machine. Tiles of 4+ tokens are compute-bound and do not
+# prefetch.
 PREFETCH_BYTES = 1024
 
 
@@ -1066,9 +1071,6 @@ def _q4k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         for bb in range(8):
             b = sb * 8 + bb
             first = b * 16 * ROWS
-            if n_tok <= 2:
-                for line in range(8):
-                    _prefetch(qs_g, first + PREFETCH_BYTES + 64 * line)
             if n_tok == 8:
                 _q4k_block_sums8(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
             elif n_tok == 4:
@@ -1519,10 +1521,6 @@ def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         for bb in range(8):
             b = sb * 8 + bb
             at, qh_at = b * 16 * ROWS, b * 8 * ROWS
-            for line in range(8):
-                _prefetch(qs_g, at + PREFETCH_BYTES + 64 * line)
-            for line in range(4):
-                _prefetch(qh_g, qh_at + PREFETCH_BYTES // 2 + 64 * line)
             if n_tok == 2:
                 _q6k_block_sums2(
                     flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
