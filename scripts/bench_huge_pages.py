@@ -7,7 +7,9 @@ gate|up 17920x1536, down 1536x8960) for --layers layers, one token through all o
 every call reads its weights from memory, not from cache. Prints GB/s over the packed bytes (best and
 median of 15 passes) and the median per matrix shape, and the machine's parallel read bandwidth over
 the same bytes for the ratio. --small-pages keeps numpy's memory (4 KiB pages) instead of the CPU
-backend's huge-page mappings (engine/cpu/huge_pages.py).
+backend's huge-page mappings (engine/cpu/huge_pages.py). --against-small-pages builds both and
+alternates them pass by pass in this one process: this VM's bandwidth moves by a third between runs
+minutes apart, so two separate runs cannot tell a 10% difference (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -56,14 +58,15 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--type", default="Q4_K")
     p.add_argument("--small-pages", action="store_true")
+    p.add_argument("--against-small-pages", action="store_true", help="alternate both in one process")
     args = p.parse_args()
     numba.set_num_threads(args.threads)
+    if args.against_small_pages:
+        compare_pages(args.type, args.layers)
+        return
     model = build(args.type, args.layers, args.small_pages)
     total = sum(w.nbytes for layer in model for w in layer.values())
-    xs = {
-        n: np.random.default_rng(1).standard_normal((1, c)).astype(np.float32) for n, (_, c) in SHAPES.items()
-    }
-    outs = {n: np.empty((1, r), np.float32) for n, (r, _) in SHAPES.items()}
+    xs, outs = one_token()
     per_shape: dict[str, list[float]] = {n: [] for n in SHAPES}
     passes = []
     for i in range(16):
@@ -92,6 +95,40 @@ def main() -> None:
         size = model[0][n].nbytes
         print(f"  {n:9s} {size / 2**20:5.1f} MiB  median {size / statistics.median(ts) / 1e9:.1f} GB/s")
     print(f"  parallel read, same bytes: {total / read / 1e9:.1f} GB/s; median pass at {read / median:.0%}")
+
+
+def one_token() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One token's input and output row for each shape."""
+    rng = np.random.default_rng(1)
+    xs = {n: rng.standard_normal((1, c)).astype(np.float32) for n, (_, c) in SHAPES.items()}
+    return xs, {n: np.empty((1, r), np.float32) for n, (r, _) in SHAPES.items()}
+
+
+def one_pass(
+    model: list[dict[str, PackedWeight]], xs: dict[str, np.ndarray], outs: dict[str, np.ndarray]
+) -> float:
+    start = time.perf_counter()
+    for layer in model:
+        for n, w in layer.items():
+            matmul(xs[n], w, outs[n])
+    return time.perf_counter() - start
+
+
+def compare_pages(type_name: str, layers: int, passes: int = 30) -> None:
+    """Huge and 4 KiB pages alternated pass by pass: the median GB/s of each."""
+    models = {"huge pages": build(type_name, layers, False), "4 KiB pages": build(type_name, layers, True)}
+    total = sum(w.nbytes for layer in models["huge pages"] for w in layer.values())
+    xs, outs = one_token()
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    for i in range(passes + 1):
+        for name, model in models.items():
+            took = one_pass(model, xs, outs)
+            if i:  # the first pass compiles
+                seconds[name].append(took)
+    print(f"{type_name}, {layers} layers, {total / 2**20:.0f} MiB each, alternated {passes} passes")
+    for name, ts in seconds.items():
+        median, best = total / statistics.median(ts) / 1e9, total / min(ts) / 1e9
+        print(f"  {name:12s} median {median:.1f} GB/s, best {best:.1f}")
 
 
 def timed(fn) -> float:  # type: ignore[no-untyped-def]
