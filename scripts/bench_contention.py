@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -45,7 +46,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         common = ["-m", str(model), "--port", str(self.port), "-np", "16", "-c", "8192", "-t", str(threads)]
         if kind == "llamba":
-            cmd = [sys.executable, "-m", "server", *common, *extra.split()]
+            cmd = [sys.executable, "-m", "server", *common, *shlex.split(extra)]
         else:
             assert binary is not None
             cmd = [binary, *common, "-tb", str(threads), "--no-webui"]

@@ -12,7 +12,15 @@ import pytest
 
 from tests.server_process import ServerProcess, wait_until
 from tests.test_router_server import SMOL_PRESET, models, status, write_preset
-from tests.test_webui_browser import chat_posts, last_message, reference, send, settings, wait_status
+from tests.test_webui_browser import (
+    chat_posts,
+    is_chat_post,
+    last_message,
+    reference,
+    send,
+    settings,
+    wait_status,
+)
 from tests.webui_browser import DESKTOP, PageErrors, browser  # noqa: F401
 
 LOAD_ERRORS = "Failed to load resource"  # the 503s of a resume during a load are expected
@@ -65,10 +73,10 @@ def test_reload_during_a_load_gets_the_whole_answer(page: Any, router: ServerPro
         httpx.post(router.base_url + "/models/unload", json={"model": "smol-c"}, timeout=60)
     page.get_by_role("combobox", name="Model").select_option("smol-c")
     settings(page, Temperature="0", **{"Max tokens": "32"})
-    send(page, "Tell me about dragons.")
-    # Playwright's sync API hands events to `chat_posts` only inside its own calls: wait in one of those
-    # (a bare poll never saw a request sent after `send` returned: CI failed so once)
-    wait_until(lambda: page.wait_for_timeout(50) or bool(posts), 30, "the chat sent")
+    # Playwright's sync API hands page events over only inside its own calls: a bare poll of `posts`
+    # never saw a request sent after `send` returned (CI failed so once)
+    with page.expect_request(is_chat_post, timeout=30_000):
+        send(page, "Tell me about dragons.")
     # the picker's load and the chat both wait for the model (one load for both; it may first wait for
     # room: the page's GET /tools went to the default model, which took the second place)
     wait_until(lambda: models(router)["smol-c"]["queued"] == 2, 30, "the chat waits for its model")

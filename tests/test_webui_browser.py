@@ -122,12 +122,16 @@ def wait_saved(page: Any, n_chars: int, timeout: float = 60) -> dict[str, Any]:
         time.sleep(0.1)
 
 
+def is_chat_post(request: Any) -> bool:
+    return request.method == "POST" and request.url.endswith("/v1/chat/completions")
+
+
 def chat_posts(page: Any) -> list[dict[str, Any]]:
     """Bodies and headers of the chat requests the page sends, as they are sent."""
     posts: list[dict[str, Any]] = []
 
     def seen(request: Any) -> None:
-        if request.method == "POST" and request.url.endswith("/v1/chat/completions"):
+        if is_chat_post(request):
             posts.append({"body": request.post_data_json, "headers": request.headers})
 
     page.on("request", seen)
