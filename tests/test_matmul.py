@@ -243,3 +243,23 @@ def test_iq4_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> Non
         x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
         weights = quant.dequantize(data, qtype, (rows, cols))
         check(qtype, quant.pack_weight(data, qtype, (rows, cols)), weights, x)
+
+
+@pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+def test_q8_0_tiles_agree_to_the_bit() -> None:
+    """Q8_0's tiles of 4 and 8 tokens sum on vpdpbusd (weights + 128, then 128 x sum(x) off), those of
+    1 and 2 on vpdpwssd: each token of a 23-token batch (tiles 8, 8, 4, 2, 1) must come out bit for bit
+    as it does alone, with quants at -128 and 127 and activations at +-127."""
+    rows, cols = 70, 512
+    extremes = np.zeros((rows, cols // quant.QK, 34), np.uint8)
+    extremes[..., 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    extremes[..., 2:] = RNG.choice(np.array([0x80, 0x7F], np.uint8), size=(rows, cols // quant.QK, 32))
+    for data in (random_blocks(QType.Q8_0, rows, cols), extremes):
+        w = quant.pack_weight(data, QType.Q8_0, (rows, cols))
+        weights = quant.dequantize(data, QType.Q8_0, (rows, cols))
+        x = RNG.standard_normal((23, cols)).astype(np.float32)
+        x[:3] = np.sign(x[:3])
+        batched = run_matmul(w, x)
+        alone = np.concatenate([run_matmul(w, x[t : t + 1]) for t in range(len(x))])
+        np.testing.assert_array_equal(batched, alone)
+        assert rel_max(batched, exact_product(QType.Q8_0, w, weights, x)) < 1e-4

@@ -188,16 +188,6 @@ def _vpdpwssd(builder):  # type: ignore[no-untyped-def]
     )
 
 
-def _accumulate_pairs(context, builder, sig, args, pairs) -> None:  # type: ignore[no-untyped-def]
-    """sums[at : at + 16] += vpdpwssd(pairs, x_pair broadcast): sums, at = args[0:2], x_pair = args[-1]."""
-    acc_ptr = _vector_at(context, builder, sig.args[0], args[0], args[1], _V16I32)
-    x32 = context.cast(builder, args[-1], sig.args[-1], types.int32)
-    total = builder.call(
-        _vpdpwssd(builder), [builder.load(acc_ptr, align=4), pairs, _broadcast(builder, x32)]
-    )
-    builder.store(total, acc_ptr, align=4)
-
-
 def _int16_pairs(builder, low, high):  # type: ignore[no-untyped-def]
     """int32 lanes holding (low, high) as two int16."""
     return builder.or_(builder.and_(low, _splat(0xFFFF)), builder.shl(high, _splat(16)))
@@ -601,23 +591,58 @@ _q4k_block_sums2 = _q4k_block_sums(2, 2)
 _q4k_block_sums4 = _q4k_block_sums(4, 1)
 _q4k_block_sums8 = _q4k_block_sums(8, 1)
 
-# A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where the memory-accumulated
-# _dot_int8_pairs16 was latency-bound (2.4x slower than the float path at T = 1).
+# A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where vpdpwssd sums held in memory were
+# latency-bound (2.4x slower than the float path at T = 1).
 _q8_block_sums1 = _register_sums(1, 16, _int8_pairs, chains=4)
 _q8_block_sums2 = _register_sums(2, 16, _int8_pairs, chains=2)
 
 
-@intrinsic
-def _dot_int8_pairs16(typingctx, sums, sums_at, quants, first_at, second_at, x_pair):  # type: ignore[no-untyped-def]
-    """sums[sums_at + i] += quants[first_at + i] * lo(x_pair) + quants[second_at + i] * hi(x_pair), i < 16."""
+def _q8_quad_sums(n_tok: int):  # type: ignore[no-untyped-def]
+    """An intrinsic computing a Q8_0 block's sums for a tile of n_tok tokens and 32 rows on vpdpbusd:
+    sums[t * 32 + r] = sum over the 32 positions j of w[r, j] * x[t, j], with xb as in _quad_sums
+    (col0 = 8b) and xs[row0 + t, b] the block's activation sum. vpdpbusd wants unsigned weight bytes:
+    it multiplies w + 128 (the sign bit flipped), and 128 x sum(x) comes off at the end. Integers, so
+    the same sums as the vpdpwssd tiles of 1 and 2 tokens to the bit."""
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        first = _widen_bytes16(context, builder, sig.args[2], args[2], args[3], signed=True)
-        second = _widen_bytes16(context, builder, sig.args[2], args[2], args[4], signed=True)
-        _accumulate_pairs(context, builder, sig, args, _int16_pairs(builder, first, second))
-        return context.get_dummy_value()
+    @intrinsic
+    def q8_quad_sums(typingctx, sums, packed, packed_at, xb, xs, row0, b):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            sums_type, packed_type, _, xb_type, xs_type, _, _ = sig.args
+            at0, row, block = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 5, 6))
+            col = builder.shl(block, ir.Constant(ir.IntType(64), 3))
+            xb_array = context.make_array(xb_type)(context, builder, args[3])
+            xs_array = context.make_array(xs_type)(context, builder, args[4])
+            dpbusd = _vpdpbusd(builder)
+            acc = [[[_splat(0)] for _ in (0, 1)] for _ in range(n_tok)]
+            for q in range(QK // 4):
+                quads = _transposed_quads(
+                    context, builder, packed_type, args[1], at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS)
+                )
+                lanes = [builder.bitcast(builder.xor(rows, _bytes(0x80)), _V16I32) for rows in quads]
+                for t in range(n_tok):
+                    x = _broadcast_at(
+                        context, builder, xb_type, xb_array, _plus(builder, row, t), _plus(builder, col, q)
+                    )
+                    for lane in (0, 1):
+                        acc[t][lane][0] = builder.call(dpbusd, [acc[t][lane][0], lanes[lane], x])
+            for t in range(n_tok):
+                offset = _broadcast_at(context, builder, xs_type, xs_array, _plus(builder, row, t), block)
+                for lane in (0, 1):
+                    acc[t][lane][0] = builder.sub(acc[t][lane][0], builder.shl(offset, _splat(7)))
+            _store_chains(context, builder, sums_type, args[0], acc)
+            return context.get_dummy_value()
 
-    return types.void(sums, sums_at, quants, first_at, second_at, x_pair), codegen
+        return types.void(sums, packed, packed_at, xb, xs, row0, b), codegen
+
+    return q8_quad_sums
+
+
+# Tiles of 4 and 8 tokens: vpdpbusd does twice vpdpwssd's multiplies per instruction, and the sums stay
+# in registers. They replaced vpdpwssd sums held in memory: Q8_0 32768x640 at T = 16, 2 threads,
+# 2.88 -> 2.17 ms (233 -> 309 GOP/s); Gemma 3's step of 16 decode tokens (its 262k-row Q8_0 head
+# 27% of it) 41.4 -> 36.6 ms (2026-12-03, scripts/bench_matmul.py --types Q8_0, one run each).
+_q8_quad_sums4 = _q8_quad_sums(4)
+_q8_quad_sums8 = _q8_quad_sums(8)
 
 
 @njit(inline="always")
@@ -1585,32 +1610,27 @@ def _q8_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 # With VNNI, Q8_0 takes the integer path too, at every tile size (so a token's output never depends on
-# its batch): activations quantized per 32-block as for the other formats, adjacent positions (k, k+1)
-# paired into int16 lanes, int32 sums per block, then one scale per block. llama.cpp also multiplies
-# Q8_0 weights by int8 activations.
+# its batch): activations quantized per 32-block as for the other formats, int32 sums per block (tiles
+# of 1 and 2 tokens: adjacent positions paired into int16 lanes on vpdpwssd; of 4 and 8: 4 positions a
+# lane on vpdpbusd), then one scale per block. llama.cpp also multiplies Q8_0 weights by int8 activations.
 
 
 @njit(inline="always")
 def _q8_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    qs, d, xp, xd, out = a
+    qs, d, xp, xb, xs, xd, out = a
     acc = stack_tile_f32()
     sums = carray(_alloca_i32(256), (256,))
     qs_g = qs[g]
     _zero_tile(acc, n_tok)
     for b in range(xd.shape[1]):
-        if n_tok == 1:
-            _q8_block_sums1(sums, qs_g, b * QK * ROWS, xp, t0, b * 16)
+        if n_tok == 8:
+            _q8_quad_sums8(sums, qs_g, b * QK * ROWS, xb, xs, t0, b)
+        elif n_tok == 4:
+            _q8_quad_sums4(sums, qs_g, b * QK * ROWS, xb, xs, t0, b)
         elif n_tok == 2:
             _q8_block_sums2(sums, qs_g, b * QK * ROWS, xp, t0, b * 16)
         else:
-            for i in range(n_tok * ROWS):
-                sums[i] = 0
-            for k in range(0, QK, 2):
-                first = (b * QK + k) * ROWS
-                for t in range(n_tok):
-                    x_pair = xp[t0 + t, (b * QK + k) // 2]
-                    _dot_int8_pairs16(sums, t * ROWS, qs_g, first, first + ROWS, x_pair)
-                    _dot_int8_pairs16(sums, t * ROWS + 16, qs_g, first + 16, first + ROWS + 16, x_pair)
+            _q8_block_sums1(sums, qs_g, b * QK * ROWS, xp, t0, b * 16)
         dq = _lanes(d, g, b)
         for t in range(n_tok):
             xdt = xd[t0 + t, b]
@@ -1633,10 +1653,9 @@ def _adjacent_pairs(xq: np.ndarray) -> np.ndarray:
 @njit(parallel=True, **_KERNEL)
 def _matmul_q8_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x)
-    xp = _adjacent_pairs(xq)
-    a = (qs, d, xp, xd, out)
+    a = (qs, d, _adjacent_pairs(xq), _activation_quads(xq), _activation_sums32(xq), xd, out)
     for g in prange(qs.shape[0]):
-        _each_tile(xp.shape[0], _q8_tile_vnni, a, _q8_tile_vnni, a, g)
+        _each_tile(xq.shape[0], _q8_tile_vnni, a, _q8_tile_vnni, a, g)
 
 
 @njit(parallel=True, **_KERNEL)
