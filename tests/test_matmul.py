@@ -216,9 +216,9 @@ def test_get_rows_real_embeddings(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile)
 @pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
 @pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
 def test_vnni_path_is_bitwise_the_int16_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tiles of 4+ tokens take vpdpwssd (Q6_K: int16), of 1 and 2 vpdpbusd (23 tokens: tiles 8, 8, 4,
-    2, 1); their outputs must not differ from the int16 kernels' by a bit (a token's logits may not
-    depend on the batch), extreme blocks included."""
+    """On VNNI CPUs these types' tiles of every size sum on vpdpbusd (23 tokens: tiles 8, 8, 4, 2, 1);
+    their outputs must not differ from the int16 kernels' by a bit (a token's logits may not depend on
+    the batch), extreme blocks included."""
     rows, cols = 70, 512
     for data in (random_blocks(qtype, rows, cols), _extreme_blocks(qtype, rows, cols)):
         w = quant.pack_weight(data, qtype, (rows, cols))

@@ -581,6 +581,7 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
 
 _q6k_block_sums1 = _q6k_block_sums(1, 4)
 _q6k_block_sums2 = _q6k_block_sums(2, 2)
+_q6k_block_sums4 = _q6k_block_sums(4, 1)  # tiles of 8 call it twice: 32 accumulators spilled (-16%)
 _quad_sums1 = _quad_sums(1, 4)
 _quad_sums2 = _quad_sums(2, 2)
 _quad_sums4 = _quad_sums(4, 1)
@@ -1529,9 +1530,10 @@ def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     _store_tile(acc, out, g, t0, n_tok)
 
 
-# Tiles of 1 and 2 tokens on VNNI CPUs: the unsigned 6-bit weights on vpdpbusd, minus 32 x the
-# activations' sum of each 16 positions, times the scales (_q6k_block_sums): the int16 path's integers
-# exactly, the same _k_superblock.
+# Every tile on VNNI CPUs: the unsigned 6-bit weights on vpdpbusd, minus 32 x the activations' sum of
+# each 16 positions, times the scales (_q6k_block_sums): the int16 path's integers exactly, the same
+# _k_superblock. Tiles of 4 and 8 tokens took the int16 path until 2026-12-03: Q6_K 32768x512 at T = 16,
+# 2 threads, 3.73 -> 2.09 ms (scripts/bench_matmul.py --types Q6_K, one run each).
 
 
 @njit(inline="always")
@@ -1546,7 +1548,29 @@ def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         for bb in range(8):
             b = sb * 8 + bb
             at, qh_at = b * 16 * ROWS, b * 8 * ROWS
-            if n_tok == 2:
+            if n_tok == 8:
+                _q6k_block_sums4(
+                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
+                )
+                _q6k_block_sums4(
+                    flat_blocks,
+                    bb * 256 + 128,
+                    qs_g,
+                    at,
+                    qh_g,
+                    qh_at,
+                    xb,
+                    t0 + 4,
+                    b * 8,
+                    sc_g,
+                    2 * b * ROWS,
+                    x16,
+                )
+            elif n_tok == 4:
+                _q6k_block_sums4(
+                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
+                )
+            elif n_tok == 2:
                 _q6k_block_sums2(
                     flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
                 )
@@ -1583,10 +1607,9 @@ def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
 @njit(parallel=True, **_KERNEL)
 def _matmul_q6k_vnni(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
-    a = (qs, qh, sc, d, xq, xd, out)
-    a_quads = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
+    a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
     for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q6k_tile, a, _q6k_tile_quads, a_quads, g)
+        _each_tile(xq.shape[0], _q6k_tile_quads, a, _q6k_tile_quads, a, g)
 
 
 # ---------------------------------------------------------------------------------------------------
