@@ -579,18 +579,20 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     return q6k_sums
 
 
+# Tiles of 8 tokens call the 4-token intrinsics twice (here and for Q4_0/Q4_1, Q4_K, Q8_0): one call
+# for 8 keeps 16-32 accumulators live with the shuffled weights, and spills. Two calls of 4, against one
+# of 8, in one process (2026-12-03, 2 threads, 32768x512): Q6_K 0.84x the time at T = 16 (bench_matmul),
+# Q4_0/Q4_1/Q4_K 0.89-0.99x at T = 8, 0.91-0.95x at T = 16, 0.96-0.99x at T = 64 and 256 (prefill).
 _q6k_block_sums1 = _q6k_block_sums(1, 4)
 _q6k_block_sums2 = _q6k_block_sums(2, 2)
-_q6k_block_sums4 = _q6k_block_sums(4, 1)  # tiles of 8 call it twice: 32 accumulators spilled (-16%)
+_q6k_block_sums4 = _q6k_block_sums(4, 1)
 _quad_sums1 = _quad_sums(1, 4)
 _quad_sums2 = _quad_sums(2, 2)
 _quad_sums4 = _quad_sums(4, 1)
-_quad_sums8 = _quad_sums(8, 1)
 # Whole Q4_K blocks (16 positions) times their scales.
 _q4k_block_sums1 = _q4k_block_sums(1, 4)
 _q4k_block_sums2 = _q4k_block_sums(2, 2)
 _q4k_block_sums4 = _q4k_block_sums(4, 1)
-_q4k_block_sums8 = _q4k_block_sums(8, 1)
 
 # A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where vpdpwssd sums held in memory were
 # latency-bound (2.4x slower than the float path at T = 1).
@@ -937,7 +939,8 @@ def _q4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 for line in range(4):
                     _prefetch(qs_g, first + PREFETCH_BYTES + 64 * line)
             if n_tok == 8:
-                _quad_sums8(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
+                _quad_sums4(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
+                _quad_sums4(flat_sums[128:], qs_g, first, xb, t0 + 4, b * 8 + half * 2)
             elif n_tok == 4:
                 _quad_sums4(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
             elif n_tok == 2:
@@ -1098,7 +1101,8 @@ def _q4k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             b = sb * 8 + bb
             first = b * 16 * ROWS
             if n_tok == 8:
-                _q4k_block_sums8(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
+                _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
+                _q4k_block_sums4(flat_blocks, bb * 256 + 128, qs_g, first, xb, t0 + 4, b * 8, sc_g, b * ROWS)
             elif n_tok == 4:
                 _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
             elif n_tok == 2:
