@@ -580,9 +580,10 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
 
 
 # Tiles of 8 tokens call the 4-token intrinsics twice (here and for Q4_0/Q4_1, Q4_K, Q8_0): one call
-# for 8 keeps 16-32 accumulators live with the shuffled weights, and spills. Two calls of 4, against one
-# of 8, in one process (2026-12-03, 2 threads, 32768x512): Q6_K 0.84x the time at T = 16 (bench_matmul),
-# Q4_0/Q4_1/Q4_K 0.89-0.99x at T = 8, 0.91-0.95x at T = 16, 0.96-0.99x at T = 64 and 256 (prefill).
+# for 8 keeps 16-32 accumulators live with the shuffled weights, and spills. Two calls of 4 against one
+# of 8 (2026-12-03, 2 threads; scripts/ab_matmul.py, both alternated in one process): Q8_0 32768x640
+# 0.96-0.97x the time at T = 8-64, Q4_0 and Q4_K 8960x1536 0.94-0.99x at T = 8-256; Q6_K (two
+# bench_matmul.py runs, T = 16) 2.48 -> 2.09 ms.
 _q6k_block_sums1 = _q6k_block_sums(1, 4)
 _q6k_block_sums2 = _q6k_block_sums(2, 2)
 _q6k_block_sums4 = _q6k_block_sums(4, 1)
@@ -640,11 +641,9 @@ def _q8_quad_sums(n_tok: int):  # type: ignore[no-untyped-def]
     return q8_quad_sums
 
 
-# Tiles of 4 and 8 tokens (8 as two calls of 4: 10% faster than one of 8): vpdpbusd does twice
-# vpdpwssd's multiplies per instruction, and the sums stay in registers. They replaced vpdpwssd sums
-# held in memory: Q8_0 32768x640 at T = 16, 2 threads, 2.88 -> 1.54 ms (233 -> 436 GOP/s); Gemma 3's
-# step of 16 decode tokens (its 262k-row Q8_0 head 27% of it) 41.4 -> 36.6 ms with one call of 8
-# (2026-12-03, scripts/bench_matmul.py --types Q8_0, one run each).
+# Tiles of 4 and 8 tokens: vpdpbusd does twice vpdpwssd's multiplies per instruction, and the sums stay
+# in registers. Against the vpdpwssd sums held in memory they replaced (scripts/ab_matmul.py --rev
+# 75fecee, 32768x512, 2 threads, 2026-12-03): 0.84x the time at T = 8 and 16, 0.69x at T = 64.
 _q8_quad_sums4 = _q8_quad_sums(4)
 
 
@@ -1536,8 +1535,8 @@ def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 # Every tile on VNNI CPUs: the unsigned 6-bit weights on vpdpbusd, minus 32 x the activations' sum of
 # each 16 positions, times the scales (_q6k_block_sums): the int16 path's integers exactly, the same
-# _k_superblock. Tiles of 4 and 8 tokens took the int16 path until 2026-12-03: Q6_K 32768x512 at T = 16,
-# 2 threads, 3.73 -> 2.09 ms (scripts/bench_matmul.py --types Q6_K, one run each).
+# _k_superblock. Tiles of 4 and 8 tokens took the int16 path until 2026-12-03: against it 0.53x the time
+# at T = 8, 0.51x at 16, 0.47x at 64 (scripts/ab_matmul.py --rev 75fecee, 32768x512, 2 threads).
 
 
 @njit(inline="always")
