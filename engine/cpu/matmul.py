@@ -126,6 +126,9 @@ _alloca_f32 = _alloca_intrinsic(types.float32)
 HAS_VNNI = bool(llvm_binding.get_host_cpu_features().get("avx512vnni", False)) and not os.environ.get(
     "LLAMBA_NO_VNNI"
 )
+# vpmultishiftqb (AVX512-VBMI; Ice Lake and Zen 4 have it, Cascade Lake has VNNI without it): Q5_K's
+# fifth bits in two instructions a vector instead of eight.
+HAS_VBMI = bool(llvm_binding.get_host_cpu_features().get("avx512vbmi", False))
 _V16I32 = ir.VectorType(ir.IntType(32), 16)
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
 
@@ -454,6 +457,37 @@ def _store_rows(context, builder, array_type, array, at, t: int, lane: int, valu
     builder.store(value, _vector_at(context, builder, array_type, array, index, _V16I32), align=4)
 
 
+def _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, xb, row, col, sc, out):  # type: ignore[no-untyped-def]
+    """The body of _q4k_block_sums and _q5k_block_sums: quads[q] are positions 4q.. and 16 + 4q.. per
+    16-row lane (unsigned bytes, 4 a row), sc = (type, array, at), out = (type, array, at)."""
+    xb_array = context.make_array(xb_type)(context, builder, xb)
+    dpbusd = _vpdpbusd(builder)
+    acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
+    for q, lanes in enumerate(quads):
+        for t in range(n_tok):
+            for nibble in (0, 1):  # low nibbles: positions 4q.., high: 16 + 4q..
+                x = _broadcast_at(
+                    context,
+                    builder,
+                    xb_type,
+                    xb_array,
+                    _plus(builder, row, t),
+                    _plus(builder, col, q + 4 * nibble),
+                )
+                chain = (2 * q + nibble) % chains
+                for lane in (0, 1):
+                    c = acc[t][lane]
+                    c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][nibble], x])
+    sc_type, sc_array, sc_at = sc
+    scales = [
+        _widen_bytes16(context, builder, sc_type, sc_array, _plus(builder, sc_at, 16 * lane), signed=False)
+        for lane in (0, 1)
+    ]
+    for t, per_lane in enumerate(_chain_totals(builder, acc)):
+        for lane, total in enumerate(per_lane):
+            _store_rows(context, builder, out[0], out[1], out[2], t, lane, builder.mul(total, scales[lane]))
+
+
 def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     """Q4_K's whole block b for n_tok tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] =
     sc[sc_at + r] x sum over the 16 positions j of w[r, j] * x[t, j] + w[r, j + 16] * x[t, j + 16]
@@ -467,39 +501,86 @@ def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             out_at, at0, row, col, sc_at = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 6, 8)
             )
-            xb_array = context.make_array(xb_type)(context, builder, args[4])
-            dpbusd = _vpdpbusd(builder)
-            acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
-            for q in range(4):
-                lanes = _nibble_quads(context, builder, packed_type, args[2], at0, q)
-                for t in range(n_tok):
-                    for nibble in (0, 1):  # low nibbles: positions 4q.., high: 16 + 4q..
-                        x = _broadcast_at(
-                            context,
-                            builder,
-                            xb_type,
-                            xb_array,
-                            _plus(builder, row, t),
-                            _plus(builder, col, q + 4 * nibble),
-                        )
-                        chain = (2 * q + nibble) % chains
-                        for lane in (0, 1):
-                            c = acc[t][lane]
-                            c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][nibble], x])
-            scales = [
-                _widen_bytes16(
-                    context, builder, sc_type, args[7], _plus(builder, sc_at, 16 * lane), signed=False
-                )
-                for lane in (0, 1)
-            ]
-            for t, per_lane in enumerate(_chain_totals(builder, acc)):
-                for lane, total in enumerate(per_lane):
-                    _store_rows(
-                        context, builder, out_type, args[0], out_at, t, lane, builder.mul(total, scales[lane])
-                    )
+            quads = [_nibble_quads(context, builder, packed_type, args[2], at0, q) for q in range(4)]
+            sc = (sc_type, args[7], sc_at)
+            out = (out_type, args[0], out_at)
+            _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, args[4], row, col, sc, out)
             return context.get_dummy_value()
 
         return types.void(out, out_at, packed, packed_at, xb, row0, col0, sc, sc_at), codegen
+
+    return block_sums
+
+
+_V32I8 = ir.VectorType(ir.IntType(8), 32)
+# Q5_K's qh byte c of a block and row holds the fifth bits of positions 4c + k (bit 2k) and 16 + 4c + k
+# (bit 2k + 1). Spread to the 4 bytes of its row (byte 4r + k of a 16-row lane), vpmultishiftqb moves
+# bit 2k (2k + 1) of byte 4r + k to bit 4 of that byte: per byte, the 8 bits of its qword from bit
+# offset 8p + 2k - 4 (- 3), p the byte's place in the qword.
+_ROW_BYTES = [
+    ir.Constant(ir.VectorType(ir.IntType(32), 64), [16 * lane + r for r in range(16) for _ in range(4)])
+    for lane in (0, 1)
+]
+_FIFTH_SHIFTS = [_bytes([(8 * (j % 8) + 2 * (j % 4) - 4 + high) % 64 for j in range(64)]) for high in (0, 1)]
+
+
+def _fifth_bits(context, builder, qh_type, qh, qh_at0, q: int):  # type: ignore[no-untyped-def]
+    """Q5_K's fifth bits of positions 4q .. 4q + 3 and 16 + 4q .., at bit 4 of each byte, per 16-row lane."""
+    at = builder.add(qh_at0, ir.Constant(ir.IntType(64), q * ROWS))
+    raw = builder.load(_vector_at(context, builder, qh_type, qh, at, _V32I8), align=1)
+    out = []
+    for lane in (0, 1):
+        rows = builder.shuffle_vector(raw, raw, _ROW_BYTES[lane])
+        out.append(tuple(_bit_to_4(builder, rows, high) for high in (0, 1)))
+    return out
+
+
+def _bit_to_4(builder, rows, high: int):  # type: ignore[no-untyped-def]
+    """Bit 2k + high of byte 4r + k, moved to bit 4 (the others cleared)."""
+    if HAS_VBMI:
+        shift = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V64I8, [_V64I8, _V64I8]), "llvm.x86.avx512.pmultishift.qb.512"
+        )
+        return builder.and_(builder.call(shift, [_FIFTH_SHIFTS[high], rows]), _bytes(0x10))
+    bits = None
+    for k in range(4):
+        bit = 2 * k + high
+        moved = builder.shl(rows, _bytes(4 - bit)) if bit < 4 else builder.lshr(rows, _bytes(bit - 4))
+        part = builder.and_(moved, _bytes([0x10 if j % 4 == k else 0 for j in range(64)]))
+        bits = part if bits is None else builder.or_(bits, part)
+    return bits
+
+
+def _q5k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+    """_q4k_block_sums for Q5_K: the nibbles with their fifth bits (qh bytes at qh_at) are the unsigned
+    5-bit weights; sc x their sum is the int16 path's sc x (sum of (q - 16) x + 16 sum(x)) exactly."""
+
+    @intrinsic
+    def block_sums(typingctx, out, out_at, packed, packed_at, qh, qh_at, xb, row0, col0, sc, sc_at):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            out_type, _, packed_type, _, qh_type, _, xb_type, _, _, sc_type, _ = sig.args
+            out_at, at0, qh_at0, row, col, sc_at = (
+                context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 7, 8, 10)
+            )
+            quads = []
+            for q in range(4):
+                nibbles = _nibble_quads(context, builder, packed_type, args[2], at0, q)
+                fifths = _fifth_bits(context, builder, qh_type, args[4], qh_at0, q)
+                quads.append(
+                    [
+                        tuple(
+                            builder.or_(v, builder.bitcast(f, _V16I32))
+                            for v, f in zip(lane, bits, strict=True)
+                        )
+                        for lane, bits in zip(nibbles, fifths, strict=True)
+                    ]
+                )
+            sc = (sc_type, args[9], sc_at)
+            out = (out_type, args[0], out_at)
+            _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, args[6], row, col, sc, out)
+            return context.get_dummy_value()
+
+        return types.void(out, out_at, packed, packed_at, qh, qh_at, xb, row0, col0, sc, sc_at), codegen
 
     return block_sums
 
@@ -594,6 +675,9 @@ _quad_sums4 = _quad_sums(4, 1)
 _q4k_block_sums1 = _q4k_block_sums(1, 4)
 _q4k_block_sums2 = _q4k_block_sums(2, 2)
 _q4k_block_sums4 = _q4k_block_sums(4, 1)
+_q5k_block_sums1 = _q5k_block_sums(1, 4)
+_q5k_block_sums2 = _q5k_block_sums(2, 2)
+_q5k_block_sums4 = _q5k_block_sums(4, 1)
 
 # A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where vpdpwssd sums held in memory were
 # latency-bound (2.4x slower than the float path at T = 1).
@@ -1268,6 +1352,43 @@ def _matmul_q5k(x, qs, qh, d, m, sc, mn, out) -> None:  # type: ignore[no-untype
         _each_tile(xq.shape[0], _q5k_tile, a, _q5k_tile, a, g)
 
 
+@njit(inline="always")
+def _q5k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """Q5_K on vpdpbusd (_q5k_block_sums: Q4_K's blocks with the fifth bits merged), every tile size;
+    the same integers as _q5k_tile, the same _k_superblock."""
+    qs, qh, d, m, sc, mn, xb, xd, xsum, out = a
+    acc = stack_tile_f32()
+    blocks_ptr = _alloca_i32(2048)
+    blocks, flat_blocks = carray(blocks_ptr, (8, 8, 32)), carray(blocks_ptr, (2048,))
+    qs_g, qh_g, sc_g = qs[g], qh[g], sc[g]
+    _zero_tile(acc, n_tok)
+    for sb in range(xd.shape[1] // 8):
+        for bb in range(8):
+            b = sb * 8 + bb
+            at, qh_at, sc_at = b * 16 * ROWS, b * 4 * ROWS, b * ROWS
+            if n_tok == 8:
+                _q5k_block_sums4(flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, sc_at)
+                _q5k_block_sums4(
+                    flat_blocks, bb * 256 + 128, qs_g, at, qh_g, qh_at, xb, t0 + 4, b * 8, sc_g, sc_at
+                )
+            elif n_tok == 4:
+                _q5k_block_sums4(flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, sc_at)
+            elif n_tok == 2:
+                _q5k_block_sums2(flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, sc_at)
+            else:
+                _q5k_block_sums1(flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, sc_at)
+        _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q5k_vnni(x, qs, qh, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, d, m, sc, mn, _activation_quads(xq), xd, _activation_sums32(xq), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q5k_tile_vnni, a, _q5k_tile_vnni, a, g)
+
+
 # ---------------------------------------------------------------------------------------------------
 # IQ4_NL and IQ4_XS: each nibble indexes IQ4_LEVELS (-127..113). Two level-times-int8 products are
 # already 32258, so the sums of a block are int32. `per_sub_block` (IQ4_XS) scales each 32-block by
@@ -1915,7 +2036,9 @@ _MATMUL = {
     QType.Q3_K: lambda x, w, out: _matmul_q3k(x, w.qs, w.qh, w.d, w.sc, out),
     QType.Q2_K: lambda x, w, out: _matmul_q2k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
     QType.Q5_1: lambda x, w, out: _matmul_q5_1(x, w.qs, w.qh, w.d, w.m, out),
-    QType.Q5_K: lambda x, w, out: _matmul_q5k(x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out),
+    QType.Q5_K: lambda x, w, out: (_matmul_q5k_vnni if HAS_VNNI else _matmul_q5k)(
+        x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out
+    ),
     QType.Q6_K: lambda x, w, out: (_matmul_q6k_vnni if HAS_VNNI else _matmul_q6k)(
         x, w.qs, w.qh, w.sc, w.d, out
     ),
