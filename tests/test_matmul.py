@@ -215,7 +215,9 @@ def test_get_rows_real_embeddings(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile)
 # the int16 path is the only one, so nothing can differ from it.
 @pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
 @pytest.mark.parametrize(
-    "qtype", [QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q5_K, QType.Q6_K], ids=lambda q: q.name
+    "qtype",
+    [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K],
+    ids=lambda q: q.name,
 )
 def test_vnni_path_is_bitwise_the_int16_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
     """On VNNI CPUs these types' tiles of every size sum on vpdpbusd (23 tokens: tiles 8, 8, 4, 2, 1);

@@ -585,6 +585,56 @@ def _q5k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     return block_sums
 
 
+def _q5_half_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+    """Q5_0/Q5_1's half block for n_tok tokens and 32 rows, centred: sums[t * 32 + r] = sum over the 8
+    positions j of half h of (u[r, j] - 16) * x[t, j] + (u[r, j + 16] - 16) * x[t, j + 16], u the
+    unsigned 5-bit weights (nibbles at packed_at, fifth bits at qh_at as Q5_K's), xb as in _quad_sums
+    (col0 = 8b + 2h) and x16h[row0 + t, 2b + h] the half's activation sum: the int16 path's sums."""
+
+    @intrinsic
+    def half_sums(typingctx, sums, packed, packed_at, qh, qh_at, xb, row0, col0, x16h, half):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            sums_type, packed_type, _, qh_type, _, xb_type, _, _, x16h_type, _ = sig.args
+            at0, qh_at0, row, col, half = (
+                context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 6, 7, 9)
+            )
+            xb_array = context.make_array(xb_type)(context, builder, args[5])
+            x16h_array = context.make_array(x16h_type)(context, builder, args[8])
+            dpbusd = _vpdpbusd(builder)
+            acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
+            for q in (0, 1):
+                nibbles = _nibble_quads(context, builder, packed_type, args[1], at0, q)
+                fifths = _fifth_bits(context, builder, qh_type, args[3], qh_at0, q)
+                for t in range(n_tok):
+                    for part in (0, 1):  # positions 4q.. of the half, and 16 on
+                        x = _broadcast_at(
+                            context,
+                            builder,
+                            xb_type,
+                            xb_array,
+                            _plus(builder, row, t),
+                            _plus(builder, col, q + 4 * part),
+                        )
+                        chain = (2 * q + part) % chains
+                        for lane in (0, 1):
+                            w = builder.or_(nibbles[lane][part], builder.bitcast(fifths[lane][part], _V16I32))
+                            c = acc[t][lane]
+                            c[chain] = builder.call(dpbusd, [c[chain], w, x])
+            for t, per_lane in enumerate(_chain_totals(builder, acc)):
+                offset = _broadcast_at(context, builder, x16h_type, x16h_array, _plus(builder, row, t), half)
+                for lane, total in enumerate(per_lane):
+                    centred = builder.sub(total, builder.shl(offset, _splat(4)))
+                    at = ir.Constant(ir.IntType(64), t * ROWS + lane * 16)
+                    builder.store(
+                        centred, _vector_at(context, builder, sums_type, args[0], at, _V16I32), align=4
+                    )
+            return context.get_dummy_value()
+
+        return types.void(sums, packed, packed_at, qh, qh_at, xb, row0, col0, x16h, half), codegen
+
+    return half_sums
+
+
 def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     """Q6_K's whole block b (its 16 positions at `packed_at`, their qh bytes at `qh_at`) for n_tok
     tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] = sc_lo[r] x (sum over j < 16 of
@@ -678,6 +728,9 @@ _q4k_block_sums4 = _q4k_block_sums(4, 1)
 _q5k_block_sums1 = _q5k_block_sums(1, 4)
 _q5k_block_sums2 = _q5k_block_sums(2, 2)
 _q5k_block_sums4 = _q5k_block_sums(4, 1)
+_q5_half_sums1 = _q5_half_sums(1, 4)
+_q5_half_sums2 = _q5_half_sums(2, 2)
+_q5_half_sums4 = _q5_half_sums(4, 1)
 
 # A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where vpdpwssd sums held in memory were
 # latency-bound (2.4x slower than the float path at T = 1).
@@ -1307,6 +1360,75 @@ def _matmul_q5_1(x, qs, qh, d, m, out) -> None:  # type: ignore[no-untyped-def]
     a = (qs, qh, d, m, True, xq, xd, xs, _integer_sums(xq, xd), out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q5_tile, a, _q5_tile, a, g)
+
+
+@njit(inline="always")
+def _q5_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """_q5_tile on vpdpbusd (_q5_half_sums: the same centred half-block sums), the same float steps."""
+    qs, qh, d, m, with_min, xb, x16h, xd, xs, xsum, out = a
+    acc = stack_tile_f32()
+    sums_ptr = _alloca_i32(256)
+    sums, flat_sums = carray(sums_ptr, (8, 32)), carray(sums_ptr, (256,))
+    qs_g, qh_g = qs[g], qh[g]
+    _zero_tile(acc, n_tok)
+    for b in range(xd.shape[1]):
+        for half in range(2):
+            at, qh_at, col, h = (
+                (b * 16 + half * 8) * ROWS,
+                (b * 4 + half * 2) * ROWS,
+                b * 8 + half * 2,
+                2 * b + half,
+            )
+            if n_tok == 8:
+                _q5_half_sums4(flat_sums, qs_g, at, qh_g, qh_at, xb, t0, col, x16h, h)
+                _q5_half_sums4(flat_sums[128:], qs_g, at, qh_g, qh_at, xb, t0 + 4, col, x16h, h)
+            elif n_tok == 4:
+                _q5_half_sums4(flat_sums, qs_g, at, qh_g, qh_at, xb, t0, col, x16h, h)
+            elif n_tok == 2:
+                _q5_half_sums2(flat_sums, qs_g, at, qh_g, qh_at, xb, t0, col, x16h, h)
+            else:
+                _q5_half_sums1(flat_sums, qs_g, at, qh_g, qh_at, xb, t0, col, x16h, h)
+            _q4_add_half(acc, sums, d, g, b, xd, t0, n_tok)
+        if with_min:
+            dq, mq = _lanes(d, g, b), _lanes(m, g, b)
+            for t in range(n_tok):
+                xst, xsumt = xs[t0 + t, b], xsum[t0 + t, b]
+                for r in range(ROWS):
+                    acc[t, r] += np.float32(16.0) * f16_to_f32(dq[r]) * xsumt + f16_to_f32(mq[r]) * xst
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(**_KERNEL)
+def _half_block_sums(xq: np.ndarray) -> np.ndarray:
+    """The integer sum of each half block's activations: x[8h .. 8h + 7] and x[16 + 8h ..] of a block."""
+    n_tok, k = xq.shape
+    out = np.empty((n_tok, 2 * (k // QK)), np.int32)
+    for t in range(n_tok):
+        for b in range(k // QK):
+            for half in range(2):
+                total = 0
+                for j in range(8):
+                    total += np.int32(xq[t, b * QK + half * 8 + j]) + np.int32(
+                        xq[t, b * QK + 16 + half * 8 + j]
+                    )
+                out[t, 2 * b + half] = total
+    return out
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q5_vnni(x, qs, qh, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x)
+    a = (qs, qh, d, d, False, _activation_quads(xq), _half_block_sums(xq), xd, xs, xs, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q5_tile_vnni, a, _q5_tile_vnni, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q5_1_vnni(x, qs, qh, d, m, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, xs = _quantize(x, ACT_Q8_1)
+    a = (qs, qh, d, m, True, _activation_quads(xq), _half_block_sums(xq), xd, xs, _integer_sums(xq, xd), out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q5_tile_vnni, a, _q5_tile_vnni, a, g)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -2032,10 +2154,12 @@ _MATMUL = {
     QType.Q4_K: lambda x, w, out: (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(
         x, w.qs, w.d, w.m, w.sc, w.mn, out
     ),
-    QType.Q5_0: lambda x, w, out: _matmul_q5(x, w.qs, w.qh, w.d, out),
+    QType.Q5_0: lambda x, w, out: (_matmul_q5_vnni if HAS_VNNI else _matmul_q5)(x, w.qs, w.qh, w.d, out),
     QType.Q3_K: lambda x, w, out: _matmul_q3k(x, w.qs, w.qh, w.d, w.sc, out),
     QType.Q2_K: lambda x, w, out: _matmul_q2k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
-    QType.Q5_1: lambda x, w, out: _matmul_q5_1(x, w.qs, w.qh, w.d, w.m, out),
+    QType.Q5_1: lambda x, w, out: (_matmul_q5_1_vnni if HAS_VNNI else _matmul_q5_1)(
+        x, w.qs, w.qh, w.d, w.m, out
+    ),
     QType.Q5_K: lambda x, w, out: (_matmul_q5k_vnni if HAS_VNNI else _matmul_q5k)(
         x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out
     ),
