@@ -257,33 +257,6 @@ def _int8_pairs(context, builder, packed_type, packed, at0, step: int, lane: int
     return _int16_pairs(builder, first, second)
 
 
-def _iq4_level_pairs(context, builder, packed_type, packed, at0, step: int, lane: int):  # type: ignore[no-untyped-def]
-    """IQ4 layout, position j = step: the byte of each of 16 rows -> (level of the low nibble, level of
-    the high nibble). One pshufb per nibble looks the 16 levels up (the gather LLVM makes of a table
-    lookup in a lane loop measured 6x slower than Q4_0's tiles)."""
-    byte = ir.IntType(8)
-    at = builder.add(at0, ir.Constant(ir.IntType(64), step * ROWS + lane * 16))
-    raw = builder.load(_vector_at(context, builder, packed_type, packed, at, _V16I8), align=1)
-    low = builder.and_(raw, ir.Constant(_V16I8, [15] * 16))
-    high = builder.lshr(raw, ir.Constant(_V16I8, [4] * 16))
-    table = ir.Constant(_V16I8, [ir.Constant(byte, int(v)) for v in IQ4_LEVELS])
-    pshufb = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_V16I8, [_V16I8, _V16I8]), "llvm.x86.ssse3.pshuf.b.128"
-    )
-    levels = [builder.sext(builder.call(pshufb, [table, nibbles]), _V16I32) for nibbles in (low, high)]
-    return _int16_pairs(builder, *levels)
-
-
-# Half an IQ4 block (8 positions) per call, per tile size (several accumulator chains for few tokens).
-_iq4_half_sums = {
-    8: _register_sums(8, 8, _iq4_level_pairs),
-    4: _register_sums(4, 8, _iq4_level_pairs),
-    2: _register_sums(2, 8, _iq4_level_pairs, chains=2),
-    1: _register_sums(1, 8, _iq4_level_pairs, chains=4),
-}
-_iq4_half_sums8, _iq4_half_sums4 = _iq4_half_sums[8], _iq4_half_sums[4]
-_iq4_half_sums2, _iq4_half_sums1 = _iq4_half_sums[2], _iq4_half_sums[1]
-
 # Tiles of the 4-bit layout, every size: vpdpbusd multiplies 4 unsigned weight bytes of
 # one row by 4 signed activation bytes and adds the 4 products to the row's int32 lane: 64 multiply-adds
 # an instruction where vpdpwssd does 32 and the int16 path 32 in two. Its 4 bytes must be 4 positions of
@@ -585,26 +558,52 @@ def _q5k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     return block_sums
 
 
-def _q5_half_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
-    """Q5_0/Q5_1's half block for n_tok tokens and 32 rows, centred: sums[t * 32 + r] = sum over the 8
-    positions j of half h of (u[r, j] - 16) * x[t, j] + (u[r, j + 16] - 16) * x[t, j + 16], u the
-    unsigned 5-bit weights (nibbles at packed_at, fifth bits at qh_at as Q5_K's), xb as in _quad_sums
-    (col0 = 8b + 2h) and x16h[row0 + t, 2b + h] the half's activation sum: the int16 path's sums."""
+def _q5_weights(context, builder, sig, args, at0, qh_at0, q: int):  # type: ignore[no-untyped-def]
+    """Q5_0/Q5_1's unsigned 5-bit weights of quad q, per 16-row lane: (positions 4q.., 16 + 4q..)."""
+    nibbles = _nibble_quads(context, builder, sig.args[1], args[1], at0, q)
+    fifths = _fifth_bits(context, builder, sig.args[3], args[3], qh_at0, q)
+    return [
+        tuple(builder.or_(v, builder.bitcast(f, _V16I32)) for v, f in zip(lane, bits, strict=True))
+        for lane, bits in zip(nibbles, fifths, strict=True)
+    ]
+
+
+_IQ4_LEVELS_U8 = _bytes([int(IQ4_LEVELS[i % 16]) + 128 for i in range(64)])
+
+
+def _iq4_weights(context, builder, sig, args, at0, qh_at0, q: int):  # type: ignore[no-untyped-def]
+    """IQ4's levels + 128 (unsigned bytes) of quad q, per 16-row lane: one vpshufb per nibble vector."""
+    pshufb = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V64I8, [_V64I8, _V64I8]), "llvm.x86.avx512.pshuf.b.512"
+    )
+    out = []
+    for lane in _nibble_quads(context, builder, sig.args[1], args[1], at0, q):
+        levels = [builder.call(pshufb, [_IQ4_LEVELS_U8, builder.bitcast(v, _V64I8)]) for v in lane]
+        out.append(tuple(builder.bitcast(v, _V16I32) for v in levels))
+    return out
+
+
+def _centred_half_sums(n_tok: int, chains: int, weights, offset_bits: int):  # type: ignore[no-untyped-def]
+    """Half a block (positions 8h .. 8h + 7 and 16 + 8h ..) of a Q4_0-layout format whose unsigned
+    weight bytes are u = w + 2^offset_bits, for n_tok tokens and 32 rows: sums[t * 32 + r] = sum of
+    w[r, j] * x[t, j] over the half = sum of u * x - 2^offset_bits * xh[row0 + t, 2b + h], xh the
+    half's activation sum (_half_block_sums), xb as in _quad_sums (col0 = 8b + 2h). `weights` gives a
+    quad's u per lane (Q5_0/Q5_1: 5-bit weights, w = q - 16; IQ4: levels + 128); `qh` may be any array
+    when it does not read one. The same integers as the int16/int32 paths, so the same outputs."""
 
     @intrinsic
-    def half_sums(typingctx, sums, packed, packed_at, qh, qh_at, xb, row0, col0, x16h, half):  # type: ignore[no-untyped-def]
+    def half_sums(typingctx, sums, packed, packed_at, qh, qh_at, xb, row0, col0, xh, half):  # type: ignore[no-untyped-def]
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            sums_type, packed_type, _, qh_type, _, xb_type, _, _, x16h_type, _ = sig.args
+            sums_type, _, _, _, _, xb_type, _, _, xh_type, _ = sig.args
             at0, qh_at0, row, col, half = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 6, 7, 9)
             )
             xb_array = context.make_array(xb_type)(context, builder, args[5])
-            x16h_array = context.make_array(x16h_type)(context, builder, args[8])
+            xh_array = context.make_array(xh_type)(context, builder, args[8])
             dpbusd = _vpdpbusd(builder)
             acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
             for q in (0, 1):
-                nibbles = _nibble_quads(context, builder, packed_type, args[1], at0, q)
-                fifths = _fifth_bits(context, builder, qh_type, args[3], qh_at0, q)
+                lanes = weights(context, builder, sig, args, at0, qh_at0, q)
                 for t in range(n_tok):
                     for part in (0, 1):  # positions 4q.. of the half, and 16 on
                         x = _broadcast_at(
@@ -617,20 +616,19 @@ def _q5_half_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
                         )
                         chain = (2 * q + part) % chains
                         for lane in (0, 1):
-                            w = builder.or_(nibbles[lane][part], builder.bitcast(fifths[lane][part], _V16I32))
                             c = acc[t][lane]
-                            c[chain] = builder.call(dpbusd, [c[chain], w, x])
+                            c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][part], x])
             for t, per_lane in enumerate(_chain_totals(builder, acc)):
-                offset = _broadcast_at(context, builder, x16h_type, x16h_array, _plus(builder, row, t), half)
+                offset = _broadcast_at(context, builder, xh_type, xh_array, _plus(builder, row, t), half)
                 for lane, total in enumerate(per_lane):
-                    centred = builder.sub(total, builder.shl(offset, _splat(4)))
+                    centred = builder.sub(total, builder.shl(offset, _splat(offset_bits)))
                     at = ir.Constant(ir.IntType(64), t * ROWS + lane * 16)
                     builder.store(
                         centred, _vector_at(context, builder, sums_type, args[0], at, _V16I32), align=4
                     )
             return context.get_dummy_value()
 
-        return types.void(sums, packed, packed_at, qh, qh_at, xb, row0, col0, x16h, half), codegen
+        return types.void(sums, packed, packed_at, qh, qh_at, xb, row0, col0, xh, half), codegen
 
     return half_sums
 
@@ -728,9 +726,12 @@ _q4k_block_sums4 = _q4k_block_sums(4, 1)
 _q5k_block_sums1 = _q5k_block_sums(1, 4)
 _q5k_block_sums2 = _q5k_block_sums(2, 2)
 _q5k_block_sums4 = _q5k_block_sums(4, 1)
-_q5_half_sums1 = _q5_half_sums(1, 4)
-_q5_half_sums2 = _q5_half_sums(2, 2)
-_q5_half_sums4 = _q5_half_sums(4, 1)
+_q5_half_sums1 = _centred_half_sums(1, 4, _q5_weights, 4)
+_q5_half_sums2 = _centred_half_sums(2, 2, _q5_weights, 4)
+_q5_half_sums4 = _centred_half_sums(4, 1, _q5_weights, 4)
+_iq4_quad_sums1 = _centred_half_sums(1, 4, _iq4_weights, 7)
+_iq4_quad_sums2 = _centred_half_sums(2, 2, _iq4_weights, 7)
+_iq4_quad_sums4 = _centred_half_sums(4, 1, _iq4_weights, 7)
 
 # A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where vpdpwssd sums held in memory were
 # latency-bound (2.4x slower than the float path at T = 1).
@@ -1100,19 +1101,6 @@ def _activation_quads(xq: np.ndarray) -> np.ndarray:
                 v |= (np.int64(xq[t, 4 * i + c]) & 0xFF) << (8 * c)
             xb[t, i] = v
     return xb
-
-
-@njit(**_KERNEL)
-def _activation_pairs(xq: np.ndarray) -> np.ndarray:
-    """int32 (x[j], x[j + 16]) of every block's positions j < 16: low half x[j], high half x[j + 16]."""
-    n_tok, k = xq.shape
-    xp = np.empty((n_tok, k // 2), np.int32)
-    for t in range(n_tok):
-        for b in range(k // QK):
-            for j in range(16):
-                lo = np.int32(xq[t, b * QK + j]) & 0xFFFF
-                xp[t, b * 16 + j] = lo | (np.int32(xq[t, b * QK + j + 16]) << 16)
-    return xp
 
 
 @njit(parallel=True, **_KERNEL)
@@ -1533,23 +1521,13 @@ def _iq4_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 for r in range(ROWS):
                     v = wq[r]
                     s32[t, r] += np.int32(IQ4_LEVELS[v & 15]) * xlo + np.int32(IQ4_LEVELS[v >> 4]) * xhi
-        if per_sub_block:
-            dq, scq = _lanes(d, g, b >> 3), _lanes(sc, g, b)
-            for t in range(n_tok):
-                xdt = xd[t0 + t, b]
-                for r in range(ROWS):
-                    acc[t, r] += f16_to_f32(dq[r]) * np.float32(scq[r]) * xdt * np.float32(s32[t, r])
-        else:
-            dq = _lanes(d, g, b)
-            for t in range(n_tok):
-                xdt = xd[t0 + t, b]
-                for r in range(ROWS):
-                    acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(s32[t, r])
+        _iq4_add_block(acc, s32, d, sc, per_sub_block, g, b, xd, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
 @njit(inline="always")
-def _iq4_add_half(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+def _iq4_add_block(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """acc += the block's scale x xd x integer sums (of the block, or of half of it on the VNNI path)."""
     if per_sub_block:
         dq, scq = _lanes(d, g, b >> 3), _lanes(sc, g, b)
         for t in range(n_tok):
@@ -1565,47 +1543,52 @@ def _iq4_add_half(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok) -> None:
 
 
 @njit(inline="always")
+def _iq4_half_vnni(sums, qs_g, b, half, xb, xh, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """sums[t * 32 + r] = half `half` of block b's integer sum, for the tile's tokens."""
+    at, col, h = (b * 16 + half * 8) * ROWS, b * 8 + half * 2, 2 * b + half
+    if n_tok == 8:
+        _iq4_quad_sums4(sums, qs_g, at, qs_g, 0, xb, t0, col, xh, h)
+        _iq4_quad_sums4(sums[128:], qs_g, at, qs_g, 0, xb, t0 + 4, col, xh, h)
+    elif n_tok == 4:
+        _iq4_quad_sums4(sums, qs_g, at, qs_g, 0, xb, t0, col, xh, h)
+    elif n_tok == 2:
+        _iq4_quad_sums2(sums, qs_g, at, qs_g, 0, xb, t0, col, xh, h)
+    else:
+        _iq4_quad_sums1(sums, qs_g, at, qs_g, 0, xb, t0, col, xh, h)
+
+
+@njit(inline="always")
 def _iq4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """The VNNI IQ4 tile, every tile size: int32 sums of half a block in registers (vpdpwssd of the
-    pshufb-decoded levels with the activation pairs (x[j], x[j + 16]))."""
-    qs, d, sc, per_sub_block, xp, xd, out = a
+    """The VNNI IQ4 tile, every tile size: the levels + 128 looked up by vpshufb and summed on vpdpbusd,
+    128 x the half's activation sum off (_centred_half_sums), scaled per half block (the portable tile
+    scales per block: the same integers, float sums that differ in the last bits)."""
+    qs, d, sc, per_sub_block, xb, xh, xd, out = a
     acc = stack_tile_f32()
     sums_ptr = _alloca_i32(256)
-    sums = carray(sums_ptr, (8, 32))
-    flat_sums = carray(sums_ptr, (256,))
+    sums, flat_sums = carray(sums_ptr, (8, 32)), carray(sums_ptr, (256,))
     qs_g = qs[g]
     _zero_tile(acc, n_tok)
     for b in range(xd.shape[1]):
         for half in range(2):
-            first = (b * 16 + half * 8) * ROWS
-            if n_tok == 8:
-                _iq4_half_sums8(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
-            elif n_tok == 4:
-                _iq4_half_sums4(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
-            elif n_tok == 2:
-                _iq4_half_sums2(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
-            else:
-                _iq4_half_sums1(flat_sums, qs_g, first, xp, t0, b * 16 + half * 8)
-            _iq4_add_half(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok)
+            _iq4_half_vnni(flat_sums, qs_g, b, half, xb, xh, t0, n_tok)
+            _iq4_add_block(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_iq4_nl_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_0)
-    xp = _activation_pairs(xq)
-    a = (qs, d, qs, False, xp, xd, out)
+    a = (qs, d, qs, False, _activation_quads(xq), _half_block_sums(xq), xd, out)
     for g in prange(qs.shape[0]):
-        _each_tile(xp.shape[0], _iq4_tile_vnni, a, _iq4_tile_vnni, a, g)
+        _each_tile(xq.shape[0], _iq4_tile_vnni, a, _iq4_tile_vnni, a, g)
 
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_iq4_xs_vnni(x, qs, d, sc, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
-    xp = _activation_pairs(xq)
-    a = (qs, d, sc, True, xp, xd, out)
+    a = (qs, d, sc, True, _activation_quads(xq), _half_block_sums(xq), xd, out)
     for g in prange(qs.shape[0]):
-        _each_tile(xp.shape[0], _iq4_tile_vnni, a, _iq4_tile_vnni, a, g)
+        _each_tile(xq.shape[0], _iq4_tile_vnni, a, _iq4_tile_vnni, a, g)
 
 
 @njit(parallel=True, **_KERNEL)
