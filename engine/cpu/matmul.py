@@ -379,25 +379,8 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
             sums_type, packed_type, _, xb_type, _, _ = sig.args
             at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
-            xb_array = context.make_array(xb_type)(context, builder, args[3])
-            dpbusd = _vpdpbusd(builder)
-            acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
-            for q in (0, 1):
-                lanes = _nibble_quads(context, builder, packed_type, args[1], at0, q)
-                for t in range(n_tok):
-                    for nibble in (0, 1):  # low nibbles: positions 4q.., high: 16 + 4q..
-                        x = _broadcast_at(
-                            context,
-                            builder,
-                            xb_type,
-                            xb_array,
-                            _plus(builder, row, t),
-                            _plus(builder, col, q + 4 * nibble),
-                        )
-                        chain = (2 * q + nibble) % chains
-                        for lane in (0, 1):
-                            c = acc[t][lane]
-                            c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][nibble], x])
+            quads = [_nibble_quads(context, builder, packed_type, args[1], at0, q) for q in (0, 1)]
+            acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, args[3], row, col)
             _store_chains(context, builder, sums_type, args[0], acc)
             return context.get_dummy_value()
 
@@ -408,6 +391,30 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
 
 def _plus(builder, value, n: int):  # type: ignore[no-untyped-def]
     return builder.add(value, ir.Constant(ir.IntType(64), n))
+
+
+def _dpbusd_quads(context, builder, n_tok: int, chains: int, quads, xb_type, xb, row, col):  # type: ignore[no-untyped-def]
+    """acc[t][lane] (`chains` partial sums): vpdpbusd of quads[q][lane] = (unsigned bytes of positions
+    4q.., of 16 + 4q..) with the activations xb[row + t, col + q] and xb[row + t, col + q + 4]."""
+    xb_array = context.make_array(xb_type)(context, builder, xb)
+    dpbusd = _vpdpbusd(builder)
+    acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
+    for q, lanes in enumerate(quads):
+        for t in range(n_tok):
+            for part in (0, 1):
+                x = _broadcast_at(
+                    context,
+                    builder,
+                    xb_type,
+                    xb_array,
+                    _plus(builder, row, t),
+                    _plus(builder, col, q + 4 * part),
+                )
+                chain = (2 * q + part) % chains
+                for lane in (0, 1):
+                    c = acc[t][lane]
+                    c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][part], x])
+    return acc
 
 
 def _chain_totals(builder, acc):  # type: ignore[no-untyped-def]
@@ -433,24 +440,7 @@ def _store_rows(context, builder, array_type, array, at, t: int, lane: int, valu
 def _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, xb, row, col, sc, out):  # type: ignore[no-untyped-def]
     """The body of _q4k_block_sums and _q5k_block_sums: quads[q] are positions 4q.. and 16 + 4q.. per
     16-row lane (unsigned bytes, 4 a row), sc = (type, array, at), out = (type, array, at)."""
-    xb_array = context.make_array(xb_type)(context, builder, xb)
-    dpbusd = _vpdpbusd(builder)
-    acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
-    for q, lanes in enumerate(quads):
-        for t in range(n_tok):
-            for nibble in (0, 1):  # low nibbles: positions 4q.., high: 16 + 4q..
-                x = _broadcast_at(
-                    context,
-                    builder,
-                    xb_type,
-                    xb_array,
-                    _plus(builder, row, t),
-                    _plus(builder, col, q + 4 * nibble),
-                )
-                chain = (2 * q + nibble) % chains
-                for lane in (0, 1):
-                    c = acc[t][lane]
-                    c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][nibble], x])
+    acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, xb, row, col)
     sc_type, sc_array, sc_at = sc
     scales = [
         _widen_bytes16(context, builder, sc_type, sc_array, _plus(builder, sc_at, 16 * lane), signed=False)
@@ -598,26 +588,9 @@ def _centred_half_sums(n_tok: int, chains: int, weights, offset_bits: int):  # t
             at0, qh_at0, row, col, half = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 6, 7, 9)
             )
-            xb_array = context.make_array(xb_type)(context, builder, args[5])
             xh_array = context.make_array(xh_type)(context, builder, args[8])
-            dpbusd = _vpdpbusd(builder)
-            acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
-            for q in (0, 1):
-                lanes = weights(context, builder, sig, args, at0, qh_at0, q)
-                for t in range(n_tok):
-                    for part in (0, 1):  # positions 4q.. of the half, and 16 on
-                        x = _broadcast_at(
-                            context,
-                            builder,
-                            xb_type,
-                            xb_array,
-                            _plus(builder, row, t),
-                            _plus(builder, col, q + 4 * part),
-                        )
-                        chain = (2 * q + part) % chains
-                        for lane in (0, 1):
-                            c = acc[t][lane]
-                            c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][part], x])
+            quads = [weights(context, builder, sig, args, at0, qh_at0, q) for q in (0, 1)]
+            acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, args[5], row, col)
             for t, per_lane in enumerate(_chain_totals(builder, acc)):
                 offset = _broadcast_at(context, builder, xh_type, xh_array, _plus(builder, row, t), half)
                 for lane, total in enumerate(per_lane):
