@@ -126,8 +126,8 @@ _alloca_f32 = _alloca_intrinsic(types.float32)
 HAS_VNNI = bool(llvm_binding.get_host_cpu_features().get("avx512vnni", False)) and not os.environ.get(
     "LLAMBA_NO_VNNI"
 )
-# vpmultishiftqb (AVX512-VBMI; Ice Lake and Zen 4 have it, Cascade Lake has VNNI without it): Q5_K's
-# fifth bits in two instructions a vector instead of eight.
+# vpmultishiftqb (AVX512-VBMI; Ice Lake and Zen 4 have it, Cascade Lake has VNNI without it): the 5-bit
+# types' fifth bits in two instructions a vector instead of eight.
 HAS_VBMI = bool(llvm_binding.get_host_cpu_features().get("avx512vbmi", False))
 _V16I32 = ir.VectorType(ir.IntType(32), 16)
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
@@ -476,10 +476,10 @@ def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
 
 
 _V32I8 = ir.VectorType(ir.IntType(8), 32)
-# Q5_K's qh byte c of a block and row holds the fifth bits of positions 4c + k (bit 2k) and 16 + 4c + k
-# (bit 2k + 1). Spread to the 4 bytes of its row (byte 4r + k of a 16-row lane), vpmultishiftqb moves
-# bit 2k (2k + 1) of byte 4r + k to bit 4 of that byte: per byte, the 8 bits of its qword from bit
-# offset 8p + 2k - 4 (- 3), p the byte's place in the qword.
+# Q5_0/Q5_1/Q5_K's qh byte c of a block and row holds the fifth bits of positions 4c + k (bit 2k) and
+# 16 + 4c + k (bit 2k + 1). Spread to the 4 bytes of its row (byte 4r + k of a 16-row lane),
+# vpmultishiftqb moves bit 2k (2k + 1) of byte 4r + k to bit 4 of that byte: per byte, the 8 bits of its
+# qword from bit offset 8p + 2k - 4 (- 3), p the byte's place in the qword.
 _ROW_BYTES = [
     ir.Constant(ir.VectorType(ir.IntType(32), 64), [16 * lane + r for r in range(16) for _ in range(4)])
     for lane in (0, 1)
@@ -488,7 +488,8 @@ _FIFTH_SHIFTS = [_bytes([(8 * (j % 8) + 2 * (j % 4) - 4 + high) % 64 for j in ra
 
 
 def _fifth_bits(context, builder, qh_type, qh, qh_at0, q: int):  # type: ignore[no-untyped-def]
-    """Q5_K's fifth bits of positions 4q .. 4q + 3 and 16 + 4q .., at bit 4 of each byte, per 16-row lane."""
+    """The fifth bits of positions 4q .. 4q + 3 and 16 + 4q .. (qh bytes from qh_at0: Q5_0, Q5_1, Q5_K),
+    at bit 4 of each byte, per 16-row lane."""
     at = builder.add(qh_at0, ir.Constant(ir.IntType(64), q * ROWS))
     raw = builder.load(_vector_at(context, builder, qh_type, qh, at, _V32I8), align=1)
     out = []
