@@ -526,19 +526,10 @@ def _q5k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             out_at, at0, qh_at0, row, col, sc_at = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 7, 8, 10)
             )
-            quads = []
-            for q in range(4):
-                nibbles = _nibble_quads(context, builder, packed_type, args[2], at0, q)
-                fifths = _fifth_bits(context, builder, qh_type, args[4], qh_at0, q)
-                quads.append(
-                    [
-                        tuple(
-                            builder.or_(v, builder.bitcast(f, _V16I32))
-                            for v, f in zip(lane, bits, strict=True)
-                        )
-                        for lane, bits in zip(nibbles, fifths, strict=True)
-                    ]
-                )
+            quads = [
+                _five_bit_quads(context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q)
+                for q in range(4)
+            ]
             sc = (sc_type, args[9], sc_at)
             out = (out_type, args[0], out_at)
             _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, args[6], row, col, sc, out)
@@ -549,14 +540,20 @@ def _q5k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     return block_sums
 
 
-def _q5_weights(context, builder, sig, args, at0, qh_at0, q: int):  # type: ignore[no-untyped-def]
-    """Q5_0/Q5_1's unsigned 5-bit weights of quad q, per 16-row lane: (positions 4q.., 16 + 4q..)."""
-    nibbles = _nibble_quads(context, builder, sig.args[1], args[1], at0, q)
-    fifths = _fifth_bits(context, builder, sig.args[3], args[3], qh_at0, q)
+def _five_bit_quads(context, builder, packed_type, packed, at0, qh_type, qh, qh_at0, q: int):  # type: ignore[no-untyped-def]
+    """The unsigned 5-bit weights of quad q (Q5_0, Q5_1, Q5_K), per 16-row lane: (positions 4q..,
+    16 + 4q..), the nibbles at at0 with their fifth bits from the qh bytes at qh_at0."""
+    nibbles = _nibble_quads(context, builder, packed_type, packed, at0, q)
+    fifths = _fifth_bits(context, builder, qh_type, qh, qh_at0, q)
     return [
         tuple(builder.or_(v, builder.bitcast(f, _V16I32)) for v, f in zip(lane, bits, strict=True))
         for lane, bits in zip(nibbles, fifths, strict=True)
     ]
+
+
+def _q5_weights(context, builder, sig, args, at0, qh_at0, q: int):  # type: ignore[no-untyped-def]
+    """_five_bit_quads in _centred_half_sums' argument order (packed args[1], qh args[3])."""
+    return _five_bit_quads(context, builder, sig.args[1], args[1], at0, sig.args[3], args[3], qh_at0, q)
 
 
 _IQ4_LEVELS_U8 = _bytes([int(IQ4_LEVELS[i % 16]) + 128 for i in range(64)])
