@@ -33,17 +33,21 @@ def named_event(name: str, payload: Any) -> bytes:
 
 
 def error_event(body: dict[str, Any]) -> bytes:
-    return b"error: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+    """A stream's closing error, `data: {"error": {...}}`: OpenAI's framing, on which its SDKs raise, and
+    llama-server's since ggml-org/llama.cpp#16109. The `error: {...}` line llama-server sent before is a
+    field SSE parsers drop: an SDK client saw a stream that merely ended."""
+    return event(body)
 
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def response(body: AsyncIterator[bytes], relayed: bool = True) -> Response:
+def response(body: AsyncIterator[bytes], relayed: bool = True, after_error: bytes = b"") -> Response:
     """A streaming SSE response; no response timeout: a long generation is not a stuck response. A
     resumable session's reader is not relayed (`relayed=False`): its producer already runs ahead into
-    the session's ring, which ends a reader that falls behind it."""
-    body = errors_as_events(body)
+    the session's ring, which ends a reader that falls behind it. `after_error`: what follows the error
+    event of a failure (the OpenAI routes' [DONE])."""
+    body = errors_as_events(body, after_error)
     if relayed:
         body = relay(body, current_app.config[UNREAD_LIMIT_KEY])
     reply = Response(body, headers=SSE_HEADERS)
@@ -51,14 +55,14 @@ def response(body: AsyncIterator[bytes], relayed: bool = True) -> Response:
     return reply
 
 
-async def errors_as_events(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def errors_as_events(source: AsyncIterator[bytes], after_error: bytes = b"") -> AsyncIterator[bytes]:
     """`source`'s bytes; an APIError it raises after its first byte (a failed engine step) ends the
-    stream with llama-server's error event instead of a cut connection."""
+    stream with the error event (and `after_error`) instead of a cut connection."""
     try:
         async for chunk in source:
             yield chunk
     except errors.APIError as exc:
-        yield error_event(exc.body())
+        yield error_event(exc.body()) + after_error
     finally:
         await close_quietly(source)
 

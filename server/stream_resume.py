@@ -16,7 +16,7 @@
 - A regenerated chunk that differs otherwise (the model, template or flags changed) ends the stream with
   `DIVERGED`; an unfinished journal that cannot be regenerated (sampling without a seed, `n` > 1
   choices, a tool-loop run, another model now) ends with `NOT_RESUMABLE`. Both are the route's error
-  event (`error: {...}` then `data: [DONE]` on chat, Anthropic's `error` event on /v1/messages),
+  event (`data: {"error": {...}}` then `data: [DONE]` on chat, Anthropic's `error` event on /v1/messages),
   appended after the journaled bytes.
 """
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.server_process import ServerProcess
@@ -27,15 +29,17 @@ def failing_server() -> Iterator[ServerProcess]:
     proc.stop()
 
 
-def stream_chat(url: str, max_tokens: int) -> tuple[list[dict], list[str]]:
-    """A streamed chat's data events and its `error:` lines (llama-server's error event)."""
+def stream_chat(url: str, max_tokens: int) -> tuple[list[dict], list[dict]]:
+    """A streamed chat's chunks and its error events: `data: {"error": ...}`, then `data: [DONE]`
+    (llama-server's ending of a failed OpenAI-compatible stream, ggml-org/llama.cpp#16109)."""
     body = {**CHAT, "stream": True, "max_tokens": max_tokens}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200  # the failure comes after the first bytes
-        lines = list(r.iter_lines())
-    data = [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
-    assert "data: [DONE]" not in lines  # the stream did not end as a finished one
-    return data, [line[7:] for line in lines if line.startswith("error: ")]
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all(line.startswith("data: ") for line in lines), lines  # no field an SSE parser would drop
+    return [e for e in events if "error" not in e], [e for e in events if "error" in e]
 
 
 def test_a_failed_step_ends_its_requests_with_an_error_and_the_server_keeps_serving(
@@ -44,10 +48,11 @@ def test_a_failed_step_ends_its_requests_with_an_error_and_the_server_keeps_serv
     url = failing_server.base_url
     data, errors = stream_chat(url, 3)
     assert len(errors) == 1, errors
-    error = json.loads(errors[0])["error"]
+    error = errors[0]["error"]
     assert error["type"] == "server_error" and "injected failure" in error["message"], error
     # passes 1 and 2 made two tokens, sent before the error
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in data)
+    assert not any(c["choices"][0].get("finish_reason") for c in data)  # it did not end as a finished one
 
     ok = httpx.post(url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=120)  # pass 4
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
@@ -105,3 +110,34 @@ def test_a_failed_step_ends_responses_and_anthropic_requests_in_their_shapes(
     ok = httpx.post(url + "/v1/responses", json=responses, timeout=120)
     assert ok.status_code == 200 and ok.json()["status"] in ("completed", "incomplete"), ok.text
     assert not any(s["is_processing"] for s in httpx.get(url + "/slots", timeout=10).json())
+
+
+@pytest.fixture(scope="module")
+def failing_sdk_server() -> Iterator[ServerProcess]:
+    # pass 2: the OpenAI stream's second pass; pass 4: the Anthropic stream's second (it starts at 3)
+    proc = ServerProcess("-m", "smollm2", "-np", "2", "-c", "2048", env={"LLAMBA_FAIL_FORWARD": "2,4"})
+    yield proc.wait_healthy()
+    proc.stop()
+
+
+def test_sdk_clients_get_a_mid_stream_failure_as_an_exception(failing_sdk_server: ServerProcess) -> None:
+    """The error event is one the SDKs parse: a stream that failed raises in the client instead of ending
+    as if it were complete (an `error:` line, llama-server's framing before ggml-org/llama.cpp#16109, is
+    dropped by every SSE parser)."""
+    url = failing_sdk_server.base_url
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=CHAT["messages"], max_tokens=8, temperature=0, stream=True
+    )
+    text = []
+    with pytest.raises(openai.APIError, match="injected failure"):
+        for chunk in stream:
+            text.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+    assert "".join(text)  # the first pass's token came before the failure
+
+    claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
+    ask = {"model": "smollm2", "max_tokens": 8, "messages": CHAT["messages"]}
+    with pytest.raises(anthropic.APIStatusError, match="injected failure"):  # greedy: extra_body (this SDK)
+        for _ in claude.messages.create(**ask, stream=True, extra_body={"temperature": 0}):
+            pass
+    assert httpx.get(url + "/health", timeout=10).status_code == 200

@@ -44,6 +44,7 @@ KEY1, KEY2 = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
 N_TOKENS = 96  # with ignore_eos: enough that the kill lands mid-generation
 READ_BEFORE_KILL = 4  # content events each stream's client reads before the kill
 TTL = 3  # seconds: the last restart's --stream-ttl
+ERROR_EVENT = b'data: {"error":'  # a chat stream's closing error event (server/sse.py)
 
 
 def server(journal: Path, *extra: str) -> ServerProcess:
@@ -243,12 +244,12 @@ def test_an_unseeded_stream_ends_with_the_documented_error(
     seen = killed[1]["random"]
     wait_done(client, "random")
     full = replay(client, "random").content
-    journaled, sep, error = full.partition(b"error: ")
+    journaled, sep, error = full.partition(ERROR_EVENT)
     assert sep, full[-300:]
     assert journaled.startswith(seen) or seen.startswith(journaled)
     assert b'"content":"' in journaled, "the journal kept none of the stream"
-    body, done = error.split(b"\n\n", 1)
-    assert json.loads(body) == {"error": {"code": 500, "message": NOT_RESUMABLE, "type": "server_error"}}
+    body, done = (sep + error).split(b"\n\n", 1)
+    assert json.loads(body[6:]) == {"error": {"code": 500, "message": NOT_RESUMABLE, "type": "server_error"}}
     assert done == b"data: [DONE]\n\n"
 
 
@@ -276,9 +277,9 @@ def test_a_sigtermed_stream_resumes_too_and_expired_journals_go(
     try:
         with httpx.Client(base_url=srv.base_url, timeout=300, headers=KEY1) as client:
             # First: it ends at its first regenerated token, and is gone TTL seconds later.
-            journaled, sep, error = replay(client, "tampered").content.partition(b"error: ")
+            journaled, sep, error = replay(client, "tampered").content.partition(ERROR_EVENT)
             assert journaled == tampered and sep
-            assert json.loads(error.split(b"\n\n")[0])["error"]["message"] == DIVERGED
+            assert json.loads((sep + error).split(b"\n\n")[0][6:])["error"]["message"] == DIVERGED
             assert error.endswith(b"\n\ndata: [DONE]\n\n")
             full = replay(client, "sigterm").content  # followed while it is regenerated
             reference = killed[0]["greedy"]

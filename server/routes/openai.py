@@ -109,9 +109,9 @@ async def streamed(stream: AsyncIterator[bytes], deterministic: bool, ids: Reply
     conversation_id = request.headers.get(CONVERSATION_HEADER)
     if conversation_id:
         recipe = await stream_recipe("chat", ids, deterministic)
-        session = await resumable(conversation_id, sse.errors_as_events(stream), recipe)
+        session = await resumable(conversation_id, sse.errors_as_events(stream, sse.DONE), recipe)
         return sse.response(session, relayed=False)
-    return sse.response(stream)
+    return sse.response(stream, after_error=sse.DONE)
 
 
 def chat_stream_of(
@@ -360,7 +360,8 @@ async def completions() -> Any:
     head = base_fields(svc, "text_completion", completion_id, created)
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
-        return sse.response(completion_stream(svc, body, requests, head, len(tokens), prefix))
+        stream = completion_stream(svc, body, requests, head, len(tokens), prefix)
+        return sse.response(stream, after_error=sse.DONE)
     outs = await collect_choices(svc, requests) if len(requests) > 1 else [await collect(svc, gen)]
     choices = []
     for index, out in enumerate(outs):
