@@ -46,6 +46,9 @@ class ThreadTuner:
     clock: object = time.monotonic  # a callable returning seconds; tests pass their own
     _seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (threads, bucket) -> EWMA
     _measured_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    # Whether the last choice measures a count (unmeasured or stale) rather than runs the faster one: such
+    # a step's time says what that count costs, not what the engine pays (the draft policy skips it).
+    probing: bool = False
 
     @property
     def candidates(self) -> tuple[int, ...]:
@@ -54,9 +57,11 @@ class ThreadTuner:
     def choose(self, n_tokens: int) -> int:
         """The thread count for a step of `n_tokens`: an unmeasured or stale count first, else the faster."""
         b, now = bucket(n_tokens), self.clock()  # type: ignore[operator]
+        self.probing = True
         for threads in reversed(self.candidates):  # the full count first on a fresh start
             if (threads, b) not in self._seconds or now - self._measured_at[threads, b] > self.probe_every_s:
                 return threads
+        self.probing = False
         return min(self.candidates, key=lambda threads: self._seconds[threads, b])
 
     def observe(self, threads: int, n_tokens: int, seconds: float) -> None:

@@ -30,14 +30,14 @@ def test_buckets_are_powers_of_two() -> None:
 def test_the_tuner_measures_each_count_then_runs_the_faster() -> None:
     clock = Clock()
     tuner = ThreadTuner(2, probe_every_s=2.0, clock=clock)
-    assert tuner.choose(1) == 2  # the full count first
+    assert tuner.choose(1) == 2 and tuner.probing  # the full count first
     tuner.observe(2, 1, 0.010)
-    assert tuner.choose(1) == 1  # then the other, once
+    assert tuner.choose(1) == 1 and tuner.probing  # then the other, once
     tuner.observe(1, 1, 0.006)  # a busy machine: one thread is faster
-    assert tuner.choose(1) == 1
+    assert tuner.choose(1) == 1 and not tuner.probing  # chosen, not measured: the draft policy counts it
     assert tuner.choose(16) == 2  # another batch size has its own figures
     clock.now = 2.5  # the two-thread figure is stale: measured again
-    assert tuner.choose(1) == 2
+    assert tuner.choose(1) == 2 and tuner.probing
     tuner.observe(2, 1, 0.004)  # the competition went: the probe replaces the stale figure outright
     assert tuner.choose(1) == 1  # the one-thread figure is as old: measured again too
     tuner.observe(1, 1, 0.006)
