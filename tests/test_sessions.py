@@ -132,7 +132,7 @@ async def test_a_failing_source_ends_with_an_error_event() -> None:
     session = Session("c", ByteRing(1024))
     session.start(broken())
     out = await asyncio.wait_for(drain(session.follow(0)), 1)
-    assert out.startswith(b"data: 1\n\nerror: ") and b"boom" in out and session.is_done
+    assert out.startswith(b'data: 1\n\ndata: {"error":') and b"boom" in out and session.is_done
 
 
 async def test_a_reader_overtaken_by_the_ring_ends_without_a_gap() -> None:
