@@ -264,10 +264,8 @@ class Engine:
         except Exception as exc:
             raise ForwardFailed from exc
         self.scheduler.apply(out.logits, outputs, out.hidden)
-        # What drafts cost: steps of decode and draft tokens only, on the thread count the tuner chose (a
-        # step that measures the other count is not what the engine pays).
-        probed = self.threads is not None and self.threads.probing
-        if len(batch.output_rows) == batch.n_tokens and not probed:
+        probe = self.threads is not None and self.threads.probing  # a step timing the count not chosen
+        if len(batch.output_rows) == batch.n_tokens and not probe:  # what drafts cost: decode/draft steps
             self.scheduler.drafts.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
         self._n_steps += 1
         self._n_tokens += batch.n_tokens
