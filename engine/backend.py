@@ -136,13 +136,13 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
     import numba
 
     from engine.cpu import matmul, ops
-    from engine.cpu.huge_pages import pack_weight_in_huge_pages
+    from engine.cpu.records import pack_weight_for_cpu
 
     if n_threads:
         numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
     return Backend(
         name="CPU",
-        pack_weight=pack_weight_in_huge_pages,
+        pack_weight=pack_weight_for_cpu,
         **_kernels(matmul, ops),
     )
 

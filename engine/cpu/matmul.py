@@ -38,6 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from engine.cpu.f16 import float_to_half
+from engine.cpu.records import Q4K_D, Q4K_PAIR, Q4K_RECORD
 from engine.cpu.vecmath import bits_to_f32, f32_to_bits
 from engine.quant import IQ4_LEVELS, QK, ROWS, PackedWeight, QType
 
@@ -1133,6 +1134,13 @@ def _k_superblock(acc, blocks, d, m, mn, with_min, xd, xsum, g, sb, t0, n_tok) -
     sb of row group g; blocks[b, t, r] = scale x integer sum of block sb * 8 + b, token t0 + t, row r.
     One function for every tile and both paths, so a token's output does not depend on its tile."""
     dq, mq = _lanes(d, g, sb), _lanes(m, g, sb)
+    _k_superblock_lanes(acc, blocks, dq, mq, mn[g], sb * 8 * ROWS, ROWS, with_min, xd, xsum, sb, t0, n_tok)
+
+
+@njit(inline="always")
+def _k_superblock_lanes(acc, blocks, dq, mq, mn_g, mn_at, mn_step, with_min, xd, xsum, sb, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """_k_superblock on the group's 32 d and dmin lanes, the mins of block sb * 8 + bb at mn_g[mn_at +
+    bb * mn_step:] (the field arrays and Q4_K's records, engine/cpu/records.py, place them apart)."""
     for t in range(n_tok):
         xdt = xd[t0 + t, sb * 8]
         for r in range(ROWS):
@@ -1142,8 +1150,8 @@ def _k_superblock(acc, blocks, d, m, mn, with_min, xd, xsum, g, sb, t0, n_tok) -
             if with_min:
                 imin = np.int32(0)
                 for bb in range(8):
-                    b = sb * 8 + bb
-                    imin = np.int32(imin + np.int32(mn[g, b * ROWS + r]) * xsum[t0 + t, b])
+                    mnr = np.int32(mn_g[mn_at + bb * mn_step + r])
+                    imin = np.int32(imin + mnr * xsum[t0 + t, sb * 8 + bb])
                 dmin = f16_to_f32(mq[r]) * xdt
                 acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(isum) - dmin * np.float32(imin)
             else:
@@ -1236,6 +1244,45 @@ def _matmul_q4_k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-d
     a = (qs, d, m, sc, mn, xq, xd, _activation_sums32(xq), out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q4k_tile, a, _q4k_tile, a, g)
+
+
+@njit(inline="always")
+def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """_q4k_tile_vnni over Q4_K's records (engine/cpu/records.py): the same intrinsics and
+    _k_superblock; `rec16` is the records as uint16 (the d and dmin lanes)."""
+    rec, rec16, mn, xb, xd, xsum, out = a
+    acc = stack_tile_f32()
+    blocks_ptr = _alloca_i32(2048)
+    blocks, flat_blocks = carray(blocks_ptr, (8, 8, 32)), carray(blocks_ptr, (2048,))
+    rec_g, rec16_g = rec[g], rec16[g]
+    _zero_tile(acc, n_tok)
+    for sb in range(xd.shape[1] // 8):
+        at = sb * Q4K_RECORD
+        for bb in range(8):
+            b = sb * 8 + bb
+            sc_at = at + (bb >> 1) * Q4K_PAIR + (bb & 1) * ROWS
+            first = sc_at + (2 - (bb & 1)) * ROWS + (bb & 1) * 16 * ROWS
+            if n_tok == 8:
+                _q4k_block_sums4(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
+                _q4k_block_sums4(flat_blocks, bb * 256 + 128, rec_g, first, xb, t0 + 4, b * 8, rec_g, sc_at)
+            elif n_tok == 4:
+                _q4k_block_sums4(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
+            elif n_tok == 2:
+                _q4k_block_sums2(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
+            else:
+                _q4k_block_sums1(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
+        dm = (at + Q4K_D) // 2
+        dq, mq = rec16_g[dm : dm + ROWS], rec16_g[dm + ROWS : dm + 2 * ROWS]
+        _k_superblock_lanes(acc, blocks, dq, mq, mn[g], sb * 8 * ROWS, ROWS, True, xd, xsum, sb, t0, n_tok)
+    _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4k_records(x, rec, rec16, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (rec, rec16, mn, _activation_quads(xq), xd, _activation_sums32(xq), out)
+    for g in prange(rec.shape[0]):
+        _each_tile(xq.shape[0], _q4k_record_tile, a, _q4k_record_tile, a, g)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1952,6 +1999,24 @@ def _rows_q4(ids, qs, d, m, sc, mn, kind, out) -> None:  # type: ignore[no-untyp
 
 
 @njit(**_KERNEL)
+def _rows_q4k_records(ids, rec, rec16, mn, out) -> None:  # type: ignore[no-untyped-def]
+    """_rows_q4's Q4_K rows read from the records (engine/cpu/records.py)."""
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // ROWS, ids[i] % ROWS
+        for b in range(out.shape[1] // QK):
+            at = (b >> 3) * Q4K_RECORD
+            sc_at = at + ((b & 7) >> 1) * Q4K_PAIR + (b & 1) * ROWS
+            first = sc_at + (2 - (b & 1)) * ROWS + (b & 1) * 16 * ROWS
+            dm = (at + Q4K_D) // 2
+            scale = f16_to_f32(rec16[g, dm + r]) * np.float32(rec[g, sc_at + r])
+            low = -f16_to_f32(rec16[g, dm + ROWS + r]) * np.float32(mn[g, b * ROWS + r])
+            for j in range(16):
+                v = rec[g, first + j * ROWS + r]
+                out[i, b * QK + j] = scale * np.float32(v & 15) + low
+                out[i, b * QK + j + 16] = scale * np.float32(v >> 4) + low
+
+
+@njit(**_KERNEL)
 def _rows_q5_1(ids, qs, qh, d, m, out) -> None:  # type: ignore[no-untyped-def]
     for i in range(ids.shape[0]):
         g, r = ids[i] // ROWS, ids[i] % ROWS
@@ -2105,8 +2170,10 @@ def _vnni(x: np.ndarray) -> bool:
 _MATMUL = {
     QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if HAS_VNNI else _matmul_q4_0)(x, w.qs, w.d, out),
     QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if HAS_VNNI else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
-    QType.Q4_K: lambda x, w, out: (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(
-        x, w.qs, w.d, w.m, w.sc, w.mn, out
+    QType.Q4_K: lambda x, w, out: (
+        _matmul_q4k_records(x, w.qs, w.qs.view(np.uint16), w.mn, out)
+        if w.records
+        else (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(x, w.qs, w.d, w.m, w.sc, w.mn, out)
     ),
     QType.Q5_0: lambda x, w, out: (_matmul_q5_vnni if HAS_VNNI else _matmul_q5)(x, w.qs, w.qh, w.d, out),
     QType.Q3_K: lambda x, w, out: _matmul_q3k(x, w.qs, w.qh, w.d, w.sc, out),
@@ -2133,7 +2200,11 @@ _MATMUL = {
 _GET_ROWS = {
     QType.Q4_0: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_0, out),
     QType.Q4_1: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_1, out),
-    QType.Q4_K: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_K, out),
+    QType.Q4_K: lambda w, ids, out: (
+        _rows_q4k_records(ids, w.qs, w.qs.view(np.uint16), w.mn, out)
+        if w.records
+        else _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_K, out)
+    ),
     QType.Q5_0: lambda w, ids, out: _rows_q5(ids, w.qs, w.qh, w.d, out),
     QType.Q3_K: lambda w, ids, out: _rows_k16(ids, w.qs, w.qh, w.d, w.d, w.sc, w.sc, False, out),
     QType.Q2_K: lambda w, ids, out: _rows_k16(ids, w.qs, w.qs, w.d, w.m, w.sc, w.mn, True, out),
