@@ -1190,6 +1190,21 @@ def _q4k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
+def _q4k_block_vnni(flat_blocks, bb, qs_g, first, xb, t0, b, sc_g, sc_at, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """Block b (the bb-th of its super-block) into flat_blocks: its nibble bytes at qs_g[first:], its
+    scales at sc_g[sc_at:] (the field arrays and Q4_K's records place them apart)."""
+    if n_tok == 8:
+        _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+        _q4k_block_sums4(flat_blocks, bb * 256 + 128, qs_g, first, xb, t0 + 4, b * 8, sc_g, sc_at)
+    elif n_tok == 4:
+        _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+    elif n_tok == 2:
+        _q4k_block_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+    else:
+        _q4k_block_sums1(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+
+
+@njit(inline="always")
 def _q4k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     """Q4_K on vpdpbusd, a whole block per call (_block_sums*), every tile size; the same integers as
     _q4k_tile, the same _k_superblock."""
@@ -1202,16 +1217,7 @@ def _q4k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     for sb in range(xd.shape[1] // 8):
         for bb in range(8):
             b = sb * 8 + bb
-            first = b * 16 * ROWS
-            if n_tok == 8:
-                _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
-                _q4k_block_sums4(flat_blocks, bb * 256 + 128, qs_g, first, xb, t0 + 4, b * 8, sc_g, b * ROWS)
-            elif n_tok == 4:
-                _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
-            elif n_tok == 2:
-                _q4k_block_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
-            else:
-                _q4k_block_sums1(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, b * ROWS)
+            _q4k_block_vnni(flat_blocks, bb, qs_g, b * 16 * ROWS, xb, t0, b, sc_g, b * ROWS, n_tok)
         _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
@@ -1259,18 +1265,9 @@ def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     for sb in range(xd.shape[1] // 8):
         at = sb * Q4K_RECORD
         for bb in range(8):
-            b = sb * 8 + bb
             sc_at = at + (bb >> 1) * Q4K_PAIR + (bb & 1) * ROWS
             first = sc_at + (2 - (bb & 1)) * ROWS + (bb & 1) * 16 * ROWS
-            if n_tok == 8:
-                _q4k_block_sums4(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
-                _q4k_block_sums4(flat_blocks, bb * 256 + 128, rec_g, first, xb, t0 + 4, b * 8, rec_g, sc_at)
-            elif n_tok == 4:
-                _q4k_block_sums4(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
-            elif n_tok == 2:
-                _q4k_block_sums2(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
-            else:
-                _q4k_block_sums1(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
+            _q4k_block_vnni(flat_blocks, bb, rec_g, first, xb, t0, sb * 8 + bb, rec_g, sc_at, n_tok)
         dm = (at + Q4K_D) // 2
         dq, mq = rec16_g[dm : dm + ROWS], rec16_g[dm + ROWS : dm + 2 * ROWS]
         _k_superblock_lanes(acc, blocks, dq, mq, mn[g], sb * 8 * ROWS, ROWS, True, xd, xsum, sb, t0, n_tok)
