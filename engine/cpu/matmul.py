@@ -33,10 +33,11 @@ import os
 import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import carray, get_num_threads, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from engine.cpu.chunks import chunk_starts, take_next
 from engine.cpu.f16 import float_to_half
 from engine.cpu.records import Q4K_D, Q4K_PAIR, Q4K_RECORD
 from engine.cpu.vecmath import bits_to_f32, f32_to_bits
@@ -970,6 +971,17 @@ def _each_tile(n_tok, tile, args, small_tile, small_args, g) -> None:  # type: i
             t0 += 1
 
 
+@njit(inline="always")
+def _take_chunks(n_tok, tile, args, small_tile, small_args, starts, taken) -> None:  # type: ignore[no-untyped-def]
+    """One thread's share of a kernel whose row groups go out in chunks (engine/cpu/chunks.py): chunks
+    from the counter `taken` until none is left, each group's tokens by _each_tile."""
+    c = take_next(taken)
+    while c < starts.shape[0] - 1:
+        for g in range(starts[c], starts[c + 1]):
+            _each_tile(n_tok, tile, args, small_tile, small_args, g)
+        c = take_next(taken)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 4-bit: Q4_0, Q4_1, Q4_K. Block b, position j: byte qs[g, (b*16 + j)*32 + r] holds weights j, j + 16.
 # Half a block (8 positions x 2 nibbles) is 16 products of at most 15 * 127 per lane: fits int16.
@@ -1275,11 +1287,12 @@ def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(parallel=True, **_KERNEL)
-def _matmul_q4k_records(x, rec, rec16, mn, out) -> None:  # type: ignore[no-untyped-def]
+def _matmul_q4k_records(x, rec, rec16, mn, out, n_threads) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (rec, rec16, mn, _activation_quads(xq), xd, _activation_sums32(xq), out)
-    for g in prange(rec.shape[0]):
-        _each_tile(xq.shape[0], _q4k_record_tile, a, _q4k_record_tile, a, g)
+    starts, taken = chunk_starts(rec.shape[0], n_threads), np.zeros(1, np.int64)
+    for _ in prange(n_threads):
+        _take_chunks(xq.shape[0], _q4k_record_tile, a, _q4k_record_tile, a, starts, taken)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1849,11 +1862,12 @@ def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(parallel=True, **_KERNEL)
-def _matmul_q6k_vnni(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
+def _matmul_q6k_vnni(x, qs, qh, sc, d, out, n_threads) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
-    for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q6k_tile_quads, a, _q6k_tile_quads, a, g)
+    starts, taken = chunk_starts(qs.shape[0], n_threads), np.zeros(1, np.int64)
+    for _ in prange(n_threads):
+        _take_chunks(xq.shape[0], _q6k_tile_quads, a, _q6k_tile_quads, a, starts, taken)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -2168,7 +2182,7 @@ _MATMUL = {
     QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if HAS_VNNI else _matmul_q4_0)(x, w.qs, w.d, out),
     QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if HAS_VNNI else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
     QType.Q4_K: lambda x, w, out: (
-        _matmul_q4k_records(x, w.qs, w.qs.view(np.uint16), w.mn, out)
+        _matmul_q4k_records(x, w.qs, w.qs.view(np.uint16), w.mn, out, get_num_threads())
         if w.records
         else (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(x, w.qs, w.d, w.m, w.sc, w.mn, out)
     ),
@@ -2181,8 +2195,10 @@ _MATMUL = {
     QType.Q5_K: lambda x, w, out: (_matmul_q5k_vnni if HAS_VNNI else _matmul_q5k)(
         x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out
     ),
-    QType.Q6_K: lambda x, w, out: (_matmul_q6k_vnni if HAS_VNNI else _matmul_q6k)(
-        x, w.qs, w.qh, w.sc, w.d, out
+    QType.Q6_K: lambda x, w, out: (
+        _matmul_q6k_vnni(x, w.qs, w.qh, w.sc, w.d, out, get_num_threads())
+        if HAS_VNNI
+        else _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out)
     ),
     QType.IQ4_NL: lambda x, w, out: (_matmul_iq4_nl_vnni if HAS_VNNI else _matmul_iq4_nl)(x, w.qs, w.d, out),
     QType.IQ4_XS: lambda x, w, out: (_matmul_iq4_xs_vnni if HAS_VNNI else _matmul_iq4_xs)(
