@@ -49,10 +49,11 @@ def test_every_chunk_is_taken_by_exactly_one_thread() -> None:
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
 def test_chunked_kernels_do_not_depend_on_the_thread_count(qtype: QType) -> None:
-    shape = (2000, 512)  # 63 row groups, the last one padded
+    shape = (8176, 2048)  # 256 row groups, the last one padded; 9.7-13.8 MB: chunked
     w = quant.pack_weight(random_blocks(qtype, *shape), qtype, shape)
     if qtype == QType.Q4_K and mm.HAS_VNNI:
         w = q4k_records(w)
+    assert mm._chunked(w)
     x = np.random.default_rng(2).standard_normal((5, shape[1])).astype(np.float32)
     before = numba.get_num_threads()
     try:
@@ -64,3 +65,9 @@ def test_chunked_kernels_do_not_depend_on_the_thread_count(qtype: QType) -> None
         numba.set_num_threads(before)
     for a, b in zip(outs[0], outs[-1], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_small_weights_keep_the_static_split() -> None:
+    """Under CHUNKED_MIN_BYTES the counter's atomics cost more than the split loses (matmul.py)."""
+    shape = (2048, 768)
+    assert not mm._chunked(quant.pack_weight(random_blocks(QType.Q4_K, *shape), QType.Q4_K, shape))

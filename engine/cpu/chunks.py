@@ -6,8 +6,13 @@ decoding), and each time the other one waits at the join. Taking chunks from a c
 matmuls do, lets the thread that runs take the work of the one that does not; the chunks shrink
 (remaining / 2n threads) so the last ones are small. Qwen2.5-Coder 1.5B decode, the Q4_K and Q6_K
 kernels one way then the other on one model in one process, rounds of 4 steps (2026-12-04, 40 rounds
-twice): 0.959 and 0.946 of the static split's step time, faster in 29 and 30 of 40; the slowest tenth
-of the rounds 45.4 -> 44.0 and 50.0 -> 40.4 ms. Each output row is still computed by one thread in one
+each): in a slow phase of the VM (38-40 ms steps) 0.959 and 0.946 of the static split's step time,
+the slowest tenth of the rounds 50.0 -> 40.4 ms; in a fast one (25 ms) 1.029, then 1.005 (33 ms). The
+counter's atomics cost a small matrix more than its static split loses (Gemma 3 270M 1.024x with
+every Q4_K/Q6_K matmul chunked), so only weights of CHUNKED_MIN_BYTES and more take chunks (Gemma
+1.006 then). Kept for the slow phases, when Llamba falls behind llama.cpp (whose matmuls share a
+counter too); on a calm machine it costs up to 3% where Llamba leads by more.
+Each output row is still computed by one thread in one
 order, so outputs do not depend on which thread took it.
 """
 

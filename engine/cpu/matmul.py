@@ -1287,7 +1287,15 @@ def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(parallel=True, **_KERNEL)
-def _matmul_q4k_records(x, rec, rec16, mn, out, n_threads) -> None:  # type: ignore[no-untyped-def]
+def _matmul_q4k_records(x, rec, rec16, mn, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (rec, rec16, mn, _activation_quads(xq), xd, _activation_sums32(xq), out)
+    for g in prange(rec.shape[0]):
+        _each_tile(xq.shape[0], _q4k_record_tile, a, _q4k_record_tile, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q4k_records_chunked(x, rec, rec16, mn, out, n_threads) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (rec, rec16, mn, _activation_quads(xq), xd, _activation_sums32(xq), out)
     starts, taken = chunk_starts(rec.shape[0], n_threads), np.zeros(1, np.int64)
@@ -1862,7 +1870,15 @@ def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(parallel=True, **_KERNEL)
-def _matmul_q6k_vnni(x, qs, qh, sc, d, out, n_threads) -> None:  # type: ignore[no-untyped-def]
+def _matmul_q6k_vnni(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q6k_tile_quads, a, _q6k_tile_quads, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q6k_vnni_chunked(x, qs, qh, sc, d, out, n_threads) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
     starts, taken = chunk_starts(qs.shape[0], n_threads), np.zeros(1, np.int64)
@@ -2174,6 +2190,35 @@ def get_rows(w: PackedWeight, ids: np.ndarray, out: np.ndarray) -> None:
 VNNI_MIN_TOKENS = 4
 
 
+# Row groups in chunks from a counter (engine/cpu/chunks.py) only for weights of 4 MiB and more: the
+# counter's atomics cost a small matrix more than its static split loses. Gemma 3 270M (matrices of
+# 0.7-1.5 MiB) decoded 1.024x slower with every Q4_K/Q6_K matmul chunked (60 rounds, faster in 12),
+# SmolLM2 1.091x with its Q4_1/Q8_0 ones; Qwen2.5-Coder 1.5B's 8-191 MiB matrices gain (chunks.py).
+CHUNKED_MIN_BYTES = 4 << 20
+
+
+def _chunked(w: PackedWeight) -> bool:
+    return w.nbytes >= CHUNKED_MIN_BYTES
+
+
+def _matmul_q4k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    if not w.records:
+        (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(x, w.qs, w.d, w.m, w.sc, w.mn, out)
+    elif _chunked(w):
+        _matmul_q4k_records_chunked(x, w.qs, w.qs.view(np.uint16), w.mn, out, get_num_threads())
+    else:
+        _matmul_q4k_records(x, w.qs, w.qs.view(np.uint16), w.mn, out)
+
+
+def _matmul_q6k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    if not HAS_VNNI:
+        _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out)
+    elif _chunked(w):
+        _matmul_q6k_vnni_chunked(x, w.qs, w.qh, w.sc, w.d, out, get_num_threads())
+    else:
+        _matmul_q6k_vnni(x, w.qs, w.qh, w.sc, w.d, out)
+
+
 def _vnni(x: np.ndarray) -> bool:
     return HAS_VNNI and x.shape[0] >= VNNI_MIN_TOKENS
 
@@ -2181,11 +2226,7 @@ def _vnni(x: np.ndarray) -> bool:
 _MATMUL = {
     QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if HAS_VNNI else _matmul_q4_0)(x, w.qs, w.d, out),
     QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if HAS_VNNI else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
-    QType.Q4_K: lambda x, w, out: (
-        _matmul_q4k_records(x, w.qs, w.qs.view(np.uint16), w.mn, out, get_num_threads())
-        if w.records
-        else (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(x, w.qs, w.d, w.m, w.sc, w.mn, out)
-    ),
+    QType.Q4_K: _matmul_q4k_dispatch,
     QType.Q5_0: lambda x, w, out: (_matmul_q5_vnni if HAS_VNNI else _matmul_q5)(x, w.qs, w.qh, w.d, out),
     QType.Q3_K: lambda x, w, out: _matmul_q3k(x, w.qs, w.qh, w.d, w.sc, out),
     QType.Q2_K: lambda x, w, out: _matmul_q2k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
@@ -2195,11 +2236,7 @@ _MATMUL = {
     QType.Q5_K: lambda x, w, out: (_matmul_q5k_vnni if HAS_VNNI else _matmul_q5k)(
         x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out
     ),
-    QType.Q6_K: lambda x, w, out: (
-        _matmul_q6k_vnni(x, w.qs, w.qh, w.sc, w.d, out, get_num_threads())
-        if HAS_VNNI
-        else _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out)
-    ),
+    QType.Q6_K: _matmul_q6k_dispatch,
     QType.IQ4_NL: lambda x, w, out: (_matmul_iq4_nl_vnni if HAS_VNNI else _matmul_iq4_nl)(x, w.qs, w.d, out),
     QType.IQ4_XS: lambda x, w, out: (_matmul_iq4_xs_vnni if HAS_VNNI else _matmul_iq4_xs)(
         x, w.qs, w.d, w.sc, out
