@@ -331,7 +331,7 @@ class PackedWeight:
     sc: np.ndarray
     mn: np.ndarray
     f: np.ndarray
-    records: bool = False  # the CPU's Q4_K form: qs holds engine/cpu/records.py's records, the rest empty
+    records: bool = False  # the CPU's Q4_K form: qs holds engine/cpu/records.py's records, mn the mins
 
     @property
     def n_groups(self) -> int:

@@ -11,9 +11,8 @@ the slowest tenth of the rounds 50.0 -> 40.4 ms; in a fast one (25 ms) 1.029, th
 counter's atomics cost a small matrix more than its static split loses (Gemma 3 270M 1.024x with
 every Q4_K/Q6_K matmul chunked), so only weights of CHUNKED_MIN_BYTES and more take chunks (Gemma
 1.006 then). Kept for the slow phases, when Llamba falls behind llama.cpp (whose matmuls share a
-counter too); on a calm machine it costs up to 3% where Llamba leads by more.
-Each output row is still computed by one thread in one
-order, so outputs do not depend on which thread took it.
+counter too); on a calm machine it costs up to 3% where Llamba leads by more. Each output row is
+still computed by one thread in one order, so outputs do not depend on which thread took it.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from numba.extending import intrinsic, overload
 
 from engine.cpu.chunks import chunk_starts, take_next
 from engine.cpu.f16 import float_to_half
-from engine.cpu.records import Q4K_D, Q4K_PAIR, Q4K_RECORD
+from engine.cpu.records import Q4K_D, Q4K_RECORD, q4k_block_at
 from engine.cpu.vecmath import bits_to_f32, f32_to_bits
 from engine.quant import IQ4_LEVELS, QK, ROWS, PackedWeight, QType
 
@@ -1277,8 +1277,7 @@ def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     for sb in range(xd.shape[1] // 8):
         at = sb * Q4K_RECORD
         for bb in range(8):
-            sc_at = at + (bb >> 1) * Q4K_PAIR + (bb & 1) * ROWS
-            first = sc_at + (2 - (bb & 1)) * ROWS + (bb & 1) * 16 * ROWS
+            sc_at, first = q4k_block_at(at, bb)
             _q4k_block_vnni(flat_blocks, bb, rec_g, first, xb, t0, sb * 8 + bb, rec_g, sc_at, n_tok)
         dm = (at + Q4K_D) // 2
         dq, mq = rec16_g[dm : dm + ROWS], rec16_g[dm + ROWS : dm + 2 * ROWS]
@@ -2032,8 +2031,7 @@ def _rows_q4k_records(ids, rec, rec16, mn, out) -> None:  # type: ignore[no-unty
         g, r = ids[i] // ROWS, ids[i] % ROWS
         for b in range(out.shape[1] // QK):
             at = (b >> 3) * Q4K_RECORD
-            sc_at = at + ((b & 7) >> 1) * Q4K_PAIR + (b & 1) * ROWS
-            first = sc_at + (2 - (b & 1)) * ROWS + (b & 1) * 16 * ROWS
+            sc_at, first = q4k_block_at(at, b & 7)
             dm = (at + Q4K_D) // 2
             scale = f16_to_f32(rec16[g, dm + r]) * np.float32(rec[g, sc_at + r])
             low = -f16_to_f32(rec16[g, dm + ROWS + r]) * np.float32(mn[g, b * ROWS + r])

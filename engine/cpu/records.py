@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from numba import njit
 
 from engine.cpu.huge_pages import move_to_huge_pages
 from engine.quant import ROWS, PackedWeight, QType, pack_weight
@@ -33,6 +34,13 @@ from engine.quant import ROWS, PackedWeight, QType, pack_weight
 Q4K_PAIR = 2 * ROWS + 2 * 16 * ROWS  # two blocks' scales, then their nibble bytes
 Q4K_D = 4 * Q4K_PAIR  # the super-block's d lanes after its 4 pairs of blocks, then its dmin lanes
 Q4K_RECORD = Q4K_D + 2 * 2 * ROWS
+
+
+@njit(inline="always")
+def q4k_block_at(at: int, bb: int) -> tuple[int, int]:
+    """(scales, nibble bytes) offsets of block bb of the record starting at `at`."""
+    pair = at + (bb >> 1) * Q4K_PAIR
+    return pair + (bb & 1) * ROWS, pair + 2 * ROWS + (bb & 1) * 16 * ROWS
 
 
 def q4k_records(w: PackedWeight) -> PackedWeight:
