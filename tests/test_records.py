@@ -41,10 +41,10 @@ def test_records_are_the_field_bytes_where_documented(shape: tuple[int, int]) ->
         j, r = rng.integers(16), rng.integers(ROWS)
         b = sb * 8 + bb
         pair = sb * records.Q4K_RECORD + (bb // 2) * records.Q4K_PAIR
-        assert (
-            rec.qs[g, pair + 2 * ROWS + (bb % 2) * 16 * ROWS + j * ROWS + r]
-            == w.qs[g, (b * 16 + j) * ROWS + r]
-        )
+        first = pair + 2 * ROWS + (bb % 2) * 16 * ROWS
+        quad = first + (j // 4) * 4 * ROWS + (r // 16) * 64  # the 64 bytes of rows 16L.. at positions 4q..
+        assert rec.qs[g, quad + (r % 16) * 4 + j % 4] == w.qs[g, (b * 16 + j) * ROWS + r]
+        assert records.q4k_nibble_at(first, j, r) == quad + (r % 16) * 4 + j % 4
         assert rec.qs[g, pair + (bb % 2) * ROWS + r] == w.sc[g, b * ROWS + r]
         lanes = rec.qs[g].view(np.uint16)[(sb * records.Q4K_RECORD + records.Q4K_D) // 2 :]
         assert lanes[r] == w.d[g, sb * ROWS + r] and lanes[ROWS + r] == w.m[g, sb * ROWS + r]

@@ -39,7 +39,7 @@ from numba.extending import intrinsic, overload
 
 from engine.cpu.chunks import chunk_starts, take_next
 from engine.cpu.f16 import float_to_half
-from engine.cpu.records import Q4K_D, Q4K_RECORD, q4k_block_at
+from engine.cpu.records import Q4K_D, Q4K_RECORD, q4k_block_at, q4k_nibble_at
 from engine.cpu.vecmath import bits_to_f32, f32_to_bits
 from engine.quant import IQ4_LEVELS, QK, ROWS, PackedWeight, QType
 
@@ -291,7 +291,8 @@ def _vpdpbusd(builder):  # type: ignore[no-untyped-def]
 
 
 def _transposed_quads(context, builder, packed_type, packed, at0, positions, masks=_QUAD_MASKS):  # type: ignore[no-untyped-def]
-    """Per 16-row lane, 4 bytes a row: those of `positions` (each the start of 64 bytes: 2 x 32 rows)."""
+    """Per 16-row lane, 4 bytes a row: those of `positions` (each the start of 64 bytes: 2 x 32 rows).
+    masks None: the bytes are stored so already (Q4_K's records), each 64 bytes one lane."""
     first, second = (
         builder.load(
             _vector_at(
@@ -306,6 +307,8 @@ def _transposed_quads(context, builder, packed_type, packed, at0, positions, mas
         )
         for at in positions
     )
+    if masks is None:
+        return [first, second]
     return [builder.shuffle_vector(first, second, masks[lane]) for lane in (0, 1)]
 
 
@@ -313,11 +316,11 @@ def _bytes(value: int | list[int]):  # type: ignore[no-untyped-def]
     return ir.Constant(_V64I8, value if isinstance(value, list) else [value] * 64)
 
 
-def _nibble_quads(context, builder, packed_type, packed, at0, q: int):  # type: ignore[no-untyped-def]
+def _nibble_quads(context, builder, packed_type, packed, at0, q: int, masks=_QUAD_MASKS):  # type: ignore[no-untyped-def]
     """Positions 4q .. 4q + 3 after at0, per 16-row lane: (low nibbles, high nibbles), 4 bytes a row."""
     out = []
     for rows in _transposed_quads(
-        context, builder, packed_type, packed, at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS)
+        context, builder, packed_type, packed, at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS), masks
     ):
         low = builder.and_(rows, _bytes(15))
         high = builder.lshr(rows, _bytes(4))
@@ -453,7 +456,7 @@ def _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, xb, row,
             _store_rows(context, builder, out[0], out[1], out[2], t, lane, builder.mul(total, scales[lane]))
 
 
-def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+def _q4k_block_sums(n_tok: int, chains: int, masks=_QUAD_MASKS):  # type: ignore[no-untyped-def]
     """Q4_K's whole block b for n_tok tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] =
     sc[sc_at + r] x sum over the 16 positions j of w[r, j] * x[t, j] + w[r, j + 16] * x[t, j + 16]
     (xb as in _quad_sums, col0 = 8b). The scale multiply is here, on whole vectors: written in the tile
@@ -466,7 +469,7 @@ def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             out_at, at0, row, col, sc_at = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 6, 8)
             )
-            quads = [_nibble_quads(context, builder, packed_type, args[2], at0, q) for q in range(4)]
+            quads = [_nibble_quads(context, builder, packed_type, args[2], at0, q, masks) for q in range(4)]
             sc = (sc_type, args[7], sc_at)
             out = (out_type, args[0], out_at)
             _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, args[4], row, col, sc, out)
@@ -696,6 +699,10 @@ _quad_sums4 = _quad_sums(4, 1)
 _q4k_block_sums1 = _q4k_block_sums(1, 4)
 _q4k_block_sums2 = _q4k_block_sums(2, 2)
 _q4k_block_sums4 = _q4k_block_sums(4, 1)
+# The same on Q4_K's records, whose nibble bytes are stored as the shuffle above leaves them (records.py).
+_q4k_record_sums1 = _q4k_block_sums(1, 4, masks=None)
+_q4k_record_sums2 = _q4k_block_sums(2, 2, masks=None)
+_q4k_record_sums4 = _q4k_block_sums(4, 1, masks=None)
 _q5k_block_sums1 = _q5k_block_sums(1, 4)
 _q5k_block_sums2 = _q5k_block_sums(2, 2)
 _q5k_block_sums4 = _q5k_block_sums(4, 1)
@@ -1202,18 +1209,32 @@ def _q4k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def _q4k_block_vnni(flat_blocks, bb, qs_g, first, xb, t0, b, sc_g, sc_at, n_tok) -> None:  # type: ignore[no-untyped-def]
+def _q4k_block_vnni(flat_blocks, bb, qs_g, first, xb, t0, b, sc_g, sc_at, n_tok, row_quads) -> None:  # type: ignore[no-untyped-def]
     """Block b (the bb-th of its super-block) into flat_blocks: its nibble bytes at qs_g[first:], its
-    scales at sc_g[sc_at:] (the field arrays and Q4_K's records place them apart)."""
+    scales at sc_g[sc_at:] (the field arrays and Q4_K's records place them apart); `row_quads` (a
+    constant): the nibble bytes are the records' (no shuffle)."""
     if n_tok == 8:
-        _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
-        _q4k_block_sums4(flat_blocks, bb * 256 + 128, qs_g, first, xb, t0 + 4, b * 8, sc_g, sc_at)
+        _q4k_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at, row_quads)
+        _q4k_sums4(flat_blocks, bb * 256 + 128, qs_g, first, xb, t0 + 4, b * 8, sc_g, sc_at, row_quads)
     elif n_tok == 4:
-        _q4k_block_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+        _q4k_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at, row_quads)
     elif n_tok == 2:
-        _q4k_block_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+        if row_quads:
+            _q4k_record_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+        else:
+            _q4k_block_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+    elif row_quads:
+        _q4k_record_sums1(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
     else:
         _q4k_block_sums1(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+
+
+@njit(inline="always")
+def _q4k_sums4(flat_blocks, at, qs_g, first, xb, t0, col0, sc_g, sc_at, row_quads) -> None:  # type: ignore[no-untyped-def]
+    if row_quads:
+        _q4k_record_sums4(flat_blocks, at, qs_g, first, xb, t0, col0, sc_g, sc_at)
+    else:
+        _q4k_block_sums4(flat_blocks, at, qs_g, first, xb, t0, col0, sc_g, sc_at)
 
 
 @njit(inline="always")
@@ -1229,7 +1250,7 @@ def _q4k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     for sb in range(xd.shape[1] // 8):
         for bb in range(8):
             b = sb * 8 + bb
-            _q4k_block_vnni(flat_blocks, bb, qs_g, b * 16 * ROWS, xb, t0, b, sc_g, b * ROWS, n_tok)
+            _q4k_block_vnni(flat_blocks, bb, qs_g, b * 16 * ROWS, xb, t0, b, sc_g, b * ROWS, n_tok, False)
         _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
 
@@ -1278,7 +1299,7 @@ def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         at = sb * Q4K_RECORD
         for bb in range(8):
             sc_at, first = q4k_block_at(at, bb)
-            _q4k_block_vnni(flat_blocks, bb, rec_g, first, xb, t0, sb * 8 + bb, rec_g, sc_at, n_tok)
+            _q4k_block_vnni(flat_blocks, bb, rec_g, first, xb, t0, sb * 8 + bb, rec_g, sc_at, n_tok, True)
         dm = (at + Q4K_D) // 2
         dq, mq = rec16_g[dm : dm + ROWS], rec16_g[dm + ROWS : dm + 2 * ROWS]
         _k_superblock_lanes(acc, blocks, dq, mq, mn[g], sb * 8 * ROWS, ROWS, True, xd, xsum, sb, t0, n_tok)
@@ -2036,7 +2057,7 @@ def _rows_q4k_records(ids, rec, rec16, mn, out) -> None:  # type: ignore[no-unty
             scale = f16_to_f32(rec16[g, dm + r]) * np.float32(rec[g, sc_at + r])
             low = -f16_to_f32(rec16[g, dm + ROWS + r]) * np.float32(mn[g, b * ROWS + r])
             for j in range(16):
-                v = rec[g, first + j * ROWS + r]
+                v = rec[g, q4k_nibble_at(first, j, r)]
                 out[i, b * QK + j] = scale * np.float32(v & 15) + low
                 out[i, b * QK + j + 16] = scale * np.float32(v >> 4) + low
 

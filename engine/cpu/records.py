@@ -13,8 +13,12 @@ kept.
 
 Record of super-block sb in row group g (Q4K_RECORD = 4480 bytes), in the order the kernel reads it:
 for each pair of its 8 blocks (Q4K_PAIR = 1088 bytes) the two blocks' 32 scales each, then their 16 x 32
-nibble bytes each (as qs); after the 4 pairs the 32 rows' d (f16), then their dmin (f16). Every pair
-starts on a 64-byte line. The mins stay in their own array, read once per super-block: inside the
+nibble bytes each; after the 4 pairs the 32 rows' d (f16), then their dmin (f16). Every pair starts on
+a 64-byte line. A block's nibble bytes are qs's (position j of the 32 rows at j * 32) in row quads: per 4
+positions 4q .. 4q + 3, rows 0-15 then 16-31, each row's 4 bytes together (`q4k_nibble_at`), as the
+vpdpbusd tiles need them. The field arrays' kernel shuffles every 128 bytes into that order in
+registers (vpermt2b); stored so, the T = 1 tile took 0.70-0.86x the time in L2 (1536 x 1536, one
+thread, 2026-12-04). The mins stay in their own array, read once per super-block: inside the
 records the same kernel took 1.5-1.9x the time of the field arrays' in L2 (256 x 1536, one thread), all
 of it in _k_superblock_lanes' mins loop (not found why).
 PackedWeight(records=True) holds the records in qs (uint8 (g, ns * 4480)) and the mins in mn; its sc,
@@ -43,10 +47,23 @@ def q4k_block_at(at: int, bb: int) -> tuple[int, int]:
     return pair + (bb & 1) * ROWS, pair + 2 * ROWS + (bb & 1) * 16 * ROWS
 
 
+@njit(inline="always")
+def q4k_nibble_at(first: int, j: int, r: int) -> int:
+    """Offset of the byte of position j (0-15; j + 16 in its high nibble) and row r of the block whose
+    nibble bytes start at `first`."""
+    return first + (j >> 2) * 4 * ROWS + (r >> 4) * 64 + (r & 15) * 4 + (j & 3)
+
+
+def _row_quads(qs: np.ndarray, g: int, ns: int) -> np.ndarray:
+    """qs's nibble bytes (g, ns * 8 blocks, position, row) in row quads: (g, ns, 4 block pairs, 2 x 512)."""
+    quads = qs.reshape(g, ns * 8, 4, 4, 2, 16)  # block, quad q, position k in it, lane, row in the lane
+    return quads.transpose(0, 1, 2, 4, 5, 3).reshape(g, ns, 4, -1)
+
+
 def q4k_records(w: PackedWeight) -> PackedWeight:
     """A Q4_K PackedWeight as records and its mins (the same bytes, 148 a row and super-block)."""
     g, ns = w.n_groups, w.n_cols // 256
-    pairs = np.concatenate([w.sc.reshape(g, ns, 4, -1), w.qs.reshape(g, ns, 4, -1)], axis=3)
+    pairs = np.concatenate([w.sc.reshape(g, ns, 4, -1), _row_quads(w.qs, g, ns)], axis=3)
     lanes = [a.reshape(g, ns, -1).view(np.uint8) for a in (w.d, w.m)]
     records = np.concatenate([pairs.reshape(g, ns, -1), *lanes], axis=2).reshape(g, ns * Q4K_RECORD)
     empty_u8, empty_u16 = np.zeros((g, 0), np.uint8), np.zeros((g, 0), np.uint16)
