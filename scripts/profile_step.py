@@ -7,7 +7,9 @@ the kernel's time); matmuls are split by the weight they read. Four workloads, a
 them: tg (one sequence decoding at depth 64), tg @ d2048, tg x16 (16 sequences decoding together) and
 pp512. Then a roofline: bytes a decode step must read (weights + the KV cells it attends to) against
 the read bandwidth of this machine (a numpy sum over 256 MiB, and a 2-thread Numba sum), and prefill's
-FLOP/s against numpy's float32 matmul (BLAS) on the same cores. Run it on an idle machine.
+FLOP/s against numpy's float32 matmul (BLAS) on the same cores; last, tg steps and the parallel sum
+alternated (`--rounds`), each round's share of the bandwidth measured beside it. Run it on an idle
+machine.
 """
 
 from __future__ import annotations
@@ -88,8 +90,7 @@ def run_workload(model: LlamaModel, prof: Profiler, name: str, steps: int) -> tu
     return (time.perf_counter() - start) / steps, n_seq * n_tok
 
 
-def read_bandwidth() -> tuple[float, float]:
-    """GB/s reading 256 MiB: numpy's sum (one thread) and a parallel Numba sum (all threads)."""
+def _parallel_sum() -> Callable[[np.ndarray], float]:
     from numba import njit, prange
 
     @njit(parallel=True, fastmath=True)
@@ -99,6 +100,12 @@ def read_bandwidth() -> tuple[float, float]:
             total += a[i]
         return total
 
+    return parallel_sum
+
+
+def read_bandwidth() -> tuple[float, float]:
+    """GB/s reading 256 MiB: numpy's sum (one thread) and a parallel Numba sum (all threads)."""
+    parallel_sum = _parallel_sum()
     a = np.ones(64 * 2**20, np.float32)
     rates = []
     for fn in (np.sum, parallel_sum):
@@ -153,11 +160,35 @@ def print_roofline(
     )
 
 
+def same_minute_shares(model: LlamaModel, step_bytes: int, rounds: int) -> None:
+    """The tg step's bandwidth against the parallel sum's, measured alternately: this VM's bandwidth
+    moves by 10-30% from minute to minute, so a probe taken minutes apart can flatter or wrong a step."""
+    parallel_sum, a = _parallel_sum(), np.ones(64 * 2**20, np.float32)
+    parallel_sum(a)
+    kv = model.new_cache(1, 128)
+    model.forward(Batch.of([BatchPart(0, 0, list(range(64)))]), kv)
+    shares = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        parallel_sum(a)
+        parallel_sum(a)
+        probe = 2 * a.nbytes / (time.perf_counter() - start) / 1e9
+        start = time.perf_counter()
+        for _ in range(8):
+            kv.truncate(0, 64)
+            model.forward(Batch.of([BatchPart(0, 64, [7])]), kv)
+        shares.append(step_bytes * 8 / (time.perf_counter() - start) / 1e9 / probe)
+    text = ", ".join(f"{s:.0%}" for s in shares)
+    print(f"\ntg against the parallel sum beside it, {rounds} rounds: median {np.median(shares):.0%}")
+    print(f"({text})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-m", "--model", default="smollm2")
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=10, help="rounds of tg step and bandwidth probe alternated")
     args = p.parse_args()
     prof = Profiler()
     g = GGUFFile(resolve(args.model))
@@ -179,6 +210,8 @@ def main() -> None:
     # A decode step reads every weight once, but a separate embedding table only for its token's row.
     step_bytes = g.n_bytes - (0 if tied else g.tensors["token_embd.weight"].n_bytes)
     print_roofline(results, step_bytes, kv_cell_bytes, layer_params)
+    if args.rounds:
+        same_minute_shares(model, step_bytes + 64 * kv_cell_bytes, args.rounds)
 
 
 if __name__ == "__main__":
