@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import cached_property
 
 import numpy as np
 
@@ -337,9 +338,10 @@ class PackedWeight:
     def n_groups(self) -> int:
         return self.qs.shape[0]
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        """Bytes a matmul reads (padding rows included)."""
+        """Bytes a matmul reads (padding rows included). Cached: every CPU matmul asks (chunks or not),
+        and the sum over the fields' arrays was 0.7% of the engine thread's decode time (perf, Qwen)."""
         return sum(getattr(self, f).nbytes for f in PACKED_FIELDS)
 
 
