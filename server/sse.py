@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
@@ -42,12 +42,20 @@ def error_event(body: dict[str, Any]) -> bytes:
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def response(body: AsyncIterator[bytes], relayed: bool = True, after_error: bytes = b"") -> Response:
+ErrorFrame = Callable[[errors.APIError], bytes]  # how a route's stream ends on an error
+
+
+def closing_error(err: errors.APIError) -> bytes:
+    """The default ErrorFrame: the error event alone (llama-server's native /completion)."""
+    return error_event(err.body())
+
+
+def response(body: AsyncIterator[bytes], relayed: bool = True, frame: ErrorFrame = closing_error) -> Response:
     """A streaming SSE response; no response timeout: a long generation is not a stuck response. A
     resumable session's reader is not relayed (`relayed=False`): its producer already runs ahead into
-    the session's ring, which ends a reader that falls behind it. `after_error`: what follows the error
-    event of a failure (the OpenAI routes' [DONE])."""
-    body = errors_as_events(body, after_error)
+    the session's ring, which ends a reader that falls behind it. `frame`: how a failure ends the stream
+    (the OpenAI routes add [DONE], Anthropic's route sends its `event: error`)."""
+    body = errors_as_events(body, frame)
     if relayed:
         body = relay(body, current_app.config[UNREAD_LIMIT_KEY])
     reply = Response(body, headers=SSE_HEADERS)
@@ -55,14 +63,20 @@ def response(body: AsyncIterator[bytes], relayed: bool = True, after_error: byte
     return reply
 
 
-async def errors_as_events(source: AsyncIterator[bytes], after_error: bytes = b"") -> AsyncIterator[bytes]:
-    """`source`'s bytes; an APIError it raises after its first byte (a failed engine step) ends the
-    stream with the error event (and `after_error`) instead of a cut connection."""
+async def errors_as_events(
+    source: AsyncIterator[bytes], frame: ErrorFrame = closing_error
+) -> AsyncIterator[bytes]:
+    """`source`'s bytes; a failure after its first byte ends the stream with the route's error `frame`
+    instead of a cut connection: an APIError (a failed engine step) as it is, anything else (a bug) as
+    a 500, logged, as the app's handler answers it before the first byte."""
     try:
         async for chunk in source:
             yield chunk
     except errors.APIError as exc:
-        yield error_event(exc.body()) + after_error
+        yield frame(exc)
+    except Exception as exc:
+        log.exception("stream.failed", error=str(exc))
+        yield frame(errors.APIError(500, f"internal error: {exc}", "server_error"))
     finally:
         await close_quietly(source)
 

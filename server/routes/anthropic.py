@@ -47,8 +47,9 @@ async def messages() -> Any:
         conversation_id = request.headers.get(CONVERSATION_HEADER)
         if conversation_id:  # a resumable session: the generation outlives this response
             recipe = await stream_recipe("messages", ids, replayable(job.request))
-            return sse.response(await resumable(conversation_id, stream, recipe), relayed=False)
-        return sse.response(stream)
+            session = await resumable(conversation_id, sse.errors_as_events(stream, error_event), recipe)
+            return sse.response(session, relayed=False, frame=error_event)
+        return sse.response(stream, frame=error_event)
     blocks = ContentBlocks()
     final: TokenEvent | None = None
     async for event in events_of(svc, job.request):

@@ -109,9 +109,9 @@ async def streamed(stream: AsyncIterator[bytes], deterministic: bool, ids: Reply
     conversation_id = request.headers.get(CONVERSATION_HEADER)
     if conversation_id:
         recipe = await stream_recipe("chat", ids, deterministic)
-        session = await resumable(conversation_id, sse.errors_as_events(stream, sse.DONE), recipe)
-        return sse.response(session, relayed=False)
-    return sse.response(stream, after_error=sse.DONE)
+        session = await resumable(conversation_id, sse.errors_as_events(stream, chat_error_event), recipe)
+        return sse.response(session, relayed=False, frame=chat_error_event)
+    return sse.response(stream, frame=chat_error_event)
 
 
 def chat_stream_of(
@@ -131,7 +131,7 @@ async def regenerate_chat(svc: ModelService, recipe: Recipe) -> AsyncIterator[by
 
 
 def chat_error_event(error: errors.APIError) -> bytes:
-    """An error as a chat stream ends with one: the error event, then [DONE]."""
+    """An error as an OpenAI stream (chat or completions) ends with one: the error event, then [DONE]."""
     return sse.error_event(error.body()) + sse.DONE
 
 
@@ -361,7 +361,7 @@ async def completions() -> Any:
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
         stream = completion_stream(svc, body, requests, head, len(tokens), prefix)
-        return sse.response(stream, after_error=sse.DONE)
+        return sse.response(stream, frame=chat_error_event)
     outs = await collect_choices(svc, requests) if len(requests) > 1 else [await collect(svc, gen)]
     choices = []
     for index, out in enumerate(outs):
