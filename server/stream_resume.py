@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from server import errors
+from server import errors, sse
 from server.sessions import ByteRing, Session, SessionStore
 from server.stream_journal import JournalContents, JournalDir, Recipe
 
@@ -166,7 +166,9 @@ def _session(ctx: RestoreContext, contents: JournalContents) -> Session:
     session.journal = ctx.journals.reopen(contents)
     recipe = header.recipe
     if regenerator is not None and recipe.deterministic and recipe.model == ctx.model:
-        session.start(resumed(contents, regenerator, ctx.ready))
+        # A failure of the regenerated stream ends it as its route ends one (as for a live session).
+        producer = resumed(contents, regenerator, ctx.ready)
+        session.start(sse.errors_as_events(producer, regenerator.error_event))
         return session
     log.warning("stream.not_resumable", conversation_id=header.conversation_id, route=recipe.route)
     error = errors.APIError(500, NOT_RESUMABLE, "server_error")

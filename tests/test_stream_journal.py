@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from server.errors import APIError
+from server.sessions import SessionLimits, SessionStore
 from server.stream_journal import (
     DATA,
     END,
@@ -25,7 +27,16 @@ from server.stream_journal import (
     encode_record,
     read_journal,
 )
-from server.stream_resume import DIVERGED, Diverged, Regenerator, continuation, resumed, same_event
+from server.stream_resume import (
+    DIVERGED,
+    Diverged,
+    Regenerator,
+    RestoreContext,
+    continuation,
+    restore_sessions,
+    resumed,
+    same_event,
+)
 
 HEADER_VALUE = JournalHeader(
     "conv/1: x",
@@ -194,3 +205,43 @@ def test_a_resumed_session_ends_with_the_routes_error_event_when_it_diverges(tmp
 
     assert asyncio.run(run()) == [f"error: {DIVERGED}\n\n".encode()]
     assert closed == [True]
+
+
+@pytest.mark.parametrize(
+    "failure", [RuntimeError("a bug"), APIError(503, "the engine stopped", "unavailable")]
+)
+def test_a_restored_session_whose_regenerated_stream_fails_ends_with_the_routes_error(
+    tmp_path: Path, failure: Exception
+) -> None:
+    """The regenerated producer fails after the journaled chunks: its readers get the route's error frame
+    (here a recognisable one), as a live session's would, not the session's last-resort error."""
+    before = JournalDir(tmp_path, "m", 1 << 20)  # the server before its restart
+    before.start()
+    before.create(HEADER_VALUE).append(ROLE)
+    before.close()
+
+    async def failing() -> AsyncIterator[bytes]:
+        yield ROLE
+        yield A
+        raise failure
+
+    async def stream(recipe: Recipe) -> AsyncIterator[bytes]:
+        return failing()
+
+    regenerator = Regenerator(stream, lambda error: b"route-error: " + error.message.encode() + b"\n\n")
+
+    async def run() -> bytes:
+        journals = JournalDir(tmp_path, "m", 1 << 20)
+        journals.start()
+        store = SessionStore(SessionLimits(), journals=journals)
+        ready = asyncio.get_running_loop().create_future()
+        ready.set_result(None)
+        assert restore_sessions(RestoreContext(store, journals, {"chat": regenerator}, "m", ready)) == 1
+        session = store.get(HEADER_VALUE.conversation_id, HEADER_VALUE.owner)
+        assert session is not None
+        out = b"".join([c async for c in session.follow(0)])
+        journals.close()
+        return out
+
+    out = asyncio.run(run())
+    assert out.startswith(ROLE + A + b"route-error: ") and str(failure) in out.decode()
