@@ -17,7 +17,7 @@ nibble bytes each; after the 4 pairs the 32 rows' d (f16), then their dmin (f16)
 a 64-byte line. A block's nibble bytes are qs's (position j of the 32 rows at j * 32) in row quads: per 4
 positions 4q .. 4q + 3, rows 0-15 then 16-31, each row's 4 bytes together (`q4k_nibble_at`), as the
 vpdpbusd tiles need them. The field arrays' kernel shuffles every 128 bytes into that order in
-registers (vpermt2b); stored so, the T = 1 tile took 0.70-0.86x the time in L2 (1536 x 1536, one
+registers (vpermt2b); stored so, the T = 1 tile took 0.68x the time in L2 (1536 x 1536, one
 thread, 2026-12-04). The mins stay in their own array, read once per super-block: inside the
 records the same kernel took 1.5-1.9x the time of the field arrays' in L2 (256 x 1536, one thread), all
 of it in _k_superblock_lanes' mins loop (not found why).

@@ -47,7 +47,7 @@ async def messages() -> Any:
         conversation_id = request.headers.get(CONVERSATION_HEADER)
         if conversation_id:  # a resumable session: the generation outlives this response
             recipe = await stream_recipe("messages", ids, replayable(job.request))
-            session = await resumable(conversation_id, sse.errors_as_events(stream, error_event), recipe)
+            session = await resumable(conversation_id, stream, error_event, recipe)
             return sse.response(session, relayed=False, frame=error_event)
         return sse.response(stream, frame=error_event)
     blocks = ContentBlocks()

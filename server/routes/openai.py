@@ -109,7 +109,7 @@ async def streamed(stream: AsyncIterator[bytes], deterministic: bool, ids: Reply
     conversation_id = request.headers.get(CONVERSATION_HEADER)
     if conversation_id:
         recipe = await stream_recipe("chat", ids, deterministic)
-        session = await resumable(conversation_id, sse.errors_as_events(stream, chat_error_event), recipe)
+        session = await resumable(conversation_id, stream, chat_error_event, recipe)
         return sse.response(session, relayed=False, frame=chat_error_event)
     return sse.response(stream, frame=chat_error_event)
 

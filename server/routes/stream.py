@@ -30,13 +30,15 @@ def sessions() -> SessionStore:
 
 
 async def resumable(
-    conversation_id: str, source: AsyncIterator[bytes], recipe: Recipe | None = None
+    conversation_id: str, source: AsyncIterator[bytes], frame: sse.ErrorFrame, recipe: Recipe | None = None
 ) -> AsyncIterator[bytes]:
     """Run `source` as the session of `conversation_id`; what is returned is one reader of it, so the
-    caller's response can end (client gone) while the generation goes on. With --stream-journal, a
-    `recipe` (see `stream_recipe`) journals it."""
+    caller's response can end (client gone) while the generation goes on. A failure of `source` ends
+    the session with the route's error `frame`, as a live stream's. With --stream-journal, a `recipe`
+    (see `stream_recipe`) journals it."""
     owner, client = request_owner(), request_client()
-    session = await sessions().open(conversation_id, source, owner, client, recipe)
+    producer = sse.errors_as_events(source, frame)
+    session = await sessions().open(conversation_id, producer, owner, client, recipe)
     return session.follow(0)
 
 
