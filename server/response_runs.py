@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from engine.api import TokenEvent
 from server import errors, sse
 from server.agents import AgentRun, ToolExecuted
@@ -32,6 +34,7 @@ from server.schemas_responses import ResponsesRequest
 from server.service import ModelService
 
 STATE_KEY = "llamba.responses"
+log = structlog.get_logger("server")
 
 
 @dataclass(eq=False)
@@ -184,13 +187,18 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
         for payload in items.list_tools():
             yield run.frame(payload)
         snap["output"] = items.finished()
-        async with contextlib.aclosing(generation(ctx, end)) as events:
-            async for event in events:
-                payloads = items.tool_result(event) if isinstance(event, ToolExecuted) else items.feed(event)
-                for payload in payloads:
-                    if payload["type"] == "response.output_item.done":  # what GET shows meanwhile
-                        snap["output"] = items.finished()
-                    yield run.frame(payload)
+        try:
+            async with contextlib.aclosing(generation(ctx, end)) as events:
+                async for event in events:
+                    payloads = (
+                        items.tool_result(event) if isinstance(event, ToolExecuted) else items.feed(event)
+                    )
+                    for payload in payloads:
+                        if payload["type"] == "response.output_item.done":  # what GET shows meanwhile
+                            snap["output"] = items.finished()
+                        yield run.frame(payload)
+        except Exception as exc:  # the response fails with its own events, stored as failed, not cut
+            end.error = failure_message(exc)
         status = "failed" if end.error else terminal_status(end.final)
         closing = items.close("completed" if status == "completed" else "incomplete")  # cut: incomplete
         for payload in closing + items.abandon_calls():
@@ -201,6 +209,15 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
     finally:
         if not run.done:
             finish(ctx, run, items, RunEnd(), "cancelled")
+
+
+def failure_message(exc: Exception) -> str:
+    """What a response that raised mid-run says: an APIError's message, anything else (a bug) logged and
+    called an internal error, as the app's handler words it before the first byte."""
+    if isinstance(exc, errors.APIError):
+        return exc.message
+    log.exception("response.failed", error=str(exc))
+    return f"internal error: {exc}"
 
 
 async def generation(ctx: RunContext, end: RunEnd) -> AsyncIterator[TokenEvent | ToolExecuted]:
