@@ -332,7 +332,9 @@ class PackedWeight:
     sc: np.ndarray
     mn: np.ndarray
     f: np.ndarray
-    records: bool = False  # the CPU's Q4_K form: qs holds engine/cpu/records.py's records, mn the mins
+    # The CPU backend's own layouts (engine/cpu/records.py): Q4_K's records in qs (mins in mn), Q6_K's qs
+    # and qh in row quads.
+    repacked: bool = False
 
     @property
     def n_groups(self) -> int:

@@ -11,7 +11,7 @@ from numba import njit, prange
 from engine import quant
 from engine.cpu import matmul as mm
 from engine.cpu.chunks import chunk_starts, take_next
-from engine.cpu.records import q4k_records
+from engine.cpu.records import pack_weight_for_cpu
 from engine.quant import QType
 from tests.test_matmul import run_matmul
 from tests.test_quant import random_blocks
@@ -50,9 +50,7 @@ def test_every_chunk_is_taken_by_exactly_one_thread() -> None:
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
 def test_chunked_kernels_do_not_depend_on_the_thread_count(qtype: QType) -> None:
     shape = (8176, 2048)  # 256 row groups, the last one padded; 9.7-13.8 MB: chunked
-    w = quant.pack_weight(random_blocks(qtype, *shape), qtype, shape)
-    if qtype == QType.Q4_K and mm.HAS_VNNI:
-        w = q4k_records(w)
+    w = pack_weight_for_cpu(random_blocks(qtype, *shape), qtype, shape)  # repacked where VNNI runs
     assert mm._chunked(w)
     x = np.random.default_rng(2).standard_normal((5, shape[1])).astype(np.float32)
     before = numba.get_num_threads()

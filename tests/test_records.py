@@ -1,6 +1,6 @@
-"""engine/cpu/records.py: Q4_K as one stream of super-block records. The records hold the field arrays'
-bytes where the module's docstring says, and the kernels give bitwise the field arrays' products and
-rows on them, alone and in a whole model."""
+"""engine/cpu/records.py: Q4_K as one stream of super-block records, Q6_K in row quads. Both hold the
+field arrays' bytes where the module's docstring says, and the kernels give bitwise the field arrays'
+products and rows on them, alone and in a whole model."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def q4k(shape: tuple[int, int]) -> quant.PackedWeight:
 def test_records_are_the_field_bytes_where_documented(shape: tuple[int, int]) -> None:
     w = q4k(shape)
     rec = records.q4k_records(w)
-    assert rec.records and rec.nbytes == w.nbytes and rec.mn is w.mn
+    assert rec.repacked and rec.nbytes == w.nbytes and rec.mn is w.mn
     assert rec.qs.shape == (w.n_groups, shape[1] // 256 * records.Q4K_RECORD)
     assert records.Q4K_PAIR % 64 == 0 and records.Q4K_RECORD % 64 == 0, "parts start on cache lines"
     rng = np.random.default_rng(0)
@@ -51,9 +51,10 @@ def test_records_are_the_field_bytes_where_documented(shape: tuple[int, int]) ->
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_matmul_and_rows_are_bitwise_the_field_arrays(shape: tuple[int, int]) -> None:
-    w = q4k(shape)
-    rec = records.q4k_records(w)
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K], ids=["Q4_K", "Q6_K"])
+def test_matmul_and_rows_are_bitwise_the_field_arrays(shape: tuple[int, int], qtype: QType) -> None:
+    w = quant.pack_weight(random_blocks(qtype, *shape), qtype, shape)
+    rec = records.q4k_records(w) if qtype == QType.Q4_K else records.q6k_row_quads(w)
     x = np.random.default_rng(1).standard_normal((64, shape[1])).astype(np.float32)
     for n_tok in (1, 2, 3, 4, 5, 8, 13, 64):  # every tile size and their mixes
         np.testing.assert_array_equal(run_matmul(rec, x[:n_tok]), run_matmul(w, x[:n_tok]))
@@ -64,13 +65,38 @@ def test_matmul_and_rows_are_bitwise_the_field_arrays(shape: tuple[int, int]) ->
     np.testing.assert_array_equal(rows[1], rows[0])
 
 
-def test_the_cpu_backend_packs_q4_k_as_records_where_vnni_runs() -> None:
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_q6_k_row_quads_are_the_field_bytes_where_documented(shape: tuple[int, int]) -> None:
+    w = quant.pack_weight(random_blocks(QType.Q6_K, *shape), QType.Q6_K, shape)
+    quads = records.q6k_row_quads(w)
+    assert quads.repacked and quads.nbytes == w.nbytes and quads.sc is w.sc and quads.d is w.d
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        g, b, j, r = (
+            rng.integers(w.n_groups),
+            rng.integers(shape[1] // 32),
+            rng.integers(32),
+            rng.integers(ROWS),
+        )
+        k = j % 16
+        quad = b * 16 * ROWS + (k // 4) * 4 * ROWS + (r // 16) * 64  # the 64 bytes of rows 16L.. at 4q..
+        nibbles = quads.qs[g, quad + (r % 16) * 4 + k % 4]
+        assert nibbles == w.qs[g, (b * 16 + k) * ROWS + r]
+        assert records.q4k_nibble_at(b * 16 * ROWS, k, r) == quad + (r % 16) * 4 + k % 4
+        # the field arrays: byte k // 2 of the block, bits 4 x (k % 2) + 2 x (j // 16)
+        top = (w.qh[g, (b * 8 + k // 2) * ROWS + r] >> (4 * (k % 2) + 2 * (j // 16))) & 3
+        at, shift = records.q6k_top_at(b, j, r)
+        assert at == b * 8 * ROWS + (k // 4) * 2 * ROWS + (r % 16) * 4 + k % 4
+        assert shift == 2 * (2 * (r // 16) + j // 16) and (quads.qh[g, at] >> shift) & 3 == top
+
+
+def test_the_cpu_backend_repacks_q4_k_and_q6_k_where_vnni_runs() -> None:
     shape = (4096, 1024)
     be = cpu_backend()
-    w = be.pack_weight(random_blocks(QType.Q4_K, *shape), QType.Q4_K, shape)
-    assert w.records == mm.HAS_VNNI
-    other = be.pack_weight(random_blocks(QType.Q6_K, *shape), QType.Q6_K, shape)
-    assert not other.records
+    for qtype in (QType.Q4_K, QType.Q6_K):
+        assert be.pack_weight(random_blocks(qtype, *shape), qtype, shape).repacked == mm.HAS_VNNI
+    other = be.pack_weight(random_blocks(QType.Q5_K, *shape), QType.Q5_K, shape)
+    assert not other.repacked
 
 
 def test_a_whole_model_gives_the_same_logits_on_records(gemma3_gguf: GGUFFile) -> None:

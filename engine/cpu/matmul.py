@@ -39,7 +39,7 @@ from numba.extending import intrinsic, overload
 
 from engine.cpu.chunks import chunk_starts, take_next
 from engine.cpu.f16 import float_to_half
-from engine.cpu.records import Q4K_D, Q4K_RECORD, q4k_block_at, q4k_nibble_at
+from engine.cpu.records import Q4K_D, Q4K_RECORD, q4k_block_at, q4k_nibble_at, q6k_top_at
 from engine.cpu.vecmath import bits_to_f32, f32_to_bits
 from engine.quant import IQ4_LEVELS, QK, ROWS, PackedWeight, QType
 
@@ -355,6 +355,28 @@ def _q6k_quads(context, builder, packed_type, packed, at0, high_type, high, high
     return out
 
 
+def _q6k_row_quads(context, builder, packed_type, packed, at0, high_type, high, high_at0, q: int):  # type: ignore[no-untyped-def]
+    """_q6k_quads on Q6_K in row quads (engine/cpu/records.py): the nibble bytes of positions 4q.. stored
+    as _transposed_quads leaves them, and one 64-byte qh vector whose bit pairs 0-1, 2-3, 4-5, 6-7 are the
+    top bits of (lane 0, weights j), (lane 0, j + 16), (lane 1, j), (lane 1, j + 16): each moved to bits
+    4-5 with one shift and one mask, no shuffle."""
+    quads = _transposed_quads(
+        context, builder, packed_type, packed, at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS), masks=None
+    )
+    tops_at = builder.add(high_at0, ir.Constant(ir.IntType(64), q * 2 * ROWS))
+    h = builder.load(_vector_at(context, builder, high_type, high, tops_at, _V64I8), align=1)
+    out = []
+    for lane, rows in enumerate(quads):
+        pair = []
+        for part, nibbles in enumerate((builder.and_(rows, _bytes(15)), builder.lshr(rows, _bytes(4)))):
+            pair_at = 2 * (2 * lane + part)  # the bit pair's place in the byte
+            tops = builder.shl(h, _bytes(4 - pair_at)) if pair_at <= 4 else builder.lshr(h, _bytes(2))
+            weights = builder.or_(nibbles, builder.and_(tops, _bytes(0x30)))
+            pair.append(builder.bitcast(weights, _V16I32))
+        out.append(tuple(pair))
+    return out
+
+
 def _broadcast_at(context, builder, xb_type, xb_array, row, col):  # type: ignore[no-untyped-def]
     """xb[row, col] (an int32) in all 16 lanes."""
     ptr = cgutils.get_item_pointer(context, builder, xb_type, xb_array, [row, col], wraparound=False)
@@ -609,12 +631,14 @@ def _centred_half_sums(n_tok: int, chains: int, weights, offset_bits: int):  # t
     return half_sums
 
 
-def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
+def _q6k_block_sums(n_tok: int, chains: int, row_quads: bool = False):  # type: ignore[no-untyped-def]
     """Q6_K's whole block b (its 16 positions at `packed_at`, their qh bytes at `qh_at`) for n_tok
     tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] = sc_lo[r] x (sum over j < 16 of
     u[r, j] * x[t, j] - 32 x16[t, 2b]) + sc_hi[r] x (the same over j + 16, - 32 x16[t, 2b + 1]), where
     u are the unsigned 6-bit weights (q - 32 = u - 32), sc_lo / sc_hi the int8 scales at sc_at and
-    sc_at + 32, x16 the activations' sums per 16 and xb as in _quad_sums (col0 = 8b)."""
+    sc_at + 32, x16 the activations' sums per 16 and xb as in _quad_sums (col0 = 8b). `row_quads`: the
+    weights in row quads (engine/cpu/records.py), else the field arrays' layout."""
+    weights = _q6k_row_quads if row_quads else _q6k_quads
 
     @intrinsic
     def q6k_sums(typingctx, out, out_at, packed, packed_at, qh, qh_at, xb, row0, col0, sc, sc_at, x16):  # type: ignore[no-untyped-def]
@@ -630,7 +654,7 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
                 [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)] for _ in (0, 1)
             ]
             for q in range(4):
-                lanes = _q6k_quads(context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q)
+                lanes = weights(context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q)
                 for t in range(n_tok):
                     for part in (0, 1):  # weights j (low sums), weights j + 16 (high sums)
                         x = _broadcast_at(
@@ -692,6 +716,9 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
 _q6k_block_sums1 = _q6k_block_sums(1, 4)
 _q6k_block_sums2 = _q6k_block_sums(2, 2)
 _q6k_block_sums4 = _q6k_block_sums(4, 1)
+_q6k_row_quad_sums1 = _q6k_block_sums(1, 4, row_quads=True)
+_q6k_row_quad_sums2 = _q6k_block_sums(2, 2, row_quads=True)
+_q6k_row_quad_sums4 = _q6k_block_sums(4, 1, row_quads=True)
 _quad_sums1 = _quad_sums(1, 4)
 _quad_sums2 = _quad_sums(2, 2)
 _quad_sums4 = _quad_sums(4, 1)
@@ -1822,7 +1849,25 @@ def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+def _q6k_block(blocks, out_at, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok, row_quads) -> None:  # type: ignore[no-untyped-def]
+    """_q6k_block_sums of block b for a tile of 1, 2 or 4 tokens (constants after inlining)."""
+    qh_at, col, sc_at = b * 8 * ROWS, b * 8, 2 * b * ROWS
+    if row_quads and n_tok == 4:
+        _q6k_row_quad_sums4(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
+    elif row_quads and n_tok == 2:
+        _q6k_row_quad_sums2(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
+    elif row_quads:
+        _q6k_row_quad_sums1(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
+    elif n_tok == 4:
+        _q6k_block_sums4(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
+    elif n_tok == 2:
+        _q6k_block_sums2(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
+    else:
+        _q6k_block_sums1(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
+
+
+@njit(inline="always")
+def _q6k_vnni_tile(a, g, t0, n_tok, row_quads) -> None:  # type: ignore[no-untyped-def]
     qs, qh, sc, d, xb, x16, xd, out = a
     acc = stack_tile_f32()
     blocks_ptr = _alloca_i32(2048)
@@ -1832,39 +1877,41 @@ def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     for sb in range(xd.shape[1] // 8):
         for bb in range(8):
             b = sb * 8 + bb
-            at, qh_at = b * 16 * ROWS, b * 8 * ROWS
-            if n_tok == 8:
-                _q6k_block_sums4(
-                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
+            if n_tok == 8:  # twice 4 tokens (see above)
+                _q6k_block(
+                    flat_blocks, bb * 256, qs_g, b * 16 * ROWS, qh_g, xb, t0, b, sc_g, x16, 4, row_quads
                 )
-                _q6k_block_sums4(
+                _q6k_block(
                     flat_blocks,
                     bb * 256 + 128,
                     qs_g,
-                    at,
+                    b * 16 * ROWS,
                     qh_g,
-                    qh_at,
                     xb,
                     t0 + 4,
-                    b * 8,
+                    b,
                     sc_g,
-                    2 * b * ROWS,
                     x16,
-                )
-            elif n_tok == 4:
-                _q6k_block_sums4(
-                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
-                )
-            elif n_tok == 2:
-                _q6k_block_sums2(
-                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
+                    4,
+                    row_quads,
                 )
             else:
-                _q6k_block_sums1(
-                    flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, 2 * b * ROWS, x16
+                _q6k_block(
+                    flat_blocks, bb * 256, qs_g, b * 16 * ROWS, qh_g, xb, t0, b, sc_g, x16, n_tok, row_quads
                 )
         _k_superblock(acc, blocks, d, d, d, False, xd, xd, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    _q6k_vnni_tile(a, g, t0, n_tok, False)
+
+
+@njit(inline="always")
+def _q6k_row_quad_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """The tile on Q6_K in row quads (engine/cpu/records.py): its qs and qh permuted, sc and d as they are."""
+    _q6k_vnni_tile(a, g, t0, n_tok, True)
 
 
 @njit(**_KERNEL)
@@ -1904,6 +1951,23 @@ def _matmul_q6k_vnni_chunked(x, qs, qh, sc, d, out, n_threads) -> None:  # type:
     starts, taken = chunk_starts(qs.shape[0], n_threads), np.zeros(1, np.int64)
     for _ in prange(n_threads):
         _take_chunks(xq.shape[0], _q6k_tile_quads, a, _q6k_tile_quads, a, starts, taken)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q6k_row_quads(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
+    for g in prange(qs.shape[0]):
+        _each_tile(xq.shape[0], _q6k_row_quad_tile, a, _q6k_row_quad_tile, a, g)
+
+
+@njit(parallel=True, **_KERNEL)
+def _matmul_q6k_row_quads_chunked(x, qs, qh, sc, d, out, n_threads) -> None:  # type: ignore[no-untyped-def]
+    xq, xd, _ = _quantize(x, ACT_Q8_K)
+    a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
+    starts, taken = chunk_starts(qs.shape[0], n_threads), np.zeros(1, np.int64)
+    for _ in prange(n_threads):
+        _take_chunks(xq.shape[0], _q6k_row_quad_tile, a, _q6k_row_quad_tile, a, starts, taken)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -2143,7 +2207,8 @@ def _rows_k16(ids, qs, qh, d, m, sc, mn, is_q2, out) -> None:  # type: ignore[no
 
 
 @njit(**_KERNEL)
-def _rows_q6k(ids, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
+def _rows_q6k(ids, qs, qh, sc, d, row_quads, out) -> None:  # type: ignore[no-untyped-def]
+    """Q6_K rows from the field arrays or (`row_quads`) from engine/cpu/records.py's layout."""
     for i in range(ids.shape[0]):
         g, r = ids[i] // ROWS, ids[i] % ROWS
         for b in range(out.shape[1] // QK):
@@ -2151,10 +2216,17 @@ def _rows_q6k(ids, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
             dlo = ds * np.float32(sc[g, (2 * b) * ROWS + r])
             dhi = ds * np.float32(sc[g, (2 * b + 1) * ROWS + r])
             for j in range(16):
-                v = qs[g, (b * 16 + j) * ROWS + r]
-                h = qh[g, (b * 8 + (j >> 1)) * ROWS + r] >> (4 * (j & 1))
-                out[i, b * QK + j] = dlo * np.float32(np.int32((v & 15) | ((h & 3) << 4)) - 32)
-                out[i, b * QK + j + 16] = dhi * np.float32(np.int32((v >> 4) | ((h & 12) << 2)) - 32)
+                if row_quads:
+                    v = qs[g, q4k_nibble_at(b * 16 * ROWS, j, r)]
+                    lo_at, lo_shift = q6k_top_at(b, j, r)
+                    hi_at, hi_shift = q6k_top_at(b, j + 16, r)
+                    lo_top, hi_top = (qh[g, lo_at] >> lo_shift) & 3, (qh[g, hi_at] >> hi_shift) & 3
+                else:
+                    v = qs[g, (b * 16 + j) * ROWS + r]
+                    h = qh[g, (b * 8 + (j >> 1)) * ROWS + r] >> (4 * (j & 1))
+                    lo_top, hi_top = h & 3, (h >> 2) & 3
+                out[i, b * QK + j] = dlo * np.float32(np.int32((v & 15) | (lo_top << 4)) - 32)
+                out[i, b * QK + j + 16] = dhi * np.float32(np.int32((v >> 4) | (hi_top << 4)) - 32)
 
 
 @njit(**_KERNEL)
@@ -2221,7 +2293,7 @@ def _chunked(w: PackedWeight) -> bool:
 
 
 def _matmul_q4k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
-    if not w.records:
+    if not w.repacked:
         (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(x, w.qs, w.d, w.m, w.sc, w.mn, out)
     elif _chunked(w):
         _matmul_q4k_records_chunked(x, w.qs, w.qs.view(np.uint16), w.mn, out, get_num_threads())
@@ -2230,12 +2302,17 @@ def _matmul_q4k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> Non
 
 
 def _matmul_q6k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
-    if not HAS_VNNI:
-        _matmul_q6k(x, w.qs, w.qh, w.sc, w.d, out)
+    args = (x, w.qs, w.qh, w.sc, w.d, out)
+    if w.repacked and _chunked(w):
+        _matmul_q6k_row_quads_chunked(*args, get_num_threads())
+    elif w.repacked:
+        _matmul_q6k_row_quads(*args)
+    elif not HAS_VNNI:
+        _matmul_q6k(*args)
     elif _chunked(w):
-        _matmul_q6k_vnni_chunked(x, w.qs, w.qh, w.sc, w.d, out, get_num_threads())
+        _matmul_q6k_vnni_chunked(*args, get_num_threads())
     else:
-        _matmul_q6k_vnni(x, w.qs, w.qh, w.sc, w.d, out)
+        _matmul_q6k_vnni(*args)
 
 
 def _vnni(x: np.ndarray) -> bool:
@@ -2271,7 +2348,7 @@ _GET_ROWS = {
     QType.Q4_1: lambda w, ids, out: _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_1, out),
     QType.Q4_K: lambda w, ids, out: (
         _rows_q4k_records(ids, w.qs, w.qs.view(np.uint16), w.mn, out)
-        if w.records
+        if w.repacked
         else _rows_q4(ids, w.qs, w.d, w.m, w.sc, w.mn, KIND_Q4_K, out)
     ),
     QType.Q5_0: lambda w, ids, out: _rows_q5(ids, w.qs, w.qh, w.d, out),
@@ -2279,7 +2356,7 @@ _GET_ROWS = {
     QType.Q2_K: lambda w, ids, out: _rows_k16(ids, w.qs, w.qs, w.d, w.m, w.sc, w.mn, True, out),
     QType.Q5_1: lambda w, ids, out: _rows_q5_1(ids, w.qs, w.qh, w.d, w.m, out),
     QType.Q5_K: lambda w, ids, out: _rows_q5k(ids, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out),
-    QType.Q6_K: lambda w, ids, out: _rows_q6k(ids, w.qs, w.qh, w.sc, w.d, out),
+    QType.Q6_K: lambda w, ids, out: _rows_q6k(ids, w.qs, w.qh, w.sc, w.d, w.repacked, out),
     QType.IQ4_NL: lambda w, ids, out: _rows_iq4(ids, w.qs, w.d, w.sc, False, out),
     QType.IQ4_XS: lambda w, ids, out: _rows_iq4(ids, w.qs, w.d, w.sc, True, out),
     QType.Q8_0: lambda w, ids, out: _rows_q8(ids, w.qs, w.d, out),
