@@ -267,3 +267,38 @@ def test_q8_0_tiles_agree_to_the_bit() -> None:
         alone = np.concatenate([run_matmul(w, x[t : t + 1]) for t in range(len(x))])
         np.testing.assert_array_equal(batched, alone)
         assert rel_max(batched, exact_product(QType.Q8_0, w, weights, x)) < 1e-4
+
+
+def q8_k_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's quantize_row_q8_K in numpy (float32 throughout): per 256 values the first of the
+    largest magnitude v, iscale -127 / v, q = min(127, round-half-even(iscale x)), d = 1 / iscale;
+    laid out per 32-block as the kernels read it (d repeated, d x the block's integer sum)."""
+    n_tok, k = x.shape
+    xq, xd, xs = (
+        np.zeros((n_tok, k), np.int16),
+        np.zeros((n_tok, k // 32), np.float32),
+        np.zeros_like(x[:, ::32]),
+    )
+    for t in range(n_tok):
+        for sb in range(k // 256):
+            v = x[t, sb * 256 : (sb + 1) * 256]
+            vmax = v[np.argmax(np.abs(v))]
+            if vmax == 0:
+                continue
+            iscale = np.float32(-127.0) / vmax
+            q = np.minimum(np.rint(iscale * v), np.float32(127.0)).astype(np.int16)
+            xq[t, sb * 256 : (sb + 1) * 256] = q
+            xd[t, sb * 8 : (sb + 1) * 8] = np.float32(1.0) / iscale
+            xs[t, sb * 8 : (sb + 1) * 8] = xd[t, sb * 8] * q.reshape(8, 32).sum(axis=1).astype(np.float32)
+    return xq, xd, xs
+
+
+def test_q8_k_activations_are_llama_cpp_s() -> None:
+    """Bitwise, with ties of magnitude (the first wins, whatever its sign), zero and -0.0 super-blocks."""
+    x = (RNG.standard_normal((4, 8960)) * RNG.uniform(0.01, 100, (4, 1))).astype(np.float32)
+    x[0, 7], x[0, 5] = 1e3, -1e3  # a tie: the first (negative) sets the sign of the scale
+    x[1, 300], x[1, 290] = -2e3, 2e3
+    x[2, :256] = 0.0
+    x[3, 256:512] = -0.0
+    for got, want in zip(mm.quantize_activations(x, mm.ACT_Q8_K), q8_k_reference(x), strict=True):
+        np.testing.assert_array_equal(got, want)

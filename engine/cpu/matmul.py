@@ -874,19 +874,33 @@ def _quantize_row(x: np.ndarray, t: int, q8_1: bool, xq: np.ndarray, xd: np.ndar
 
 
 @njit(**_EXACT)
+def first_largest(x: np.ndarray, t: int, start: int, n: int) -> int:
+    """i of the first value x[t, start + i] (i < n) of the largest magnitude (np.argmax(np.abs(...)));
+    x without NaN.
+
+    On the float32 bits with the sign cleared, whose integer order is the magnitudes' order: an integer
+    max reduction vectorizes where the float compare-and-keep scan did not. q8_K of 8960 activations
+    (Qwen2.5-Coder's ffn_down input, one thread, `_quantize` as the kernels call it): 6.7 -> 4.4 us, the
+    same bytes out."""
+    bits = x[t, start : start + n].view(np.int32)
+    largest = np.int32(0)
+    for i in range(n):
+        largest = max(largest, bits[i] & 0x7FFFFFFF)
+    for i in range(n):
+        if bits[i] & 0x7FFFFFFF == largest:
+            return i
+    return 0
+
+
+@njit(**_EXACT)
 def _quantize_row_k(x: np.ndarray, t: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
     """llama.cpp's q8_K of row t (the activations of its K-quant and IQ4_XS dot products): one float32
     scale per 256, from the first largest-magnitude value v (scale -127 / v, so v becomes -127), with
     its rounding; stored per 32-block as the kernels read it (the scale repeated, the block's sum)."""
     for sb in range(xd.shape[1] // 8):
         base = sb * 8 * QK
-        vmax = F0
-        amax = F0
-        for i in range(8 * QK):
-            v = x[t, base + i]
-            if abs(v) > amax:
-                amax = abs(v)
-                vmax = v
+        vmax = x[t, base + first_largest(x, t, base, 8 * QK)]
+        amax = abs(vmax)
         iscale = np.float32(-127.0) / vmax if amax > F0 else F0
         d = np.float32(1.0) / iscale if amax > F0 else F0
         for b in range(sb * 8, sb * 8 + 8):
