@@ -5,7 +5,6 @@ step) takes its own path and is tested over HTTP in tests/test_responses_server.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +15,7 @@ from server import errors, response_runs
 from server.chat_job import ChatJob
 from server.response_runs import ResponseRun, ResponsesState, RunContext, RunEnd
 from server.responses_store import ResponseStore
+from tests.test_responses_server import sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -47,13 +47,7 @@ async def run_failing(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> tuple[
     run = ResponseRun(snapshot("resp_1"), background=False)
     ctx = RunContext(svc=None, state=state, job=job, conversation=[], store=True)  # type: ignore[arg-type]
     raw = b"".join([chunk async for chunk in response_runs.run_events(ctx, run)])
-    events = []
-    for frame in raw.decode().strip().split("\n\n"):
-        name, data = frame.split("\n")
-        payload = json.loads(data.removeprefix("data: "))
-        assert name == f"event: {payload['type']}"
-        events.append(payload)
-    return events, state
+    return sse_events(raw), state
 
 
 @pytest.mark.parametrize(
