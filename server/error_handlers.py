@@ -64,4 +64,4 @@ def install_error_handlers(app: Quart) -> None:
     @app.errorhandler(Exception)
     async def on_unexpected(exc: Exception) -> Any:
         log.exception("request.failed", app=app.name, error=str(exc))
-        return error_reply(errors.APIError(500, f"internal error: {exc}", "server_error"))
+        return error_reply(errors.internal(exc))

@@ -40,6 +40,11 @@ def authentication() -> APIError:
     return APIError(401, "Invalid API Key", "authentication_error")
 
 
+def internal(exc: Exception) -> APIError:
+    """An unexpected exception (a bug) as the client sees it; the caller logs it."""
+    return APIError(500, f"internal error: {exc}", "server_error")
+
+
 def not_supported(message: str) -> APIError:
     return APIError(501, message, "not_supported_error")
 

@@ -197,8 +197,12 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
                         if payload["type"] == "response.output_item.done":  # what GET shows meanwhile
                             snap["output"] = items.finished()
                         yield run.frame(payload)
-        except Exception as exc:  # the response fails with its own events, stored as failed, not cut
-            end.error = failure_message(exc)
+        # A failure mid-run ends the response with its own events and stores it as failed, not cut.
+        except errors.APIError as exc:
+            end.error = exc.message
+        except Exception as exc:
+            log.exception("response.failed", error=str(exc))
+            end.error = errors.internal(exc).message
         status = "failed" if end.error else terminal_status(end.final)
         closing = items.close("completed" if status == "completed" else "incomplete")  # cut: incomplete
         for payload in closing + items.abandon_calls():
@@ -209,15 +213,6 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
     finally:
         if not run.done:
             finish(ctx, run, items, RunEnd(), "cancelled")
-
-
-def failure_message(exc: Exception) -> str:
-    """What a response that raised mid-run says: an APIError's message, anything else (a bug) logged and
-    called an internal error, as the app's handler words it before the first byte."""
-    if isinstance(exc, errors.APIError):
-        return exc.message
-    log.exception("response.failed", error=str(exc))
-    return f"internal error: {exc}"
 
 
 async def generation(ctx: RunContext, end: RunEnd) -> AsyncIterator[TokenEvent | ToolExecuted]:

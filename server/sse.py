@@ -76,7 +76,7 @@ async def errors_as_events(
         yield frame(exc)
     except Exception as exc:
         log.exception("stream.failed", error=str(exc))
-        yield frame(errors.APIError(500, f"internal error: {exc}", "server_error"))
+        yield frame(errors.internal(exc))
     finally:
         await close_quietly(source)
 
