@@ -274,14 +274,6 @@ _QUAD_MASKS = [
     )
     for lane in (0, 1)
 ]
-# The same from one 64-byte load of two positions, each twice (Q6_K's qh byte j // 2 for positions j).
-_PAIR_MASKS = [
-    ir.Constant(
-        ir.VectorType(ir.IntType(32), 64),
-        [32 * (k // 2) + lane * 16 + r for r in range(16) for k in range(4)],
-    )
-    for lane in (0, 1)
-]
 
 
 def _vpdpbusd(builder):  # type: ignore[no-untyped-def]
@@ -328,36 +320,10 @@ def _nibble_quads(context, builder, packed_type, packed, at0, q: int, masks=_QUA
     return out
 
 
-# Q6_K's two top bits of positions j (byte k = j % 4 of a row's 4) sit at bits 0-1 / 2-3 of qh byte j // 2
-# for even j and 4-5 / 6-7 for odd j: moved to bits 4-5 by shifts kept or dropped per byte with masks.
-_EVEN_TOPS = [0x30 if k % 2 == 0 else 0 for _ in range(16) for k in range(4)]
-_ODD_TOPS = [0 if k % 2 == 0 else 0x30 for _ in range(16) for k in range(4)]
-
-
-def _q6k_quads(context, builder, packed_type, packed, at0, high_type, high, high_at0, q: int):  # type: ignore[no-untyped-def]
-    """Q6_K positions 4q .. 4q + 3 after at0 (and their qh bytes after high_at0), per 16-row lane:
-    (unsigned 6-bit weights j, unsigned 6-bit weights j + 16), 4 bytes a row."""
-    quads = _transposed_quads(
-        context, builder, packed_type, packed, at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS)
-    )
-    at = (2 * q) * ROWS
-    tops = _transposed_quads(context, builder, high_type, high, high_at0, (at, at), _PAIR_MASKS)
-    out = []
-    for rows, h in zip(quads, tops, strict=True):
-        even, odd = _bytes(_EVEN_TOPS), _bytes(_ODD_TOPS)
-        low_tops = builder.or_(builder.and_(builder.shl(h, _bytes(4)), even), builder.and_(h, odd))
-        high_tops = builder.or_(
-            builder.and_(builder.shl(h, _bytes(2)), even), builder.and_(builder.lshr(h, _bytes(2)), odd)
-        )
-        low = builder.or_(builder.and_(rows, _bytes(15)), low_tops)
-        high6 = builder.or_(builder.lshr(rows, _bytes(4)), high_tops)
-        out.append(tuple(builder.bitcast(v, _V16I32) for v in (low, high6)))
-    return out
-
-
 def _q6k_row_quads(context, builder, packed_type, packed, at0, high_type, high, high_at0, q: int):  # type: ignore[no-untyped-def]
-    """_q6k_quads on Q6_K in row quads (engine/cpu/records.py): the nibble bytes of positions 4q.. stored
-    as _transposed_quads leaves them, and one 64-byte qh vector whose bit pairs 0-1, 2-3, 4-5, 6-7 are the
+    """Q6_K positions 4q .. 4q + 3, per 16-row lane: (unsigned 6-bit weights j, unsigned 6-bit weights
+    j + 16), 4 bytes a row, from Q6_K in row quads (engine/cpu/records.py): the nibble bytes stored as
+    _transposed_quads leaves them, and one 64-byte qh vector whose bit pairs 0-1, 2-3, 4-5, 6-7 are the
     top bits of (lane 0, weights j), (lane 0, j + 16), (lane 1, j), (lane 1, j + 16): each moved to bits
     4-5 with one shift and one mask, no shuffle."""
     quads = _transposed_quads(
@@ -478,11 +444,13 @@ def _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, xb, row,
             _store_rows(context, builder, out[0], out[1], out[2], t, lane, builder.mul(total, scales[lane]))
 
 
-def _q4k_block_sums(n_tok: int, chains: int, masks=_QUAD_MASKS):  # type: ignore[no-untyped-def]
+def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     """Q4_K's whole block b for n_tok tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] =
     sc[sc_at + r] x sum over the 16 positions j of w[r, j] * x[t, j] + w[r, j + 16] * x[t, j + 16]
-    (xb as in _quad_sums, col0 = 8b). The scale multiply is here, on whole vectors: written in the tile
-    as a lane loop over a (block, token, row) array, LLVM scalarized it (32 imul a block at T = 1)."""
+    (xb as in _quad_sums, col0 = 8b), from Q4_K's records (records.py), whose nibble bytes are stored as
+    _transposed_quads' shuffle would leave them. The scale multiply is here, on whole vectors: written in
+    the tile as a lane loop over a (block, token, row) array, LLVM scalarized it (32 imul a block at T =
+    1)."""
 
     @intrinsic
     def block_sums(typingctx, out, out_at, packed, packed_at, xb, row0, col0, sc, sc_at):  # type: ignore[no-untyped-def]
@@ -491,7 +459,7 @@ def _q4k_block_sums(n_tok: int, chains: int, masks=_QUAD_MASKS):  # type: ignore
             out_at, at0, row, col, sc_at = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 6, 8)
             )
-            quads = [_nibble_quads(context, builder, packed_type, args[2], at0, q, masks) for q in range(4)]
+            quads = [_nibble_quads(context, builder, packed_type, args[2], at0, q, None) for q in range(4)]
             sc = (sc_type, args[7], sc_at)
             out = (out_type, args[0], out_at)
             _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, args[4], row, col, sc, out)
@@ -631,14 +599,13 @@ def _centred_half_sums(n_tok: int, chains: int, weights, offset_bits: int):  # t
     return half_sums
 
 
-def _q6k_block_sums(n_tok: int, chains: int, row_quads: bool = False):  # type: ignore[no-untyped-def]
+def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
     """Q6_K's whole block b (its 16 positions at `packed_at`, their qh bytes at `qh_at`) for n_tok
     tokens and 32 rows, scaled in integers: out[out_at + t * 32 + r] = sc_lo[r] x (sum over j < 16 of
     u[r, j] * x[t, j] - 32 x16[t, 2b]) + sc_hi[r] x (the same over j + 16, - 32 x16[t, 2b + 1]), where
     u are the unsigned 6-bit weights (q - 32 = u - 32), sc_lo / sc_hi the int8 scales at sc_at and
-    sc_at + 32, x16 the activations' sums per 16 and xb as in _quad_sums (col0 = 8b). `row_quads`: the
-    weights in row quads (engine/cpu/records.py), else the field arrays' layout."""
-    weights = _q6k_row_quads if row_quads else _q6k_quads
+    sc_at + 32, x16 the activations' sums per 16 and xb as in _quad_sums (col0 = 8b). The weights are in
+    row quads (engine/cpu/records.py), the only layout the VNNI tiles read."""
 
     @intrinsic
     def q6k_sums(typingctx, out, out_at, packed, packed_at, qh, qh_at, xb, row0, col0, sc, sc_at, x16):  # type: ignore[no-untyped-def]
@@ -654,7 +621,8 @@ def _q6k_block_sums(n_tok: int, chains: int, row_quads: bool = False):  # type: 
                 [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)] for _ in (0, 1)
             ]
             for q in range(4):
-                lanes = weights(context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q)
+                packed, qh = args[2], args[4]
+                lanes = _q6k_row_quads(context, builder, packed_type, packed, at0, qh_type, qh, qh_at0, q)
                 for t in range(n_tok):
                     for part in (0, 1):  # weights j (low sums), weights j + 16 (high sums)
                         x = _broadcast_at(
@@ -716,20 +684,13 @@ def _q6k_block_sums(n_tok: int, chains: int, row_quads: bool = False):  # type: 
 _q6k_block_sums1 = _q6k_block_sums(1, 4)
 _q6k_block_sums2 = _q6k_block_sums(2, 2)
 _q6k_block_sums4 = _q6k_block_sums(4, 1)
-_q6k_row_quad_sums1 = _q6k_block_sums(1, 4, row_quads=True)
-_q6k_row_quad_sums2 = _q6k_block_sums(2, 2, row_quads=True)
-_q6k_row_quad_sums4 = _q6k_block_sums(4, 1, row_quads=True)
 _quad_sums1 = _quad_sums(1, 4)
 _quad_sums2 = _quad_sums(2, 2)
 _quad_sums4 = _quad_sums(4, 1)
-# Whole Q4_K blocks (16 positions) times their scales.
-_q4k_block_sums1 = _q4k_block_sums(1, 4)
-_q4k_block_sums2 = _q4k_block_sums(2, 2)
-_q4k_block_sums4 = _q4k_block_sums(4, 1)
-# The same on Q4_K's records, whose nibble bytes are stored as the shuffle above leaves them (records.py).
-_q4k_record_sums1 = _q4k_block_sums(1, 4, masks=None)
-_q4k_record_sums2 = _q4k_block_sums(2, 2, masks=None)
-_q4k_record_sums4 = _q4k_block_sums(4, 1, masks=None)
+# Whole Q4_K blocks (16 positions) of its records times their scales.
+_q4k_record_sums1 = _q4k_block_sums(1, 4)
+_q4k_record_sums2 = _q4k_block_sums(2, 2)
+_q4k_record_sums4 = _q4k_block_sums(4, 1)
 _q5k_block_sums1 = _q5k_block_sums(1, 4)
 _q5k_block_sums2 = _q5k_block_sums(2, 2)
 _q5k_block_sums4 = _q5k_block_sums(4, 1)
@@ -1250,50 +1211,18 @@ def _q4k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def _q4k_block_vnni(flat_blocks, bb, qs_g, first, xb, t0, b, sc_g, sc_at, n_tok, row_quads) -> None:  # type: ignore[no-untyped-def]
-    """Block b (the bb-th of its super-block) into flat_blocks: its nibble bytes at qs_g[first:], its
-    scales at sc_g[sc_at:] (the field arrays and Q4_K's records place them apart); `row_quads` (a
-    constant): the nibble bytes are the records' (no shuffle)."""
-    if n_tok == 8:
-        _q4k_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at, row_quads)
-        _q4k_sums4(flat_blocks, bb * 256 + 128, qs_g, first, xb, t0 + 4, b * 8, sc_g, sc_at, row_quads)
+def _q4k_block_vnni(flat_blocks, bb, rec_g, first, xb, t0, b, sc_at, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """Block b (the bb-th of its super-block) of a Q4_K record into flat_blocks: its nibble bytes at
+    rec_g[first:], its scales at rec_g[sc_at:] (constants after inlining)."""
+    if n_tok == 8:  # twice 4 tokens (see _q6k_block_sums1's comment)
+        _q4k_record_sums4(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
+        _q4k_record_sums4(flat_blocks, bb * 256 + 128, rec_g, first, xb, t0 + 4, b * 8, rec_g, sc_at)
     elif n_tok == 4:
-        _q4k_sums4(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at, row_quads)
+        _q4k_record_sums4(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
     elif n_tok == 2:
-        if row_quads:
-            _q4k_record_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
-        else:
-            _q4k_block_sums2(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
-    elif row_quads:
-        _q4k_record_sums1(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
+        _q4k_record_sums2(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
     else:
-        _q4k_block_sums1(flat_blocks, bb * 256, qs_g, first, xb, t0, b * 8, sc_g, sc_at)
-
-
-@njit(inline="always")
-def _q4k_sums4(flat_blocks, at, qs_g, first, xb, t0, col0, sc_g, sc_at, row_quads) -> None:  # type: ignore[no-untyped-def]
-    if row_quads:
-        _q4k_record_sums4(flat_blocks, at, qs_g, first, xb, t0, col0, sc_g, sc_at)
-    else:
-        _q4k_block_sums4(flat_blocks, at, qs_g, first, xb, t0, col0, sc_g, sc_at)
-
-
-@njit(inline="always")
-def _q4k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """Q4_K on vpdpbusd, a whole block per call (_block_sums*), every tile size; the same integers as
-    _q4k_tile, the same _k_superblock."""
-    qs, d, m, sc, mn, xb, xd, xsum, out = a
-    acc = stack_tile_f32()
-    blocks_ptr = _alloca_i32(2048)
-    blocks, flat_blocks = carray(blocks_ptr, (8, 8, 32)), carray(blocks_ptr, (2048,))
-    qs_g, sc_g = qs[g], sc[g]
-    _zero_tile(acc, n_tok)
-    for sb in range(xd.shape[1] // 8):
-        for bb in range(8):
-            b = sb * 8 + bb
-            _q4k_block_vnni(flat_blocks, bb, qs_g, b * 16 * ROWS, xb, t0, b, sc_g, b * ROWS, n_tok, False)
-        _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+        _q4k_record_sums1(flat_blocks, bb * 256, rec_g, first, xb, t0, b * 8, rec_g, sc_at)
 
 
 @njit(**_KERNEL)
@@ -1311,14 +1240,6 @@ def _activation_sums32(xq: np.ndarray) -> np.ndarray:
 
 
 @njit(parallel=True, **_KERNEL)
-def _matmul_q4_k_vnni(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, _ = _quantize(x, ACT_Q8_K)
-    a = (qs, d, m, sc, mn, _activation_quads(xq), xd, _activation_sums32(xq), out)
-    for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q4k_tile_vnni, a, _q4k_tile_vnni, a, g)
-
-
-@njit(parallel=True, **_KERNEL)
 def _matmul_q4_k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-def]
     xq, xd, _ = _quantize(x, ACT_Q8_K)
     a = (qs, d, m, sc, mn, xq, xd, _activation_sums32(xq), out)
@@ -1328,8 +1249,9 @@ def _matmul_q4_k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-d
 
 @njit(inline="always")
 def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """_q4k_tile_vnni over Q4_K's records (engine/cpu/records.py): the same intrinsics and
-    _k_superblock; `rec16` is the records as uint16 (the d and dmin lanes)."""
+    """Q4_K's records (engine/cpu/records.py) on vpdpbusd, a whole block per call, every tile size: the
+    same integers as _q4k_tile, the same _k_superblock; `rec16` is the records as uint16 (the d and
+    dmin lanes)."""
     rec, rec16, mn, xb, xd, xsum, out = a
     acc = stack_tile_f32()
     blocks_ptr = _alloca_i32(2048)
@@ -1340,7 +1262,7 @@ def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         at = sb * Q4K_RECORD
         for bb in range(8):
             sc_at, first = q4k_block_at(at, bb)
-            _q4k_block_vnni(flat_blocks, bb, rec_g, first, xb, t0, sb * 8 + bb, rec_g, sc_at, n_tok, True)
+            _q4k_block_vnni(flat_blocks, bb, rec_g, first, xb, t0, sb * 8 + bb, sc_at, n_tok)
         dm = (at + Q4K_D) // 2
         dq, mq = rec16_g[dm : dm + ROWS], rec16_g[dm + ROWS : dm + 2 * ROWS]
         _k_superblock_lanes(acc, blocks, dq, mq, mn[g], sb * 8 * ROWS, ROWS, True, xd, xsum, sb, t0, n_tok)
@@ -1863,16 +1785,10 @@ def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def _q6k_block(blocks, out_at, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok, row_quads) -> None:  # type: ignore[no-untyped-def]
+def _q6k_block(blocks, out_at, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok) -> None:  # type: ignore[no-untyped-def]
     """_q6k_block_sums of block b for a tile of 1, 2 or 4 tokens (constants after inlining)."""
     qh_at, col, sc_at = b * 8 * ROWS, b * 8, 2 * b * ROWS
-    if row_quads and n_tok == 4:
-        _q6k_row_quad_sums4(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
-    elif row_quads and n_tok == 2:
-        _q6k_row_quad_sums2(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
-    elif row_quads:
-        _q6k_row_quad_sums1(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
-    elif n_tok == 4:
+    if n_tok == 4:
         _q6k_block_sums4(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
     elif n_tok == 2:
         _q6k_block_sums2(blocks, out_at, qs_g, at, qh_g, qh_at, xb, t0, col, sc_g, sc_at, x16)
@@ -1881,7 +1797,8 @@ def _q6k_block(blocks, out_at, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok, row_
 
 
 @njit(inline="always")
-def _q6k_vnni_tile(a, g, t0, n_tok, row_quads) -> None:  # type: ignore[no-untyped-def]
+def _q6k_row_quad_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    """The tile on Q6_K in row quads (engine/cpu/records.py): its qs and qh permuted, sc and d as they are."""
     qs, qh, sc, d, xb, x16, xd, out = a
     acc = stack_tile_f32()
     blocks_ptr = _alloca_i32(2048)
@@ -1890,42 +1807,14 @@ def _q6k_vnni_tile(a, g, t0, n_tok, row_quads) -> None:  # type: ignore[no-untyp
     _zero_tile(acc, n_tok)
     for sb in range(xd.shape[1] // 8):
         for bb in range(8):
-            b = sb * 8 + bb
-            if n_tok == 8:  # twice 4 tokens (see above)
-                _q6k_block(
-                    flat_blocks, bb * 256, qs_g, b * 16 * ROWS, qh_g, xb, t0, b, sc_g, x16, 4, row_quads
-                )
-                _q6k_block(
-                    flat_blocks,
-                    bb * 256 + 128,
-                    qs_g,
-                    b * 16 * ROWS,
-                    qh_g,
-                    xb,
-                    t0 + 4,
-                    b,
-                    sc_g,
-                    x16,
-                    4,
-                    row_quads,
-                )
+            b, at = sb * 8 + bb, (sb * 8 + bb) * 16 * ROWS
+            if n_tok == 8:  # twice 4 tokens (see _q6k_block_sums1's comment)
+                _q6k_block(flat_blocks, bb * 256, qs_g, at, qh_g, xb, t0, b, sc_g, x16, 4)
+                _q6k_block(flat_blocks, bb * 256 + 128, qs_g, at, qh_g, xb, t0 + 4, b, sc_g, x16, 4)
             else:
-                _q6k_block(
-                    flat_blocks, bb * 256, qs_g, b * 16 * ROWS, qh_g, xb, t0, b, sc_g, x16, n_tok, row_quads
-                )
+                _q6k_block(flat_blocks, bb * 256, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok)
         _k_superblock(acc, blocks, d, d, d, False, xd, xd, g, sb, t0, n_tok)
     _store_tile(acc, out, g, t0, n_tok)
-
-
-@njit(inline="always")
-def _q6k_tile_quads(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    _q6k_vnni_tile(a, g, t0, n_tok, False)
-
-
-@njit(inline="always")
-def _q6k_row_quad_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    """The tile on Q6_K in row quads (engine/cpu/records.py): its qs and qh permuted, sc and d as they are."""
-    _q6k_vnni_tile(a, g, t0, n_tok, True)
 
 
 @njit(**_KERNEL)
@@ -1948,23 +1837,6 @@ def _matmul_q6k(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
     a = (qs, qh, sc, d, xq, xd, out)
     for g in prange(qs.shape[0]):
         _each_tile(xq.shape[0], _q6k_tile, a, _q6k_tile, a, g)
-
-
-@njit(parallel=True, **_KERNEL)
-def _matmul_q6k_vnni(x, qs, qh, sc, d, out) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, _ = _quantize(x, ACT_Q8_K)
-    a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
-    for g in prange(qs.shape[0]):
-        _each_tile(xq.shape[0], _q6k_tile_quads, a, _q6k_tile_quads, a, g)
-
-
-@njit(parallel=True, **_KERNEL)
-def _matmul_q6k_vnni_chunked(x, qs, qh, sc, d, out, n_threads) -> None:  # type: ignore[no-untyped-def]
-    xq, xd, _ = _quantize(x, ACT_Q8_K)
-    a = (qs, qh, sc, d, _activation_quads(xq), _activation_sums16(xq), xd, out)
-    starts, taken = chunk_starts(qs.shape[0], n_threads), np.zeros(1, np.int64)
-    for _ in prange(n_threads):
-        _take_chunks(xq.shape[0], _q6k_tile_quads, a, _q6k_tile_quads, a, starts, taken)
 
 
 @njit(parallel=True, **_KERNEL)
@@ -2307,8 +2179,8 @@ def _chunked(w: PackedWeight) -> bool:
 
 
 def _matmul_q4k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
-    if not w.repacked:
-        (_matmul_q4_k_vnni if HAS_VNNI else _matmul_q4_k)(x, w.qs, w.d, w.m, w.sc, w.mn, out)
+    if not w.repacked:  # no VNNI (pack_weight_for_cpu), or engine.quant's field arrays as they are
+        _matmul_q4_k(x, w.qs, w.d, w.m, w.sc, w.mn, out)
     elif _chunked(w):
         _matmul_q4k_records_chunked(x, w.qs, w.qs.view(np.uint16), w.mn, out, get_num_threads())
     else:
@@ -2321,12 +2193,8 @@ def _matmul_q6k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> Non
         _matmul_q6k_row_quads_chunked(*args, get_num_threads())
     elif w.repacked:
         _matmul_q6k_row_quads(*args)
-    elif not HAS_VNNI:
+    else:  # no VNNI (pack_weight_for_cpu), or engine.quant's field arrays as they are
         _matmul_q6k(*args)
-    elif _chunked(w):
-        _matmul_q6k_vnni_chunked(*args, get_num_threads())
-    else:
-        _matmul_q6k_vnni(*args)
 
 
 def _vnni(x: np.ndarray) -> bool:

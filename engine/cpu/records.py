@@ -35,6 +35,10 @@ scripts/ab_decode.py against Q4_K's records alone, one process, alternated: deco
 of the step time (faster in 34 of 40 rounds, 24.7 ms steps), a 256-token prefill 0.978 (10 of 10);
 Gemma 3 270M decode 0.996 (24 of 40); logits bitwise the same.
 PackedWeight(repacked=True) of type Q6_K holds qs and qh so permuted; sc and d as engine.quant packs them.
+
+The vpdpbusd kernels of Q4_K and Q6_K read only these layouts (the field arrays' VNNI kernels, which
+shuffled in registers, were removed 2026-12-05). Field arrays, where no VNNI runs or as
+engine.quant.pack_weight leaves them, take the int16 kernels: the same integers, the same outputs.
 """
 
 from __future__ import annotations
