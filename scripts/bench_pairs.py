@@ -9,11 +9,22 @@ the other, the order swapped from pair to pair. Why pairs: this VM's speed moves
 minutes (Qwen2.5-Coder tg128: Llamba 20-30 t/s, llama.cpp 22-28 on 2026-12-03), so two figures taken
 far apart compare the machine's moods; a ratio taken within a minute, repeated, shows both the
 typical ratio (the median) and how far one run can stray (the range).
+
+    .venv/bin/python scripts/bench_pairs.py -m qwen2.5-coder --llama-python /tmp/llcpp/bin/python \
+        --interleave --pairs 16 -- -p 512 -n 128 -t 2
+
+--interleave compares within seconds instead: both programs load the model once, warm each test up,
+then run one repetition of each test at a time, Llamba's and llama.cpp's alternated (the order swapped
+each round), each with llama-bench's method (the cache cleared, the depth filled untimed). This VM has
+slow spells of 10-60 s in which both run ~25% slower (2026-12-05: Qwen2.5-Coder tg128 Llamba ~30 t/s
+and llama.cpp ~30 against 40-43 and 32-34 outside them), so a ratio of two whole runs a minute apart
+can compare a spell with its absence; a round's ratio compares the same seconds. -r is ignored here.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -22,6 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli.bench.options import parse_args, plan
 from engine.model_files import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,18 +65,99 @@ def llama_cpp(python: str, gguf: Path, flags: list[str]) -> dict[str, float]:
     return {m[1]: float(m[2]) for line in out.splitlines() if (m := LLAMA_LINE.match(line.strip()))}
 
 
+class Worker:
+    """A warm benchmark process answering one repetition (its t/s) per test name written to it."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        if self.readline() != "ready":
+            raise RuntimeError(f"{command[0]} did not start")
+
+    def readline(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def rate(self, test: str) -> float:
+        assert self.process.stdin is not None
+        self.process.stdin.write(test + "\n")
+        self.process.stdin.flush()
+        return float(self.readline())
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def serve_llamba(model: str, flags: list[str]) -> None:
+    """The Llamba side of --interleave (this script with --worker): llamba-bench's tests and runner,
+    each warmed up once, then one repetition per test named on stdin."""
+    from cli.bench.runner import Runner, load_llm, set_threads
+
+    params = parse_args(["-m", model, *flags])
+    tests = {test.name: test for test in plan(params)}
+    set_threads(next(iter(tests.values())).n_threads)
+    runner = Runner(load_llm(model, params.n_threads[0]), lambda _msg: None, params)
+    for test in tests.values():
+        runner.run(test, 1, 1)  # its warm-up and one repetition
+    runner.params = dataclasses.replace(params, reps=1, no_warmup=True)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        test = tests[line.strip()]
+        print(f"{test.n_tokens / (runner.run(test, 1, 1)[0] / 1e9):.4f}", flush=True)
+
+
+def interleaved(args: argparse.Namespace, gguf: Path) -> dict[str, list[float]]:
+    """Ratios per test, one repetition of each program at a time in two warm processes."""
+    flags = args.flags
+    names = [test.name for test in plan(parse_args(["-m", args.model, *flags]))]
+    ours = Worker([sys.executable, str(Path(__file__).resolve()), "-m", args.model, "--worker", "--", *flags])
+    script = str(ROOT / "scripts" / "llama_cpp_bench.py")
+    theirs = Worker([args.llama_python, script, "-m", str(gguf), "--stdin", *flags])
+    ratios: dict[str, list[float]] = {}
+    try:
+        for round_ in range(args.pairs):
+            for test in names:
+                first, second = (ours, theirs) if round_ % 2 == 0 else (theirs, ours)
+                rates = {first: first.rate(test), second: second.rate(test)}
+                ratio = rates[ours] / rates[theirs]
+                ratios.setdefault(test, []).append(ratio)
+                line = f"Llamba {rates[ours]:.2f}, llama.cpp {rates[theirs]:.2f} t/s, ratio {ratio:.2f}"
+                print(f"round {round_ + 1} {test}: {line}", flush=True)
+    finally:
+        ours.close()
+        theirs.close()
+    return ratios
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", required=True, help="a catalogue name or a GGUF path")
     p.add_argument(
         "--llama-python", default=os.environ.get("LLAMA_CPP_PYTHON"), help="a Python with llama_cpp"
     )
-    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument("--pairs", type=int, default=5, help="pairs of runs (rounds with --interleave)")
+    p.add_argument("--interleave", action="store_true", help="alternate single repetitions, both warm")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("flags", nargs="*", help="test flags for both, after --: -p 0 -n 128 -t 2 -r 2")
     args = p.parse_args()
+    if args.worker:
+        serve_llamba(args.model, args.flags)
+        return
     if not args.llama_python:
         p.error("--llama-python (or LLAMA_CPP_PYTHON) must name a Python with llama-cpp-python")
     gguf = resolve(args.model)
+    ratios = interleaved(args, gguf) if args.interleave else pairs(args, gguf)
+    for test, values in sorted(ratios.items()):
+        listed = ", ".join(f"{v:.2f}" for v in values)
+        spread = f"range {min(values):.2f}-{max(values):.2f}"
+        print(f"{test}: median ratio {statistics.median(values):.2f} ({spread}; {listed})")
+
+
+def pairs(args: argparse.Namespace, gguf: Path) -> dict[str, list[float]]:
+    """Ratios per test, one whole run of each program at a time."""
     ratios: dict[str, list[float]] = {}
     for pair in range(args.pairs):
         if pair % 2:  # llama.cpp first every other pair
@@ -78,10 +171,7 @@ def main() -> None:
             ratios.setdefault(test, []).append(ratio)
             rates = f"Llamba {ours[test]:.2f}, llama.cpp {theirs[test]:.2f} t/s"
             print(f"pair {pair + 1} {test}: {rates}, ratio {ratio:.2f}", flush=True)
-    for test, values in sorted(ratios.items()):
-        listed = ", ".join(f"{v:.2f}" for v in values)
-        spread = f"range {min(values):.2f}-{max(values):.2f}"
-        print(f"{test}: median ratio {statistics.median(values):.2f} ({spread}; {listed})")
+    return ratios
 
 
 if __name__ == "__main__":

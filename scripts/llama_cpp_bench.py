@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from collections.abc import Callable
 
 import llama_cpp
 
@@ -48,6 +50,7 @@ def main() -> None:
     )
     p.add_argument("-ctk", choices=sorted(CACHE_TYPES), default="f16", help="KV cache key type")
     p.add_argument("-ctv", choices=sorted(CACHE_TYPES), default="f16", help="KV cache value type")
+    p.add_argument("--stdin", action="store_true", help="one repetition per test named on stdin")
     args = p.parse_args()
     llm = llama_cpp.Llama(
         args.model,
@@ -61,11 +64,16 @@ def main() -> None:
         type_v=CACHE_TYPES[args.ctv],
         verbose=False,
     )
+    if args.stdin:
+        serve_repetitions(llm, args)
+        return
     for depth in args.d:
         run_tests(llm, args, depth)
 
 
-def run_tests(llm: llama_cpp.Llama, args: argparse.Namespace, n_depth: int) -> None:
+def tests(llm: llama_cpp.Llama, args: argparse.Namespace, n_depth: int) -> dict[str, Callable[[], float]]:
+    """The pp and tg tests at one depth, by llama-bench's name: each runs one repetition (the cache
+    cleared and the depth filled first, untimed) and returns its t/s."""
     vocab = llm.n_vocab()
     rng = random.Random(0)
     prompt = [rng.randrange(vocab) for _ in range(args.p)]
@@ -86,19 +94,36 @@ def run_tests(llm: llama_cpp.Llama, args: argparse.Namespace, n_depth: int) -> N
         for _ in range(args.n):
             llm.eval([llm.token_bos()])
 
-    suffix = f" @ d{n_depth}" if n_depth else ""
-    for name, fn, n in (("pp", pp, args.p), ("tg", tg, args.n)):
-        if n == 0:
-            continue
-        rates = []
-        for rep in range(args.r + 1):  # the first is the warm-up
+    def repetition(fn: Callable[[], None], n: int) -> Callable[[], float]:
+        def run() -> float:
             fill()
-            seconds = timed(fn)
-            if rep:
-                rates.append(n / seconds)
+            return n / timed(fn)
+
+        return run
+
+    suffix = f" @ d{n_depth}" if n_depth else ""
+    named = (("pp", pp, args.p), ("tg", tg, args.n))
+    return {f"{name}{n}{suffix}": repetition(fn, n) for name, fn, n in named if n}
+
+
+def run_tests(llm: llama_cpp.Llama, args: argparse.Namespace, n_depth: int) -> None:
+    for name, repetition in tests(llm, args, n_depth).items():
+        repetition()  # the warm-up
+        rates = [repetition() for _ in range(args.r)]
         mean, spread = statistics.mean(rates), statistics.stdev(rates)
         types = f" (-ctk {args.ctk} -ctv {args.ctv})" if (args.ctk, args.ctv) != ("f16", "f16") else ""
-        print(f"llama.cpp {name}{n}{suffix}{types}: {mean:.2f} ± {spread:.2f} t/s", flush=True)
+        print(f"llama.cpp {name}{types}: {mean:.2f} ± {spread:.2f} t/s", flush=True)
+
+
+def serve_repetitions(llm: llama_cpp.Llama, args: argparse.Namespace) -> None:
+    """--stdin: each test warmed up once, "ready" printed, then one repetition of the test each line on
+    stdin names, its t/s printed (scripts/bench_pairs.py --interleave drives this)."""
+    by_name = {name: rep for depth in args.d for name, rep in tests(llm, args, depth).items()}
+    for repetition in by_name.values():
+        repetition()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(f"{by_name[line.strip()]():.4f}", flush=True)
 
 
 if __name__ == "__main__":
