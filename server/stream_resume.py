@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -135,18 +135,22 @@ class RestoreContext:
 
 
 def restore_sessions(ctx: RestoreContext) -> int:
-    """Every journal as a session again (the newest `--stream-max-sessions`; the others and expired
-    ones are deleted). Returns how many were restored. The files are read on the loop: this runs
-    before the server serves anything (as the responses store reads its folder)."""
+    """Every journal as a session again, newest first, under the caps a new session meets (at most
+    `--stream-max-sessions`, and `--stream-max-sessions-per-client` of each client: the caps may have
+    been lowered since); the others and expired ones are deleted. Returns how many were restored. The
+    files are read on the loop: this runs before the server serves anything (as the responses store
+    reads its folder)."""
     limits = ctx.store.limits
-    restored = 0
+    per_client: Counter[str] = Counter()
     for contents in ctx.journals.read_all():
-        done = contents.finished_at
-        if restored >= limits.max_sessions or (done is not None and time.time() - done >= limits.ttl):
+        done, client = contents.finished_at, contents.header.client
+        full = per_client.total() >= limits.max_sessions or per_client[client] >= limits.max_per_client
+        if full or (done is not None and time.time() - done >= limits.ttl):
             contents.path.unlink(missing_ok=True)
             continue
         ctx.store.adopt(contents.header.owner, _session(ctx, contents))
-        restored += 1
+        per_client[client] += 1
+    restored = per_client.total()
     log.info("stream.journals_restored", count=restored, folder=str(ctx.journals.folder))
     return restored
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,6 +27,8 @@ from server.stream_journal import (
     ReplyIds,
     decode_records,
     encode_record,
+    journal_folder,
+    journal_name,
     read_journal,
 )
 from server.stream_resume import (
@@ -245,3 +249,31 @@ def test_a_restored_session_whose_regenerated_stream_fails_ends_with_the_routes_
 
     out = asyncio.run(run())
     assert out.startswith(ROLE + A + b"route-error: ") and str(failure) in out.decode()
+
+
+def test_restored_sessions_meet_the_per_client_cap(tmp_path: Path) -> None:
+    """Journals beyond a client's cap (lowered since they were written) are deleted at start-up, the
+    newest kept, as the cap keeps a new session out; another client's are untouched."""
+    ages = {"a-old": 30, "a-mid": 20, "a-new": 10, "b-one": 40}
+    for name, age in ages.items():
+        header = JournalHeader(name, "owner", f"addr:{name[0]}", HEADER_VALUE.recipe)
+        path = journal_folder(tmp_path, "m") / journal_name("owner", name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(MAGIC + encode_record(HEADER, header.encode()) + encode_record(DATA, ROLE))
+        os.utime(path, (time.time() - age, time.time() - age))
+
+    async def run() -> tuple[int, list[str]]:
+        journals = JournalDir(tmp_path, "m", 1 << 20)
+        journals.start()
+        store = SessionStore(SessionLimits(max_per_client=2), journals=journals)
+        ready = asyncio.get_running_loop().create_future()
+        ready.set_result(None)
+        restored = restore_sessions(RestoreContext(store, journals, {}, "m", ready))
+        kept = sorted(name for name in ages if store.get(name, "owner") is not None)
+        await store.close()
+        journals.close()
+        return restored, kept
+
+    assert asyncio.run(run()) == (3, ["a-mid", "a-new", "b-one"])
+    left = {p.name for p in journal_folder(tmp_path, "m").glob("*.journal")}
+    assert left == {journal_name("owner", name) for name in ("a-mid", "a-new", "b-one")}
