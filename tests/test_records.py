@@ -70,6 +70,7 @@ def test_q6_k_row_quads_are_the_field_bytes_where_documented(shape: tuple[int, i
     w = quant.pack_weight(random_blocks(QType.Q6_K, *shape), QType.Q6_K, shape)
     quads = records.q6k_row_quads(w)
     assert quads.repacked and quads.nbytes == w.nbytes and quads.sc is w.sc and quads.d is w.d
+    assert quads.qs.flags.c_contiguous and quads.qh.flags.c_contiguous  # as the kernels are compiled for
     rng = np.random.default_rng(0)
     for _ in range(200):
         g, b, j, r = (

@@ -106,7 +106,7 @@ def q6k_row_quads(w: PackedWeight) -> PackedWeight:
     qh = w.qh.reshape(g, nb, 8, 1, ROWS)
     tops = np.concatenate([qh & 15, qh >> 4], axis=3).reshape(g, nb, 4, 4, 2, 16)  # (quad, k, lane, row)
     qh = (tops[:, :, :, :, 0] | (tops[:, :, :, :, 1] << 4)).transpose(0, 1, 2, 4, 3)  # (quad, row, k)
-    return dataclasses.replace(w, qs=np.ascontiguousarray(qs), qh=qh.reshape(g, -1), repacked=True)
+    return dataclasses.replace(w, qs=qs, qh=qh.reshape(g, -1), repacked=True)  # reshaped transposes: copies
 
 
 def pack_weight_for_cpu(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> PackedWeight:
