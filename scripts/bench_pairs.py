@@ -73,7 +73,8 @@ class Worker:
             command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         if self.readline() != "ready":
-            raise RuntimeError(f"{command[0]} did not start")
+            self.process.kill()
+            raise RuntimeError(f"{' '.join(command)} did not start")
 
     def readline(self) -> str:
         assert self.process.stdout is not None
@@ -85,7 +86,11 @@ class Worker:
         self.process.stdin.flush()
         return float(self.readline())
 
-    def close(self) -> None:
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """End of input: the worker finishes its repetition and exits."""
         assert self.process.stdin is not None
         self.process.stdin.close()
         self.process.wait()
@@ -113,11 +118,11 @@ def interleaved(args: argparse.Namespace, gguf: Path) -> dict[str, list[float]]:
     """Ratios per test, one repetition of each program at a time in two warm processes."""
     flags = args.flags
     names = [test.name for test in plan(parse_args(["-m", args.model, *flags]))]
-    ours = Worker([sys.executable, str(Path(__file__).resolve()), "-m", args.model, "--worker", "--", *flags])
+    llamba = [sys.executable, str(Path(__file__).resolve()), "-m", args.model, "--worker", "--", *flags]
     script = str(ROOT / "scripts" / "llama_cpp_bench.py")
-    theirs = Worker([args.llama_python, script, "-m", str(gguf), "--stdin", *flags])
+    llama = [args.llama_python, script, "-m", str(gguf), "--stdin", *flags]
     ratios: dict[str, list[float]] = {}
-    try:
+    with Worker(llamba) as ours, Worker(llama) as theirs:
         for round_ in range(args.pairs):
             for test in names:
                 first, second = (ours, theirs) if round_ % 2 == 0 else (theirs, ours)
@@ -126,9 +131,6 @@ def interleaved(args: argparse.Namespace, gguf: Path) -> dict[str, list[float]]:
                 ratios.setdefault(test, []).append(ratio)
                 line = f"Llamba {rates[ours]:.2f}, llama.cpp {rates[theirs]:.2f} t/s, ratio {ratio:.2f}"
                 print(f"round {round_ + 1} {test}: {line}", flush=True)
-    finally:
-        ours.close()
-        theirs.close()
     return ratios
 
 
