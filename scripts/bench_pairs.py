@@ -101,13 +101,13 @@ def serve_llamba(model: str, flags: list[str]) -> None:
     each warmed up once, then one repetition per test named on stdin."""
     from cli.bench.runner import Runner, load_llm, set_threads
 
-    params = parse_args(["-m", model, *flags])
+    params = dataclasses.replace(parse_args(["-m", model, *flags]), reps=1)
     tests = {test.name: test for test in plan(params)}
     set_threads(next(iter(tests.values())).n_threads)
     runner = Runner(load_llm(model, params.n_threads[0]), lambda _msg: None, params)
     for test in tests.values():
         runner.run(test, 1, 1)  # its warm-up and one repetition
-    runner.params = dataclasses.replace(params, reps=1, no_warmup=True)
+    runner.params = dataclasses.replace(params, no_warmup=True)
     print("ready", flush=True)
     for line in sys.stdin:
         test = tests[line.strip()]

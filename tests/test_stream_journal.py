@@ -50,8 +50,8 @@ HEADER_VALUE = JournalHeader(
 )
 
 
-def journal_bytes(*chunks: bytes, end: bool = False) -> bytes:
-    data = MAGIC + encode_record(HEADER, HEADER_VALUE.encode())
+def journal_bytes(*chunks: bytes, end: bool = False, header: JournalHeader = HEADER_VALUE) -> bytes:
+    data = MAGIC + encode_record(HEADER, header.encode())
     data += b"".join(encode_record(DATA, c) for c in chunks)
     return data + (encode_record(END, json.dumps({"finished_at": 5.0}).encode()) if end else b"")
 
@@ -259,7 +259,7 @@ def test_restored_sessions_meet_the_per_client_cap(tmp_path: Path) -> None:
         header = JournalHeader(name, "owner", f"addr:{name[0]}", HEADER_VALUE.recipe)
         path = journal_folder(tmp_path, "m") / journal_name("owner", name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(MAGIC + encode_record(HEADER, header.encode()) + encode_record(DATA, ROLE))
+        path.write_bytes(journal_bytes(ROLE, header=header))
         os.utime(path, (time.time() - age, time.time() - age))
 
     async def run() -> tuple[int, list[str]]:
