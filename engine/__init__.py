@@ -21,6 +21,11 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
+# The x86 level (engine/cpu/isa.py): LLAMBA_CPU_LEVEL, or NUMBA_CPU_NAME with its own features.
+from engine.cpu import isa  # noqa: E402 (after the variables above; isa imports no numba)
+
+isa.configure()
+
 
 def _load_tbb() -> None:
     """NUMBA_THREADING_LAYER=tbb (the `tbb` extra, opt-in): load the wheel's libtbb, which it puts in the

@@ -12,6 +12,7 @@ import structlog
 from hypercorn.asyncio import serve
 from quart import Quart
 
+from engine.cpu import isa
 from engine.model_files import ModelFetchError, resolve
 from server import logs
 from server.app import create_app
@@ -35,6 +36,11 @@ async def run(argv: list[str] | None = None) -> int:
     logs.configure(settings.log_format, settings.verbose)
     for flag in ignored:
         log.warning("cli.flag_ignored", flag=str(flag), reason=getattr(flag, "reason", NO_EFFECT))
+    try:  # the kernels' x86 level, as llama-server prints its `CPU : AVX2 = 1 | ...` line
+        log.info("system_info", cpu=isa.current().describe())
+    except isa.UnsupportedTarget as exc:
+        print(f"llamba-server: error: {exc}", file=sys.stderr)
+        return 1
     if settings.model is not None and (settings.models_dir or settings.models_preset):
         log.warning("cli.flag_ignored", flag="--models-dir/--models-preset", reason="-m serves one model")
     if settings.cluster is not None:  # replicas placed by Ray behind one router (Ray imported only here)

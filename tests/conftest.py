@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import engine  # noqa: F401  (pins Numba's settings before anything imports numba)
+from engine.cpu import isa
 from engine.gguf import GGUFFile
 from engine.model_files import resolve
 
@@ -20,6 +21,8 @@ GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 # The long English text of the perplexity figures and the long-text tokenizer checks (Debian's base-files).
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 CACHED_AT_START = pytest.StashKey[int]()
+# level name -> how tests/test_cpu_levels.py tested it
+LEVELS_TESTED = pytest.StashKey[dict[str, str]]()
 
 
 def _cached_kernels() -> int:
@@ -38,6 +41,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         f"JIT cache {os.environ.get('NUMBA_CACHE_DIR')}: {start} compiled kernels at the start, "
         f"{_cached_kernels() - start} compiled by this run"
     )
+    terminalreporter.write_line(isa.current().describe())
+    tested = config.stash.get(LEVELS_TESTED, {})
+    if tested:
+        terminalreporter.write_line("CPU levels tested: " + "; ".join(f"{k}: {v}" for k, v in tested.items()))
+        untested = [name for name in isa.LEVEL_NAMES if name not in tested]
+        if untested:
+            terminalreporter.write_line(
+                f"CPU levels not tested (this CPU cannot execute them): {', '.join(untested)}"
+            )
 
 
 def load_golden(name: str) -> dict[str, Any]:

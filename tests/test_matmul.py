@@ -19,8 +19,8 @@ from tests.test_quant import random_blocks
 RNG = np.random.default_rng(1)
 INT16_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 INT16_PATH |= {QType.Q2_K, QType.Q3_K}
-# The types whose activations the kernels quantize to int8 (IQ4 sums in int32; Q8_0 on VNNI CPUs).
-INTEGER_PATH = INT16_PATH | {QType.IQ4_NL, QType.IQ4_XS} | ({QType.Q8_0} if mm.HAS_VNNI else set())
+# The types whose activations the kernels quantize to int8 (IQ4 and Q8_0 sum in int32).
+INTEGER_PATH = INT16_PATH | {QType.IQ4_NL, QType.IQ4_XS, QType.Q8_0}
 
 
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
@@ -126,6 +126,8 @@ def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
             raw[..., 2:] = 0xFF
         elif qtype == QType.Q4_1:
             raw[..., 4:] = 0xFF
+        elif qtype == QType.Q8_0:
+            raw[..., 2:] = 0x80  # -128
         # Q5_0 and Q5_1 (summed as q - 16): all quant bits clear
     return raw.reshape(rows, -1)
 
@@ -211,45 +213,46 @@ def test_get_rows_real_embeddings(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile)
         np.testing.assert_array_equal(out, quant.dequantize(t.data[ids], t.ggml_type, (len(ids), t.shape[1])))
 
 
-# Not a missing prerequisite: the VNNI kernels cannot run on a CPU without the instructions, and there
-# the int16 path is the only one, so nothing can differ from it.
-@pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+# Not a missing prerequisite: the portable level has only the int16 / int32 kernels, so nothing can
+# differ from them there; tests/test_cpu_levels.py runs these tests on every level the machine runs.
+@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
 @pytest.mark.parametrize(
     "qtype",
-    [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K],
-    ids=lambda q: q.name,
+    sorted(INTEGER_PATH - {QType.Q2_K, QType.Q3_K, QType.IQ4_NL, QType.IQ4_XS}),
+    ids=lambda q: QType(q).name,
 )
-def test_vnni_path_is_bitwise_the_int16_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On VNNI CPUs these types' tiles of every size sum on vpdpbusd (23 tokens: tiles 8, 8, 4, 2, 1);
-    their outputs must not differ from the int16 kernels' by a bit (a token's logits may not depend on
-    the batch), extreme blocks included."""
+def test_byte_dot_path_is_bitwise_the_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On every level but portable these types' tiles of every size sum on the byte dot products
+    (engine/cpu/simd.py; 23 tokens: tiles 8, 8, 4, 2, 1); their outputs must not differ from the
+    portable (int16 / int32) kernels' by a bit (a token's logits may not depend on the batch, nor on
+    the level), extreme blocks included."""
     rows, cols = 70, 512
     for data in (random_blocks(qtype, rows, cols), _extreme_blocks(qtype, rows, cols)):
         w = quant.pack_weight(data, qtype, (rows, cols))
         x = RNG.standard_normal((23, cols)).astype(np.float32)
         x[:3] = np.sign(x[:3])  # rows whose activations all quantize to +-127
         x[-3:] = np.sign(x[-3:])  # the same in the 2- and 1-token tiles
-        monkeypatch.setattr(mm, "HAS_VNNI", True)
-        vnni = run_matmul(w, x)
-        monkeypatch.setattr(mm, "HAS_VNNI", False)
-        np.testing.assert_array_equal(vnni, run_matmul(w, x))
+        monkeypatch.setattr(mm, "BYTE_DOT", True)
+        byte_dot = run_matmul(w, x)
+        monkeypatch.setattr(mm, "BYTE_DOT", False)
+        np.testing.assert_array_equal(byte_dot, run_matmul(w, x))
 
 
-@pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
 @pytest.mark.parametrize("qtype", [QType.IQ4_NL, QType.IQ4_XS], ids=lambda q: q.name)
 def test_iq4_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the CPU has VNNI the IQ4 kernels decode the levels with pshufb; the portable kernels (a
     table lookup per lane, int32 sums) must give the same exact product on the other CPUs."""
     rows, cols = 70, 512
     data = random_blocks(qtype, rows, cols)
-    monkeypatch.setattr(mm, "HAS_VNNI", False)
+    monkeypatch.setattr(mm, "BYTE_DOT", False)
     for n_tok in (1, 13):
         x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
         weights = quant.dequantize(data, qtype, (rows, cols))
         check(qtype, quant.pack_weight(data, qtype, (rows, cols)), weights, x)
 
 
-@pytest.mark.skipif(not mm.HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
 def test_q8_0_tiles_agree_to_the_bit() -> None:
     """Q8_0's tiles of 4 and 8 tokens sum on vpdpbusd (weights + 128, then 128 x sum(x) off), those of
     1 and 2 on vpdpwssd: each token of a 23-token batch (tiles 8, 8, 4, 2, 1) must come out bit for bit

@@ -50,6 +50,7 @@ def test_records_are_the_field_bytes_where_documented(shape: tuple[int, int]) ->
         assert lanes[r] == w.d[g, sb * ROWS + r] and lanes[ROWS + r] == w.m[g, sb * ROWS + r]
 
 
+@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K], ids=["Q4_K", "Q6_K"])
 def test_matmul_and_rows_are_bitwise_the_field_arrays(shape: tuple[int, int], qtype: QType) -> None:
@@ -91,11 +92,11 @@ def test_q6_k_row_quads_are_the_field_bytes_where_documented(shape: tuple[int, i
         assert shift == 2 * (2 * (r // 16) + j // 16) and (quads.qh[g, at] >> shift) & 3 == top
 
 
-def test_the_cpu_backend_repacks_q4_k_and_q6_k_where_vnni_runs() -> None:
+def test_the_cpu_backend_repacks_q4_k_and_q6_k_where_the_byte_kernels_run() -> None:
     shape = (4096, 1024)
     be = cpu_backend()
     for qtype in (QType.Q4_K, QType.Q6_K):
-        assert be.pack_weight(random_blocks(qtype, *shape), qtype, shape).repacked == mm.HAS_VNNI
+        assert be.pack_weight(random_blocks(qtype, *shape), qtype, shape).repacked == mm.BYTE_DOT
     other = be.pack_weight(random_blocks(QType.Q5_K, *shape), QType.Q5_K, shape)
     assert not other.repacked
 

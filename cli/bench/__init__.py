@@ -13,6 +13,7 @@ import time
 
 from cli.bench.options import parse_args
 from cli.bench.runner import load_llm, run
+from engine.cpu import isa
 
 __all__ = ["main"]
 
@@ -20,5 +21,10 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     params = parse_args(argv)
+    try:  # on stderr: -o json and the others keep stdout
+        print(isa.current().describe(), file=sys.stderr)
+    except isa.UnsupportedTarget as exc:
+        print(f"llamba-bench: error: {exc}", file=sys.stderr)
+        return 1
     load = functools.partial(load_llm, device=params.device)
     return run(params, sys.stdout, sys.stderr, load=load, started=started)

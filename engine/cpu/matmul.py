@@ -28,15 +28,13 @@ code say which loop shapes LLVM vectorizes and which it does not (measured, not 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import carray, get_num_threads, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from engine.cpu import simd
 from engine.cpu.chunks import chunk_starts, take_next
 from engine.cpu.f16 import float_to_half
 from engine.cpu.records import Q4K_D, Q4K_RECORD, q4k_block_at, q4k_nibble_at, q6k_top_at
@@ -120,18 +118,15 @@ _alloca_i16 = _alloca_intrinsic(types.int16)
 _alloca_i32 = _alloca_intrinsic(types.int32)
 _alloca_f32 = _alloca_intrinsic(types.float32)
 
-# AVX-512 VNNI, which LLVM never produced from the int16 loops (nor from any loop shape tried): one
-# vpdpwssd multiplies 16 int32 lanes, each holding two int16 weights, by two broadcast int16
-# activations and adds both products to 16 int32 sums (32 multiply-adds an instruction, where
-# vpmullw + vpaddw do 32 in two). Written as LLVM IR in an intrinsic, on whole vectors.
-# LLAMBA_NO_VNNI=1 turns the VNNI kernels off (for comparisons; note that Q8_0 results then change).
-HAS_VNNI = bool(llvm_binding.get_host_cpu_features().get("avx512vnni", False)) and not os.environ.get(
-    "LLAMBA_NO_VNNI"
-)
-# vpmultishiftqb (AVX512-VBMI; Ice Lake and Zen 4 have it, Cascade Lake has VNNI without it): the 5-bit
-# types' fifth bits in two instructions a vector instead of eight.
-HAS_VBMI = bool(llvm_binding.get_host_cpu_features().get("avx512vbmi", False))
-_V16I32 = ir.VectorType(ir.IntType(32), 16)
+# The byte dot-product kernels (the `_vnni` tiles; named for AVX-512 VNNI, which LLVM never produced
+# from the int16 loops, nor from any loop shape tried): one vpdpwssd multiplies 16 int32 lanes, each
+# holding two int16 weights, by two broadcast int16 activations and adds both products to 16 int32 sums
+# (32 multiply-adds an instruction, where vpmullw + vpaddw do 32 in two). Written as LLVM IR in
+# intrinsics, on whole 512-bit values, whose products engine/cpu/simd.py emits for the level in use:
+# VNNI's, AVX-VNNI's or AVX2's instructions, the same integers. Only the portable level (no x86
+# intrinsic) takes the int16 kernels; LLAMBA_CPU_LEVEL picks a lower level (engine/cpu/isa.py).
+BYTE_DOT = simd.TARGET.level.byte_dot
+_V16I32 = simd.V16I32
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
 
 
@@ -187,12 +182,6 @@ def _prefetch(typingctx, array, at):  # type: ignore[no-untyped-def]
     return types.void(array, at), codegen
 
 
-def _vpdpwssd(builder):  # type: ignore[no-untyped-def]
-    return cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpwssd.512"
-    )
-
-
 def _int16_pairs(builder, low, high):  # type: ignore[no-untyped-def]
     """int32 lanes holding (low, high) as two int16."""
     return builder.or_(builder.and_(low, _splat(0xFFFF)), builder.shl(high, _splat(16)))
@@ -212,7 +201,6 @@ def _register_sums(n_tok: int, n_steps: int, weight_pairs, chains: int = 1):  # 
             i64 = ir.IntType(64)
             at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
             xp_array = context.make_array(xp_type)(context, builder, args[3])
-            dpwssd = _vpdpwssd(builder)
             acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
             for step in range(n_steps):
                 weights = [
@@ -226,7 +214,7 @@ def _register_sums(n_tok: int, n_steps: int, weight_pairs, chains: int = 1):  # 
                     x = _broadcast(builder, builder.load(x_ptr))
                     for lane in (0, 1):
                         chain = acc[t][lane]
-                        chain[step % chains] = builder.call(dpwssd, [chain[step % chains], weights[lane], x])
+                        chain[step % chains] = simd.dot_pairs(builder, chain[step % chains], weights[lane], x)
             for t in range(n_tok):
                 for lane in (0, 1):
                     total = acc[t][lane][0]
@@ -274,12 +262,6 @@ _QUAD_MASKS = [
     )
     for lane in (0, 1)
 ]
-
-
-def _vpdpbusd(builder):  # type: ignore[no-untyped-def]
-    return cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpbusd.512"
-    )
 
 
 def _transposed_quads(context, builder, packed_type, packed, at0, positions, masks=_QUAD_MASKS):  # type: ignore[no-untyped-def]
@@ -373,7 +355,9 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             sums_type, packed_type, _, xb_type, _, _ = sig.args
             at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
             quads = [_nibble_quads(context, builder, packed_type, args[1], at0, q) for q in (0, 1)]
-            acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, args[3], row, col)
+            acc = _dpbusd_quads(
+                context, builder, n_tok, chains, quads, xb_type, args[3], row, col, max_weight=15
+            )
             _store_chains(context, builder, sums_type, args[0], acc)
             return context.get_dummy_value()
 
@@ -386,27 +370,47 @@ def _plus(builder, value, n: int):  # type: ignore[no-untyped-def]
     return builder.add(value, ir.Constant(ir.IntType(64), n))
 
 
-def _dpbusd_quads(context, builder, n_tok: int, chains: int, quads, xb_type, xb, row, col):  # type: ignore[no-untyped-def]
+def _dpbusd_quads(
+    context,
+    builder,
+    n_tok: int,
+    chains: int,
+    quads,
+    xb_type,
+    xb,
+    row,
+    col,
+    signed=False,
+    max_weight=127,
+    parts=(0, 1),
+):  # type: ignore[no-untyped-def]
     """acc[t][lane] (`chains` partial sums): vpdpbusd of quads[q][lane] = (unsigned bytes of positions
-    4q.., of 16 + 4q..) with the activations xb[row + t, col + q] and xb[row + t, col + q + 4]."""
+    4q.., of 16 + 4q..; signed bytes with `signed`, simd.dot_signed) with the activations
+    xb[row + t, col + q] and xb[row + t, col + q + 4] (only `parts` of the two). Weights up to
+    max_weight let AVX2 add several products in int16 before widening them (simd.word_budget)."""
     xb_array = context.make_array(xb_type)(context, builder, xb)
-    dpbusd = _vpdpbusd(builder)
+    dot = simd.dot_signed if signed else simd.dot_unsigned
+    # int16 sums beside the int32 ones for 4 tokens need 32 ymm registers: spilled, prefill ran 0.8x
+    # llama.cpp's (Qwen2.5-Coder pp512, AVX2) against 1.03x without them; decode gained 0.95 -> 1.14x.
+    budget = 1 if signed or n_tok > 2 else simd.word_budget(max_weight)
     acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
-    for q, lanes in enumerate(quads):
+    words = [[None, None] for _ in range(n_tok)]
+    steps = [(q, part) for q in range(len(quads)) for part in parts]
+    for step, (q, part) in enumerate(steps):
         for t in range(n_tok):
-            for part in (0, 1):
-                x = _broadcast_at(
-                    context,
-                    builder,
-                    xb_type,
-                    xb_array,
-                    _plus(builder, row, t),
-                    _plus(builder, col, q + 4 * part),
-                )
-                chain = (2 * q + part) % chains
-                for lane in (0, 1):
-                    c = acc[t][lane]
-                    c[chain] = builder.call(dpbusd, [c[chain], lanes[lane][part], x])
+            x = _broadcast_at(
+                context, builder, xb_type, xb_array, _plus(builder, row, t), _plus(builder, col, q + 4 * part)
+            )
+            chain = step % chains
+            for lane in (0, 1):
+                c = acc[t][lane]
+                if budget == 1:
+                    c[chain] = dot(builder, c[chain], quads[q][lane][part], x)
+                    continue
+                words[t][lane] = simd.word_dot(builder, words[t][lane], quads[q][lane][part], x)
+                if (step + 1) % budget == 0 or step == len(steps) - 1:
+                    c[chain] = simd.widen_words(builder, c[chain], words[t][lane])
+                    words[t][lane] = None
     return acc
 
 
@@ -430,10 +434,10 @@ def _store_rows(context, builder, array_type, array, at, t: int, lane: int, valu
     builder.store(value, _vector_at(context, builder, array_type, array, index, _V16I32), align=4)
 
 
-def _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, xb, row, col, sc, out):  # type: ignore[no-untyped-def]
+def _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, xb, row, col, sc, out, max_weight):  # type: ignore[no-untyped-def]
     """The body of _q4k_block_sums and _q5k_block_sums: quads[q] are positions 4q.. and 16 + 4q.. per
     16-row lane (unsigned bytes, 4 a row), sc = (type, array, at), out = (type, array, at)."""
-    acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, xb, row, col)
+    acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, xb, row, col, max_weight=max_weight)
     sc_type, sc_array, sc_at = sc
     scales = [
         _widen_bytes16(context, builder, sc_type, sc_array, _plus(builder, sc_at, 16 * lane), signed=False)
@@ -462,7 +466,9 @@ def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             quads = [_nibble_quads(context, builder, packed_type, args[2], at0, q, None) for q in range(4)]
             sc = (sc_type, args[7], sc_at)
             out = (out_type, args[0], out_at)
-            _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, args[4], row, col, sc, out)
+            _scaled_block_sums(
+                context, builder, n_tok, chains, quads, xb_type, args[4], row, col, sc, out, 15
+            )
             return context.get_dummy_value()
 
         return types.void(out, out_at, packed, packed_at, xb, row0, col0, sc, sc_at), codegen
@@ -496,7 +502,7 @@ def _fifth_bits(context, builder, qh_type, qh, qh_at0, q: int):  # type: ignore[
 
 def _bit_to_4(builder, rows, high: int):  # type: ignore[no-untyped-def]
     """Bit 2k + high of byte 4r + k, moved to bit 4 (the others cleared)."""
-    if HAS_VBMI:
+    if simd.TARGET.vbmi:
         shift = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_V64I8, [_V64I8, _V64I8]), "llvm.x86.avx512.pmultishift.qb.512"
         )
@@ -527,7 +533,9 @@ def _q5k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             ]
             sc = (sc_type, args[9], sc_at)
             out = (out_type, args[0], out_at)
-            _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, args[6], row, col, sc, out)
+            _scaled_block_sums(
+                context, builder, n_tok, chains, quads, xb_type, args[6], row, col, sc, out, 31
+            )
             return context.get_dummy_value()
 
         return types.void(out, out_at, packed, packed_at, qh, qh_at, xb, row0, col0, sc, sc_at), codegen
@@ -551,17 +559,18 @@ def _q5_weights(context, builder, sig, args, at0, qh_at0, q: int):  # type: igno
     return _five_bit_quads(context, builder, sig.args[1], args[1], at0, sig.args[3], args[3], qh_at0, q)
 
 
-_IQ4_LEVELS_U8 = _bytes([int(IQ4_LEVELS[i % 16]) + 128 for i in range(64)])
+# IQ4's levels as weight bytes: + 128 where VNNI's unsigned product takes them (simd.SIGNED_BY_OFFSET).
+IQ4_OFFSET_BITS = 7 if simd.SIGNED_BY_OFFSET else 0
+_IQ4_LEVEL_BYTES = _bytes(
+    [(int(IQ4_LEVELS[i % 16]) + (1 << IQ4_OFFSET_BITS if IQ4_OFFSET_BITS else 0)) % 256 for i in range(64)]
+)
 
 
 def _iq4_weights(context, builder, sig, args, at0, qh_at0, q: int):  # type: ignore[no-untyped-def]
-    """IQ4's levels + 128 (unsigned bytes) of quad q, per 16-row lane: one vpshufb per nibble vector."""
-    pshufb = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_V64I8, [_V64I8, _V64I8]), "llvm.x86.avx512.pshuf.b.512"
-    )
+    """IQ4's level bytes of quad q (_IQ4_LEVEL_BYTES), per 16-row lane: one vpshufb per nibble vector."""
     out = []
     for lane in _nibble_quads(context, builder, sig.args[1], args[1], at0, q):
-        levels = [builder.call(pshufb, [_IQ4_LEVELS_U8, builder.bitcast(v, _V64I8)]) for v in lane]
+        levels = [simd.byte_lookup(builder, _IQ4_LEVEL_BYTES, builder.bitcast(v, _V64I8)) for v in lane]
         out.append(tuple(builder.bitcast(v, _V16I32) for v in levels))
     return out
 
@@ -572,7 +581,8 @@ def _centred_half_sums(n_tok: int, chains: int, weights, offset_bits: int):  # t
     w[r, j] * x[t, j] over the half = sum of u * x - 2^offset_bits * xh[row0 + t, 2b + h], xh the
     half's activation sum (_half_block_sums), xb as in _quad_sums (col0 = 8b + 2h). `weights` gives a
     quad's u per lane (Q5_0/Q5_1: 5-bit weights, w = q - 16; IQ4: levels + 128); `qh` may be any array
-    when it does not read one. The same integers as the int16/int32 paths, so the same outputs."""
+    when it does not read one. offset_bits 0: signed weight bytes (simd.dot_signed, AVX2's IQ4). The same
+    integers as the int16/int32 paths, so the same outputs."""
 
     @intrinsic
     def half_sums(typingctx, sums, packed, packed_at, qh, qh_at, xb, row0, col0, xh, half):  # type: ignore[no-untyped-def]
@@ -583,11 +593,16 @@ def _centred_half_sums(n_tok: int, chains: int, weights, offset_bits: int):  # t
             )
             xh_array = context.make_array(xh_type)(context, builder, args[8])
             quads = [weights(context, builder, sig, args, at0, qh_at0, q) for q in (0, 1)]
-            acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, args[5], row, col)
+            signed = offset_bits == 0
+            acc = _dpbusd_quads(
+                context, builder, n_tok, chains, quads, xb_type, args[5], row, col, signed, 31
+            )
             for t, per_lane in enumerate(_chain_totals(builder, acc)):
                 offset = _broadcast_at(context, builder, xh_type, xh_array, _plus(builder, row, t), half)
                 for lane, total in enumerate(per_lane):
-                    centred = builder.sub(total, builder.shl(offset, _splat(offset_bits)))
+                    centred = (
+                        total if signed else builder.sub(total, builder.shl(offset, _splat(offset_bits)))
+                    )
                     at = ir.Constant(ir.IntType(64), t * ROWS + lane * 16)
                     builder.store(
                         centred, _vector_at(context, builder, sums_type, args[0], at, _V16I32), align=4
@@ -614,28 +629,28 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             out_at, at0, qh_at0, row, col, sc_at = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 7, 8, 10)
             )
-            xb_array = context.make_array(xb_type)(context, builder, args[6])
             x16_array = context.make_array(x16_type)(context, builder, args[11])
-            dpbusd = _vpdpbusd(builder)
-            acc = [
-                [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)] for _ in (0, 1)
+            packed, qh = args[2], args[4]
+            quads = [
+                _q6k_row_quads(context, builder, packed_type, packed, at0, qh_type, qh, qh_at0, q)
+                for q in range(4)
             ]
-            for q in range(4):
-                packed, qh = args[2], args[4]
-                lanes = _q6k_row_quads(context, builder, packed_type, packed, at0, qh_type, qh, qh_at0, q)
-                for t in range(n_tok):
-                    for part in (0, 1):  # weights j (low sums), weights j + 16 (high sums)
-                        x = _broadcast_at(
-                            context,
-                            builder,
-                            xb_type,
-                            xb_array,
-                            _plus(builder, row, t),
-                            _plus(builder, col, q + 4 * part),
-                        )
-                        for lane in (0, 1):
-                            c = acc[part][t][lane]
-                            c[q % chains] = builder.call(dpbusd, [c[q % chains], lanes[lane][part], x])
+            acc = [  # weights j (the low sums), weights j + 16 (the high sums)
+                _dpbusd_quads(
+                    context,
+                    builder,
+                    n_tok,
+                    chains,
+                    quads,
+                    xb_type,
+                    args[6],
+                    row,
+                    col,
+                    max_weight=63,
+                    parts=(part,),
+                )
+                for part in (0, 1)
+            ]
             scales = [
                 [
                     _widen_bytes16(
@@ -681,38 +696,39 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
 # of 8 (2026-12-03, 2 threads; scripts/ab_matmul.py, both alternated in one process): Q8_0 32768x640
 # 0.96-0.97x the time at T = 8-64, Q4_0 and Q4_K 8960x1536 0.94-0.99x at T = 8-256; Q6_K (two
 # bench_matmul.py runs, T = 16) 2.48 -> 2.09 ms.
-_q6k_block_sums1 = _q6k_block_sums(1, 4)
-_q6k_block_sums2 = _q6k_block_sums(2, 2)
-_q6k_block_sums4 = _q6k_block_sums(4, 1)
-_quad_sums1 = _quad_sums(1, 4)
-_quad_sums2 = _quad_sums(2, 2)
-_quad_sums4 = _quad_sums(4, 1)
+_q6k_block_sums1 = _q6k_block_sums(1, simd.chains(4))
+_q6k_block_sums2 = _q6k_block_sums(2, simd.chains(2))
+_q6k_block_sums4 = _q6k_block_sums(4, simd.chains(1))
+_quad_sums1 = _quad_sums(1, simd.chains(4))
+_quad_sums2 = _quad_sums(2, simd.chains(2))
+_quad_sums4 = _quad_sums(4, simd.chains(1))
 # Whole Q4_K blocks (16 positions) of its records times their scales.
-_q4k_record_sums1 = _q4k_block_sums(1, 4)
-_q4k_record_sums2 = _q4k_block_sums(2, 2)
-_q4k_record_sums4 = _q4k_block_sums(4, 1)
-_q5k_block_sums1 = _q5k_block_sums(1, 4)
-_q5k_block_sums2 = _q5k_block_sums(2, 2)
-_q5k_block_sums4 = _q5k_block_sums(4, 1)
-_q5_half_sums1 = _centred_half_sums(1, 4, _q5_weights, 4)
-_q5_half_sums2 = _centred_half_sums(2, 2, _q5_weights, 4)
+_q4k_record_sums1 = _q4k_block_sums(1, simd.chains(4))
+_q4k_record_sums2 = _q4k_block_sums(2, simd.chains(2))
+_q4k_record_sums4 = _q4k_block_sums(4, simd.chains(1))
+_q5k_block_sums1 = _q5k_block_sums(1, simd.chains(4))
+_q5k_block_sums2 = _q5k_block_sums(2, simd.chains(2))
+_q5k_block_sums4 = _q5k_block_sums(4, simd.chains(1))
+_q5_half_sums1 = _centred_half_sums(1, simd.chains(4), _q5_weights, 4)
+_q5_half_sums2 = _centred_half_sums(2, simd.chains(2), _q5_weights, 4)
 _q5_half_sums4 = _centred_half_sums(4, 1, _q5_weights, 4)
-_iq4_quad_sums1 = _centred_half_sums(1, 4, _iq4_weights, 7)
-_iq4_quad_sums2 = _centred_half_sums(2, 2, _iq4_weights, 7)
-_iq4_quad_sums4 = _centred_half_sums(4, 1, _iq4_weights, 7)
+_iq4_quad_sums1 = _centred_half_sums(1, simd.chains(4), _iq4_weights, IQ4_OFFSET_BITS)
+_iq4_quad_sums2 = _centred_half_sums(2, simd.chains(2), _iq4_weights, IQ4_OFFSET_BITS)
+_iq4_quad_sums4 = _centred_half_sums(4, 1, _iq4_weights, IQ4_OFFSET_BITS)
 
 # A Q8_0 block (16 position pairs) for tiles of 1 and 2 tokens, where vpdpwssd sums held in memory were
 # latency-bound (2.4x slower than the float path at T = 1).
-_q8_block_sums1 = _register_sums(1, 16, _int8_pairs, chains=4)
-_q8_block_sums2 = _register_sums(2, 16, _int8_pairs, chains=2)
+_q8_block_sums1 = _register_sums(1, 16, _int8_pairs, chains=simd.chains(4))
+_q8_block_sums2 = _register_sums(2, 16, _int8_pairs, chains=simd.chains(2))
 
 
 def _q8_quad_sums(n_tok: int):  # type: ignore[no-untyped-def]
     """An intrinsic computing a Q8_0 block's sums for a tile of n_tok tokens and 32 rows on vpdpbusd:
     sums[t * 32 + r] = sum over the 32 positions j of w[r, j] * x[t, j], with xb as in _quad_sums
     (col0 = 8b) and xs[row0 + t, b] the block's activation sum. vpdpbusd wants unsigned weight bytes:
-    it multiplies w + 128 (the sign bit flipped), and 128 x sum(x) comes off at the end. Integers, so
-    the same sums as the vpdpwssd tiles of 1 and 2 tokens to the bit."""
+    it multiplies w + 128 (the sign bit flipped), and 128 x sum(x) comes off at the end (AVX2: the
+    signed bytes as they are, simd.dot_signed). Integers, so the same sums as the vpdpwssd tiles of 1
+    and 2 tokens to the bit."""
 
     @intrinsic
     def q8_quad_sums(typingctx, sums, packed, packed_at, xb, xs, row0, b):  # type: ignore[no-untyped-def]
@@ -722,20 +738,24 @@ def _q8_quad_sums(n_tok: int):  # type: ignore[no-untyped-def]
             col = builder.shl(block, ir.Constant(ir.IntType(64), 3))
             xb_array = context.make_array(xb_type)(context, builder, args[3])
             xs_array = context.make_array(xs_type)(context, builder, args[4])
-            dpbusd = _vpdpbusd(builder)
+            offset = simd.SIGNED_BY_OFFSET
+            dot = simd.dot_unsigned if offset else simd.dot_signed
             acc = [[[_splat(0)] for _ in (0, 1)] for _ in range(n_tok)]
             for q in range(QK // 4):
                 quads = _transposed_quads(
                     context, builder, packed_type, args[1], at0, ((4 * q) * ROWS, (4 * q + 2) * ROWS)
                 )
-                lanes = [builder.bitcast(builder.xor(rows, _bytes(0x80)), _V16I32) for rows in quads]
+                lanes = [
+                    builder.bitcast(builder.xor(rows, _bytes(0x80)) if offset else rows, _V16I32)
+                    for rows in quads
+                ]
                 for t in range(n_tok):
                     x = _broadcast_at(
                         context, builder, xb_type, xb_array, _plus(builder, row, t), _plus(builder, col, q)
                     )
                     for lane in (0, 1):
-                        acc[t][lane][0] = builder.call(dpbusd, [acc[t][lane][0], lanes[lane], x])
-            for t in range(n_tok):
+                        acc[t][lane][0] = dot(builder, acc[t][lane][0], lanes[lane], x)
+            for t in range(n_tok if offset else 0):
                 offset = _broadcast_at(context, builder, xs_type, xs_array, _plus(builder, row, t), block)
                 for lane in (0, 1):
                     acc[t][lane][0] = builder.sub(acc[t][lane][0], builder.shl(offset, _splat(7)))
@@ -1857,29 +1877,36 @@ def _matmul_q6k_row_quads_chunked(x, qs, qh, sc, d, out, n_threads) -> None:  # 
 
 
 # ---------------------------------------------------------------------------------------------------
-# Float path: Q8_0 (int8 quants times the block scale) and F16/F32, against unquantized activations.
+# Q8_0: int8 weights times int8 activations, as llama.cpp multiplies them (its vec_dot_type is q8_0),
+# at every level and every tile size (so a token's output never depends on its batch): activations
+# quantized per 32-block as for the other formats, int32 sums per block, then one scale per block.
+# Portable: int32 lane loops. Byte-dot levels: tiles of 1 and 2 tokens pair adjacent positions into
+# int16 lanes (vpdpwssd); of 4 and 8, 4 positions a lane (vpdpbusd). Until 2026-12-05 the portable
+# kernel multiplied float weights by the unquantized activations: faster where it ran (the int16 path
+# overflows with two int8 products), but Qwen2.5-0.5B's Q8_0 logits then drifted from llama.cpp's
+# by 0.008-0.012 (tests/test_quant_models.py's bound is 1e-3).
 
 
 @njit(inline="always")
 def _q8_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
-    qs, d, x, out = a
+    qs, d, xq, xd, out = a
     acc = stack_tile_f32()
+    sums = stack_tile_i32()
     _zero_tile(acc, n_tok)
-    for b in range(qs.shape[1] // (QK * ROWS)):
-        dq = _lanes(d, g, b)
+    for b in range(xd.shape[1]):
+        _zero_tile(sums, n_tok)
         for k in range(QK):
             wq = _lanes(qs, g, b * QK + k)
             for t in range(n_tok):
-                xk = x[t0 + t, b * QK + k]
+                xk = np.int32(xq[t0 + t, b * QK + k])
                 for r in range(ROWS):
-                    acc[t, r] += (np.float32(wq[r]) * f16_to_f32(dq[r])) * xk
+                    sums[t, r] += np.int32(wq[r]) * xk
+        dq = _lanes(d, g, b)
+        for t in range(n_tok):
+            xdt = xd[t0 + t, b]
+            for r in range(ROWS):
+                acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(sums[t, r])
     _store_tile(acc, out, g, t0, n_tok)
-
-
-# With VNNI, Q8_0 takes the integer path too, at every tile size (so a token's output never depends on
-# its batch): activations quantized per 32-block as for the other formats, int32 sums per block (tiles
-# of 1 and 2 tokens: adjacent positions paired into int16 lanes on vpdpwssd; of 4 and 8: 4 positions a
-# lane on vpdpbusd), then one scale per block. llama.cpp also multiplies Q8_0 weights by int8 activations.
 
 
 @njit(inline="always")
@@ -1928,9 +1955,15 @@ def _matmul_q8_vnni(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, **_KERNEL)
 def _matmul_q8(x, qs, d, out) -> None:  # type: ignore[no-untyped-def]
-    a = (qs, d, x, out)
+    xq, xd, _ = _quantize(x)
+    a = (qs, d, xq, xd, out)
     for g in prange(qs.shape[0]):
-        _each_tile(x.shape[0], _q8_tile, a, _q8_tile, a, g)
+        _each_tile(xq.shape[0], _q8_tile, a, _q8_tile, a, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Float path: F16, BF16 and F32 weights against the unquantized activations (llama.cpp's F32/F16 types
+# take float activations too; BF16 rounds them to bf16 first, _round_to_bf16).
 
 
 @njit(inline="always")
@@ -2178,10 +2211,20 @@ def _chunked(w: PackedWeight) -> bool:
     return w.nbytes >= CHUNKED_MIN_BYTES
 
 
+def _byte_dot_layout(w: PackedWeight) -> None:
+    """Records and row quads are read by the byte dot-product kernels only, which portable lacks."""
+    if not BYTE_DOT:
+        raise ValueError(
+            f"a repacked {w.qtype.name} weight needs the byte dot-product kernels (not portable)"
+        )
+
+
 def _matmul_q4k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
-    if not w.repacked:  # no VNNI (pack_weight_for_cpu), or engine.quant's field arrays as they are
+    if not w.repacked:  # portable (pack_weight_for_cpu), or engine.quant's field arrays as they are
         _matmul_q4_k(x, w.qs, w.d, w.m, w.sc, w.mn, out)
-    elif _chunked(w):
+        return
+    _byte_dot_layout(w)
+    if _chunked(w):
         _matmul_q4k_records_chunked(x, w.qs, w.qs.view(np.uint16), w.mn, out, get_num_threads())
     else:
         _matmul_q4k_records(x, w.qs, w.qs.view(np.uint16), w.mn, out)
@@ -2189,37 +2232,39 @@ def _matmul_q4k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> Non
 
 def _matmul_q6k_dispatch(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     args = (x, w.qs, w.qh, w.sc, w.d, out)
+    if w.repacked:
+        _byte_dot_layout(w)
     if w.repacked and _chunked(w):
         _matmul_q6k_row_quads_chunked(*args, get_num_threads())
     elif w.repacked:
         _matmul_q6k_row_quads(*args)
-    else:  # no VNNI (pack_weight_for_cpu), or engine.quant's field arrays as they are
+    else:  # portable (pack_weight_for_cpu), or engine.quant's field arrays as they are
         _matmul_q6k(*args)
 
 
 def _vnni(x: np.ndarray) -> bool:
-    return HAS_VNNI and x.shape[0] >= VNNI_MIN_TOKENS
+    return BYTE_DOT and x.shape[0] >= VNNI_MIN_TOKENS
 
 
 _MATMUL = {
-    QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if HAS_VNNI else _matmul_q4_0)(x, w.qs, w.d, out),
-    QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if HAS_VNNI else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
+    QType.Q4_0: lambda x, w, out: (_matmul_q4_0_vnni if BYTE_DOT else _matmul_q4_0)(x, w.qs, w.d, out),
+    QType.Q4_1: lambda x, w, out: (_matmul_q4_1_vnni if BYTE_DOT else _matmul_q4_1)(x, w.qs, w.d, w.m, out),
     QType.Q4_K: _matmul_q4k_dispatch,
-    QType.Q5_0: lambda x, w, out: (_matmul_q5_vnni if HAS_VNNI else _matmul_q5)(x, w.qs, w.qh, w.d, out),
+    QType.Q5_0: lambda x, w, out: (_matmul_q5_vnni if BYTE_DOT else _matmul_q5)(x, w.qs, w.qh, w.d, out),
     QType.Q3_K: lambda x, w, out: _matmul_q3k(x, w.qs, w.qh, w.d, w.sc, out),
     QType.Q2_K: lambda x, w, out: _matmul_q2k(x, w.qs, w.d, w.m, w.sc, w.mn, out),
-    QType.Q5_1: lambda x, w, out: (_matmul_q5_1_vnni if HAS_VNNI else _matmul_q5_1)(
+    QType.Q5_1: lambda x, w, out: (_matmul_q5_1_vnni if BYTE_DOT else _matmul_q5_1)(
         x, w.qs, w.qh, w.d, w.m, out
     ),
-    QType.Q5_K: lambda x, w, out: (_matmul_q5k_vnni if HAS_VNNI else _matmul_q5k)(
+    QType.Q5_K: lambda x, w, out: (_matmul_q5k_vnni if BYTE_DOT else _matmul_q5k)(
         x, w.qs, w.qh, w.d, w.m, w.sc, w.mn, out
     ),
     QType.Q6_K: _matmul_q6k_dispatch,
-    QType.IQ4_NL: lambda x, w, out: (_matmul_iq4_nl_vnni if HAS_VNNI else _matmul_iq4_nl)(x, w.qs, w.d, out),
-    QType.IQ4_XS: lambda x, w, out: (_matmul_iq4_xs_vnni if HAS_VNNI else _matmul_iq4_xs)(
+    QType.IQ4_NL: lambda x, w, out: (_matmul_iq4_nl_vnni if BYTE_DOT else _matmul_iq4_nl)(x, w.qs, w.d, out),
+    QType.IQ4_XS: lambda x, w, out: (_matmul_iq4_xs_vnni if BYTE_DOT else _matmul_iq4_xs)(
         x, w.qs, w.d, w.sc, out
     ),
-    QType.Q8_0: lambda x, w, out: (_matmul_q8_vnni if HAS_VNNI else _matmul_q8)(x, w.qs, w.d, out),
+    QType.Q8_0: lambda x, w, out: (_matmul_q8_vnni if BYTE_DOT else _matmul_q8)(x, w.qs, w.d, out),
     QType.F32: lambda x, w, out: _matmul_float(x, w.f, out),
     QType.F16: lambda x, w, out: _matmul_float(x, w.f, out),
     QType.BF16: lambda x, w, out: _matmul_float(_round_to_bf16(x), w.f, out),

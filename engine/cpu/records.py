@@ -4,7 +4,8 @@ engine.quant.PackedWeight keeps a Q4_K matrix in five arrays (qs, sc, mn, d, m),
 walks five streams at once in each thread. A read-only pass in the kernel's order over Qwen2.5-Coder's
 layer shapes (206 MiB, 2 threads, median of 28 passes, 4 runs on 2026-12-04): the five arrays 28.6,
 30.6, 29.0, 31.4 GB/s; the same bytes as one array of records 31.8, 32.7, 31.4, 34.0. The CPU backend
-repacks Q4_K into records where its VNNI kernels run (every Q4_K matmul, at every T). Whole model
+repacks Q4_K into records where its byte dot-product kernels run (every level but portable,
+engine/cpu/isa.py; every Q4_K matmul, at every T). Whole model
 (/tmp scripts: two copies of Qwen2.5-Coder 1.5B in one process, decode steps at depth 64 alternated,
 medians of 30-40 rounds of 4 steps): 0.906 and 0.880 of the field arrays' step time, faster in 36 of 40
 and 25 of 30 rounds; the logits bitwise the same. Q6_K in records of its own (scales, low nibbles, top
@@ -48,6 +49,7 @@ import dataclasses
 import numpy as np
 from numba import njit
 
+from engine.cpu import isa
 from engine.cpu.huge_pages import move_to_huge_pages
 from engine.quant import ROWS, PackedWeight, QType, pack_weight
 
@@ -111,12 +113,12 @@ def q6k_row_quads(w: PackedWeight) -> PackedWeight:
 
 def pack_weight_for_cpu(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> PackedWeight:
     """The CPU backend's pack_weight: engine.quant's, Q4_K as records and Q6_K in row quads where the
-    VNNI kernels run, the arrays then moved into huge pages (engine/cpu/huge_pages.py)."""
-    from engine.cpu.matmul import HAS_VNNI  # matmul imports this module's record offsets
-
+    byte dot-product kernels run (every level but portable, engine/cpu/isa.py), the arrays then moved into
+    huge pages (engine/cpu/huge_pages.py)."""
+    byte_dot = isa.current().level.byte_dot
     w = pack_weight(data, qtype, shape)
-    if HAS_VNNI and w.qtype == QType.Q4_K:
+    if byte_dot and w.qtype == QType.Q4_K:
         w = q4k_records(w)
-    elif HAS_VNNI and w.qtype == QType.Q6_K:
+    elif byte_dot and w.qtype == QType.Q6_K:
         w = q6k_row_quads(w)
     return move_to_huge_pages(w)

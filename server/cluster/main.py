@@ -56,7 +56,15 @@ LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # Ray's minimum is 75 MiB; only actor ca
 # a replica directly, as scripts/bench_cluster.py measuring the router's own latency).
 SECRET_ENV = "LLAMBA_CLUSTER_SECRET"
 # The environment a replica's child needs from the router's (Ray's workers do not inherit the driver's).
-PASSED_ENV = ("NUMBA_CACHE_DIR", "LLAMBA_NO_VNNI", "HOME", "TMPDIR", "CUDA_VISIBLE_DEVICES")
+PASSED_ENV = (
+    "NUMBA_CACHE_DIR",
+    "LLAMBA_CPU_LEVEL",
+    "NUMBA_CPU_NAME",
+    "NUMBA_CPU_FEATURES",
+    "HOME",
+    "TMPDIR",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 class RayReplica:

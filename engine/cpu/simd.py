@@ -1,0 +1,203 @@
+"""The integer dot products of the byte kernels, as LLVM IR for the level in use (engine/cpu/isa.py).
+
+The kernels' intrinsics (engine/cpu/matmul.py) work on 512-bit values: 64 weight bytes of 16 rows x 4
+positions as <16 x i32>, times 4 broadcast int8 activations per int32 lane. Each operation here emits
+the level's own instructions for one such value:
+
+| operation | avx512-vnni | avx-vnni (2 ymm) | avx2 (2 ymm) |
+| --- | --- | --- | --- |
+| `dot_unsigned` (u8 weights < 128) | vpdpbusd | {vex} vpdpbusd | vpmaddubsw, vpmaddwd by 1, vpaddd |
+| `dot_signed` (s8 weights) | - (callers offset by 128) | - (the same) | vpsignb, vpabsb, as above |
+| `dot_pairs` (int16 pairs) | vpdpwssd | {vex} vpdpwssd | vpmaddwd, vpaddd |
+| `byte_lookup` (16-entry table) | vpshufb | vpshufb | vpshufb |
+
+The sums are the same integers on every level, so the outputs are bitwise the same. Two limits of
+AVX2's vpmaddubsw shape the callers: it adds two u8 x s8 products into a saturating int16 (weights
+below 128 never reach it: 2 x 127 x 127 < 32767), and it has no accumulator (three instructions where
+VNNI has one). So on AVX2 the signed weights (Q8_0's, IQ4's levels) take vpsignb's sign trick instead of
+VNNI's weight + 128 offset, and `chains` (independent accumulators against vpdpbusd's latency) is 1:
+the running sum is a one-cycle vpaddd, and two 256-bit halves already double the registers a 512-bit
+accumulator takes (16 ymm in all).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from engine.cpu import isa
+
+TARGET = isa.current()
+VNNI = TARGET.level.name in ("avx512-vnni", "avx-vnni")
+WIDE = TARGET.level.name == "avx512-vnni"  # 512-bit instructions
+# VNNI's unsigned x signed product takes signed weights offset by 128 (the callers subtract 128 x sum(x)).
+SIGNED_BY_OFFSET = VNNI
+
+_I32 = ir.IntType(32)
+V16I32 = ir.VectorType(_I32, 16)
+V64I8 = ir.VectorType(ir.IntType(8), 64)
+_V8I32 = ir.VectorType(_I32, 8)
+_V32I8 = ir.VectorType(ir.IntType(8), 32)
+_V16I16 = ir.VectorType(ir.IntType(16), 16)
+
+
+def _require_byte_dot() -> None:
+    """A portable target has none of these instructions: a Python error while compiling (LLVM itself
+    would abort the process on the intrinsic)."""
+    if not TARGET.level.byte_dot:
+        raise NotImplementedError(
+            f"the {TARGET.level.name} level ({TARGET.cpu}) has no byte dot-product kernels"
+        )
+
+
+def chains(wanted: int) -> int:
+    """Accumulators per sum: `wanted` where one 512-bit instruction accumulates, fewer on halves."""
+    if WIDE:
+        return wanted
+    return max(1, wanted // 2) if VNNI else 1
+
+
+def _function(builder, name: str, result, args):  # type: ignore[no-untyped-def]
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, args), name)
+
+
+def _halves(builder, value, half_type):  # type: ignore[no-untyped-def]
+    """The low and high 256 bits of a 512-bit value, as half_type."""
+    n = value.type.count // 2
+    return [
+        builder.bitcast(
+            builder.shuffle_vector(
+                value, value, ir.Constant(ir.VectorType(_I32, n), list(range(h * n, h * n + n)))
+            ),
+            half_type,
+        )
+        for h in (0, 1)
+    ]
+
+
+def _joined(builder, low, high):  # type: ignore[no-untyped-def]
+    return builder.shuffle_vector(low, high, ir.Constant(V16I32, list(range(16))))
+
+
+def _on_halves(builder, op, acc, *values):  # type: ignore[no-untyped-def]
+    """op(acc half, value halves...) on each 256-bit half, joined back into 512 bits."""
+    parts = zip(_halves(builder, acc, _V8I32), *(_halves(builder, v, _V8I32) for v in values), strict=True)
+    return _joined(builder, *(op(*part) for part in parts))
+
+
+def _pmaddubsw_sum(builder, acc, weights, x):  # type: ignore[no-untyped-def]
+    """acc + the 4 products a lane of u8 weights and s8 x, on 256 bits (AVX2)."""
+    pairs = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    words = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    w8, x8 = (builder.bitcast(v, _V32I8) for v in (weights, x))
+    ones = ir.Constant(_V16I16, [1] * 16)
+    return builder.add(acc, builder.call(words, [builder.call(pairs, [w8, x8]), ones]))
+
+
+def dot_unsigned(builder, acc, weights, x):  # type: ignore[no-untyped-def]
+    """acc (16 int32) + per lane the sum of 4 products of weight bytes (unsigned; below 128 unless
+    VNNI) and activation bytes (signed)."""
+    _require_byte_dot()
+    if WIDE:
+        return builder.call(
+            _function(builder, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3), [acc, weights, x]
+        )
+    if VNNI:
+        dpbusd = _function(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32] * 3)
+        return _on_halves(builder, lambda a, w, v: builder.call(dpbusd, [a, w, v]), acc, weights, x)
+    return _on_halves(builder, lambda a, w, v: _pmaddubsw_sum(builder, a, w, v), acc, weights, x)
+
+
+# AVX2's products leave vpmaddubsw as int16 pair sums; where a caller's weights are small, several of
+# them add up in int16 (vpaddw) before one vpmaddwd widens them: two instructions per dot product where
+# `dot_unsigned` takes three. `word_budget` says how many fit for weights up to a maximum: the pair sums
+# of 4-bit weights are at most 2 x 15 x 127 = 3810, so 8 fit (Q4_K's whole block); 5-bit 4, 6-bit 2.
+WORD_SUMS = not VNNI and TARGET.level.byte_dot
+
+
+def word_budget(max_weight: int) -> int:
+    """Dot products whose int16 pair sums may add up before widening (1: widen every one)."""
+    return max(1, 32767 // (2 * max_weight * 127)) if WORD_SUMS else 1
+
+
+def word_dot(builder, words, weights, x):  # type: ignore[no-untyped-def]
+    """words (32 int16 pair sums, as <16 x i32>; None: zero) + vpmaddubsw(weights, x)."""
+    _require_byte_dot()
+    pairs = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+
+    def op(w, v):  # type: ignore[no-untyped-def]
+        return builder.bitcast(
+            builder.call(pairs, [builder.bitcast(w, _V32I8), builder.bitcast(v, _V32I8)]), _V8I32
+        )
+
+    total = _joined(
+        builder,
+        *(
+            op(w, v)
+            for w, v in zip(_halves(builder, weights, _V8I32), _halves(builder, x, _V8I32), strict=True)
+        ),
+    )
+    if words is None:
+        return total
+    w16 = ir.VectorType(ir.IntType(16), 32)
+    return builder.bitcast(builder.add(builder.bitcast(words, w16), builder.bitcast(total, w16)), V16I32)
+
+
+def widen_words(builder, acc, words):  # type: ignore[no-untyped-def]
+    """acc + the int16 pair sums in words added pairwise into int32 lanes (vpmaddwd by 1)."""
+    ones = ir.Constant(_V16I16, [1] * 16)
+    pairs = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    return _on_halves(
+        builder,
+        lambda a, w: builder.add(a, builder.call(pairs, [builder.bitcast(w, _V16I16), ones])),
+        acc,
+        words,
+    )
+
+
+def dot_signed(builder, acc, weights, x):  # type: ignore[no-untyped-def]
+    """dot_unsigned with signed weight bytes, on AVX2: |w| times x with w's sign (vpsignb)."""
+    assert not SIGNED_BY_OFFSET, "VNNI levels offset signed weights by 128 (SIGNED_BY_OFFSET)"
+    sign = _function(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
+    absolute = _function(builder, "llvm.abs.v32i8", _V32I8, [_V32I8, ir.IntType(1)])
+
+    def op(a, w, v):  # type: ignore[no-untyped-def]
+        w8, v8 = builder.bitcast(w, _V32I8), builder.bitcast(v, _V32I8)
+        magnitude = builder.call(absolute, [w8, ir.Constant(ir.IntType(1), 0)])
+        return _pmaddubsw_sum(builder, a, magnitude, builder.call(sign, [v8, w8]))
+
+    return _on_halves(builder, op, acc, weights, x)
+
+
+def dot_pairs(builder, acc, weights, x):  # type: ignore[no-untyped-def]
+    """acc + per lane w_low * x_low + w_high * x_high, each int32 lane two int16 (vpdpwssd)."""
+    _require_byte_dot()
+    if WIDE:
+        return builder.call(
+            _function(builder, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3), [acc, weights, x]
+        )
+    if VNNI:
+        dpwssd = _function(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I32, [_V8I32] * 3)
+        return _on_halves(builder, lambda a, w, v: builder.call(dpwssd, [a, w, v]), acc, weights, x)
+    words = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+
+    def op(a, w, v):  # type: ignore[no-untyped-def]
+        return builder.add(a, builder.call(words, [builder.bitcast(w, _V16I16), builder.bitcast(v, _V16I16)]))
+
+    return _on_halves(builder, op, acc, weights, x)
+
+
+def byte_lookup(builder, table, indices):  # type: ignore[no-untyped-def]
+    """table[index] per byte (64 bytes; the table repeats every 16, indices below 16): vpshufb."""
+    _require_byte_dot()
+    if WIDE:
+        return builder.call(
+            _function(builder, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8] * 2), [table, indices]
+        )
+    pshufb = _function(builder, "llvm.x86.avx2.pshuf.b", _V32I8, [_V32I8] * 2)
+    low, high = (
+        builder.call(pshufb, [t, i])
+        for t, i in zip(_halves(builder, table, _V32I8), _halves(builder, indices, _V32I8), strict=True)
+    )
+    joined = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 64), list(range(64))))
+    return joined

@@ -1,0 +1,61 @@
+"""The kernel and model tests on every x86 level this machine can execute (engine/cpu/isa.py).
+
+This process runs the whole suite on its own level (the best the CPU has, unless LLAMBA_CPU_LEVEL says
+otherwise). Every other level the CPU can execute runs a focused set in a subprocess compiled for that
+level's own target (LLAMBA_CPU_LEVEL sets NUMBA_CPU_NAME and NUMBA_CPU_FEATURES there): every
+quantization type at every tile size against numpy, the byte kernels bitwise against the portable ones,
+every type and architecture against llama.cpp's logits, and two real models end to end (teacher-forced
+logits, batched decoding). A level the CPU cannot execute is skipped, naming the instructions it lacks,
+never reported as passed. The run's summary says which levels were tested (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cpu import isa
+from tests.conftest import LEVELS_TESTED
+
+ROOT = Path(__file__).parent.parent
+FOCUSED = [
+    "tests/test_matmul.py",
+    "tests/test_records.py",
+    "tests/test_chunks.py",
+    "tests/test_quant_models.py",
+    "tests/test_archs.py::test_logits_match_llama_cpp",
+    "tests/test_model.py::test_teacher_forced_numerics_match_llama_cpp",
+    "tests/test_model.py::test_batched_decode_equals_separate_runs",
+]
+OWN = isa.current()
+HOST = isa.probe(*isa.target({}))  # the host CPU's own features, whatever this process targets
+
+
+def level_run(level: isa.Level) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    env[isa.LEVEL_ENV] = level.name
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *FOCUSED]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.mark.parametrize("name", isa.LEVEL_NAMES)
+def test_kernels_and_models_on_each_level(name: str, request: pytest.FixtureRequest) -> None:
+    level = isa.level_named(name)
+    tested = request.config.stash.setdefault(LEVELS_TESTED, {})
+    if level == OWN.level:
+        tested[name] = f"this process (target {OWN.cpu}): the whole suite"
+        return
+    if not level.needs <= HOST:
+        pytest.skip(f"this CPU cannot execute {name}: it lacks {', '.join(sorted(level.needs - HOST))}")
+    run = level_run(level)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
+    assert run.returncode == 0, f"{name}: {summary}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) > 0 and "failed" not in summary, summary
+    assert f"level {name} " in run.stdout, "the subprocess ran another level"
+    tested[name] = f"a subprocess ({summary})"
