@@ -390,27 +390,46 @@ def _dpbusd_quads(
     max_weight let AVX2 add several products in int16 before widening them (simd.word_budget)."""
     xb_array = context.make_array(xb_type)(context, builder, xb)
     dot = simd.dot_signed if signed else simd.dot_unsigned
-    # int16 sums beside the int32 ones for 4 tokens need 32 ymm registers: spilled, prefill ran 0.8x
-    # llama.cpp's (Qwen2.5-Coder pp512, AVX2) against 1.03x without them; decode gained 0.95 -> 1.14x.
-    budget = 1 if signed or n_tok > 2 else simd.word_budget(max_weight)
+    # AVX2 adds the int16 pair sums of `group` consecutive products before one widening: for tiles of 1
+    # and 2 tokens as many as fit (simd.word_budget: Q4_K's whole block), each token's sums live across
+    # the group; for 4 tokens pairs of products, one token at a time. Int16 sums for 4 tokens beside
+    # their int32 ones would take 32 ymm registers: they spilled, and Qwen2.5-Coder's pp512 ran 0.82x
+    # llama.cpp's against 1.03x without them (decode: 0.95x -> 1.14x with them; 2026-12-05,
+    # bench_pairs --interleave, 4 rounds each).
+    budget = 1 if signed else simd.word_budget(max_weight)
+    group = budget if n_tok <= 2 else min(2, budget)
     acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
-    words = [[None, None] for _ in range(n_tok)]
     steps = [(q, part) for q in range(len(quads)) for part in parts]
-    for step, (q, part) in enumerate(steps):
-        for t in range(n_tok):
-            x = _broadcast_at(
-                context, builder, xb_type, xb_array, _plus(builder, row, t), _plus(builder, col, q + 4 * part)
+    # ...and for 4 tokens one 16-row lane after the other: the int32 sums of 4 tokens x 32 rows alone
+    # fill AVX2's 16 ymm registers.
+    for lanes in ((0,), (1,)) if n_tok > 2 and simd.WORD_SUMS else ((0, 1),):
+        for first in range(0, len(steps), group):
+            chunk = steps[first : first + group]
+            chain = (first // group) % chains
+            words = [[None, None] for _ in range(n_tok)]
+            tokens = range(n_tok)
+            order = (
+                [(s, t) for s in chunk for t in tokens]
+                if n_tok <= 2
+                else [(s, t) for t in tokens for s in chunk]
             )
-            chain = step % chains
-            for lane in (0, 1):
-                c = acc[t][lane]
-                if budget == 1:
-                    c[chain] = dot(builder, c[chain], quads[q][lane][part], x)
-                    continue
-                words[t][lane] = simd.word_dot(builder, words[t][lane], quads[q][lane][part], x)
-                if (step + 1) % budget == 0 or step == len(steps) - 1:
-                    c[chain] = simd.widen_words(builder, c[chain], words[t][lane])
-                    words[t][lane] = None
+            for (q, part), t in order:
+                x = _broadcast_at(
+                    context,
+                    builder,
+                    xb_type,
+                    xb_array,
+                    _plus(builder, row, t),
+                    _plus(builder, col, q + 4 * part),
+                )
+                for lane in lanes:
+                    c = acc[t][lane]
+                    if group == 1:
+                        c[chain] = dot(builder, c[chain], quads[q][lane][part], x)
+                        continue
+                    words[t][lane] = simd.word_dot(builder, words[t][lane], quads[q][lane][part], x)
+                    if (q, part) == chunk[-1]:
+                        c[chain] = simd.widen_words(builder, c[chain], words[t][lane])
     return acc
 
 
