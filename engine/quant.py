@@ -25,7 +25,7 @@ Stored layouts (ggml-common.h), per block of `block_size` weights along a row:
 
 In the 32-blocks, byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
 
-`pack_weight` rearranges a matrix for the kernels in engine/cpu/matmul.py. Rows are taken in groups of
+`pack_weight` rearranges a matrix for the kernels in engine/cpu/matmul/. Rows are taken in groups of
 ROWS (32, zero-padded at the end) and every field is stored "row-interleaved": for one group, one block
 and one position inside the block, the values of the 32 rows are contiguous. A kernel then loads the
 same weight position of 32 rows as one vector, multiplies it by one broadcast activation and keeps 32

@@ -2,10 +2,11 @@
 
     .venv/bin/python scripts/ab_matmul.py --rev HEAD~1 --types Q4_K Q8_0 --shape 32768x512 --tokens 8,16,64
 
-The checkout's `engine/cpu/matmul.py` is "this"; the other is that file at git revision --rev (or the
-file --against names), loaded as a second module with its own compiled kernels. Each test packs one
-random matrix (`tests.test_quant.random_blocks`), checks that both give the same output bits (a kernel
-change must not change them; --allow-diff for one that may), then alternates the two --rounds times
+The checkout's `engine/cpu/matmul` package is "this"; the other is engine/cpu/matmul.py at git revision
+--rev (a revision from before that file became the package) or the file --against names, loaded as a
+second module with its own compiled kernels. Each test packs one random matrix
+(`tests.test_quant.random_blocks`), checks that both give the same output bits (a kernel change must
+not change them; --allow-diff for one that may), then alternates the two --rounds times
 and prints the median times and their ratio. Why one process: this VM's speed drifts by 10-25% within
 minutes, so two bench_matmul.py runs cannot tell a 10% change from the drift; alternated calls share
 the drift (Q4 tiles of 8 as two calls of 4: 0.89-0.99x in one process, 0.6-1.7x across runs).

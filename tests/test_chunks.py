@@ -9,8 +9,8 @@ import pytest
 from numba import njit, prange
 
 from engine import quant
-from engine.cpu import matmul as mm
 from engine.cpu.chunks import chunk_starts, take_next
+from engine.cpu.matmul import dispatch
 from engine.cpu.records import pack_weight_for_cpu
 from engine.quant import QType
 from tests.test_matmul import run_matmul
@@ -51,7 +51,7 @@ def test_every_chunk_is_taken_by_exactly_one_thread() -> None:
 def test_chunked_kernels_do_not_depend_on_the_thread_count(qtype: QType) -> None:
     shape = (8176, 2048)  # 256 row groups, the last one padded; 9.7-13.8 MB: chunked
     w = pack_weight_for_cpu(random_blocks(qtype, *shape), qtype, shape)  # repacked where VNNI runs
-    assert mm._chunked(w)
+    assert dispatch._chunked(w)
     x = np.random.default_rng(2).standard_normal((5, shape[1])).astype(np.float32)
     before = numba.get_num_threads()
     try:
@@ -66,6 +66,6 @@ def test_chunked_kernels_do_not_depend_on_the_thread_count(qtype: QType) -> None
 
 
 def test_small_weights_keep_the_static_split() -> None:
-    """Under CHUNKED_MIN_BYTES the counter's atomics cost more than the split loses (matmul.py)."""
+    """Under CHUNKED_MIN_BYTES the counter's atomics cost more than the split loses (matmul/dispatch.py)."""
     shape = (2048, 768)
-    assert not mm._chunked(quant.pack_weight(random_blocks(QType.Q4_K, *shape), QType.Q4_K, shape))
+    assert not dispatch._chunked(quant.pack_weight(random_blocks(QType.Q4_K, *shape), QType.Q4_K, shape))

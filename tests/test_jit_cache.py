@@ -61,7 +61,8 @@ def test_a_change_to_any_kernel_source_recompiles(tmp_path: Path) -> None:
 
 def test_the_digest_covers_the_kernels_and_the_modules_they_import() -> None:
     names = {p.relative_to(REPO).as_posix() for p in jit_cache.kernel_sources()}
-    kernels = {"engine/cpu/matmul.py", "engine/cpu/vecmath.py", "engine/cuda/ops.py", "engine/grammar.py"}
+    kernels = {"engine/cpu/matmul/q4.py", "engine/cpu/vecmath.py", "engine/cuda/ops.py", "engine/grammar.py"}
     assert kernels <= names
     assert {"engine/quant.py", "engine/kv_types.py"} <= names  # constants the kernels compile in
+    assert "engine/cpu/matmul/intrinsics.py" in names  # no kernel of its own: the intrinsics they inline
     assert "engine/scheduler.py" not in names

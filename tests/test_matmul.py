@@ -12,6 +12,7 @@ import pytest
 
 from engine import quant
 from engine.cpu import matmul as mm
+from engine.cpu.matmul import dispatch
 from engine.gguf import GGUFFile
 from engine.quant import QType
 from tests.test_quant import random_blocks
@@ -232,9 +233,9 @@ def test_byte_dot_path_is_bitwise_the_portable_path(qtype: QType, monkeypatch: p
         x = RNG.standard_normal((23, cols)).astype(np.float32)
         x[:3] = np.sign(x[:3])  # rows whose activations all quantize to +-127
         x[-3:] = np.sign(x[-3:])  # the same in the 2- and 1-token tiles
-        monkeypatch.setattr(mm, "BYTE_DOT", True)
+        monkeypatch.setattr(dispatch, "BYTE_DOT", True)
         byte_dot = run_matmul(w, x)
-        monkeypatch.setattr(mm, "BYTE_DOT", False)
+        monkeypatch.setattr(dispatch, "BYTE_DOT", False)
         np.testing.assert_array_equal(byte_dot, run_matmul(w, x))
 
 
@@ -245,7 +246,7 @@ def test_iq4_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> Non
     table lookup per lane, int32 sums) must give the same exact product on the other CPUs."""
     rows, cols = 70, 512
     data = random_blocks(qtype, rows, cols)
-    monkeypatch.setattr(mm, "BYTE_DOT", False)
+    monkeypatch.setattr(dispatch, "BYTE_DOT", False)
     for n_tok in (1, 13):
         x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
         weights = quant.dequantize(data, qtype, (rows, cols))

@@ -10,7 +10,7 @@ get their type's reads without a dequantized copy of the cache:
 
 Quantizing follows ggml's reference (engine/kv_types.py: `quantize_q8_0_reference`) bit for bit: it is
 compiled without fastmath, whose "arcp" would turn amax / 127 into a multiply (a one-ulp change that
-flips roundings, measured in engine/cpu/matmul.py).
+flips roundings, measured in engine/cpu/matmul/tiles.py).
 
 Numba's cache checks the timestamp of a kernel's own file only: after editing this module, clear the
 JIT cache (`rm -rf ~/.cache/llamba/numba`) or the attention kernels keep the old reads.

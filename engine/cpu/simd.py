@@ -1,8 +1,8 @@
 """The integer dot products of the byte kernels, as LLVM IR for the level in use (engine/cpu/isa.py).
 
-The kernels' intrinsics (engine/cpu/matmul.py) work on 512-bit values: 64 weight bytes of 16 rows x 4
-positions as <16 x i32>, times 4 broadcast int8 activations per int32 lane. Each operation here emits
-the level's own instructions for one such value:
+The kernels' intrinsics (engine/cpu/matmul/intrinsics.py) work on 512-bit values: 64 weight bytes of
+16 rows x 4 positions as <16 x i32>, times 4 broadcast int8 activations per int32 lane. Each operation
+here emits the level's own instructions for one such value:
 
 | operation | avx512-vnni | avx-vnni (2 ymm) | avx2 (2 ymm) |
 | --- | --- | --- | --- |
