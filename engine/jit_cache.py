@@ -29,7 +29,7 @@ from numba.core.caching import _CacheLocator, _SourceFileBackedLocatorMixin
 ENGINE = Path(__file__).resolve().parent
 ROOT = ENGINE.parent  # the checkout, or site-packages for an installed wheel
 KERNEL_MARKERS = re.compile(rb"@(?:numba\.)?(?:njit|cuda\.jit)\b|\bnjit\(")
-ENGINE_IMPORT = re.compile(rb"^from (engine(?:\.\w+)*) import", re.MULTILINE)
+ENGINE_IMPORT = re.compile(rb"^from (engine(?:\.\w+)*) import \(?([\w, ]*)", re.MULTILINE)
 
 
 def _module_file(module: str) -> Path | None:
@@ -40,16 +40,28 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
+def _imported(source: Path) -> set[Path]:
+    """The engine modules a file imports: `from engine.x import y` is engine/x (its module or package)
+    and engine/x/y.py where y is a module (`from engine.cpu import simd`)."""
+    found = set()
+    for module, names in ENGINE_IMPORT.findall(source.read_bytes()):
+        candidates = [module.decode()] + [
+            f"{module.decode()}.{n.strip()}" for n in names.decode().split(",") if n.strip()
+        ]
+        found |= {path for name in candidates if (path := _module_file(name)) is not None}
+    return found
+
+
 def kernel_sources(engine: Path = ENGINE) -> list[Path]:
-    """The engine's kernel files and every engine module one of them imports, sorted."""
-    kernels = [p for p in engine.rglob("*.py") if KERNEL_MARKERS.search(p.read_bytes())]
-    imported = {
-        found
-        for p in kernels
-        for module in ENGINE_IMPORT.findall(p.read_bytes())
-        if (found := _module_file(module.decode())) is not None
-    }
-    return sorted(set(kernels) | imported)
+    """The engine's kernel files and every engine module they import, directly or through each other
+    (the byte kernels' IR comes from engine/cpu/simd.py through engine/cpu/matmul/intrinsics.py)."""
+    kernels = {p for p in engine.rglob("*.py") if KERNEL_MARKERS.search(p.read_bytes())}
+    seen, todo = set(kernels), list(kernels)
+    while todo:
+        for path in _imported(todo.pop()) - seen:
+            seen.add(path)
+            todo.append(path)
+    return sorted(seen)
 
 
 @functools.cache

@@ -59,3 +59,31 @@ def test_kernels_and_models_on_each_level(name: str, request: pytest.FixtureRequ
     assert passed and int(passed.group(1)) > 0 and "failed" not in summary, summary
     assert f"level {name} " in run.stdout, "the subprocess ran another level"
     tested[name] = f"a subprocess ({summary})"
+
+
+def test_the_levels_with_fma_give_the_same_products_to_the_bit() -> None:
+    """Every level sums the same integers; those that contract the float scaling into FMAs alike (all but
+    portable) must give bitwise the same products of every type at every tile size (tests/level_products.py,
+    run per level in a subprocess so that each compiles for its own target)."""
+    levels = [level for level in isa.LEVELS if "fma" in level.needs and level.needs <= HOST]
+    if len(levels) < 2:
+        pytest.skip(
+            f"one level with FMA here ({', '.join(level.name for level in levels)}): nothing to compare"
+        )
+    digests = {}
+    for level in levels:
+        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+        env[isa.LEVEL_ENV] = level.name
+        run = subprocess.run(
+            [sys.executable, "-m", "tests.level_products"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        digests[level.name] = run.stdout
+    first = levels[0].name
+    for name, products in digests.items():
+        assert products == digests[first], f"{name} differs from {first}:\n{products}\n{digests[first]}"

@@ -65,4 +65,5 @@ def test_the_digest_covers_the_kernels_and_the_modules_they_import() -> None:
     assert kernels <= names
     assert {"engine/quant.py", "engine/kv_types.py"} <= names  # constants the kernels compile in
     assert "engine/cpu/matmul/intrinsics.py" in names  # no kernel of its own: the intrinsics they inline
+    assert {"engine/cpu/simd.py", "engine/cpu/isa.py"} <= names  # the level's instructions, through it
     assert "engine/scheduler.py" not in names
