@@ -94,17 +94,22 @@ def _pmaddubsw_sum(builder, acc, weights, x):  # type: ignore[no-untyped-def]
     return builder.add(acc, builder.call(words, [builder.call(pairs, [w8, x8]), ones]))
 
 
+def _vnni(builder, name: str, acc, weights, x):  # type: ignore[no-untyped-def]
+    """VNNI's instruction `name` (vpdpbusd, vpdpwssd) on 512 bits, or on each 256-bit half (AVX-VNNI)."""
+    if WIDE:
+        return builder.call(
+            _function(builder, f"llvm.x86.avx512.{name}.512", V16I32, [V16I32] * 3), [acc, weights, x]
+        )
+    half = _function(builder, f"llvm.x86.avx512.{name}.256", _V8I32, [_V8I32] * 3)
+    return _on_halves(builder, lambda a, w, v: builder.call(half, [a, w, v]), acc, weights, x)
+
+
 def dot_unsigned(builder, acc, weights, x):  # type: ignore[no-untyped-def]
     """acc (16 int32) + per lane the sum of 4 products of weight bytes (unsigned; below 128 unless
     VNNI) and activation bytes (signed)."""
     _require_byte_dot()
-    if WIDE:
-        return builder.call(
-            _function(builder, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3), [acc, weights, x]
-        )
     if VNNI:
-        dpbusd = _function(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32] * 3)
-        return _on_halves(builder, lambda a, w, v: builder.call(dpbusd, [a, w, v]), acc, weights, x)
+        return _vnni(builder, "vpdpbusd", acc, weights, x)
     return _on_halves(builder, lambda a, w, v: _pmaddubsw_sum(builder, a, w, v), acc, weights, x)
 
 
@@ -172,13 +177,8 @@ def dot_signed(builder, acc, weights, x):  # type: ignore[no-untyped-def]
 def dot_pairs(builder, acc, weights, x):  # type: ignore[no-untyped-def]
     """acc + per lane w_low * x_low + w_high * x_high, each int32 lane two int16 (vpdpwssd)."""
     _require_byte_dot()
-    if WIDE:
-        return builder.call(
-            _function(builder, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3), [acc, weights, x]
-        )
     if VNNI:
-        dpwssd = _function(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I32, [_V8I32] * 3)
-        return _on_halves(builder, lambda a, w, v: builder.call(dpwssd, [a, w, v]), acc, weights, x)
+        return _vnni(builder, "vpdpwssd", acc, weights, x)
     words = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
 
     def op(a, w, v):  # type: ignore[no-untyped-def]
