@@ -3,9 +3,10 @@
     LLAMBA_CPU_LEVEL=avx2 .venv/bin/python -m tests.level_products
 
 Prints one line per type with byte dot-product kernels: its name and the sha256 of the float32 outputs
-of a fixed random matrix times fixed activations of 1-13 tokens (every tile size and their mixes). tests/test_cpu_levels.py runs it on
-every level the machine executes and compares: the levels' integer sums are the same, so on levels
-that contract the float scaling alike (FMA: avx2 and up) the products must be the same bits.
+of a fixed random matrix times fixed activations of 1-13 tokens (every tile size and their mixes).
+tests/test_cpu_levels.py runs it on every level the machine executes and compares: the levels' integer
+sums are the same, so on levels that contract the float scaling alike (FMA: avx2 and up) the products
+must be the same bits.
 """
 
 from __future__ import annotations
