@@ -33,14 +33,16 @@ FOCUSED = [
     "tests/test_model.py::test_batched_decode_equals_separate_runs",
 ]
 OWN = isa.current()
-HOST = isa.probe(*isa.target({}))  # the host CPU's own features, whatever this process targets
+HOST = isa.host_features()
 
 
-def level_run(level: isa.Level) -> subprocess.CompletedProcess[str]:
+def run_on_level(level: isa.Level, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python args` compiled for the level (LLAMBA_CPU_LEVEL; this process's NUMBA_CPU_* dropped)."""
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
     env[isa.LEVEL_ENV] = level.name
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *FOCUSED]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=2700)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=2700
+    )
 
 
 # A cold JIT cache compiles the focused set's kernels for the level first: minutes beyond the suite's
@@ -55,7 +57,7 @@ def test_kernels_and_models_on_each_level(name: str, request: pytest.FixtureRequ
         return
     if not level.needs <= HOST:
         pytest.skip(f"this CPU cannot execute {name}: it lacks {', '.join(sorted(level.needs - HOST))}")
-    run = level_run(level)
+    run = run_on_level(level, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *FOCUSED)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, f"{name}: {summary}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
     passed = re.search(r"(\d+) passed", summary)
@@ -76,18 +78,48 @@ def test_the_levels_with_fma_give_the_same_products_to_the_bit() -> None:
         )
     digests = {}
     for level in levels:
-        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
-        env[isa.LEVEL_ENV] = level.name
-        run = subprocess.run(
-            [sys.executable, "-m", "tests.level_products"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=2700,
-        )
+        run = run_on_level(level, "-m", "tests.level_products")
         assert run.returncode == 0, run.stderr[-3000:]
         digests[level.name] = run.stdout
     first = levels[0].name
     for name, products in digests.items():
         assert products == digests[first], f"{name} differs from {first}:\n{products}\n{digests[first]}"
+
+
+PROGRAMS = {
+    "llamba-server": ["-m", "server", "-m", "smollm2", "--port", "0"],
+    "llamba-bench": ["-c", "from cli.bench import main; raise SystemExit(main(['-p', '8', '-n', '0']))"],
+}
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ({isa.LEVEL_ENV: "avx1024"}, "is no level"),
+        ({"NUMBA_CPU_NAME": "sapphirerapids"}, "which this CPU"),  # AVX-512 VNNI and AVX-VNNI both
+        ({isa.LEVEL_ENV: "avx2", "NUMBA_CPU_NAME": "haswell"}, "set one or the other"),
+    ],
+)
+def test_a_target_the_cpu_cannot_run_stops_at_start_in_one_line(
+    program: str, setting: dict, says: str
+) -> None:
+    cpu = setting.get("NUMBA_CPU_NAME")
+    if cpu and isa.LEVEL_ENV not in setting and isa.probe(cpu, "") <= HOST:
+        pytest.skip(f"this CPU runs {cpu}'s target")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", isa.LEVEL_ENV)
+    }
+    run = subprocess.run(
+        [sys.executable, *PROGRAMS[program]],
+        cwd=ROOT,
+        env=env | setting,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"{program}: error: ") and says in lines[0], lines[0]

@@ -57,6 +57,10 @@ def chains(wanted: int) -> int:
     return max(1, wanted // 2) if VNNI else 1
 
 
+def _splat_zero():  # type: ignore[no-untyped-def]
+    return ir.Constant(V16I32, [0] * 16)
+
+
 def _function(builder, name: str, result, args):  # type: ignore[no-untyped-def]
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, args), name)
 
@@ -85,13 +89,28 @@ def _on_halves(builder, op, acc, *values):  # type: ignore[no-untyped-def]
     return _joined(builder, *(op(*part) for part in parts))
 
 
+def _pmaddubsw(builder, weights, x):  # type: ignore[no-untyped-def]
+    """The 16 int16 sums of pairs of u8 weights times s8 x, on 256 bits (AVX2), as <8 x i32>."""
+    pairs = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    return builder.bitcast(
+        builder.call(pairs, [builder.bitcast(weights, _V32I8), builder.bitcast(x, _V32I8)]), _V8I32
+    )
+
+
+def _pmaddwd_add(builder, acc, words, other):  # type: ignore[no-untyped-def]
+    """acc + the int16 products words x other added pairwise into int32 lanes, on 256 bits (AVX2)."""
+    madd = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    return builder.add(
+        acc, builder.call(madd, [builder.bitcast(words, _V16I16), builder.bitcast(other, _V16I16)])
+    )
+
+
+_ONES16 = ir.Constant(_V16I16, [1] * 16)
+
+
 def _pmaddubsw_sum(builder, acc, weights, x):  # type: ignore[no-untyped-def]
     """acc + the 4 products a lane of u8 weights and s8 x, on 256 bits (AVX2)."""
-    pairs = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
-    words = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
-    w8, x8 = (builder.bitcast(v, _V32I8) for v in (weights, x))
-    ones = ir.Constant(_V16I16, [1] * 16)
-    return builder.add(acc, builder.call(words, [builder.call(pairs, [w8, x8]), ones]))
+    return _pmaddwd_add(builder, acc, _pmaddubsw(builder, weights, x), _ONES16)
 
 
 def _vnni(builder, name: str, acc, weights, x):  # type: ignore[no-untyped-def]
@@ -128,40 +147,25 @@ def word_budget(max_weight: int) -> int:
 def word_dot(builder, words, weights, x):  # type: ignore[no-untyped-def]
     """words (32 int16 pair sums, as <16 x i32>; None: zero) + vpmaddubsw(weights, x)."""
     _require_byte_dot()
-    pairs = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    words = _splat_zero() if words is None else words
 
-    def op(w, v):  # type: ignore[no-untyped-def]
-        return builder.bitcast(
-            builder.call(pairs, [builder.bitcast(w, _V32I8), builder.bitcast(v, _V32I8)]), _V8I32
+    def op(w16, w, v):  # type: ignore[no-untyped-def]
+        total = builder.add(
+            builder.bitcast(w16, _V16I16), builder.bitcast(_pmaddubsw(builder, w, v), _V16I16)
         )
+        return builder.bitcast(total, _V8I32)
 
-    total = _joined(
-        builder,
-        *(
-            op(w, v)
-            for w, v in zip(_halves(builder, weights, _V8I32), _halves(builder, x, _V8I32), strict=True)
-        ),
-    )
-    if words is None:
-        return total
-    w16 = ir.VectorType(ir.IntType(16), 32)
-    return builder.bitcast(builder.add(builder.bitcast(words, w16), builder.bitcast(total, w16)), V16I32)
+    return _on_halves(builder, op, words, weights, x)
 
 
 def widen_words(builder, acc, words):  # type: ignore[no-untyped-def]
     """acc + the int16 pair sums in words added pairwise into int32 lanes (vpmaddwd by 1)."""
-    ones = ir.Constant(_V16I16, [1] * 16)
-    pairs = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
-    return _on_halves(
-        builder,
-        lambda a, w: builder.add(a, builder.call(pairs, [builder.bitcast(w, _V16I16), ones])),
-        acc,
-        words,
-    )
+    return _on_halves(builder, lambda a, w: _pmaddwd_add(builder, a, w, _ONES16), acc, words)
 
 
 def dot_signed(builder, acc, weights, x):  # type: ignore[no-untyped-def]
     """dot_unsigned with signed weight bytes, on AVX2: |w| times x with w's sign (vpsignb)."""
+    _require_byte_dot()
     assert not SIGNED_BY_OFFSET, "VNNI levels offset signed weights by 128 (SIGNED_BY_OFFSET)"
     sign = _function(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
     absolute = _function(builder, "llvm.abs.v32i8", _V32I8, [_V32I8, ir.IntType(1)])
@@ -179,12 +183,7 @@ def dot_pairs(builder, acc, weights, x):  # type: ignore[no-untyped-def]
     _require_byte_dot()
     if VNNI:
         return _vnni(builder, "vpdpwssd", acc, weights, x)
-    words = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
-
-    def op(a, w, v):  # type: ignore[no-untyped-def]
-        return builder.add(a, builder.call(words, [builder.bitcast(w, _V16I16), builder.bitcast(v, _V16I16)]))
-
-    return _on_halves(builder, op, acc, weights, x)
+    return _on_halves(builder, lambda a, w, v: _pmaddwd_add(builder, a, w, v), acc, weights, x)
 
 
 def byte_lookup(builder, table, indices):  # type: ignore[no-untyped-def]
@@ -199,5 +198,4 @@ def byte_lookup(builder, table, indices):  # type: ignore[no-untyped-def]
         builder.call(pshufb, [t, i])
         for t, i in zip(_halves(builder, table, _V32I8), _halves(builder, indices, _V32I8), strict=True)
     )
-    joined = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 64), list(range(64))))
-    return joined
+    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 64), list(range(64))))

@@ -283,28 +283,27 @@ def _dpbusd_quads(
     max_weight let AVX2 add several products in int16 before widening them (simd.word_budget)."""
     xb_array = context.make_array(xb_type)(context, builder, xb)
     dot = simd.dot_signed if signed else simd.dot_unsigned
-    # AVX2 adds the int16 pair sums of `group` consecutive products before one widening: for tiles of 1
-    # and 2 tokens as many as fit (simd.word_budget: Q4_K's whole block), each token's sums live across
-    # the group; for 4 tokens pairs of products, one token at a time. Int16 sums for 4 tokens beside
-    # their int32 ones would take 32 ymm registers: they spilled, and Qwen2.5-Coder's pp512 ran 0.82x
-    # llama.cpp's against 1.03x without them (decode: 0.95x -> 1.14x with them; 2026-12-05,
-    # bench_pairs --interleave, 4 rounds each).
+    # The products go in chunks, each widened once:
+    # - VNNI (and AVX2's signed weights) accumulate every product in place: a chunk is a quad's parts,
+    #   taken per token, the order the VNNI tiles were measured in (with the parts outermost, Q4_1's 8-
+    #   and 64-token tiles took 1.10-1.13x the time, scripts/ab_matmul.py).
+    # - AVX2 adds the int16 pair sums of a chunk before one widening: in tiles of 1 and 2 tokens as many
+    #   as fit (simd.word_budget: Q4_K's whole block), each token's sums live across the chunk; in tiles
+    #   of 4, pairs of products, one token and one 16-row lane at a time, since the int32 sums of 4 tokens
+    #   x 32 rows alone fill the 16 ymm registers. Int16 sums for 4 tokens beside them spilled: Qwen2.5-
+    #   Coder's pp512 ran 0.82x llama.cpp's against 1.03x without them (decode: 0.95x -> 1.14x with them;
+    #   2026-12-05, bench_pairs --interleave, 4 rounds each).
     budget = 1 if signed else simd.word_budget(max_weight)
     group = budget if n_tok <= 2 else min(2, budget)
     acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
     steps = [(q, part) for q in range(len(quads)) for part in parts]
-    # ...and for 4 tokens one 16-row lane after the other: the int32 sums of 4 tokens x 32 rows alone
-    # fill AVX2's 16 ymm registers.
-    # One product per widening (VNNI, which accumulates in place; AVX2's signed weights): a quad's parts
-    # per token, the order the VNNI tiles were measured in (with the parts outermost, Q4_1's 8- and
-    # 64-token tiles took 1.10-1.13x the time, scripts/ab_matmul.py).
     size = group if group > 1 else len(parts)
+    steps_outer = group > 1 and n_tok <= 2
     for lanes in ((0,), (1,)) if n_tok > 2 and simd.WORD_SUMS else ((0, 1),):
         for first in range(0, len(steps), size):
             chunk = list(enumerate(steps[first : first + size], first))
             words = [[None, None] for _ in range(n_tok)]
             tokens = range(n_tok)
-            steps_outer = group > 1 and n_tok <= 2
             order = (
                 [(s, t) for s in chunk for t in tokens]
                 if steps_outer
