@@ -24,7 +24,7 @@ class RequestHandle:
     def push(self, event: TokenEvent) -> None:
         """Called on the engine thread: the event is queued on the loop, never blocking either side."""
         if event.finish_reason is not None:
-            self.ended = True  # a bool store: atomic under the GIL, read by server/admission.py
+            self.ended = True  # a bool store: atomic under the GIL, read by server/model/admission.py
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:

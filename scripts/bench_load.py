@@ -103,7 +103,7 @@ def last_timings(raw: bytes) -> dict[str, Any] | None:
 
 def stream_ended(raw: bytes) -> bool:
     """A stream ends with [DONE] or with an error event (`data: {"error": ...}` on OpenAI's routes and
-    the native ones, server/sse.py; Anthropic's `event: error`)."""
+    the native ones, server/http/sse.py; Anthropic's `event: error`)."""
     tail = raw.rstrip().rsplit(b"\n\n", 1)[-1]
     return tail.startswith(DONE) or b'"error"' in tail
 

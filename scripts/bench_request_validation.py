@@ -22,10 +22,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server.schemas import ChatCompletionRequest  # noqa: E402
-from server.schemas_anthropic import MessagesRequest  # noqa: E402
-from server.schemas_responses import ResponsesRequest  # noqa: E402
-from server.schemas_tools import schema_problem  # noqa: E402
+from server.apis.anthropic.schemas import MessagesRequest  # noqa: E402
+from server.apis.responses.schemas import ResponsesRequest  # noqa: E402
+from server.chat.schemas import ChatCompletionRequest  # noqa: E402
+from server.chat.tool_schemas import schema_problem  # noqa: E402
 
 
 def tool_schema(i: int) -> dict[str, Any]:

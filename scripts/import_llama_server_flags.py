@@ -1,4 +1,4 @@
-"""Write server/llama_server_flags.py from llama-server's README (tools/server/README.md).
+"""Write server/config/llama_server_flags.py from llama-server's README (tools/server/README.md).
 
 Each row of the README's option tables becomes a `LlamaServerFlag` with its Llamba status: implemented
 (the parser knows a form of it), ignored (accepted with one warning line that names it and says what
@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.cli import ALWAYS_ON, build_parser  # noqa: E402
-from server.env_args import split_switch  # noqa: E402
+from server.config.cli import ALWAYS_ON, build_parser  # noqa: E402
+from server.config.env_args import split_switch  # noqa: E402
 
 HUB = "not applied: Llamba has no model hub; it serves -m, or its known models (a router) without it"
 OUTPUT = "not applied: Llamba does not implement it, so outputs differ from llama-server's with it"

@@ -14,14 +14,14 @@ from quart import Quart
 
 from engine.cpu import isa
 from engine.model_files import ModelFetchError, resolve
-from server import logs
+from server.agents.routes import MANAGER_KEY as MCP_KEY
 from server.app import create_app
-from server.cli import NO_EFFECT, parse_settings
-from server.routes.tools import MANAGER_KEY as MCP_KEY
-from server.service import EXTENSION_KEY as SERVICE_KEY
-from server.serving import hypercorn_config, served
-from server.sessions import SESSIONS_KEY
-from server.stream_journal import JournalError
+from server.config.cli import NO_EFFECT, parse_settings
+from server.http import logs
+from server.http.serving import hypercorn_config, served
+from server.model.service import EXTENSION_KEY as SERVICE_KEY
+from server.streams.journal import JournalError
+from server.streams.sessions import SESSIONS_KEY
 
 log = structlog.get_logger("server")
 

@@ -10,39 +10,35 @@ import anyio
 import structlog
 from quart import Quart
 
-from server import sse
-from server.auth import install_auth
+from server.agents import cors_proxy
+from server.agents import routes as tools
+from server.agents.toolbox import Toolbox
+from server.apis import webui
+from server.apis.anthropic import routes as anthropic
+from server.apis.embeddings import routes as embeddings
+from server.apis.native import control, metrics, slots
+from server.apis.native import routes as native
+from server.apis.openai import routes as openai
+from server.apis.openapi import routes as openapi
+from server.apis.responses import routes as responses
+from server.apis.responses.runs import STATE_KEY as RESPONSES_KEY
+from server.apis.responses.runs import ResponsesState
+from server.apis.responses.store import ResponseStore
 from server.builtin_tools import BuiltinTools, ToolContext
-from server.cli import Settings
-from server.cors import install_cors
-from server.error_handlers import install_error_handlers
-from server.limits import LIMITS_KEY
+from server.config.cli import Settings
+from server.http import sse
+from server.http.auth import install_auth
+from server.http.cors import install_cors
+from server.http.error_handlers import install_error_handlers
+from server.http.limits import LIMITS_KEY
+from server.http.request_body import check_headers, read_whole_body
 from server.mcp import McpManager
-from server.request_body import check_headers, read_whole_body
-from server.response_runs import STATE_KEY as RESPONSES_KEY
-from server.response_runs import ResponsesState
-from server.responses_store import ResponseStore
-from server.routes import (
-    anthropic,
-    control,
-    cors_proxy,
-    embeddings,
-    metrics,
-    native,
-    openai,
-    openapi,
-    responses,
-    slots,
-    stream,
-    tools,
-    webui,
-)
-from server.service import EXTENSION_KEY, ModelService
-from server.sessions import SESSIONS_KEY, SessionLimits, SessionStore
-from server.sleep import IdleSleeper
-from server.stream_journal import JournalDir, Recipe
-from server.stream_resume import Regenerator, RestoreContext, restore_sessions
-from server.toolbox import Toolbox
+from server.model.service import EXTENSION_KEY, ModelService
+from server.model.sleep import IdleSleeper
+from server.streams import routes as stream
+from server.streams.journal import JournalDir, Recipe
+from server.streams.resume import Regenerator, RestoreContext, restore_sessions
+from server.streams.sessions import SESSIONS_KEY, SessionLimits, SessionStore
 
 log = structlog.get_logger("server")
 
@@ -90,7 +86,8 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
 
 
 def _install_sleep(app: Quart, service: ModelService, idle_seconds: float) -> None:
-    """--sleep-idle-seconds: the middleware that wakes the model, and its idle watch (server/sleep.py)."""
+    """--sleep-idle-seconds: the middleware that wakes the model, and its idle watch
+    (server/model/sleep.py)."""
     sleeper = IdleSleeper(app.asgi_app, service, idle_seconds)
     app.asgi_app = sleeper  # type: ignore[method-assign]
 

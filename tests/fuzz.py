@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from server.openapi import ROUTES
+from server.apis.openapi.document import ROUTES
 
 HANG_S = 60.0  # a reply (or, for a stream, its first bytes) later than this is a hang
 STREAM_BYTES = 4096  # of a 200 stream, this much is read, then the client goes away

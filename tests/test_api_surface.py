@@ -1,4 +1,4 @@
-"""server/api_surface.py's route rows match the routes the apps register (docs/compatibility.md, made
+"""server/apis/openapi/surface.py's route rows match the routes the apps register (docs/compatibility.md, made
 from them, is checked current in tests/test_llama_server_flags.py), and field statuses follow the
 schemas."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from quart import Quart
 
-from server.api_surface import BODIES, MCP, PROXY, ROUTER, ROUTES, SERVER, field_status
+from server.apis.openapi.surface import BODIES, MCP, PROXY, ROUTER, ROUTES, SERVER, field_status
 from server.app import create_app
-from server.cli import parse_settings
+from server.config.cli import parse_settings
 from server.mcp.config import McpServerConfig
 from server.router.app import create_router_app
 from server.router.catalogue import build_catalogue
@@ -53,7 +53,7 @@ def test_every_registered_route_has_a_row(apps: dict[str, set[tuple[str, str]]])
     rows = {(mode, route.method, route.path) for route in ROUTES for mode in (route.mode, *modes)}
     for mode, registered in apps.items():
         missing = {(m, p) for m, p in registered if (mode, m, p) not in rows}
-        assert not missing, f"routes of the {mode} without a row in server/api_surface.py: {missing}"
+        assert not missing, f"routes of the {mode} without a row in server/apis/openapi/surface.py: {missing}"
 
 
 def test_field_statuses_follow_the_schemas() -> None:

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from server.cli import parse_settings
 from server.cluster.placement import DOWN, READY, Replica, place
-from server.cluster.prefixes import BLOCK_TOKENS, block_hashes, matched_blocks, summary_hashes
+from server.config.cli import parse_settings
+from server.model.prefixes import BLOCK_TOKENS, block_hashes, matched_blocks, summary_hashes
 
 
 def test_block_hashes_chain_whole_blocks_only() -> None:

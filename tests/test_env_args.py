@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from server.cli import ALWAYS_ON, IGNORED_FLAGS, Settings, build_parser, parse_settings
-from server.env_args import env_rows
-from server.llama_server_flags import FLAGS
-from server.print_and_exit import CacheList, CompletionBash
+from server.config.cli import ALWAYS_ON, IGNORED_FLAGS, Settings, build_parser, parse_settings
+from server.config.env_args import env_rows
+from server.config.llama_server_flags import FLAGS
+from server.config.print_and_exit import CacheList, CompletionBash
 from server.router.child import ROUTER_ONLY_ENV, inherited_environ
 from server.router.main import ROUTER_ONLY_FLAGS
 from tests.server_process import ServerProcess

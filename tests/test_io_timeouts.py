@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from server.io_timeouts import BUFFERED, IoTimeouts
+from server.http.io_timeouts import BUFFERED, IoTimeouts
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from scripts.compatibility_doc import DOC, render
-from server.cli import ALWAYS_ON, build_parser, parse_settings
-from server.llama_server_flags import FLAGS, LlamaServerFlag
+from server.config.cli import ALWAYS_ON, build_parser, parse_settings
+from server.config.llama_server_flags import FLAGS, LlamaServerFlag
 from tests.server_process import ServerProcess
 
 STATUSES = ("implemented", "ignored")

@@ -11,7 +11,7 @@ from pathlib import Path
 RACE = """
 import logging, sys, threading
 import structlog
-from server import logs
+from server.http import logs
 logs.configure("json")
 hypercorn = logging.getLogger("hypercorn.error")
 def progress():

@@ -9,14 +9,14 @@ import re
 import httpx
 from quart import Quart
 
+from server.apis.anthropic.schemas import MessagesRequest
+from server.apis.openapi.document import ROUTER_ROUTES, ROUTES, Route, router_routes
 from server.app import create_app
-from server.cli import Settings
+from server.chat.schemas import ChatCompletionRequest
+from server.config.cli import Settings
 from server.mcp.config import McpServerConfig
-from server.openapi import ROUTER_ROUTES, ROUTES, Route, router_routes
 from server.router.app import create_router_app
 from server.router.catalogue import build_catalogue
-from server.schemas import ChatCompletionRequest
-from server.schemas_anthropic import MessagesRequest
 from tests.fuzz import fuzz_openapi, fuzz_random_bodies, fuzz_resume_offsets
 from tests.server_process import ServerProcess
 

@@ -13,11 +13,11 @@ import pytest
 
 from engine.api import TokenEvent
 from engine.handle import RequestHandle
-from server import errors
-from server.admission import Admission
-from server.limits import RequestLimits
-from server.request_body import nesting_depth, parse_json
-from server.schemas import CompletionRequest
+from server.chat.schemas import CompletionRequest
+from server.http import errors
+from server.http.limits import RequestLimits
+from server.http.request_body import nesting_depth, parse_json
+from server.model.admission import Admission
 from tests.server_process import ServerProcess, wait_until
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
@@ -155,7 +155,7 @@ def test_body_size_is_a_413_and_depth_follows_its_flag(limited_server: ServerPro
 
 
 def test_admission_counts_live_requests_beyond_the_slots() -> None:
-    """server/admission.py over real RequestHandles: a request is live until the engine pushes its
+    """server/model/admission.py over real RequestHandles: a request is live until the engine pushes its
     final event (read or not); live requests beyond the slots are the queue."""
 
     async def scenario() -> None:

@@ -1,4 +1,4 @@
-"""server/response_runs.py's run_events without a server: a response whose generation raises after its
+"""server/apis/responses/runs.py's run_events without a server: a response whose generation raises after its
 first events ends as a failed response, with the Responses API's own events (numbered, `response.failed`
 last) and stored as failed, not as a cut stream or a cancelled response. An engine failure (a failed
 step) takes its own path and is tested over HTTP in tests/test_responses_server.py."""
@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from engine.api import GenerationRequest, TokenEvent
-from server import errors, response_runs
-from server.chat_job import ChatJob
-from server.response_runs import ResponseRun, ResponsesState, RunContext, RunEnd
-from server.responses_store import ResponseStore
+from server.apis.responses import runs as response_runs
+from server.apis.responses.runs import ResponseRun, ResponsesState, RunContext, RunEnd
+from server.apis.responses.store import ResponseStore
+from server.chat.job import ChatJob
+from server.http import errors
 from tests.test_responses_server import sse_events
 
 pytestmark = pytest.mark.anyio

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server.errors import APIError
-from server.sessions import ByteRing, OffsetDropped, Session, SessionLimits, SessionStore
+from server.http.errors import APIError
+from server.streams.sessions import ByteRing, OffsetDropped, Session, SessionLimits, SessionStore
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""server/sse.py's errors_as_events without a server: a stream that fails after its first byte ends with
+"""server/http/sse.py's errors_as_events without a server: a stream that fails after its first byte ends with
 its route's closing error, whatever it raised (the SDKs' reactions on a real server are in
 tests/test_engine_faults_server.py)."""
 
@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server import errors, sse
-from server.routes import anthropic, openai
+from server.apis.anthropic import routes as anthropic
+from server.apis.openai import routes as openai
+from server.http import errors, sse
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from server.errors import APIError
-from server.sessions import SessionLimits, SessionStore
-from server.stream_journal import (
+from server.http.errors import APIError
+from server.streams.journal import (
     DATA,
     END,
     HEADER,
@@ -31,7 +30,7 @@ from server.stream_journal import (
     journal_name,
     read_journal,
 )
-from server.stream_resume import (
+from server.streams.resume import (
     DIVERGED,
     Diverged,
     Regenerator,
@@ -41,6 +40,7 @@ from server.stream_resume import (
     resumed,
     same_event,
 )
+from server.streams.sessions import SessionLimits, SessionStore
 
 HEADER_VALUE = JournalHeader(
     "conv/1: x",

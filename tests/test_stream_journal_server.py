@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.stream_journal import (
+from server.streams.journal import (
     DATA,
     HEADER,
     MAGIC,
@@ -34,7 +34,7 @@ from server.stream_journal import (
     journal_name,
     read_journal,
 )
-from server.stream_resume import DIVERGED, NOT_RESUMABLE
+from server.streams.resume import DIVERGED, NOT_RESUMABLE
 from tests.server_process import REPO, ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow  # three model loads and ~500 generated tokens
@@ -44,7 +44,7 @@ KEY1, KEY2 = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
 N_TOKENS = 96  # with ignore_eos: enough that the kill lands mid-generation
 READ_BEFORE_KILL = 4  # content events each stream's client reads before the kill
 TTL = 3  # seconds: the last restart's --stream-ttl
-ERROR_EVENT = b'data: {"error":'  # a chat stream's closing error event (server/sse.py)
+ERROR_EVENT = b'data: {"error":'  # a chat stream's closing error event (server/http/sse.py)
 
 
 def server(journal: Path, *extra: str) -> ServerProcess:

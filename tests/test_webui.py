@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from server.routes.webui import WEBUI_DIR
+from server.apis.webui import WEBUI_DIR
 from tests.server_process import ServerProcess
 
 PLAIN = {"Accept-Encoding": "identity"}  # httpx asks for gzip by default and would undo it unseen

@@ -22,15 +22,15 @@ import httpx
 import structlog
 from quart import Blueprint, Quart, Response, current_app, request
 
-from server import errors
-from server.auth import install_auth
-from server.cli import Settings
 from server.cluster import metrics as cluster_metrics
 from server.cluster.autoscale import ScalePolicy
 from server.cluster.fleet import Fleet, ReplicaHandle, ReplicaLease
 from server.cluster.placement import Replica, least_loaded
-from server.cluster.prefixes import block_hashes
-from server.error_handlers import install_error_handlers
+from server.config.cli import Settings
+from server.http import errors
+from server.http.auth import install_auth
+from server.http.error_handlers import install_error_handlers
+from server.model.prefixes import block_hashes
 from server.router.catalogue import ModelEntry
 from server.router.conversations import CONVERSATION_HEADER
 from server.router.proxy import client_response, new_client, open_upstream

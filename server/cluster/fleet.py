@@ -32,7 +32,7 @@ import structlog
 from server.cluster.autoscale import DOWN as SCALE_DOWN
 from server.cluster.autoscale import HOLD, UP, Decision, ReplicaLoad, Sample, ScalePolicy
 from server.cluster.placement import DOWN, DRAINING, READY, STARTING, Placement, Replica, place
-from server.cluster.prefixes import HASH_BYTES
+from server.model.prefixes import HASH_BYTES
 
 log = structlog.get_logger("cluster")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.cluster.prefixes import matched_blocks
+from server.model.prefixes import matched_blocks
 
 # A draining replica (autoscaling removes it) takes no new requests but still serves its conversations.
 STARTING, READY, DOWN, DRAINING = "starting", "ready", "down", "draining"

@@ -15,12 +15,14 @@ import anyio
 from pydantic import ValidationError
 from quart import Blueprint, Quart, Response, current_app, request
 
-from server import errors
-from server.auth import install_auth
-from server.cli import Settings
-from server.cors import install_cors
-from server.error_handlers import install_error_handlers
-from server.openapi import ModelName
+from server.apis import webui
+from server.apis.openapi.document import ModelName
+from server.apis.openapi.routes import cached_document
+from server.config.cli import Settings
+from server.http import errors
+from server.http.auth import install_auth
+from server.http.cors import install_cors
+from server.http.error_handlers import install_error_handlers
 from server.router import metrics as router_metrics
 from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
 from server.router.child import Child
@@ -32,8 +34,6 @@ from server.router.proxy import client_response, discard, new_client, open_upstr
 from server.router.reload import reload_catalogue
 from server.router.state import RUNNING, ModelState
 from server.router.upstream import UpstreamClient, UpstreamResponse
-from server.routes import webui
-from server.routes.openapi import cached_document
 
 ROUTER_KEY = "llamba.router"
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -155,7 +155,7 @@ async def model(name: str) -> Any:
 
 
 async def _model_name() -> str:
-    """The body's model name (server/openapi.py's ModelName); 400 naming the field otherwise."""
+    """The body's model name (server/apis/openapi/document.py's ModelName); 400 naming the field otherwise."""
     body = await request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
         raise errors.invalid_request('the body must be JSON: {"model": string}')

@@ -22,7 +22,7 @@ from pathlib import Path
 import structlog
 
 from engine.model_files import ModelSpec, known_names, lookup, models_dir
-from server import errors
+from server.http import errors
 from server.router.child import die_with_parent
 from server.router.pool import ModelPool
 from server.router.state import DOWNLOADING, FAILED, UNLOADED, ModelState

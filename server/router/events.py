@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from server import sse
+from server.http import sse
 
 LISTENER_QUEUE = 256
 

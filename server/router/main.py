@@ -9,10 +9,10 @@ import sys
 import structlog
 from hypercorn.asyncio import serve
 
-from server.cli import Settings
+from server.config.cli import Settings
+from server.http.serving import hypercorn_config, served
 from server.router.app import create_router_app
 from server.router.catalogue import CatalogueError, build_catalogue
-from server.serving import hypercorn_config, served
 
 log = structlog.get_logger("router")
 

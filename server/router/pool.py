@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from server import errors
+from server.http import errors
 from server.router.catalogue import Catalogue
 from server.router.child import Child
 from server.router.events import EventHub

@@ -16,7 +16,7 @@ from typing import Protocol
 import structlog
 from quart import Response
 
-from server import errors
+from server.http import errors
 from server.router.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 log = structlog.get_logger("router")

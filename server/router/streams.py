@@ -14,7 +14,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from server import errors
+from server.http import errors
 from server.router.app import Router, proxy_to, router
 from server.router.conversations import Parked
 from server.router.pool import Lease

@@ -1,0 +1,407 @@
+"""The server-side tool loop: configured MCP servers offered to the model as function tools, the calls it
+makes run by Llamba, their results fed back, and generation continued, round after round, as one request.
+
+A chat (or Responses) request names MCP servers with the Responses API's `mcp` tool (`{"type": "mcp",
+"server_label": ..., "allowed_tools": [...]}`, server/chat/tool_schemas.py). Their tools reach the model
+under the registry's names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools the
+client declared.
+
+- Rounds. Each round is a new engine request (`ModelService.submit`) whose prompt is the previous one
+  plus the model's calls and the tools' results, so the slot's cached prefix (or the host prompt cache)
+  is reused and only the new tail is processed.
+- tool_choice. The client's in the first round; "auto" in the following ones (OpenAI forces a tool only
+  once); in the round after the last allowed one (`--tool-max-rounds`, `max_tool_rounds`) the model may
+  only answer, so a run always ends in an answer: the tools stay in the prompt (its cached prefix still
+  holds) under the format's answer-only grammar (the generic JSON format's `{"response": ...}`), or, for
+  formats without one, they are left out as with tool_choice "none".
+- The end. A round without MCP calls ends the run with its own finish reason. Calls of the client's own
+  function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran.
+- Calls. A Responses request's `max_tool_calls` bounds the MCP calls of the run (`AgentLimits.max_calls`):
+  a call past it is not run (its result says so) and the next round may only answer.
+- Faults. A call that fails, times out, or whose server crashed becomes an error result the model reads
+  (`Error: ...`), never a 5xx.
+- Stop. The run is an async generator driven by the response (or a resumable session): cancelling it
+  (client gone, DELETE /v1/stream) cancels the engine request or the MCP calls in flight, and those send
+  the MCP server `notifications/cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from engine.api import TokenEvent, ToolCall
+from server.agents.toolbox import Tool, Toolbox
+from server.builtin_tools import ToolContext
+from server.chat.generation import Outcome, events_of
+from server.chat.job import ChatJob
+from server.chat.schemas import ChatCompletionRequest, ChatMessage
+from server.chat.tool_schemas import FunctionTool, McpServerTool, NamedToolChoice
+from server.config.cli import Settings
+from server.http import errors
+from server.mcp import ToolResult
+from server.model.service import ModelService
+
+log = structlog.get_logger("agents")
+
+# A tool result longer than this is cut (with a note): one SSE event must stay well inside the resumable
+# stream's ring buffer (4 MiB by default), and the model's context is far smaller anyway.
+MAX_RESULT_CHARS = 256 * 1024
+# (the round's chat request, answer only: the tools stay in the prompt but cannot be called) -> its job
+Prepare = Callable[[ChatCompletionRequest, bool], Awaitable[ChatJob]]
+
+
+# -- the plan: which tools, what limits --------------------------------------------------------------
+@dataclass(frozen=True)
+class AgentLimits:
+    max_rounds: int  # rounds of MCP calls; the round after the last one answers without tools
+    tool_timeout_s: float  # each MCP call (a server's own shorter timeout_ms still applies)
+    max_tokens: int  # tokens generated over all rounds; -1: no limit
+    max_calls: int = -1  # MCP calls over all rounds (the Responses API's max_tool_calls); -1: no limit
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """The MCP tools one request offers the model, by the name it calls them, and its limits."""
+
+    tools: dict[str, Tool]
+    definitions: tuple[FunctionTool, ...]  # the same tools as the function tools the model is shown
+    limits: AgentLimits
+    context: ToolContext | None = None  # the built-in tools' (the request's x-tool-cwd), else the server's
+
+
+def agent_limits(settings: Settings, body: ChatCompletionRequest) -> AgentLimits:
+    """The request's limits under the server's (a request may lower them, never raise them: 400)."""
+    rounds = body.max_tool_rounds or settings.tool_max_rounds
+    if rounds > settings.tool_max_rounds:
+        raise errors.invalid_request(
+            f"'max_tool_rounds': at most {settings.tool_max_rounds} on this server (--tool-max-rounds)"
+        )
+    timeout = body.tool_timeout or settings.tool_timeout
+    if timeout > settings.tool_timeout:
+        raise errors.invalid_request(
+            f"'tool_timeout': at most {settings.tool_timeout:g} s on this server (--tool-timeout)"
+        )
+    asked, cap = body.max_new_tokens(-1), settings.tool_max_tokens
+    if 0 <= cap < asked:
+        raise errors.invalid_request(
+            f"'max_tokens': a tool-loop run may generate at most {cap} tokens here (--tool-max-tokens)"
+        )
+    tokens = asked if asked >= 0 else settings.n_predict
+    if cap >= 0:
+        tokens = cap if tokens < 0 else min(tokens, cap)
+    return AgentLimits(rounds, timeout, tokens)
+
+
+async def agent_plan(
+    mcp: Toolbox | None,
+    settings: Settings,
+    body: ChatCompletionRequest,
+    context: Callable[[], ToolContext | None] = lambda: None,
+) -> AgentPlan | None:
+    """The plan of a request with `mcp` tools (None without): every problem a 4xx before any byte."""
+    servers = body.mcp_tools()
+    if not servers:
+        return None
+    if mcp is None:
+        raise errors.invalid_request(
+            "'tools': mcp tools need MCP servers configured on this server (--mcp-servers-config) or "
+            "built-in tools (--tools)"
+        )
+    await mcp.wait_ready()  # bounded: the start-up warm-up has a timeout
+    tools = {tool.name: tool for spec in servers for tool in offered_tools(mcp, spec)}
+    clash = sorted(tools.keys() & {t.function.name for t in body.function_tools()})
+    if clash:
+        raise errors.invalid_request(f"'tools': function tool {clash[0]!r} has an MCP tool's name")
+    choice = body.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        named = choice.function.name
+        if named not in tools and named not in {t.function.name for t in body.function_tools()}:
+            raise errors.invalid_request(f"'tool_choice' names {named!r}, which is not among the tools")
+    definitions = tuple(d for d in (definition(t) for t in tools.values()) if d is not None)
+    usable = {d.function.name: tools[d.function.name] for d in definitions}
+    return AgentPlan(usable, definitions, agent_limits(settings, body), context())
+
+
+def offered_tools(mcp: Toolbox, spec: McpServerTool) -> list[Tool]:
+    """The tools of one `mcp` entry: its server's, narrowed by allowed_tools."""
+    label = spec.server_label
+    if label not in mcp.server_names():
+        known = ", ".join(mcp.server_names())
+        raise errors.invalid_request(f"'server_label': no MCP server {label!r} here (configured: {known})")
+    if spec.server_url is not None and spec.server_url not in (label, f"mcp://{label}"):
+        raise errors.invalid_request(
+            f"'server_url': only the configured MCP servers can be used; {spec.server_url!r} is not "
+            f"server {label!r} (give its name, or mcp://{label}, or leave server_url out)"
+        )
+    offered = mcp.server_tools(label)
+    if not offered:
+        raise errors.unavailable(f"MCP server {label!r} is not available: it did not start (see the log)")
+    names, read_only = spec.tool_filter()
+    if names is not None:
+        unknown = sorted(names - {t.tool for t in offered} - {t.name for t in offered})
+        if unknown:
+            raise errors.invalid_request(f"'allowed_tools': MCP server {label!r} has no tool {unknown[0]!r}")
+        offered = [t for t in offered if t.tool in names or t.name in names]
+    if read_only:
+        offered = [t for t in offered if t.read_only]
+    if not offered:
+        raise errors.invalid_request(f"'allowed_tools': no tool of MCP server {label!r} is left")
+    return offered
+
+
+def definition(tool: Tool) -> FunctionTool | None:
+    """The tool as a function tool; None (logged) when its input schema is not a valid JSON schema."""
+    try:
+        return FunctionTool.model_validate(tool.to_json()["definition"])
+    except ValidationError as exc:
+        log.warning("agents.tool_skipped", tool=tool.name, reason=str(exc.errors()[0]["msg"]))
+        return None
+
+
+# -- what a run yields besides the engine's token events ---------------------------------------------
+@dataclass(frozen=True)
+class RoundStarted:
+    index: int
+    job: ChatJob
+
+
+@dataclass(frozen=True)
+class ToolExecuted:
+    """One MCP call's outcome, as the model reads it (an error is `Error: ...`, flagged is_error)."""
+
+    call: ToolCall
+    content: str
+    is_error: bool
+
+    @classmethod
+    def of(cls, call: ToolCall, result: ToolResult) -> ToolExecuted:
+        text = f"Error: {result.error}" if result.error is not None else result.text or ""
+        if len(text) > MAX_RESULT_CHARS:
+            text = text[:MAX_RESULT_CHARS] + f"\n[cut: the result had {len(text)} characters]"
+        return cls(call, text, result.error is not None)
+
+    def message(self) -> dict[str, Any]:
+        """The `tool` message added to the conversation (and reported to the client)."""
+        return {
+            "role": "tool",
+            "tool_call_id": self.call.id,
+            "name": self.call.name,
+            "content": self.content,
+            "is_error": self.is_error,
+        }
+
+
+AgentEvent = TokenEvent | RoundStarted | ToolExecuted
+
+
+@dataclass
+class Round:
+    job: ChatJob
+    index_offset: int  # tool-call indices run on across a run's rounds: each call has its own
+    outcome: Outcome = field(default_factory=Outcome)
+    executed: bool = False  # its MCP calls ran (it is then part of the intermediate messages)
+
+    def shifted(self, event: TokenEvent) -> TokenEvent:
+        if not event.tool_calls or not self.index_offset:
+            return event
+        steps = tuple(replace(s, index=s.index + self.index_offset) for s in event.tool_calls)
+        return replace(event, tool_calls=steps)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+class AgentRun:
+    """One request's tool loop. `start()` prepares the first round (its 4xx come before any byte);
+    `events()` runs the rounds; then `finish_reason`, `messages`, `final_outcome()` and `usage()` tell
+    what happened."""
+
+    def __init__(
+        self,
+        svc: ModelService,
+        body: ChatCompletionRequest,
+        plan: AgentPlan,
+        mcp: Toolbox,
+        prepare: Prepare,
+    ) -> None:
+        self.svc, self.body, self.plan, self.mcp, self.prepare = svc, body, plan, mcp, prepare
+        self.rounds: list[Round] = []
+        self.messages: list[dict[str, Any]] = []  # what the run added before its final message
+        self.finish_reason = "stop"
+        self.error: errors.APIError | None = None  # a later round could not be prepared
+        self._first: ChatJob | None = None
+        self._client_calls: list[ToolCall] = []
+
+    async def start(self) -> ChatJob:
+        self._first = await self.prepare(self.round_body(0), self.answer_only(0))
+        return self._first
+
+    @property
+    def n_generated(self) -> int:
+        return sum(r.outcome.n_generated for r in self.rounds)
+
+    def round_body(self, index: int) -> ChatCompletionRequest:
+        """The chat request of round `index`: the conversation so far, every tool as a function tool,
+        the round's tool_choice, and what is left of the token budget."""
+        budget = self.plan.limits.max_tokens
+        update: dict[str, Any] = {
+            "tools": [*self.body.function_tools(), *self.plan.definitions],
+            "tool_choice": self.round_choice(index),
+            "max_tool_rounds": None,
+            "tool_timeout": None,
+            "max_tokens": budget if budget < 0 else budget - self.n_generated,
+            "max_completion_tokens": None,
+            "n_predict": None,
+        }
+        if index > 0:
+            added = [ChatMessage.model_validate(m) for m in self.messages]
+            update |= {"messages": [*self.body.messages, *added]}
+            update |= {"continue_final_message": None, "add_generation_prompt": None}
+        return self.body.model_copy(update=update)
+
+    def round_choice(self, index: int) -> Any:
+        asked = self.body.tool_choice
+        return asked if index == 0 or asked in (None, "none") else "auto"
+
+    def answer_only(self, index: int) -> bool:
+        calls = self.plan.limits.max_calls
+        return index >= self.plan.limits.max_rounds or 0 <= calls <= self.n_calls
+
+    @property
+    def n_calls(self) -> int:
+        """The MCP calls answered so far (once max_calls are, the next round only answers)."""
+        return sum(1 for m in self.messages if m["role"] == "tool")
+
+    async def events(self) -> AsyncIterator[AgentEvent]:
+        job, index = self._first, 0
+        while job is not None:
+            yield RoundStarted(index, job)
+            current = Round(job, sum(len(r.outcome.tool_calls) for r in self.rounds))
+            self.rounds.append(current)
+            async with contextlib.aclosing(events_of(self.svc, job.request)) as events:
+                async for event in events:
+                    current.outcome.add(event)
+                    yield current.shifted(event)
+            calls = current.outcome.tool_calls
+            mine = [c for c in calls if c.name in self.plan.tools]
+            self.finish_reason = current.outcome.finish_reason
+            if self.finish_reason != "tool_calls" or not mine:
+                self._client_calls = calls
+                return
+            current.executed = True
+            self.messages.append(assistant_message(current.outcome, mine))
+            async with contextlib.aclosing(self.execute(mine)) as results:
+                async for result in results:
+                    self.messages.append(result.message())
+                    yield result
+            self._client_calls = [c for c in calls if c.name not in self.plan.tools]
+            if self._client_calls:  # the client has calls of its own to answer: the run ends here
+                return
+            index += 1
+            job = await self.next_job(index)
+
+    async def next_job(self, index: int) -> ChatJob | None:
+        """The next round, or None when the run must end (its tokens spent, the context full)."""
+        budget = self.plan.limits.max_tokens
+        if budget >= 0 and self.n_generated >= budget:
+            self.finish_reason = "length"
+            return None
+        try:
+            return await self.prepare(self.round_body(index), self.answer_only(index))
+        except errors.APIError as exc:
+            self.finish_reason = "length"
+            if exc.error_type != "exceed_context_size_error":
+                self.error = exc
+            return None
+
+    async def execute(self, calls: list[ToolCall]) -> AsyncIterator[ToolExecuted]:
+        """Run the calls concurrently; their results in call order (a call past max_calls is not run:
+        its result says so). Closing the generator (a stop) cancels the calls still running."""
+        cap = self.plan.limits.max_calls
+        room = len(calls) if cap < 0 else max(0, cap - self.n_calls)
+        tasks = [asyncio.ensure_future(self.call(c)) for c in calls[:room]]
+        tasks += [asyncio.ensure_future(refused(c, cap)) for c in calls[room:]]
+        try:
+            for task in tasks:
+                yield await task
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def call(self, call: ToolCall) -> ToolExecuted:
+        tool = self.plan.tools[call.name]
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            return ToolExecuted.of(call, ToolResult(error="the arguments are not a JSON object"))
+        begin = time.monotonic()
+        try:
+            result = await self.mcp.call(tool, arguments, self.plan.limits.tool_timeout_s, self.plan.context)
+        except Exception as exc:  # never a 5xx: whatever went wrong, the model reads about it
+            log.exception("agents.tool_failed", tool=call.name)
+            result = ToolResult(error=f"tool '{call.name}' failed: {exc}")
+        seconds = round(time.monotonic() - begin, 3)
+        log.info("agents.tool_call", tool=call.name, seconds=seconds, error=result.error)
+        return ToolExecuted.of(call, result)
+
+    # -- what the run produced ------------------------------------------------------------------------
+    def final_outcome(self) -> Outcome:
+        """The final assistant message: the last round's, unless its MCP calls ran (its text and those
+        calls are then intermediate messages): only the client's calls are left."""
+        last = self.rounds[-1]
+        final = last.outcome.final
+        if final is not None:
+            final = replace(final, finish_reason=self.finish_reason)
+        if not last.executed:
+            return replace(last.outcome, final=final)
+        return Outcome(tool_calls=list(self._client_calls), final=final)
+
+    def usage(self) -> dict[str, Any]:
+        """Usage over all rounds: every round's prompt counts, as OpenAI counts a tool loop's input."""
+        n_prompt = sum(r.job.n_prompt for r in self.rounds)
+        timings = [r.outcome.timings for r in self.rounds if r.outcome.timings is not None]
+        return {
+            "completion_tokens": self.n_generated,
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + self.n_generated,
+            "prompt_tokens_details": {"cached_tokens": sum(t.cache_n for t in timings)},
+        }
+
+    def verbose(self) -> list[dict[str, Any]]:
+        """Each round's prompt, text and timings (`verbose` / `__verbose`)."""
+        return [
+            {
+                "prompt": r.job.prompt_text,
+                "content": r.outcome.text,
+                "reasoning_content": r.outcome.reasoning,
+                "tool_calls": [c.to_openai() for c in r.outcome.tool_calls],
+                "timings": r.outcome.timings.as_dict() if r.outcome.timings else None,
+            }
+            for r in self.rounds
+        ]
+
+
+async def refused(call: ToolCall, cap: int) -> ToolExecuted:
+    return ToolExecuted.of(
+        call, ToolResult(error=f"not run: this response may make {cap} tool calls (max_tool_calls)")
+    )
+
+
+def assistant_message(outcome: Outcome, calls: list[ToolCall]) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": outcome.text or None,
+        "tool_calls": [c.to_openai() for c in calls],
+    }
+    if outcome.reasoning:
+        message["reasoning_content"] = outcome.reasoning
+    return message

@@ -1,0 +1,344 @@
+"""Anthropic's Messages API request bodies (pydantic), and their translation into a chat request.
+
+`/v1/messages` and `/v1/messages/count_tokens` validate here (a 400 naming the field, in Anthropic's
+error shape), then `to_chat` turns the body into the `ChatCompletionRequest` the one generation path
+takes: `system` first, text blocks as content, `tool_use` blocks as the assistant's tool calls,
+`tool_result` blocks as tool messages, `thinking` blocks as reasoning; tools, tool_choice,
+stop_sequences, thinking and output_config onto their chat fields.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from server.chat.schemas import ChatCompletionRequest
+from server.chat.tool_schemas import TOOL_NAME, check_schema
+from server.chat.unsupported import llama_extras
+from server.http import errors
+
+# Block types Anthropic defines that carry what this server cannot read or does not run.
+REFUSED_BLOCKS = {
+    "image": "image blocks are not supported: this server's models read text only",
+    "document": "document blocks are not supported: send the document's text in a text block",
+    "search_result": "search_result blocks are not supported: send the result's text in a text block",
+    "redacted_thinking": "redacted_thinking blocks are not supported: they hold Anthropic's encrypted "
+    "reasoning, which no model here can read",
+    "server_tool_use": "server_tool_use blocks are not supported: this server runs no server tools",
+    "web_search_tool_result": "web_search_tool_result blocks are not supported: this server runs no "
+    "server tools",
+    "container_upload": "container_upload blocks are not supported: this server has no code containers",
+}
+
+
+# The chat fields `thinking` sets: with it, an extra field by these names would contradict it.
+THINKING_FIELDS = frozenset({"chat_template_kwargs", "reasoning_budget_tokens"})
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Cached(Strict):
+    """A block or tool that may carry `cache_control`: accepted, as prompt caching here is automatic
+    (every prompt's prefix is reused by the slots and the host prompt cache)."""
+
+    cache_control: dict[str, Any] | None = None
+
+
+class TextBlock(Cached):
+    type: Literal["text"]
+    text: str
+    citations: list[dict[str, Any]] | None = None
+
+    @field_validator("citations")
+    @classmethod
+    def _no_citations(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v:
+            raise ValueError("citations are not supported")
+        return v
+
+
+class RefusedBlock(BaseModel):
+    """A block type Anthropic defines that this server cannot take: a 400 saying why."""
+
+    type: Literal[tuple(REFUSED_BLOCKS)]  # type: ignore[valid-type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        raise ValueError(REFUSED_BLOCKS.get(str(kind), "unsupported block"))
+
+
+class ToolUseBlock(Cached):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(pattern=TOOL_NAME)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(Cached):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[Annotated[TextBlock | RefusedBlock, Field(discriminator="type")]] | None = None
+    is_error: bool = False
+
+    def text(self) -> str:
+        """The result as the tool message's text; an error result says so (chat has no is_error)."""
+        if isinstance(self.content, list):
+            text = "\n".join(block.text for block in self.content if isinstance(block, TextBlock))
+        else:
+            text = self.content or ""
+        return f"Error: {text}" if self.is_error else text
+
+
+class ThinkingBlock(Strict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # Anthropic's integrity check of its own reasoning; Llamba's are ""
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RefusedBlock, Field(discriminator="type")
+]
+
+
+class Message(Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(Cached):
+    type: Literal["custom"] | None = None
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    strict: bool | None = None  # inputs always follow input_schema here (the grammar enforces it)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_tools_only(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind not in (None, "custom"):
+            raise ValueError(
+                f"tool type {kind!r} is one of Anthropic's server tools, which this server does not run; "
+                "give a custom tool (name, description, input_schema)"
+            )
+        return data
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v.get("type") != "object":
+            raise ValueError('input_schema must be a JSON schema with "type": "object"')
+        return check_schema(v)
+
+    def to_chat(self) -> dict[str, Any]:
+        function = {"name": self.name, "parameters": self.input_schema}
+        if self.description is not None:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
+
+
+class ToolChoice(Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+    @model_validator(mode="after")
+    def _name_with_tool(self) -> ToolChoice:
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError('a name is given with type "tool", and only then')
+        return self
+
+    def to_chat(self) -> Any:
+        if self.type == "tool":
+            return {"type": "function", "function": {"name": self.name}}
+        return {"auto": "auto", "any": "required", "none": "none"}[self.type]
+
+
+class Thinking(Strict):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+    display: Literal["summarized"] | None = None  # the whole thinking comes back, more than a summary
+
+    @model_validator(mode="after")
+    def _budget_when_enabled(self) -> Thinking:
+        if (self.type == "enabled") != (self.budget_tokens is not None):
+            raise ValueError('budget_tokens is given with type "enabled", and only then')
+        return self
+
+    def chat_fields(self) -> dict[str, Any]:
+        """enable_thinking for the template, and the budget of the reasoning block."""
+        if self.type == "disabled":
+            return {"chat_template_kwargs": {"enable_thinking": False}, "reasoning_budget_tokens": 0}
+        fields: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": True}}
+        if self.budget_tokens is not None:
+            fields["reasoning_budget_tokens"] = self.budget_tokens
+        return fields
+
+
+class OutputFormat(Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_schema(v)
+
+
+class OutputConfig(Strict):
+    format: OutputFormat | None = None
+    effort: None = None  # Claude's effort levels map onto nothing a local model has
+
+
+class Metadata(Strict):
+    user_id: str | None = None
+
+
+class CountTokensRequest(BaseModel):
+    """/v1/messages/count_tokens: what the prompt holds, without generation settings."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None  # one model per server: any name is answered by it
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None  # prompt caching is automatic here
+
+    @model_validator(mode="after")
+    def _known_extras(self) -> CountTokensRequest:
+        llama_extras(self.model_extra, THINKING_FIELDS if self.thinking else frozenset())
+        return self
+
+    def to_chat(self, stream: bool = False) -> ChatCompletionRequest:
+        """The chat request this body means (400 naming an Anthropic field for what cannot be)."""
+        fields: dict[str, Any] = {
+            **(self.model_extra or {}),
+            "messages": chat_messages(self),
+            "stream": stream,
+        }
+        if self.tools:
+            fields["tools"] = [tool.to_chat() for tool in self.tools]
+            choice = self.tool_choice
+            fields["parallel_tool_calls"] = not (choice and choice.disable_parallel_tool_use)
+        if self.tool_choice is not None:
+            fields["tool_choice"] = self.tool_choice.to_chat()
+        if self.thinking is not None:
+            fields |= self.thinking.chat_fields()
+        if self.output_config is not None and self.output_config.format is not None:
+            if self.tools and fields.get("tool_choice") != "none":
+                raise errors.invalid_request("'output_config.format' cannot be combined with tools here")
+            fields["json_schema"] = self.output_config.format.schema_
+        return ChatCompletionRequest.model_validate(fields | self.generation_fields())
+
+    def generation_fields(self) -> dict[str, Any]:
+        return {}
+
+
+class MessagesRequest(CountTokensRequest):
+    """/v1/messages."""
+
+    max_tokens: int = Field(ge=1)  # required, as Anthropic requires it
+    stream: bool = False
+    stop_sequences: list[str] | None = Field(default=None, max_length=16)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    metadata: Metadata | None = None  # accepted: it changes nothing generated
+    service_tier: Literal["auto", "standard_only"] | None = None  # one tier here
+
+    def generation_fields(self) -> dict[str, Any]:
+        fields = {"max_tokens": self.max_tokens, "stop": self.stop_sequences}
+        fields |= {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+    """The conversation as chat messages; a tool_result must answer a tool_use of the message before."""
+    chat: list[dict[str, Any]] = []
+    if body.system is not None:
+        texts = [body.system] if isinstance(body.system, str) else [b.text for b in body.system]
+        chat.append({"role": "system", "content": "\n\n".join(stable_billing_header(t) for t in texts)})
+    for i, message in enumerate(body.messages):
+        if isinstance(message.content, str):
+            chat.append({"role": message.role, "content": message.content})
+        elif message.role == "assistant":
+            chat.append(assistant_message(message.content, f"messages.{i}"))
+        else:
+            asked = body.messages[i - 1] if i > 0 else None
+            chat += user_messages(message.content, tool_use_ids(asked), f"messages.{i}")
+    return chat
+
+
+BILLING_HEADER = re.compile(r"^(x-anthropic-billing-header:[^\n]*?cch=)[^;\n]{5};")
+
+
+def stable_billing_header(text: str) -> str:
+    """Claude Code starts its system prompt with a billing line whose `cch=` hash changes on every
+    request; left as it is, no prompt would share a cached prefix with the one before. Its 5 hash
+    characters become fffff, as llama-server does (llama.cpp PR 21793)."""
+    return BILLING_HEADER.sub(r"\1fffff;", text, count=1)
+
+
+def tool_use_ids(message: Message | None) -> set[str]:
+    if message is None or message.role != "assistant" or isinstance(message.content, str):
+        return set()
+    return {block.id for block in message.content if isinstance(block, ToolUseBlock)}
+
+
+def assistant_message(blocks: list[Any], where: str) -> dict[str, Any]:
+    """Text, thinking and tool_use blocks as one assistant message (content, reasoning, tool calls)."""
+    text, thinking, calls = [], [], []
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock):
+            text.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thinking.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            calls.append(
+                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
+            )
+        else:
+            raise errors.invalid_request(
+                f"'{where}.content.{j}': {block.type} blocks belong in user messages"
+            )
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    if thinking:
+        message["reasoning_content"] = "".join(thinking)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def user_messages(blocks: list[Any], asked: set[str], where: str) -> list[dict[str, Any]]:
+    """Text blocks as user messages and tool_result blocks as tool messages, in their order."""
+    out: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock):
+            if out and out[-1]["role"] == "user":
+                out[-1]["content"] += "\n" + block.text
+            else:
+                out.append({"role": "user", "content": block.text})
+        elif isinstance(block, ToolResultBlock):
+            if block.tool_use_id not in asked:
+                raise errors.invalid_request(
+                    f"'{where}.content.{j}.tool_use_id': {block.tool_use_id!r} answers no tool_use block "
+                    "of the previous (assistant) message"
+                )
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
+        else:
+            raise errors.invalid_request(
+                f"'{where}.content.{j}': {block.type} blocks belong in assistant messages"
+            )
+    return out

@@ -1,0 +1,271 @@
+"""llama-server's native routes: /health /props /completion /infill /tokenize /detokenize
+/apply-template."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import fields
+from typing import Any
+
+from quart import Blueprint, current_app
+
+from engine.api import ReasoningTags, SamplingParams, TokenEvent
+from server.agents.routes import MANAGER_KEY
+from server.agents.toolbox import Toolbox
+from server.chat.generation import (
+    build_request,
+    collect,
+    completion_request,
+    events_of,
+    openai_logprobs,
+    raise_if_failed,
+    stop_type,
+)
+from server.chat.job import chat_tokens, template_kwargs
+from server.chat.schemas import (
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    InfillRequest,
+    TokenizeRequest,
+)
+from server.http import errors, sse
+from server.http.request_body import json_body
+from server.model.service import ModelService, service
+
+bp = Blueprint("native", __name__)
+
+
+@bp.get("/health")
+@bp.get("/v1/health")
+async def health() -> Any:
+    svc = service()
+    if svc.load_error:
+        raise errors.APIError(500, f"model failed to load: {svc.load_error}", "server_error")
+    if not svc.ready:  # a sleeping model is healthy: it wakes on the next request
+        raise errors.unavailable()
+    return {"status": "ok"}
+
+
+@bp.post("/props")
+async def change_props() -> Any:
+    """llama-server's POST /props (with --props): it changes no property yet, so the only body it takes
+    is an empty object; a property named is a 400 rather than silently kept as it is."""
+    if not service().settings.props:
+        raise errors.not_supported(
+            "This server does not support changing global properties. Start it with `--props`"
+        )
+    body = await json_body()
+    if not isinstance(body, dict):
+        raise errors.invalid_request("the body must be a JSON object")
+    if body:
+        raise errors.invalid_request(f"no property can be changed at run time (asked: {sorted(body)})")
+    return {"success": True}
+
+
+@bp.get("/props")
+async def props() -> Any:
+    svc = service()
+    info = svc.model_info()
+    params = svc.default_sampling()
+    return {
+        "default_generation_settings": {
+            "id": 0,
+            "n_ctx": svc.n_ctx_slot,
+            "params": {
+                "n_predict": svc.settings.n_predict,
+                **sampling_props(params),
+                "reasoning_format": svc.settings.reasoning_format,
+                "reasoning_budget_tokens": svc.settings.reasoning_budget,
+            },
+        },
+        "total_slots": svc.n_slots,
+        "is_sleeping": svc.sleeping,
+        "model_alias": svc.settings.model_alias,
+        "model_path": str(info.path),
+        "chat_template": svc.template_source(),
+        "modalities": {"vision": False, "audio": False},
+        "build_info": "llamba",
+        "backend": info.backend,
+        "webui": svc.settings.webui,
+        "reasoning": reasoning_props(svc),
+        "tool_loop": tool_loop_props(svc),
+    }
+
+
+def tool_loop_props(svc: ModelService) -> dict[str, Any]:
+    """The server-side tool loop: its limits, and the MCP servers a request can name (`server_label`);
+    a server is available once it started and listed its tools (`ready`: the start-up warm-up is over)."""
+    s = svc.settings
+    mcp: Toolbox | None = current_app.extensions.get(MANAGER_KEY)
+    servers = [
+        {"server_label": name, "available": bool(tools), "tools": [t.tool for t in tools]}
+        for name in (mcp.server_names() if mcp else [])
+        for tools in [mcp.server_tools(name)]  # type: ignore[union-attr]
+    ]
+    return {
+        "ready": mcp.ready if mcp else True,
+        "mcp_servers": servers,
+        "max_rounds": s.tool_max_rounds,
+        "tool_timeout": s.tool_timeout,
+        "max_tokens": s.tool_max_tokens,
+    }
+
+
+def sampling_props(params: SamplingParams) -> dict[str, Any]:
+    """The server's sampler settings under llama-server's /props names."""
+    names = [f.name for f in fields(params) if f.name not in ("logit_bias", "n_probs", "post_sampling_probs")]
+    props: dict[str, Any] = {name: getattr(params, name) for name in names}
+    props["samplers"] = list(params.samplers)
+    props["dry_sequence_breakers"] = list(params.dry_sequence_breakers)
+    props["logit_bias"] = [[t, b if b != float("-inf") else False] for t, b in params.logit_bias.items()]
+    return props
+
+
+def reasoning_props(svc: ModelService) -> dict[str, Any]:
+    """The reasoning settings and what the template says about thinking (its tags, if it has a block)."""
+    s = svc.settings
+    found = svc.reasoning_tags()
+    tags = found or ReasoningTags()
+    return {
+        "format": s.reasoning_format,
+        "mode": s.reasoning,
+        "budget": s.reasoning_budget,
+        "budget_message": s.reasoning_budget_message,
+        "template_has_thinking": found is not None,
+        "start_tag": tags.start,
+        "end_tags": list(tags.ends),
+    }
+
+
+# -- native completion -----------------------------------------------------------------------------
+def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> dict[str, Any]:
+    t = final.timings if final else None
+    return {
+        "model": svc.settings.model_alias,
+        "stop": True,
+        "stop_type": stop_type(final),
+        "stopping_word": (final.stop_word or "") if final else "",
+        "tokens_predicted": t.predicted_n if t else 0,
+        "tokens_evaluated": n_prompt,
+        "tokens_cached": t.cache_n if t else 0,
+        "truncated": final.truncated if final else False,
+        "id_slot": final.id_slot if final else -1,
+        "timings": t.as_dict() if t else {},
+    }
+
+
+@bp.post("/completion")
+@bp.post("/completions")
+async def completion() -> Any:
+    svc = service()
+    body, tokens, truncated = await completion_request(svc, await json_body())
+    if body.n_choices() > 1:
+        raise errors.invalid_request(
+            "'n': several choices are served on /v1/completions and /v1/chat/completions"
+        )
+    gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
+    if body.stream:
+        return sse.response(native_stream(svc, body, gen, len(tokens)))
+    out = await collect(svc, gen)
+    reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
+    if body.n_probs:
+        reply["completion_probabilities"] = openai_logprobs(svc, out.events)
+    return reply
+
+
+@bp.post("/infill")
+async def infill() -> Any:
+    """llama-server's /infill: the model's FIM prompt around the code, then /completion's reply."""
+    svc = service()
+    body = InfillRequest.model_validate(await json_body())
+    svc.require_ready()
+    extra = [(chunk.filename, chunk.text) for chunk in body.input_extra]
+    prompt = await svc.infill_prompt(body.input_prefix, body.input_suffix, extra, body.prompt)
+    tokens, truncated = svc.fit_prompt(prompt)
+    if body.n_choices() > 1:
+        raise errors.invalid_request("'n': several choices are served on /v1/completions")
+    gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
+    if body.stream:
+        return sse.response(native_stream(svc, body, gen, len(tokens)))
+    out = await collect(svc, gen)
+    reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
+    if body.n_probs:
+        reply["completion_probabilities"] = openai_logprobs(svc, out.events)
+    return reply
+
+
+async def native_stream(
+    svc: ModelService, body: CompletionRequest, gen: Any, n_prompt: int
+) -> AsyncIterator[bytes]:
+    async for event in events_of(svc, gen):
+        raise_if_failed(event)
+        if event.progress is not None:
+            yield sse.event({"prompt_progress": event.progress.as_dict()})
+            continue
+        chunk: dict[str, Any] = {
+            "content": event.text,
+            "tokens": [] if event.token is None else [event.token],
+        }
+        if body.n_probs:
+            chunk["completion_probabilities"] = openai_logprobs(svc, [event])
+        if event.finish_reason is None:
+            chunk |= {"stop": False, "id_slot": event.id_slot}
+            yield sse.event(chunk)
+        else:
+            yield sse.event(chunk | final_fields(svc, event, n_prompt))
+
+
+# -- tokens and templates --------------------------------------------------------------------------
+@bp.post("/tokenize")
+async def tokenize() -> Any:
+    """llama-server's /tokenize of `content`; or, with `messages` (and any chat field: tools,
+    chat_template_kwargs, ...), the prompt tokens that chat request would run with, counted as
+    /v1/chat/completions counts its prompt_tokens."""
+    svc = service()
+    raw = await json_body()
+    if isinstance(raw, dict) and "messages" in raw:
+        with_pieces = bool(raw.pop("with_pieces", False))
+        tokens = await chat_tokens(svc, ChatCompletionRequest.model_validate(raw))
+    else:
+        body = TokenizeRequest.model_validate(raw)
+        svc.require_ready()
+        tokens = await svc.tokenize(body.content, body.add_special, body.parse_special)
+        with_pieces = body.with_pieces
+    if not with_pieces:
+        return {"tokens": tokens}
+    return {"tokens": [{"id": t, "piece": text_or_bytes(svc.piece(t))} for t in tokens]}
+
+
+def text_or_bytes(raw: bytes) -> str | list[int]:
+    """A token's piece as llama-server shows it: text when it is valid UTF-8, else its byte values."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+@bp.post("/detokenize")
+async def detokenize() -> Any:
+    svc = service()
+    body = DetokenizeRequest.model_validate(await json_body())
+    svc.require_ready()
+    return {"content": svc.detokenize(body.tokens)}
+
+
+@bp.post("/apply-template")
+async def apply_template() -> Any:
+    svc = service()
+    body = ApplyTemplateRequest.model_validate(await json_body())
+    svc.require_ready()
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    prompt = svc.render_chat(
+        messages,
+        body.tools,
+        svc.tool_format() if body.tools else None,
+        continue_final_message=body.continue_final_message,
+        add_generation_prompt=body.add_generation_prompt is not False,
+        **template_kwargs(svc, body.reasoning_effort, body.chat_template_kwargs),
+    )
+    return {"prompt": prompt}

@@ -1,0 +1,477 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models (and unprefixed aliases)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, Response, current_app, request
+
+from engine.api import GenerationRequest, TokenEvent
+from server.agents.loop import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
+from server.agents.routes import MANAGER_KEY, request_context
+from server.agents.toolbox import Toolbox
+from server.chat.choices import (
+    choice_events,
+    choice_requests,
+    choices_usage,
+    collect_choices,
+    request_timings,
+)
+from server.chat.generation import (
+    Outcome,
+    build_request,
+    collect,
+    events_of,
+    has_probs,
+    openai_logprobs,
+    raise_if_failed,
+    replayable,
+    usage,
+)
+from server.chat.job import ChatJob, chat_tokens, input_tokens, prepare_chat
+from server.chat.schemas import (
+    ChatCompletionRequest,
+    GenerationFields,
+    OpenAICompletionRequest,
+    PredictRequest,
+)
+from server.http import errors, sse
+from server.http.request_body import json_body
+from server.model.service import ModelService, service
+from server.streams.journal import Recipe, ReplyIds
+from server.streams.routes import resumable, stream_recipe
+from server.streams.sessions import CONVERSATION_HEADER
+
+bp = Blueprint("openai", __name__)
+
+
+def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": kind,
+        "created": created,
+        "model": svc.settings.model_alias,
+        "system_fingerprint": svc.fingerprint,
+    }
+
+
+# -- chat ------------------------------------------------------------------------------------------
+@bp.post("/v1/chat/completions")
+@bp.post("/chat/completions")
+async def chat_completions() -> Any:
+    return await chat_reply(service(), ChatCompletionRequest.model_validate(await json_body()))
+
+
+@bp.post("/v1/chat/completions/input_tokens")
+@bp.post("/chat/completions/input_tokens")
+async def chat_input_tokens() -> Any:
+    """llama-server's count of a chat body's prompt tokens (in OpenAI's Responses count shape)."""
+    body = ChatCompletionRequest.model_validate(await json_body())
+    return input_tokens(len(await chat_tokens(service(), body)))
+
+
+@bp.post("/predict")
+async def predict() -> Any:
+    """Vertex AI's prediction route (as llama-server serves it): each instance is a chat completion
+    request (`"@requestFormat": "chatCompletions"`, not streamed); they run concurrently, and the
+    predictions are their replies in order."""
+    svc = service()
+    bodies = PredictRequest.model_validate(await json_body()).chat_requests()
+    return {"predictions": list(await asyncio.gather(*(chat_reply(svc, body) for body in bodies)))}
+
+
+async def chat_reply(svc: ModelService, body: ChatCompletionRequest) -> Any:
+    """The reply to one chat completion request: whole, streamed, n choices, or an MCP tool-loop run."""
+    completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
+    svc.require_ready()
+    plan = await agent_plan(mcp_manager(), svc.settings, body, request_context)
+    if plan is not None:
+        if body.n_choices() > 1:
+            raise errors.invalid_request("'n': one choice only when the server runs mcp tools")
+        return await agent_completion(svc, body, plan, completion_id)
+    job = await prepare_chat(svc, body, completion_id)
+    created = int(time.time())
+    if body.n_choices() > 1:
+        return await chat_choices(svc, body, job, completion_id, created)
+    if body.stream:
+        ids = ReplyIds(completion_id, created)
+        return await streamed(chat_stream_of(svc, body, job, ids), replayable(job.request), ids)
+    out = await collect(svc, job.request)
+    reply: dict[str, Any] = {
+        **base_fields(svc, "chat.completion", completion_id, created),
+        "choices": [chat_choice(svc, body, out)],
+        "usage": usage(job.n_prompt, out.final),
+    }
+    if out.timings:
+        reply["timings"] = out.timings.as_dict()
+    if body.verbose:
+        reply["__verbose"] = verbose_fields(job, out)
+    return reply
+
+
+async def streamed(stream: AsyncIterator[bytes], deterministic: bool, ids: ReplyIds) -> Response:
+    """The SSE response; with X-Conversation-Id a resumable session runs the stream, so the generation
+    outlives this response (and, with --stream-journal, a restart: `deterministic` says whether
+    running the request again gives the same bytes)."""
+    conversation_id = request.headers.get(CONVERSATION_HEADER)
+    if conversation_id:
+        recipe = await stream_recipe("chat", ids, deterministic)
+        session = await resumable(conversation_id, stream, chat_error_event, recipe)
+        return sse.response(session, relayed=False, frame=chat_error_event)
+    return sse.response(stream, frame=chat_error_event)
+
+
+def chat_stream_of(
+    svc: ModelService, body: ChatCompletionRequest, job: ChatJob, ids: ReplyIds
+) -> AsyncIterator[bytes]:
+    """One chat's stream, its chunks carrying `ids` (fresh, or a journal's when regenerated)."""
+    head = base_fields(svc, "chat.completion.chunk", ids.reply_id, ids.created)
+    return chat_stream(svc, body, job.request, head, job.n_prompt)
+
+
+async def regenerate_chat(svc: ModelService, recipe: Recipe) -> AsyncIterator[bytes]:
+    """A journaled chat stream made again after a restart (server/streams/resume.py): the same body,
+    the same reply ids."""
+    body = ChatCompletionRequest.model_validate(recipe.body)
+    job = await prepare_chat(svc, body, recipe.ids.reply_id)
+    return chat_stream_of(svc, body, job, recipe.ids)
+
+
+def chat_error_event(error: errors.APIError) -> bytes:
+    """An error as an OpenAI stream (chat or completions) ends with one: the error event, then [DONE]."""
+    return sse.error_event(error.body()) + sse.DONE
+
+
+def verbose_fields(job: ChatJob, out: Outcome) -> dict[str, Any]:
+    return {
+        "prompt": job.prompt_text,
+        "content": out.text,
+        "reasoning_content": out.reasoning,
+        "tokens": out.tokens,
+    }
+
+
+def mcp_manager() -> Toolbox | None:
+    return current_app.extensions.get(MANAGER_KEY)
+
+
+def chat_choice(
+    svc: ModelService, body: ChatCompletionRequest, out: Outcome, index: int = 0
+) -> dict[str, Any]:
+    """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended."""
+    message: dict[str, Any] = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
+    if out.reasoning:
+        message["reasoning_content"] = out.reasoning
+    if out.tool_calls:
+        message["tool_calls"] = [call.to_openai() for call in out.tool_calls]
+    choice: dict[str, Any] = {"index": index, "finish_reason": out.finish_reason, "message": message}
+    if body.logprobs:
+        choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
+    return choice
+
+
+class ChatChunks:
+    """A chat stream's SSE chunks: each delta its own chunk, logprobs and timings as the body asks."""
+
+    def __init__(self, svc: ModelService, body: ChatCompletionRequest, head: dict[str, Any]) -> None:
+        self.svc, self.body, self.head = svc, body, head
+        self.timings: dict[str, Any] = {}
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0, **extra: Any) -> bytes:
+        choice = {"index": index, "finish_reason": finish, "delta": delta, **extra}
+        return sse.event({**self.head, "choices": [choice], **self.timings})
+
+    def event(self, event: TokenEvent, index: int = 0) -> list[bytes]:
+        """An engine event's chunks (none for an event that carries nothing to show)."""
+        if event.progress is not None:
+            return [sse.event({**self.head, "choices": [], "prompt_progress": event.progress.as_dict()})]
+        if event.timings is not None and self.body.timings_per_token:
+            self.timings = {"timings": event.timings.as_dict()}
+        extra = {}
+        if self.body.logprobs and has_probs(event):
+            extra["logprobs"] = {"content": openai_logprobs(self.svc, [event])}
+        deltas = event_deltas(event)
+        out = [self.chunk(delta, index=index) for delta in deltas[:-1]]
+        if deltas or extra:  # the logprobs ride on the event's last chunk
+            out.append(self.chunk(deltas[-1] if deltas else {}, index=index, **extra))
+        return out
+
+    def finish(self, final: TokenEvent | None, index: int = 0) -> bytes:
+        """A choice's finish chunk, with its timings."""
+        last = {**self.head, "choices": [{"index": index, "finish_reason": final_reason(final), "delta": {}}]}
+        if final is not None and final.timings is not None:
+            last["timings"] = final.timings.as_dict()
+        return sse.event(last)
+
+    def end(self, final: TokenEvent | None, usage_fields: dict[str, Any], n: int = 1) -> list[bytes]:
+        """The finish chunk (with the timings; `n` choices: theirs came as they finished), the usage
+        chunk if asked for, and [DONE]."""
+        out = [self.finish(final)] if n == 1 else []
+        if (self.body.stream_options or {}).get("include_usage"):
+            out.append(sse.event({**self.head, "choices": [], "usage": usage_fields}))
+        return [*out, sse.DONE]
+
+
+async def chat_stream(
+    svc: ModelService,
+    body: ChatCompletionRequest,
+    gen: GenerationRequest,
+    head: dict[str, Any],
+    n_prompt: int,
+) -> AsyncIterator[bytes]:
+    chunks = ChatChunks(svc, body, head)
+    yield chunks.chunk({"role": "assistant", "content": None})
+    final: TokenEvent | None = None
+    async for event in events_of(svc, gen):
+        raise_if_failed(event)
+        for data in chunks.event(event):
+            yield data
+        if event.finish_reason is not None:
+            final = event
+    for data in chunks.end(final, usage(n_prompt, final)):
+        yield data
+
+
+async def chat_choices(
+    svc: ModelService, body: ChatCompletionRequest, job: ChatJob, completion_id: str, created: int
+) -> Any:
+    """`n` choices of one chat (server/chat/choices.py): one stream with each chunk's choice index, or one
+    reply with n choices; usage and timings count the prompt once."""
+    requests = choice_requests(svc, job.request, body.n_choices())
+    if body.stream:
+        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+        # Not deterministic as bytes: the choices' chunks interleave as they come.
+        stream = chat_choices_stream(svc, body, requests, head, job.n_prompt)
+        return await streamed(stream, False, ReplyIds(completion_id, created))
+    outs = await collect_choices(svc, requests)
+    finals = [out.final for out in outs]
+    reply: dict[str, Any] = {
+        **base_fields(svc, "chat.completion", completion_id, created),
+        "choices": [chat_choice(svc, body, out, i) for i, out in enumerate(outs)],
+        "usage": choices_usage(job.n_prompt, finals),
+    }
+    timings = request_timings(finals)
+    if timings is not None:
+        reply["timings"] = timings.as_dict()
+    return reply
+
+
+async def chat_choices_stream(
+    svc: ModelService,
+    body: ChatCompletionRequest,
+    requests: list[GenerationRequest],
+    head: dict[str, Any],
+    n_prompt: int,
+) -> AsyncIterator[bytes]:
+    chunks = ChatChunks(svc, body, head)
+    for index in range(len(requests)):
+        yield chunks.chunk({"role": "assistant", "content": None}, index=index)
+    finals: list[TokenEvent | None] = [None] * len(requests)
+    async for index, event in choice_events(svc, requests):
+        raise_if_failed(event)
+        for data in chunks.event(event, index):
+            yield data
+        if event.finish_reason is not None:
+            finals[index] = event
+            yield chunks.finish(event, index)
+    for data in chunks.end(None, choices_usage(n_prompt, finals), n=len(requests)):
+        yield data
+
+
+# -- chat with the server-side tool loop -----------------------------------------------------------
+async def agent_completion(
+    svc: ModelService, body: ChatCompletionRequest, plan: AgentPlan, completion_id: str
+) -> Any:
+    """A chat whose `mcp` tools Llamba runs itself (server/agents/loop.py): one stream, or one reply, for
+    the whole run."""
+    manager = mcp_manager()
+    assert manager is not None  # agent_plan refuses mcp tools without MCP servers
+
+    async def prepare(round_body: ChatCompletionRequest, answer_only: bool) -> ChatJob:
+        return await prepare_chat(svc, round_body, completion_id, answer_only)
+
+    run = AgentRun(svc, body, plan, manager, prepare)
+    await run.start()  # the first round's 400s come before any byte
+    created = int(time.time())
+    if body.stream:
+        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+        # Not run again after a restart: its MCP calls act on the world.
+        stream = agent_stream(run, ChatChunks(svc, body, head))
+        return await streamed(stream, False, ReplyIds(completion_id, created))
+    async with contextlib.aclosing(run.events()) as events:
+        async for _ in events:
+            pass
+    if run.error is not None:
+        raise run.error
+    out = run.final_outcome()
+    choice = chat_choice(svc, body, out) | {"intermediate_messages": run.messages}
+    reply: dict[str, Any] = {
+        **base_fields(svc, "chat.completion", completion_id, created),
+        "choices": [choice],
+        "usage": run.usage(),
+    }
+    if out.timings:
+        reply["timings"] = out.timings.as_dict()
+    if body.verbose:
+        reply["__verbose"] = verbose_fields(run.rounds[-1].job, out) | {"rounds": run.verbose()}
+    return reply
+
+
+async def agent_stream(run: AgentRun, chunks: ChatChunks) -> AsyncIterator[bytes]:
+    """The run as one chat stream: each round opens with an assistant delta; an MCP call's deltas are
+    followed by its result as a `tool` delta (`tool_call_id`, `name`, `content`, `is_error`)."""
+    async with contextlib.aclosing(run.events()) as events:
+        async for item in events:
+            if isinstance(item, RoundStarted):
+                yield chunks.chunk({"role": "assistant", "content": None})
+            elif isinstance(item, ToolExecuted):
+                yield chunks.chunk(item.message())
+            else:
+                for data in chunks.event(item):
+                    yield data
+    if run.error is not None:
+        yield sse.error_event(run.error.body())
+        yield sse.DONE
+        return
+    for data in chunks.end(run.final_outcome().final, run.usage()):
+        yield data
+
+
+def event_deltas(event: TokenEvent) -> list[dict[str, Any]]:
+    """An event's chunks in the order its parts came: reasoning, content, tool-call steps (llama-server's
+    order). No delta carries an empty string."""
+    deltas: list[dict[str, Any]] = []
+    if event.reasoning_text:
+        deltas.append({"reasoning_content": event.reasoning_text})
+    if event.text:
+        deltas.append({"content": event.text})
+    if event.tool_calls:
+        deltas.append({"tool_calls": [step.to_openai() for step in event.tool_calls]})
+    return deltas
+
+
+def final_reason(event: TokenEvent | None) -> str:
+    return (event.finish_reason if event else None) or "stop"
+
+
+# -- completions -----------------------------------------------------------------------------------
+@bp.post("/v1/completions")
+async def completions() -> Any:
+    svc = service()
+    body, tokens, truncated = await completion_prompt(svc, await json_body())
+    completion_id = svc.new_id("cmpl")
+    n_probs = body.logprobs or 0
+    gen = await build_request(svc, body, tokens, n_probs, completion_id, truncated)
+    requests = choice_requests(svc, gen, body.n_choices())
+    created = int(time.time())
+    head = base_fields(svc, "text_completion", completion_id, created)
+    prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
+    if body.stream:
+        stream = completion_stream(svc, body, requests, head, len(tokens), prefix)
+        return sse.response(stream, frame=chat_error_event)
+    outs = await collect_choices(svc, requests) if len(requests) > 1 else [await collect(svc, gen)]
+    choices = []
+    for index, out in enumerate(outs):
+        choice = {
+            "index": index,
+            "text": prefix + out.text,
+            "finish_reason": out.finish_reason,
+            "logprobs": None,
+        }
+        if n_probs:
+            choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
+        choices.append(choice)
+    finals = [out.final for out in outs]
+    reply = {**head, "choices": choices, "usage": choices_usage(len(tokens), finals)}
+    timings = request_timings(finals)
+    if timings is not None:
+        reply["timings"] = timings.as_dict()
+    return reply
+
+
+async def completion_prompt(svc: ModelService, raw: Any) -> tuple[OpenAICompletionRequest, list[int], bool]:
+    """The body, its prompt tokens fitted to the context, and whether they were cut. With `suffix` the
+    prompt is the code before the insertion point and the tokens are /infill's FIM layout (no extra
+    chunks): llama-server refuses `suffix` here, but OpenAI's clients send it for insertions, and a 501
+    naming the missing FIM tokens answers it on a model without them."""
+    body = OpenAICompletionRequest.model_validate(raw)
+    svc.require_ready()
+    if body.suffix is None:
+        return body, *svc.fit_prompt(await svc.tokenize_prompt(body.prompt))
+    try:
+        tokens = await svc.infill_prompt(body.prompt, body.suffix, [], "")
+    except errors.APIError as exc:
+        raise errors.APIError(exc.status, f"'suffix': {exc.message}", exc.error_type) from exc
+    return body, *svc.fit_prompt(tokens)
+
+
+async def completion_stream(
+    svc: ModelService,
+    body: GenerationFields,
+    requests: list[GenerationRequest],
+    head: dict[str, Any],
+    n_prompt: int,
+    prefix: str,
+) -> AsyncIterator[bytes]:
+    def chunk(text: str, finish: str | None, index: int) -> bytes:
+        choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+        return sse.event({**head, "choices": [choice]})
+
+    for index in range(len(requests) if prefix else 0):
+        yield chunk(prefix, None, index)
+    finals: list[TokenEvent | None] = [None] * len(requests)
+    async for index, event in indexed_events(svc, requests):
+        raise_if_failed(event)
+        if event.finish_reason is not None:
+            finals[index] = event
+            yield chunk(event.text, final_reason(event), index)
+        elif event.text:
+            yield chunk(event.text, None, index)
+    if (body.stream_options or {}).get("include_usage"):
+        yield sse.event({**head, "choices": [], "usage": choices_usage(n_prompt, finals)})
+    yield sse.DONE
+
+
+async def indexed_events(
+    svc: ModelService, requests: list[GenerationRequest]
+) -> AsyncIterator[tuple[int, TokenEvent]]:
+    """One request's events (index 0), or n choices' (server/chat/choices.py)."""
+    if len(requests) > 1:
+        async for item in choice_events(svc, requests):
+            yield item
+        return
+    async for event in events_of(svc, requests[0]):
+        yield 0, event
+
+
+# -- models ----------------------------------------------------------------------------------------
+@bp.get("/v1/models")
+@bp.get("/models")
+async def models() -> Any:
+    svc = service()
+    meta: dict[str, Any] | None = None
+    if svc.ready:
+        info = svc.model_info()
+        meta = {
+            "vocab_type": info.vocab_type,
+            "n_vocab": info.n_vocab,
+            "n_ctx_train": info.n_ctx_train,
+            "n_embd": info.n_embd,
+            "n_params": info.n_params,
+            "size": info.size,
+        }
+    entry = {"id": svc.settings.model_alias, "object": "model", "created": int(svc.counters.started)}
+    entry |= {"owned_by": "llamacpp", "meta": meta}
+    settings = svc.settings
+    entry |= {"aliases": settings.aliases[1:], "tags": settings.tag_list}
+    return {
+        "object": "list",
+        "data": [entry],
+        "models": [
+            {"name": entry["id"], "model": entry["id"], "type": "model", "capabilities": ["completion"]}
+        ],
+    }

@@ -1,0 +1,178 @@
+"""llama-server's and OpenAI's routes and request fields, and what Llamba does with each.
+
+`docs/compatibility.md` is generated from this (scripts/compatibility_doc.py) and
+tests/test_api_surface.py keeps it true: an implemented route is registered (with its method) on the
+app of its mode and every registered route has a row; a field's status is not written here but read
+from the request schema that serves it (`server/chat/schemas.py`) and `server/chat/unsupported.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from server.chat.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    InfillRequest,
+    OpenAICompletionRequest,
+)
+from server.chat.unsupported import METADATA, NOT_YET
+
+# Where a route exists: the one-model server, the router (no -m), the server with tools (built-in or MCP
+# servers), the server with --ui-mcp-proxy.
+SERVER, ROUTER, MCP = "server", "router", "server with --tools or MCP servers"
+PROXY = "server with --ui-mcp-proxy"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    origin: str  # llama-server | OpenAI | Anthropic | Llamba
+    implemented: bool
+    note: str = ""
+    mode: str = SERVER
+
+
+R = Route
+ROUTES: tuple[Route, ...] = (
+    R("GET", "/health", "llama-server", True, "503 while the model loads; no API key needed"),
+    R("GET", "/v1/health", "llama-server", True, "as /health"),
+    R("GET", "/metrics", "llama-server", True, "with --metrics; llama-server's `llamacpp:*` names"),
+    R("GET", "/props", "llama-server", True, "also Llamba's reasoning and tool-loop settings"),
+    R(
+        "POST",
+        "/props",
+        "llama-server",
+        True,
+        "with --props: an empty object (llama-server has no options yet)",
+    ),
+    R("GET", "/models", "llama-server", True),
+    R("GET", "/v1/models", "OpenAI", True),
+    R("POST", "/completion", "llama-server", True),
+    R("POST", "/completions", "llama-server", True, "as /completion"),
+    R("POST", "/v1/completions", "OpenAI", True, "`suffix` runs as /infill on a model with FIM tokens"),
+    R("POST", "/chat/completions", "llama-server", True, "as /v1/chat/completions"),
+    R("POST", "/v1/chat/completions", "OpenAI", True, "tools, structured output, the MCP tool loop"),
+    R("POST", "/predict", "Vertex AI", True, "chat completion instances (@requestFormat), concurrently"),
+    R("POST", "/v1/chat/completions/control", "llama-server", True, "reasoning_end on a running chat"),
+    R("POST", "/chat/completions/control", "Llamba", True, "as /v1/chat/completions/control"),
+    R("POST", "/v1/responses", "OpenAI", True, "stored, background, MCP tools"),
+    R("POST", "/responses", "llama-server", True, "as /v1/responses"),
+    R("GET", "/v1/responses/<response_id>", "OpenAI", True, "`starting_after` follows a stream"),
+    R("GET", "/responses/<response_id>", "Llamba", True, "as /v1/responses/{id}"),
+    R("DELETE", "/v1/responses/<response_id>", "OpenAI", True),
+    R("DELETE", "/responses/<response_id>", "Llamba", True, "as /v1/responses/{id}"),
+    R("POST", "/v1/responses/<response_id>/cancel", "OpenAI", True),
+    R("POST", "/responses/<response_id>/cancel", "Llamba", True, "as /v1/responses/{id}/cancel"),
+    R("POST", "/v1/responses/input_tokens", "OpenAI", True, "after the conversation it continues"),
+    R("POST", "/responses/input_tokens", "llama-server", True, "as /v1/responses/input_tokens"),
+    R("POST", "/v1/chat/completions/input_tokens", "llama-server", True, "a chat body's prompt tokens"),
+    R("POST", "/chat/completions/input_tokens", "llama-server", True, "as /v1/chat/completions/input_tokens"),
+    R("POST", "/v1/audio/transcriptions", "OpenAI", False, "404: no audio models"),
+    R("POST", "/audio/transcriptions", "llama-server", False, "404: no audio models"),
+    R("POST", "/v1/messages", "Anthropic", True, "whole or its named event stream"),
+    R("POST", "/v1/messages/count_tokens", "Anthropic", True),
+    R("POST", "/infill", "llama-server", True, "501 on a model without FIM tokens"),
+    R("POST", "/embedding", "llama-server", True, "with --embedding"),
+    R("POST", "/embeddings", "llama-server", True, "with --embedding"),
+    R("POST", "/v1/embeddings", "OpenAI", True, "with --embedding; float or base64"),
+    R("POST", "/rerank", "llama-server", True, "with --reranking"),
+    R("POST", "/reranking", "llama-server", True, "with --reranking"),
+    R("POST", "/v1/rerank", "llama-server", True, "with --reranking"),
+    R("POST", "/v1/reranking", "llama-server", True, "with --reranking"),
+    R("POST", "/tokenize", "llama-server", True, "also a chat's `messages`"),
+    R("POST", "/detokenize", "llama-server", True),
+    R("POST", "/apply-template", "llama-server", True),
+    R("GET", "/lora-adapters", "llama-server", False, "404: no LoRA adapters"),
+    R("POST", "/lora-adapters", "llama-server", False, "404: no LoRA adapters"),
+    R("GET", "/slots", "llama-server", True, "not with --no-slots"),
+    R("POST", "/slots/<id_slot>", "llama-server", True, "save, restore, erase (with --slot-save-path)"),
+    R(
+        "GET",
+        "/slots/prefixes",
+        "Llamba",
+        True,
+        "the prompt cache's block hashes (the cluster router places by them)",
+    ),
+    R("GET", "/openapi.json", "Llamba", True, "the API as OpenAPI 3.1, from the request models"),
+    R("GET", "/v1/stream", "llama-server", True, "resume a stream by conversation id and offset"),
+    R("DELETE", "/v1/stream", "llama-server", True, "stop a resumable stream"),
+    R("POST", "/v1/streams/lookup", "llama-server", True),
+    R("GET", "/cors-proxy", "llama-server", True, "forwards only x-llama-server-proxy-header-*", PROXY),
+    R("POST", "/cors-proxy", "llama-server", True, "forwards only x-llama-server-proxy-header-*", PROXY),
+    R("GET", "/tools", "llama-server", True, "the built-in tools and the MCP servers' tools", MCP),
+    R("POST", "/tools", "llama-server", True, "call one tool (`stream` for exec_shell_command)", MCP),
+    R("GET", "/models", "llama-server", True, "the catalogue with each model's status", ROUTER),
+    R("GET", "/v1/models", "OpenAI", True, "the catalogue", ROUTER),
+    R("GET", "/v1/models/<path:name>", "OpenAI", True, "one catalogue model", ROUTER),
+    R("POST", "/models/load", "llama-server", True, "start a model's child server", ROUTER),
+    R("POST", "/models/unload", "llama-server", True, "stop a model's child server", ROUTER),
+    R("GET", "/models/sse", "llama-server", True, "model status and load-progress events", ROUTER),
+    R("POST", "/models", "llama-server", True, "fetches a built-in model (PyPI) into the cache", ROUTER),
+    R("DELETE", "/models", "llama-server", True, "removes a built-in model from the cache", ROUTER),
+)
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body: its routes, whose field list it is, the schema that reads it, and the fields."""
+
+    routes: str
+    origin: str
+    schema: type[BaseModel]
+    fields: tuple[str, ...]
+
+
+BODIES: tuple[Body, ...] = (
+    Body("/completion", "llama-server's README", CompletionRequest, (
+        "prompt", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p",
+        "n_predict", "n_indent", "n_keep", "n_cmpl", "n_cache_reuse", "stream", "stop", "typical_p",
+        "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier",
+        "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+        "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta", "grammar",
+        "json_schema", "seed", "ignore_eos", "logit_bias", "n_probs", "min_keep", "t_max_predict_ms",
+        "id_slot", "cache_prompt", "return_tokens", "samplers", "timings_per_token", "return_progress",
+        "sse_ping_interval", "post_sampling_probs", "response_fields", "lora",
+    )),
+    Body("/infill", "llama-server's README", InfillRequest, (
+        "input_prefix", "input_suffix", "input_extra", "prompt",
+    )),
+    Body("/v1/completions", "OpenAI", OpenAICompletionRequest, (
+        "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens",
+        "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+        "top_p", "user",
+    )),
+    Body("/v1/chat/completions", "OpenAI", ChatCompletionRequest, (
+        "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+        "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "n",
+        "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "reasoning_effort",
+        "response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+        "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+        "verbosity", "web_search_options",
+    )),
+)  # fmt: skip
+
+# What a field's status does not say.
+FIELD_NOTES: dict[tuple[str, str], str] = {
+    ("/v1/completions", "suffix"): "runs as /infill (prompt = prefix); 501 naming the missing FIM tokens "
+    "on a model without them (llama-server answers 400 for any `suffix`)",
+    ("/v1/completions", "echo"): "the prompt's text before the completion",
+    ("/completion", "n_cmpl"): "several choices are served on /v1/completions and /v1/chat/completions",
+    ("/v1/chat/completions", "tools"): "`mcp` tools run the server-side tool loop",
+}
+
+
+def field_status(body: Body, name: str) -> str:
+    """What the body's schema does with the field: read it, take only its no-op value, accept it as
+    metadata, or refuse it (a 400 naming it)."""
+    declared = {f.alias or n for n, f in body.schema.model_fields.items()}
+    if name in declared:
+        return "implemented"
+    if name in METADATA:
+        return "accepted: metadata, changes no output"
+    if name in NOT_YET:
+        return f"not implemented: accepted only at `{NOT_YET[name]!r}` (no effect), else 400"
+    return "not implemented: 400 naming it"

@@ -1,0 +1,240 @@
+"""Request fields for structured output and tool calls (pydantic): OpenAI's shapes and llama-server's.
+
+- `grammar` (llama.cpp's GBNF) and `json_schema` (llama-server's fields), `response_format`
+  (`{"type": "text" | "json_object" | "json_schema"}`, with llama-server's `{"type": "json_object",
+  "schema": ...}` too): at most one of them constrains a request.
+- `tools` (function tools: a name, a description, a JSON schema of the arguments; and MCP servers the
+  server runs itself, in the Responses API's `mcp` shape: server/agents/loop.py), `tool_choice` (`none`,
+  `auto`, `required` or a named function) and `parallel_tool_calls`.
+
+Every schema a client sends is checked against JSON Schema's meta-schema here, so a broken one is a
+400 naming its field before anything runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Annotated, Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TOOL_NAME = r"^[a-zA-Z0-9_.:-]{1,128}$"
+
+
+def check_schema(schema: Any) -> dict[str, Any]:
+    """A JSON schema that is a valid schema (the latest draft's meta-schema), else ValueError."""
+    if isinstance(schema, bool):
+        return {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ValueError("must be a JSON schema (an object)")
+    problem = schema_problem(json.dumps(schema, sort_keys=True))
+    if problem is not None:
+        raise ValueError(problem)
+    return schema
+
+
+# Agents send the same tools on every turn, and jsonschema's meta-schema check of each is slow: an
+# agent's body of 10 turns and 20 tools validated in 81 ms with fresh checks, 0.6 ms with this cache, on
+# the event loop (scripts/bench_request_validation.py, one run). Each distinct schema is checked once.
+@functools.lru_cache(maxsize=1024)
+def schema_problem(canonical: str) -> str | None:
+    """What is wrong with the schema (its canonical JSON text), or None."""
+    schema = json.loads(canonical)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        return f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}"
+    return None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # arguments always follow `parameters` here (the grammar enforces them)
+
+    @field_validator("parameters")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class AllowedTools(BaseModel):
+    """The Responses API's filter form of `allowed_tools`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_names: list[str] | None = None
+    read_only: bool | None = None  # True: only the tools the MCP server marks read-only
+
+
+class McpServerTool(BaseModel):
+    """A configured MCP server offered to the model and run by Llamba (the Responses API's `mcp` tool).
+
+    Only servers from --mcp-servers-config can be named; approvals, headers and remote URLs are not
+    supported, so those fields are refused (an unknown field is a 400) rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["mcp"]
+    server_label: str = Field(min_length=1)
+    server_url: str | None = None  # accepted only when it names the configured server (server/agents/loop.py)
+    allowed_tools: list[str] | AllowedTools | None = None
+    require_approval: Literal["never"] | None = None  # Llamba never asks: calls run as the model makes them
+
+    def tool_filter(self) -> tuple[set[str] | None, bool]:
+        """(the tool names allowed, None for all; read-only tools only)."""
+        allowed = self.allowed_tools
+        if isinstance(allowed, AllowedTools):
+            names = None if allowed.tool_names is None else set(allowed.tool_names)
+            return names, bool(allowed.read_only)
+        return (None if allowed is None else set(allowed)), False
+
+
+Tool = Annotated[FunctionTool | McpServerTool, Field(discriminator="type")]
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoiceField = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None  # OpenAI: with type json_schema
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # llama-server: with json_object
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+    @model_validator(mode="after")
+    def _schema_where_it_belongs(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError('type "json_schema" needs json_schema.schema')
+        if self.type == "text" and (self.json_schema is not None or self.schema_ is not None):
+            raise ValueError('type "text" takes no schema')
+        return self
+
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow; {} for any JSON object; None for free text."""
+        if self.type == "json_schema":
+            return self.json_schema.schema_ if self.json_schema else None
+        if self.type == "json_object":
+            return self.schema_ if self.schema_ is not None else {"type": "object"}
+        return None
+
+
+class ConstraintFields(BaseModel):
+    """What constrains the output, on every generation route."""
+
+    grammar: str | None = None
+    # llama-server's lazy grammar: free output until a trigger, then `grammar` from the trigger on.
+    grammar_lazy: bool = False
+    grammar_triggers: list[dict[str, Any]] | None = None
+    json_schema: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_schema(v)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> ConstraintFields:
+        named = [n for n in ("grammar", "json_schema") if getattr(self, n)]
+        if self.response_format is not None and self.response_format.type != "text":
+            named.append("response_format")
+        if len(named) > 1:
+            raise ValueError(f"{' and '.join(named)} cannot be used together: give one constraint")
+        if self.grammar_lazy and (self.grammar is None or not self.grammar_triggers):
+            raise ValueError("grammar_lazy needs a grammar and grammar_triggers")
+        return self
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow, from json_schema or response_format."""
+        if self.json_schema is not None:
+            return self.json_schema
+        return self.response_format.schema() if self.response_format is not None else None
+
+
+class ToolFields(BaseModel):
+    """Chat's tool fields."""
+
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoiceField | None = None
+    parallel_tool_calls: bool = False  # llama-server's default
+    # The server-side tool loop's per-request limits (only with `mcp` tools; server/agents/loop.py).
+    max_tool_rounds: int | None = Field(default=None, ge=1)
+    tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call
+
+    @model_validator(mode="after")
+    def _choice_matches_tools(self) -> ToolFields:
+        names = [t.function.name for t in self.function_tools()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools have the same name")
+        labels = [t.server_label for t in self.mcp_tools()]
+        if len(set(labels)) != len(labels):
+            raise ValueError("tools: two mcp tools name the same server_label")
+        choice = self.tool_choice
+        # A named choice may name an MCP server's tool: server/agents/loop.py checks it once they are known.
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names and not labels:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+        if choice == "required" and not names and not labels:
+            raise ValueError('tool_choice "required" needs tools')
+        if not labels and (self.max_tool_rounds is not None or self.tool_timeout is not None):
+            raise ValueError("max_tool_rounds and tool_timeout apply to mcp tools only: the request has none")
+        return self
+
+    def function_tools(self) -> list[FunctionTool]:
+        return [t for t in self.tools or () if isinstance(t, FunctionTool)]
+
+    def mcp_tools(self) -> list[McpServerTool]:
+        return [t for t in self.tools or () if isinstance(t, McpServerTool)]
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        """The function tools as the chat template and the tool-call formats take them (MCP servers
+        reach the model as function tools too, once server/agents/loop.py has listed them)."""
+        return [t.model_dump(exclude_none=True) for t in self.function_tools()]
+
+    def tool_choice_value(self) -> Any:
+        choice = self.tool_choice
+        return choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
