@@ -14,14 +14,12 @@ from quart import Quart
 
 from engine.cpu import isa
 from engine.model_files import ModelFetchError, resolve
-from server.agents.routes import MANAGER_KEY as MCP_KEY
 from server.app import create_app
 from server.config.cli import NO_EFFECT, parse_settings
 from server.http import logs
 from server.http.serving import hypercorn_config, served
-from server.model.service import EXTENSION_KEY as SERVICE_KEY
+from server.state import AppState
 from server.streams.journal import JournalError
-from server.streams.sessions import SESSIONS_KEY
 
 log = structlog.get_logger("server")
 
@@ -97,12 +95,13 @@ async def _shut_down(app: Quart, timeout: float, stop: asyncio.Event, forced: as
     connections drain at once. MCP children too, before the HTTP drain: a slow tool call then answers at
     once instead of holding it."""
     await stop.wait()
-    service = app.extensions[SERVICE_KEY]
+    state = AppState.of(app)
+    service = state.model
     if timeout > 0:
         await service.drain(timeout, forced)
     # Before the engine stops: the generations it cancels must not end their journals (they resume).
-    app.extensions[SESSIONS_KEY].detach_journals()
-    mcp = app.extensions.get(MCP_KEY)
+    state.sessions.detach_journals()
+    mcp = state.toolbox
     await asyncio.gather(
         anyio.to_thread.run_sync(service.stop),
         mcp.stop() if mcp else asyncio.sleep(0),

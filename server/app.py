@@ -21,7 +21,6 @@ from server.apis.native import routes as native
 from server.apis.openai import routes as openai
 from server.apis.openapi import routes as openapi
 from server.apis.responses import routes as responses
-from server.apis.responses.runs import STATE_KEY as RESPONSES_KEY
 from server.apis.responses.runs import ResponsesState
 from server.apis.responses.store import ResponseStore
 from server.builtin_tools import BuiltinTools, ToolContext
@@ -30,15 +29,15 @@ from server.http import sse
 from server.http.auth import install_auth
 from server.http.cors import install_cors
 from server.http.error_handlers import install_error_handlers
-from server.http.limits import LIMITS_KEY
 from server.http.request_body import check_headers, read_whole_body
 from server.mcp import McpManager
-from server.model.service import EXTENSION_KEY, ModelService
+from server.model.service import ModelService
 from server.model.sleep import IdleSleeper
+from server.state import AppState
 from server.streams import routes as stream
 from server.streams.journal import JournalDir, Recipe
 from server.streams.resume import Regenerator, RestoreContext, restore_sessions
-from server.streams.sessions import SESSIONS_KEY, SessionLimits, SessionStore
+from server.streams.sessions import SessionLimits, SessionStore
 
 log = structlog.get_logger("server")
 
@@ -47,7 +46,6 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     """The app; `on_load_failure` is called when the model fails to load (the CLI exits with 1)."""
     app = Quart("llamba")
     service = ModelService(settings)
-    app.extensions[EXTENSION_KEY] = service
     limits = SessionLimits(
         settings.stream_buffer_size,
         settings.stream_ttl,
@@ -60,11 +58,10 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
         journals = JournalDir(settings.stream_journal, str(settings.model), settings.stream_buffer_size)
     sessions = SessionStore(limits, journals=journals)
     app.config[sse.UNREAD_LIMIT_KEY] = settings.stream_buffer_size
-    app.extensions[SESSIONS_KEY] = sessions
     # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
     store = ResponseStore(settings.responses_max, settings.responses_dir)
-    app.extensions[RESPONSES_KEY] = ResponsesState(store)
-    app.extensions[LIMITS_KEY] = settings.limits
+    state = AppState(service, sessions, ResponsesState(store), settings.limits)
+    state.install(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_size  # a larger body is a 413
     for routes in (
         openai, anthropic, responses, control, native, embeddings, slots, metrics, stream, openapi, webui
@@ -76,7 +73,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     install_auth(app, settings.api_keys)
     install_cors(app, settings)
     install_error_handlers(app)
-    _install_tools(app, settings)
+    state.toolbox = _install_tools(app, settings)
     if settings.ui_mcp_proxy:
         app.register_blueprint(cors_proxy.bp)
     _install_lifespan(app, service, sessions, store, on_load_failure)
@@ -100,16 +97,15 @@ def _install_sleep(app: Quart, service: ModelService, idle_seconds: float) -> No
         await sleeper.stop()
 
 
-def _install_tools(app: Quart, settings: Settings) -> None:
+def _install_tools(app: Quart, settings: Settings) -> Toolbox | None:
     """/tools, the built-in tools and the MCP servers exist only when some are configured: /tools runs
     code on this host."""
     if not settings.mcp_servers and not settings.tools:
-        return
+        return None
     mcp = McpManager(settings.mcp_servers) if settings.mcp_servers else None
     # The built-in tools' defaults: the server's own cwd, and --tools-runtime (checked while parsing).
     defaults = ToolContext.of(None, settings.tools_runtime, ToolContext(os.getcwd()))
     manager = Toolbox(mcp, BuiltinTools(settings.tools, defaults) if settings.tools else None)
-    app.extensions[tools.MANAGER_KEY] = manager
     app.register_blueprint(tools.bp)
 
     @app.before_serving
@@ -119,6 +115,8 @@ def _install_tools(app: Quart, settings: Settings) -> None:
     @app.after_serving
     async def stop_mcp() -> None:
         await manager.stop()  # idempotent: `python -m server` stops it earlier, before the HTTP drain
+
+    return manager
 
 
 def _install_lifespan(

@@ -13,49 +13,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, current_app, jsonify, request
+from quart import Blueprint, jsonify
 
+from server.agents.requests import ToolCallRequest, request_context
 from server.agents.toolbox import Toolbox
-from server.builtin_tools import BadContext, BuiltinTool, ToolContext
+from server.builtin_tools import BuiltinTool
 from server.builtin_tools.shell import ExecShellCommand, Execution
 from server.http import errors, sse
 from server.http.request_body import json_body
+from server.state import app_state
 
 bp = Blueprint("tools", __name__)
 
-MANAGER_KEY = "llamba.mcp"  # the app's Toolbox (built-in and MCP tools)
-
-
-class ToolCallRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    tool: str = Field(min_length=1)
-    params: dict[str, Any] = Field(default_factory=dict)
-    stream: bool = False
-    cwd: str | None = None  # Llamba's: the working directory, when no x-tool-cwd header gives it
-
 
 def manager() -> Toolbox:
-    return current_app.extensions[MANAGER_KEY]
-
-
-def request_context(body_cwd: str | None = None) -> ToolContext | None:
-    """The built-in tools' context for this request (x-tool-cwd, x-tool-runtime, x-resp-type); None
-    without built-in tools. An unusable one is a 400."""
-    box: Toolbox | None = current_app.extensions.get(MANAGER_KEY)
-    if box is None or box.builtin is None:
-        return None
-    headers = request.headers
-    try:
-        return ToolContext.of(
-            headers.get("x-tool-cwd") or body_cwd,
-            headers.get("x-tool-runtime"),
-            box.builtin.defaults,
-            headers.get("x-resp-type") or None,
-        )
-    except BadContext as exc:
-        raise errors.invalid_request(str(exc)) from exc
+    box = app_state().toolbox
+    assert box is not None  # /tools is registered only with a toolbox
+    return box
 
 
 @bp.get("/tools")

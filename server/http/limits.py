@@ -17,8 +17,6 @@ from hypercorn.config import Config
 
 from server.http import errors
 
-LIMITS_KEY = "llamba.limits"
-
 # Body fields that hold a conversation: chat-shaped routes' `messages`, the Responses API's `input`.
 MESSAGE_FIELDS = ("messages", "input")
 # Stop strings: OpenAI's and llama-server's `stop`, Anthropic's `stop_sequences`.

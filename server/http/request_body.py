@@ -15,10 +15,11 @@ import math
 import re
 from typing import Any
 
-from quart import current_app, request
+from quart import request
 
 from server.http import errors
-from server.http.limits import LIMITS_KEY, RequestLimits
+from server.http.limits import RequestLimits
+from server.state import request_limits
 
 # Content types a JSON body may come with. llama-server parses the body whatever its type, and clients
 # rely on that: `curl -d` sends application/x-www-form-urlencoded and some SDKs text/plain. Other types
@@ -113,7 +114,7 @@ def nesting_depth(value: Any) -> int:
 
 
 def _limits() -> RequestLimits:
-    return current_app.extensions.get(LIMITS_KEY) or RequestLimits()
+    return request_limits()
 
 
 async def check_headers() -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 import anyio
 import structlog
-from quart import current_app
 
 from engine.api import (
     POOLING_TYPES,
@@ -50,10 +49,10 @@ from engine.text.tool_calls import ToolCallFormat, detect_format
 from server.config.cli import Settings
 from server.http import errors
 from server.model.admission import Admission
+from server.state import app_state
 
 log = structlog.get_logger("server")
 
-EXTENSION_KEY = "llamba"
 # The engine answers calls between two steps; this only bounds the wait if it is stopping and never will.
 CALL_TIMEOUT = 60.0
 DRAIN_POLL_S = 0.05  # how often a SIGTERM drain looks whether the live requests have ended
@@ -61,7 +60,7 @@ DRAIN_POLL_S = 0.05  # how often a SIGTERM drain looks whether the live requests
 
 def service() -> ModelService:
     """The app's ModelService (from inside a request or app context)."""
-    return current_app.extensions[EXTENSION_KEY]
+    return app_state().model
 
 
 @dataclass

@@ -7,48 +7,20 @@ and may contain `/`, `:` and spaces. Each API key has its own ids (server/http/a
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, request
 
 from server.chat.schemas import StreamLookupRequest
 from server.http import errors, sse
-from server.http.auth import request_client, request_owner
+from server.http.auth import request_owner
 from server.http.request_body import json_body
-from server.model.service import service
-from server.streams.journal import Recipe, ReplyIds
-from server.streams.sessions import SESSIONS_KEY, OffsetDropped, SessionStore
+from server.streams.resumable import sessions
+from server.streams.sessions import OffsetDropped
 
 bp = Blueprint("stream", __name__)
 
 _DIGITS = re.compile(r"[0-9]+")
-
-
-def sessions() -> SessionStore:
-    return current_app.extensions[SESSIONS_KEY]
-
-
-async def resumable(
-    conversation_id: str, source: AsyncIterator[bytes], frame: sse.ErrorFrame, recipe: Recipe | None = None
-) -> AsyncIterator[bytes]:
-    """Run `source` as the session of `conversation_id`; what is returned is one reader of it, so the
-    caller's response can end (client gone) while the generation goes on. A failure of `source` ends
-    the session with the route's error `frame`, as a live stream's. With --stream-journal, a `recipe`
-    (see `stream_recipe`) journals it."""
-    owner, client = request_owner(), request_client()
-    producer = sse.errors_as_events(source, frame)
-    session = await sessions().open(conversation_id, producer, owner, client, recipe)
-    return session.follow(0)
-
-
-async def stream_recipe(route: str, ids: ReplyIds, deterministic: bool) -> Recipe | None:
-    """How the request being answered would be made again after a restart (None without
-    --stream-journal): `route` names its regenerator (server/app.py), the body is the request's own."""
-    if sessions().journals is None:
-        return None
-    body = await json_body()  # the body as received; it passed the route's validation
-    return Recipe(route, body, ids, deterministic, str(service().settings.model))
 
 
 @bp.get("/v1/stream")

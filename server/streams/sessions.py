@@ -21,7 +21,6 @@ from server.streams.journal import Journal, JournalDir, JournalHeader, Recipe
 log = structlog.get_logger("server")
 
 CONVERSATION_HEADER = "X-Conversation-Id"
-SESSIONS_KEY = "llamba.sessions"  # app.extensions: the SessionStore
 # Finished sessions are also expired on access, so the sweep only bounds how long their memory lingers.
 GC_INTERVAL_MAX = 60.0
 CANCEL_WAIT = 2.0

@@ -27,7 +27,7 @@ from server.http.error_handlers import ANTHROPIC_PREFIX
 from server.http.request_body import json_body
 from server.model.service import ModelService, service
 from server.streams.journal import Recipe, ReplyIds
-from server.streams.routes import resumable, stream_recipe
+from server.streams.resumable import resumable, stream_recipe
 from server.streams.sessions import CONVERSATION_HEADER
 
 bp = Blueprint("anthropic", __name__)

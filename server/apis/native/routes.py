@@ -7,10 +7,9 @@ from collections.abc import AsyncIterator
 from dataclasses import fields
 from typing import Any
 
-from quart import Blueprint, current_app
+from quart import Blueprint
 
 from engine.api import ReasoningTags, SamplingParams, TokenEvent
-from server.agents.routes import MANAGER_KEY
 from server.agents.toolbox import Toolbox
 from server.chat.generation import (
     build_request,
@@ -33,6 +32,7 @@ from server.chat.schemas import (
 from server.http import errors, sse
 from server.http.request_body import json_body
 from server.model.service import ModelService, service
+from server.state import app_state
 
 bp = Blueprint("native", __name__)
 
@@ -98,7 +98,7 @@ def tool_loop_props(svc: ModelService) -> dict[str, Any]:
     """The server-side tool loop: its limits, and the MCP servers a request can name (`server_label`);
     a server is available once it started and listed its tools (`ready`: the start-up warm-up is over)."""
     s = svc.settings
-    mcp: Toolbox | None = current_app.extensions.get(MANAGER_KEY)
+    mcp: Toolbox | None = app_state().toolbox
     servers = [
         {"server_label": name, "available": bool(tools), "tools": [t.tool for t in tools]}
         for name in (mcp.server_names() if mcp else [])

@@ -8,11 +8,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
 from engine.api import GenerationRequest, TokenEvent
 from server.agents.loop import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
-from server.agents.routes import MANAGER_KEY, request_context
+from server.agents.requests import request_context
 from server.agents.toolbox import Toolbox
 from server.chat.choices import (
     choice_events,
@@ -42,8 +42,9 @@ from server.chat.schemas import (
 from server.http import errors, sse
 from server.http.request_body import json_body
 from server.model.service import ModelService, service
+from server.state import app_state
 from server.streams.journal import Recipe, ReplyIds
-from server.streams.routes import resumable, stream_recipe
+from server.streams.resumable import resumable, stream_recipe
 from server.streams.sessions import CONVERSATION_HEADER
 
 bp = Blueprint("openai", __name__)
@@ -156,7 +157,7 @@ def verbose_fields(job: ChatJob, out: Outcome) -> dict[str, Any]:
 
 
 def mcp_manager() -> Toolbox | None:
-    return current_app.extensions.get(MANAGER_KEY)
+    return app_state().toolbox
 
 
 def chat_choice(

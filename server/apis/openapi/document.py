@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
-from server.agents.routes import ToolCallRequest
+from server.agents.requests import ToolCallRequest
 from server.apis.anthropic.schemas import CountTokensRequest, MessagesRequest
 from server.apis.embeddings.schemas import EmbeddingsBody, RerankBody
 from server.apis.responses.schemas import ResponsesRequest

@@ -17,13 +17,12 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, request
 
 from server.agents.loop import AgentRun, agent_plan
-from server.agents.routes import MANAGER_KEY, request_context
+from server.agents.requests import request_context
 from server.apis.responses.output import item_id
 from server.apis.responses.runs import (
-    STATE_KEY,
     ResponseRun,
     ResponsesState,
     RunContext,
@@ -38,7 +37,8 @@ from server.http import errors, sse
 from server.http.auth import request_client
 from server.http.request_body import json_body
 from server.model.service import ModelService, service
-from server.streams.routes import sessions
+from server.state import app_state
+from server.streams.resumable import sessions
 
 bp = Blueprint("responses", __name__)
 
@@ -46,7 +46,7 @@ _SEQUENCE = re.compile(r"-?[0-9]+")
 
 
 def responses() -> ResponsesState:
-    return current_app.extensions[STATE_KEY]
+    return app_state().responses
 
 
 @bp.post("/v1/responses")
@@ -95,7 +95,7 @@ async def tool_loop(
     """The server-side tool loop of a request with `mcp` tools (None without); every problem with
     them (a server_label not configured, a server_url that is not its server) is a 400 here."""
     svc.require_ready()
-    manager = current_app.extensions.get(MANAGER_KEY)
+    manager = app_state().toolbox
     plan = await agent_plan(manager, svc.settings, chat, request_context)
     if plan is None:
         return None

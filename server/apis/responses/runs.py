@@ -33,7 +33,6 @@ from server.chat.job import ChatJob
 from server.http import errors, sse
 from server.model.service import ModelService
 
-STATE_KEY = "llamba.responses"
 log = structlog.get_logger("server")
 
 
