@@ -15,8 +15,9 @@ import pytest
 
 from server.mcp import McpManager, McpServerConfig
 from server.mcp.config import McpConfigError, load_mcp_servers, parse_mcp_servers
+from server.mcp.jsonrpc import LineFramer, RpcError, RpcTimeout, TransportClosed
 from server.mcp.registry import ToolRegistry, result_text
-from server.mcp.transport import LineFramer, RpcError, RpcTimeout, SpawnError, StdioTransport, TransportClosed
+from server.mcp.transport import SpawnError, StdioTransport
 
 pytestmark = pytest.mark.anyio
 

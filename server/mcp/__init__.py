@@ -1,4 +1,4 @@
-"""MCP (Model Context Protocol) servers over stdio: config, transport, tool registry, manager."""
+"""MCP (Model Context Protocol) servers over stdio: config, JSON-RPC, transport, tool registry, manager."""
 
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 from server.mcp.manager import McpManager, ToolResult

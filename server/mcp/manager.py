@@ -12,8 +12,9 @@ from typing import Any
 import structlog
 
 from server.mcp.config import McpServerConfig
+from server.mcp.jsonrpc import RpcError, RpcTimeout, TransportClosed
 from server.mcp.registry import McpTool, ToolRegistry, result_text
-from server.mcp.transport import RpcError, RpcTimeout, StdioTransport, TransportClosed
+from server.mcp.transport import StdioTransport
 
 log = structlog.get_logger("mcp")
 
