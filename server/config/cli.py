@@ -23,12 +23,12 @@ from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from engine.text.reasoning import REASONING_FORMATS, REASONING_MODES
 from server.builtin_tools import BadContext, Runtime, parse_tool_names
-from server.chat.tool_schemas import check_schema
-from server.cluster.autoscale import replica_bounds
 from server.config.env_args import EnvError, env_arguments
+from server.config.json_schema import check_schema
+from server.config.limits import RequestLimits
 from server.config.llama_server_flags import FLAGS, LlamaServerFlag
 from server.config.print_and_exit import CacheList, CompletionBash
-from server.http.limits import RequestLimits
+from server.config.replicas import replica_bounds
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 
 # llama-server's flags that Llamba accepts but that have no effect here

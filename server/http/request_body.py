@@ -17,8 +17,9 @@ from typing import Any
 
 from quart import current_app, request
 
+from server.config.limits import RequestLimits
 from server.http import errors
-from server.http.limits import LIMITS_KEY, RequestLimits
+from server.http.limits import LIMITS_KEY, check_body
 
 # Content types a JSON body may come with. llama-server parses the body whatever its type, and clients
 # rely on that: `curl -d` sends application/x-www-form-urlencoded and some SDKs text/plain. Other types
@@ -149,5 +150,5 @@ async def json_body(optional: bool = False) -> Any:
     if optional and not raw.strip():
         return None
     value = parse_json(raw, limits.max_json_depth)
-    limits.check_body(value)
+    check_body(limits, value)
     return value
