@@ -16,7 +16,8 @@ from engine.cpu import isa
 from engine.model_files import ModelFetchError, resolve
 from server.agents.routes import MANAGER_KEY as MCP_KEY
 from server.app import create_app
-from server.config.cli import NO_EFFECT, parse_settings
+from server.config.ignored_flags import NO_EFFECT
+from server.config.parse import parse_settings
 from server.http import logs
 from server.http.serving import hypercorn_config, served
 from server.model.service import EXTENSION_KEY as SERVICE_KEY

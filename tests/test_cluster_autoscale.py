@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from server.cluster.autoscale import DOWN, HOLD, UP, ReplicaLoad, Sample, ScalePolicy
-from server.config.cli import parse_settings
+from server.config.parse import parse_settings
 from server.config.replicas import replica_bounds
 from server.router.catalogue import CatalogueError, build_catalogue
 
