@@ -28,6 +28,8 @@ REASONING_EFFORTS = ("default", "minimal", "low", "medium", "high", "xhigh", "ma
 
 
 class Settings(BaseModel):
+    """Every setting, flat and frozen: one value per flag (or derived from several), read as `settings.x`."""
+
     model_config = ConfigDict(frozen=True)
 
     # -- the model: its file, device, memory, batch and context ---------------------------------------
