@@ -69,7 +69,7 @@ async def router(port: int, child_port: int) -> int:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    from server.config.cli import parse_settings
+    from server.config.parse import parse_settings
     from server.router.app import ROUTER_KEY, create_router_app
     from server.router.catalogue import build_catalogue
     from server.router.state import LOADED

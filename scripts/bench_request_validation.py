@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from server.apis.anthropic.schemas import MessagesRequest  # noqa: E402
 from server.apis.responses.schemas import ResponsesRequest  # noqa: E402
 from server.chat.schemas import ChatCompletionRequest  # noqa: E402
-from server.chat.tool_schemas import schema_problem  # noqa: E402
+from server.config.json_schema import schema_problem  # noqa: E402
 
 
 def tool_schema(i: int) -> dict[str, Any]:

@@ -16,8 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.config.cli import ALWAYS_ON, build_parser  # noqa: E402
 from server.config.env_args import split_switch  # noqa: E402
+from server.config.flags import build_parser  # noqa: E402
+from server.config.ignored_flags import ALWAYS_ON  # noqa: E402
 
 HUB = "not applied: Llamba has no model hub; it serves -m, or its known models (a router) without it"
 OUTPUT = "not applied: Llamba does not implement it, so outputs differ from llama-server's with it"

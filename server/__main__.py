@@ -15,7 +15,8 @@ from quart import Quart
 from engine.cpu import isa
 from engine.model_files import ModelFetchError, resolve
 from server.app import create_app
-from server.config.cli import NO_EFFECT, parse_settings
+from server.config.ignored_flags import NO_EFFECT
+from server.config.parse import parse_settings
 from server.http import logs
 from server.http.serving import hypercorn_config, served
 from server.state import AppState

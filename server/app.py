@@ -24,7 +24,7 @@ from server.apis.responses import routes as responses
 from server.apis.responses.runs import ResponsesState
 from server.apis.responses.store import ResponseStore
 from server.builtin_tools import BuiltinTools, ToolContext
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http import sse
 from server.http.auth import install_auth
 from server.http.cors import install_cors

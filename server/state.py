@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from quart import Quart, current_app
 
-from server.http.limits import RequestLimits
+from server.config.limits import RequestLimits
 
 if TYPE_CHECKING:
     from server.agents.toolbox import Toolbox

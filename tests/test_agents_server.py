@@ -338,7 +338,7 @@ def test_mcp_tools_without_mcp_servers_are_a_400(server: ServerProcess) -> None:
 
 # -- limits, without a server ------------------------------------------------------------------------
 def test_the_tool_loop_flags_and_their_bad_values() -> None:
-    from server.config.cli import parse_settings
+    from server.config.parse import parse_settings
 
     settings, _ = parse_settings([])
     assert (settings.tool_max_rounds, settings.tool_timeout, settings.tool_max_tokens) == (8, 30.0, -1)
@@ -360,7 +360,7 @@ def test_the_tool_loop_flags_and_their_bad_values() -> None:
 def test_a_runs_token_budget_stays_under_the_servers_cap() -> None:
     from server.agents.loop import AgentLimits, agent_limits
     from server.chat.schemas import ChatCompletionRequest
-    from server.config.cli import Settings
+    from server.config.settings import Settings
     from server.http.errors import APIError
 
     def limits(settings: Settings, **body: Any) -> Any:

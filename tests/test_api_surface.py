@@ -9,7 +9,7 @@ from quart import Quart
 
 from server.apis.openapi.surface import BODIES, MCP, PROXY, ROUTER, ROUTES, SERVER, field_status
 from server.app import create_app
-from server.config.cli import parse_settings
+from server.config.parse import parse_settings
 from server.mcp.config import McpServerConfig
 from server.router.app import create_router_app
 from server.router.catalogue import build_catalogue

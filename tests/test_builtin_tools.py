@@ -11,7 +11,8 @@ import pytest
 from server.app import create_app
 from server.builtin_tools import NAMES, BadContext, Runtime, ToolContext, ToolError, Workdir, parse_tool_names
 from server.builtin_tools.search import glob_regex
-from server.config.cli import Settings, parse_settings
+from server.config.parse import parse_settings
+from server.config.settings import Settings
 
 
 # -- the working directory -------------------------------------------------------------------------

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from server.cluster.autoscale import DOWN, HOLD, UP, ReplicaLoad, Sample, ScalePolicy, replica_bounds
-from server.config.cli import parse_settings
+from server.cluster.autoscale import DOWN, HOLD, UP, ReplicaLoad, Sample, ScalePolicy
+from server.config.parse import parse_settings
+from server.config.replicas import replica_bounds
 from server.router.catalogue import CatalogueError, build_catalogue
 
 POLICY = ScalePolicy(min_replicas=1, max_replicas=3, up_after_s=10, down_after_s=30)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from server.cluster.placement import DOWN, READY, Replica, place
-from server.config.cli import parse_settings
+from server.config.parse import parse_settings
 from server.model.prefixes import BLOCK_TOKENS, block_hashes, matched_blocks, summary_hashes
 
 

@@ -80,7 +80,7 @@ def test_list_devices_names_each_gpu() -> None:
 
 
 def test_server_flags() -> None:
-    from server.config.cli import parse_settings
+    from server.config.parse import parse_settings
 
     settings, ignored = parse_settings(["--device", "cuda", "-ngl", "99"])
     assert (settings.device, settings.n_gpu_layers, ignored) == ("cuda", 99, [])

@@ -219,7 +219,7 @@ def test_embeddings_and_generation_share_batches_unchanged(mean_server: ServerPr
 
 
 def test_flags() -> None:
-    from server.config.cli import parse_settings
+    from server.config.parse import parse_settings
 
     settings, _ = parse_settings(["--reranking"])
     assert settings.embedding and settings.pooling == "rank"

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
-from server.config.cli import ALWAYS_ON, IGNORED_FLAGS, Settings, build_parser, parse_settings
 from server.config.env_args import env_rows
+from server.config.flags import build_parser
+from server.config.ignored_flags import ALWAYS_ON, IGNORED_FLAGS
 from server.config.llama_server_flags import FLAGS
+from server.config.parse import parse_settings
 from server.config.print_and_exit import CacheList, CompletionBash
+from server.config.settings import Settings
 from server.router.child import ROUTER_ONLY_ENV, inherited_environ
 from server.router.main import ROUTER_ONLY_FLAGS
 from tests.server_process import ServerProcess

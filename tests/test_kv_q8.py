@@ -26,7 +26,7 @@ from engine.kv_types import (
 )
 from engine.models import load_model
 from engine.slot_files import ModelIdentity, SlotFileError, SlotState, read_slot, write_slot
-from server.config.cli import parse_settings
+from server.config.parse import parse_settings
 from tests.server_process import ServerProcess
 from tests.synthetic_gguf import CASES, prompt_tokens, write_gguf
 from tests.test_ops import attention_reference

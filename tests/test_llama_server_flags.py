@@ -14,8 +14,10 @@ import httpx
 import pytest
 
 from scripts.compatibility_doc import DOC, render
-from server.config.cli import ALWAYS_ON, build_parser, parse_settings
+from server.config.flags import build_parser
+from server.config.ignored_flags import ALWAYS_ON
 from server.config.llama_server_flags import FLAGS, LlamaServerFlag
+from server.config.parse import parse_settings
 from tests.server_process import ServerProcess
 
 STATUSES = ("implemented", "ignored")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.mcp import McpServerConfig
 from tests.server_process import ServerProcess
 

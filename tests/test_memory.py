@@ -9,7 +9,7 @@ from engine.backend import cpu_backend
 from engine.gguf import GGUFFile
 from engine.mlock import lock_arrays
 from engine.models import load_model
-from server.config.cli import parse_settings
+from server.config.parse import parse_settings
 
 
 def mapped_kib(path: str, address: int) -> tuple[int, int]:

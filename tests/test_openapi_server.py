@@ -13,7 +13,7 @@ from server.apis.anthropic.schemas import MessagesRequest
 from server.apis.openapi.document import ROUTER_ROUTES, ROUTES, Route, router_routes
 from server.app import create_app
 from server.chat.schemas import ChatCompletionRequest
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.mcp.config import McpServerConfig
 from server.router.app import create_router_app
 from server.router.catalogue import build_catalogue

@@ -30,7 +30,7 @@ from engine.text.reasoning import (
     resolve_spec,
 )
 from engine.text.tokenizer import Tokenizer
-from server.config.cli import parse_settings
+from server.config.parse import parse_settings
 
 TAGS = ReasoningTags()
 

@@ -14,8 +14,9 @@ import pytest
 from engine.api import TokenEvent
 from engine.handle import RequestHandle
 from server.chat.schemas import CompletionRequest
+from server.config.limits import RequestLimits
 from server.http import errors
-from server.http.limits import RequestLimits
+from server.http.limits import check_body
 from server.http.request_body import nesting_depth, parse_json
 from server.model.admission import Admission
 from tests.server_process import ServerProcess, wait_until
@@ -70,7 +71,7 @@ def test_nesting_depth_counts_containers_only() -> None:
 
 def test_body_limits_name_the_field_and_the_flag() -> None:
     limits = RequestLimits(max_messages=2, max_stop_strings=1, max_stop_length=3)
-    limits.check_body({"messages": [{}, {}], "stop": ["abc"]})
+    check_body(limits, {"messages": [{}, {}], "stop": ["abc"]})
     for body, words in (
         ({"messages": [{}, {}, {}]}, "'messages': 3 items, more than the server's 2 (--max-messages)"),
         ({"input": [{}, {}, {}]}, "'input': 3 items"),
@@ -79,7 +80,7 @@ def test_body_limits_name_the_field_and_the_flag() -> None:
         ({"stop": "abcd"}, "--max-stop-length"),
     ):
         with pytest.raises(errors.APIError) as caught:
-            limits.check_body(body)
+            check_body(limits, body)
         assert words in caught.value.message and caught.value.status == 400
 
 

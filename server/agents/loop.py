@@ -45,7 +45,7 @@ from server.chat.generation import Outcome, events_of
 from server.chat.job import ChatJob
 from server.chat.schemas import ChatCompletionRequest, ChatMessage
 from server.chat.tool_schemas import FunctionTool, McpServerTool, NamedToolChoice
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http import errors
 from server.mcp import ToolResult
 from server.model.service import ModelService

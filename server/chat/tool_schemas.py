@@ -7,47 +7,19 @@
   server runs itself, in the Responses API's `mcp` shape: server/agents/loop.py), `tool_choice` (`none`,
   `auto`, `required` or a named function) and `parallel_tool_calls`.
 
-Every schema a client sends is checked against JSON Schema's meta-schema here, so a broken one is a
-400 naming its field before anything runs.
+Every schema a client sends is checked against JSON Schema's meta-schema here (with
+`server/config/json_schema.py`'s check), so a broken one is a 400 naming its field before anything runs.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from typing import Annotated, Any, Literal
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from server.config.json_schema import check_schema
+
 TOOL_NAME = r"^[a-zA-Z0-9_.:-]{1,128}$"
-
-
-def check_schema(schema: Any) -> dict[str, Any]:
-    """A JSON schema that is a valid schema (the latest draft's meta-schema), else ValueError."""
-    if isinstance(schema, bool):
-        return {} if schema else {"not": {}}
-    if not isinstance(schema, dict):
-        raise ValueError("must be a JSON schema (an object)")
-    problem = schema_problem(json.dumps(schema, sort_keys=True))
-    if problem is not None:
-        raise ValueError(problem)
-    return schema
-
-
-# Agents send the same tools on every turn, and jsonschema's meta-schema check of each is slow: an
-# agent's body of 10 turns and 20 tools validated in 81 ms with fresh checks, 0.6 ms with this cache, on
-# the event loop (scripts/bench_request_validation.py, one run). Each distinct schema is checked once.
-@functools.lru_cache(maxsize=1024)
-def schema_problem(canonical: str) -> str | None:
-    """What is wrong with the schema (its canonical JSON text), or None."""
-    schema = json.loads(canonical)
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.path)
-        return f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}"
-    return None
 
 
 class FunctionDefinition(BaseModel):

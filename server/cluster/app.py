@@ -26,7 +26,7 @@ from server.cluster import metrics as cluster_metrics
 from server.cluster.autoscale import ScalePolicy
 from server.cluster.fleet import Fleet, ReplicaHandle, ReplicaLease
 from server.cluster.placement import Replica, least_loaded
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http import errors
 from server.http.auth import install_auth
 from server.http.error_handlers import install_error_handlers

@@ -26,10 +26,11 @@ import structlog
 from hypercorn.asyncio import serve
 
 from server.cluster.app import create_cluster_app
-from server.cluster.autoscale import ScalePolicy, replica_bounds
+from server.cluster.autoscale import ScalePolicy
 from server.cluster.fleet import ReplicaHandle
 from server.cluster.replica import ReplicaServer
-from server.config.cli import Settings
+from server.config.replicas import replica_bounds
+from server.config.settings import Settings
 from server.http.serving import hypercorn_config, served
 from server.router.catalogue import CatalogueError, ModelEntry, build_catalogue
 from server.router.main import child_args

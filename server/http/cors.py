@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from quart import Quart, Response, request
 
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http import errors
 from server.http.error_handlers import error_reply
 

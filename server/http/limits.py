@@ -1,4 +1,4 @@
-"""Request limits: what one request may ask of the server, each with its flag and its 4xx.
+"""Request limits at the HTTP edge: how each limit (its value: server/config/limits.py) answers.
 
 Body size (413, Quart's MAX_CONTENT_LENGTH), JSON nesting depth, messages per request, stop strings
 (count and length) are checked on every body (`server/http/request_body.py`); the queue of generation
@@ -10,11 +10,11 @@ by hypercorn (`hypercorn_limits`). `n_probs` and `top_logprobs` are capped by th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from hypercorn.config import Config
 
+from server.config.limits import RequestLimits
 from server.http import errors
 
 # Body fields that hold a conversation: chat-shaped routes' `messages`, the Responses API's `input`.
@@ -23,46 +23,33 @@ MESSAGE_FIELDS = ("messages", "input")
 STOP_FIELDS = ("stop", "stop_sequences")
 
 
-@dataclass(frozen=True)
-class RequestLimits:
-    """The limits, from the flags of the same names (server/config/cli.py)."""
-
-    max_body_size: int = 32 * 1024 * 1024  # bytes of one request body
-    max_json_depth: int = 128  # nested arrays/objects (tool schemas nest; CPython's json stops near 1000)
-    max_messages: int = 4096  # messages (or Responses input items) in one request
-    max_stop_strings: int = 64  # llama-server has no cap; OpenAI allows 4
-    max_stop_length: int = 1024  # characters of one stop string
-    max_queue: int = 256  # generation requests waiting beyond the slots; -1: no limit
-    header_timeout: float = 10.0  # seconds a client may take to send a request's headers
-    max_header_size: int = 32 * 1024  # bytes of a request line plus its headers
-
-    def check_body(self, body: Any) -> None:
-        """400 naming the field and the flag when a parsed body is over a limit."""
-        if not isinstance(body, dict):
-            return
-        for name in MESSAGE_FIELDS:
-            items = body.get(name)
-            if isinstance(items, list) and len(items) > self.max_messages:
-                raise errors.invalid_request(
-                    f"'{name}': {len(items)} items, more than the server's {self.max_messages} "
-                    "(--max-messages)"
-                )
-        for name in STOP_FIELDS:
-            self._check_stop(name, body.get(name))
-
-    def _check_stop(self, name: str, value: Any) -> None:
-        stops = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-        if len(stops) > self.max_stop_strings:
+def check_body(limits: RequestLimits, body: Any) -> None:
+    """400 naming the field and the flag when a parsed body is over a limit."""
+    if not isinstance(body, dict):
+        return
+    for name in MESSAGE_FIELDS:
+        items = body.get(name)
+        if isinstance(items, list) and len(items) > limits.max_messages:
             raise errors.invalid_request(
-                f"'{name}': {len(stops)} stop strings, more than the server's {self.max_stop_strings} "
-                "(--max-stop-strings)"
+                f"'{name}': {len(items)} items, more than the server's {limits.max_messages} (--max-messages)"
             )
-        for stop in stops:
-            if isinstance(stop, str) and len(stop) > self.max_stop_length:
-                raise errors.invalid_request(
-                    f"'{name}': a stop string of {len(stop)} characters, longer than the server's "
-                    f"{self.max_stop_length} (--max-stop-length)"
-                )
+    for name in STOP_FIELDS:
+        _check_stop(limits, name, body.get(name))
+
+
+def _check_stop(limits: RequestLimits, name: str, value: Any) -> None:
+    stops = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if len(stops) > limits.max_stop_strings:
+        raise errors.invalid_request(
+            f"'{name}': {len(stops)} stop strings, more than the server's {limits.max_stop_strings} "
+            "(--max-stop-strings)"
+        )
+    for stop in stops:
+        if isinstance(stop, str) and len(stop) > limits.max_stop_length:
+            raise errors.invalid_request(
+                f"'{name}': a stop string of {len(stop)} characters, longer than the server's "
+                f"{limits.max_stop_length} (--max-stop-length)"
+            )
 
 
 def hypercorn_limits(config: Config, limits: RequestLimits) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 
 from quart import request
 
+from server.config.limits import RequestLimits
 from server.http import errors
-from server.http.limits import RequestLimits
+from server.http.limits import check_body
 from server.state import request_limits
 
 # Content types a JSON body may come with. llama-server parses the body whatever its type, and clients
@@ -150,5 +151,5 @@ async def json_body(optional: bool = False) -> Any:
     if optional and not raw.strip():
         return None
     value = parse_json(raw, limits.max_json_depth)
-    limits.check_body(value)
+    check_body(limits, value)
     return value

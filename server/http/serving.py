@@ -13,7 +13,7 @@ from typing import Any
 
 from hypercorn.config import Config
 
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http.io_timeouts import App, IoTimeouts, Receive, Scope, Send
 from server.http.limits import hypercorn_limits
 

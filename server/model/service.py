@@ -46,7 +46,7 @@ from engine.text.fim import ExtraChunk, InfillLimits, infill_tokens
 from engine.text.reasoning import ReasoningSpec, ReasoningTags, detect_tags, resolve_spec
 from engine.text.tokenizer import Tokenizer
 from engine.text.tool_calls import ToolCallFormat, detect_format
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http import errors
 from server.model.admission import Admission
 from server.state import app_state

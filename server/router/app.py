@@ -18,7 +18,7 @@ from quart import Blueprint, Quart, Response, current_app, request
 from server.apis import webui
 from server.apis.openapi.document import ModelName
 from server.apis.openapi.routes import cached_document
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http import errors
 from server.http.auth import install_auth
 from server.http.cors import install_cors

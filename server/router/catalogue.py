@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine.model_files import DEFAULT_MODEL, MODELS
-from server.config.cli import ALWAYS_ON, IGNORED_FLAGS, build_parser
+from server.config.flags import build_parser
+from server.config.ignored_flags import ALWAYS_ON, IGNORED_FLAGS
 
 # Keys a preset may not set: the router owns them (llama-server removes or overwrites them too).
 ROUTER_KEYS = {

@@ -9,7 +9,7 @@ import sys
 import structlog
 from hypercorn.asyncio import serve
 
-from server.config.cli import Settings
+from server.config.settings import Settings
 from server.http.serving import hypercorn_config, served
 from server.router.app import create_router_app
 from server.router.catalogue import CatalogueError, build_catalogue

@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from server.chat.schemas import ChatCompletionRequest
-from server.chat.tool_schemas import TOOL_NAME, check_schema
+from server.chat.tool_schemas import TOOL_NAME
 from server.chat.unsupported import llama_extras
+from server.config.json_schema import check_schema
 from server.http import errors
 
 # Block types Anthropic defines that carry what this server cannot read or does not run.

@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from server.chat.schemas import ChatCompletionRequest
-from server.chat.tool_schemas import TOOL_NAME, McpServerTool, check_schema
+from server.chat.tool_schemas import TOOL_NAME, McpServerTool
 from server.chat.unsupported import llama_extras
+from server.config.json_schema import check_schema
 from server.http import errors
 
 # A reasoning effort that maps onto the chat template's thinking switch; other levels have no meaning
