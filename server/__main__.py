@@ -19,7 +19,7 @@ from server.app import create_app
 from server.config.cli import NO_EFFECT, parse_settings
 from server.http import logs
 from server.http.serving import hypercorn_config, served
-from server.model.service import EXTENSION_KEY as SERVICE_KEY
+from server.model.host import EXTENSION_KEY as MODEL_KEY
 from server.streams.journal import JournalError
 from server.streams.sessions import SESSIONS_KEY
 
@@ -97,14 +97,14 @@ async def _shut_down(app: Quart, timeout: float, stop: asyncio.Event, forced: as
     connections drain at once. MCP children too, before the HTTP drain: a slow tool call then answers at
     once instead of holding it."""
     await stop.wait()
-    service = app.extensions[SERVICE_KEY]
+    model = app.extensions[MODEL_KEY]
     if timeout > 0:
-        await service.drain(timeout, forced)
+        await model.drain(timeout, forced)
     # Before the engine stops: the generations it cancels must not end their journals (they resume).
     app.extensions[SESSIONS_KEY].detach_journals()
     mcp = app.extensions.get(MCP_KEY)
     await asyncio.gather(
-        anyio.to_thread.run_sync(service.stop),
+        anyio.to_thread.run_sync(model.stop),
         mcp.stop() if mcp else asyncio.sleep(0),
     )
 

@@ -16,7 +16,7 @@ from server.chat.schemas import StreamLookupRequest
 from server.http import errors, sse
 from server.http.auth import request_client, request_owner
 from server.http.request_body import json_body
-from server.model.service import service
+from server.model.host import current_model
 from server.streams.journal import Recipe, ReplyIds
 from server.streams.sessions import SESSIONS_KEY, OffsetDropped, SessionStore
 
@@ -48,7 +48,7 @@ async def stream_recipe(route: str, ids: ReplyIds, deterministic: bool) -> Recip
     if sessions().journals is None:
         return None
     body = await json_body()  # the body as received; it passed the route's validation
-    return Recipe(route, body, ids, deterministic, str(service().settings.model))
+    return Recipe(route, body, ids, deterministic, str(current_model().settings.model))
 
 
 @bp.get("/v1/stream")
