@@ -84,7 +84,7 @@ class EngineClient:
         grammars: Grammars,
         pooling: Pooling,
         settings: Settings,
-        gate: Admission,
+        admission: Admission,
         counters: Counters,
     ) -> None:
         self._engine = engine
@@ -93,7 +93,7 @@ class EngineClient:
         self.settings = settings
         # Both outlive this client (the host's, kept while the model sleeps): --max-queue and the
         # SIGTERM drain, and what /metrics reports.
-        self.gate = gate
+        self.admission = admission
         self.counters = counters
 
     @property
@@ -108,8 +108,8 @@ class EngineClient:
     # -- admission and grammars (while a request is prepared, before any byte of its reply) ----------
     def check_queue(self, wanted: int = 1) -> None:
         """503 with Retry-After when the server is shutting down or the queue for slots is full."""
-        self.gate.check_open()
-        self.gate.check(self.n_slots, wanted)
+        self.admission.check_open()
+        self.admission.check(self.n_slots, wanted)
 
     @property
     def default_grammar(self) -> CompiledGrammar | None:
@@ -124,18 +124,18 @@ class EngineClient:
 
     # -- generation ------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        self.gate.check_open()
+        self.admission.check_open()
         self.counters.requests_total += 1
         handle = self._engine.submit(request, asyncio.get_running_loop())
-        self.gate.track(handle)
+        self.admission.track(handle)
         return handle
 
     def submit_choices(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
         """`n` choices of one prompt: evaluated once, its cells copied to the other choices' slots."""
-        self.gate.check_open()
+        self.admission.check_open()
         self.counters.requests_total += 1
         handles = self._engine.submit_choices(requests, asyncio.get_running_loop())
-        self.gate.track(*handles)
+        self.admission.track(*handles)
         return handles
 
     async def events(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -180,7 +180,7 @@ class EngineClient:
         self.check_queue()  # one request, however many inputs: it is never refused for its size
         self.counters.requests_total += 1
         handles = [self._engine.submit(EmbeddingRequest(p, self.pooling), loop) for p in prompts]
-        self.gate.track(*handles)
+        self.admission.track(*handles)
         try:
             events = [await _final_event(h) for h in handles]
         finally:

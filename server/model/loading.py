@@ -40,8 +40,8 @@ class Loaded:
     client: EngineClient
 
 
-def load_model(settings: Settings, gate: Admission, counters: Counters) -> Loaded:
-    """The model of --model loaded, its engine started; the client shares the host's `gate` and
+def load_model(settings: Settings, admission: Admission, counters: Counters) -> Loaded:
+    """The model of --model loaded, its engine started; the client shares the host's `admission` and
     `counters` (they outlive a load while the model sleeps)."""
     s = settings
     llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock, progress=_log_progress)
@@ -70,7 +70,7 @@ def load_model(settings: Settings, gate: Admission, counters: Counters) -> Loade
         n_ctx_slot=engine.n_ctx_slot,
         n_vocab=llm.tokenizer.n_vocab,
     )
-    client = EngineClient(engine, grammars, pooling, settings, gate, counters)
+    client = EngineClient(engine, grammars, pooling, settings, admission, counters)
     return Loaded(llm.info(), engine, prompts, client)
 
 
