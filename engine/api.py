@@ -1,5 +1,5 @@
 """The engine's public types: what crosses its surface. The server imports these and nothing else of
-the engine's internals (its one seam, `server/model/service.py`, aside).
+the engine's internals (its one seam, `server/model/`, aside).
 
 A generation request goes in, token events come out; slot snapshots, model facts and control results
 are read back. All are frozen values, safe to hand from the engine thread to the event loop.

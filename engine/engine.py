@@ -61,7 +61,7 @@ class EngineConfig:
     cache_type_v: str = "f16"  # -ctv
     n_threads: int = 0  # compute threads of the engine thread (Numba's are per thread); 0: Numba's default
     adaptive_threads: bool = True  # fewer threads while other programs take the cores (engine/threads.py)
-    # Fault injection for the error-path tests (LLAMBA_FAIL_FORWARD, read by server/model/service.py): the
+    # Fault injection for the error-path tests (LLAMBA_FAIL_FORWARD, read by server/model/loading.py): the
     # forward passes with these numbers (1 = the first after warm-up) raise as a failing kernel would.
     fail_forward: frozenset[int] = frozenset()
 

@@ -97,14 +97,14 @@ async def _shut_down(app: Quart, timeout: float, stop: asyncio.Event, forced: as
     once instead of holding it."""
     await stop.wait()
     state = AppState.of(app)
-    service = state.model
+    model = state.model
     if timeout > 0:
-        await service.drain(timeout, forced)
+        await model.drain(timeout, forced)
     # Before the engine stops: the generations it cancels must not end their journals (they resume).
     state.sessions.detach_journals()
     mcp = state.toolbox
     await asyncio.gather(
-        anyio.to_thread.run_sync(service.stop),
+        anyio.to_thread.run_sync(model.stop),
         mcp.stop() if mcp else asyncio.sleep(0),
     )
 

@@ -31,7 +31,7 @@ from server.http.cors import install_cors
 from server.http.error_handlers import install_error_handlers
 from server.http.request_body import check_headers, read_whole_body
 from server.mcp import McpManager
-from server.model.service import ModelService
+from server.model.host import ModelHost
 from server.model.sleep import IdleSleeper
 from server.state import AppState
 from server.streams import routes as stream
@@ -45,7 +45,7 @@ log = structlog.get_logger("server")
 def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = None) -> Quart:
     """The app; `on_load_failure` is called when the model fails to load (the CLI exits with 1)."""
     app = Quart("llamba")
-    service = ModelService(settings)
+    model = ModelHost(settings)
     limits = SessionLimits(
         settings.stream_buffer_size,
         settings.stream_ttl,
@@ -60,7 +60,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     app.config[sse.UNREAD_LIMIT_KEY] = settings.stream_buffer_size
     # Read at start (before serving): with --responses-dir, the stored responses of earlier runs.
     store = ResponseStore(settings.responses_max, settings.responses_dir)
-    state = AppState(service, sessions, ResponsesState(store), settings.limits)
+    state = AppState(model, sessions, ResponsesState(store), settings.limits)
     state.install(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_size  # a larger body is a 413
     for routes in (
@@ -76,16 +76,16 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     state.toolbox = _install_tools(app, settings)
     if settings.ui_mcp_proxy:
         app.register_blueprint(cors_proxy.bp)
-    _install_lifespan(app, service, sessions, store, on_load_failure)
+    _install_lifespan(app, model, sessions, store, on_load_failure)
     if settings.sleep_idle_seconds > 0:
-        _install_sleep(app, service, settings.sleep_idle_seconds)
+        _install_sleep(app, model, settings.sleep_idle_seconds)
     return app
 
 
-def _install_sleep(app: Quart, service: ModelService, idle_seconds: float) -> None:
+def _install_sleep(app: Quart, model: ModelHost, idle_seconds: float) -> None:
     """--sleep-idle-seconds: the middleware that wakes the model, and its idle watch
     (server/model/sleep.py)."""
-    sleeper = IdleSleeper(app.asgi_app, service, idle_seconds)
+    sleeper = IdleSleeper(app.asgi_app, model, idle_seconds)
     app.asgi_app = sleeper  # type: ignore[method-assign]
 
     @app.before_serving
@@ -121,7 +121,7 @@ def _install_tools(app: Quart, settings: Settings) -> Toolbox | None:
 
 def _install_lifespan(
     app: Quart,
-    service: ModelService,
+    model: ModelHost,
     sessions: SessionStore,
     store: ResponseStore,
     on_load_failure: Callable[[], None] | None,
@@ -131,13 +131,13 @@ def _install_lifespan(
     @app.before_serving
     async def start_loading() -> None:
         # Not awaited: the server answers (503 on /health) while the model loads.
-        load = asyncio.get_running_loop().create_task(_load(service, on_load_failure))
+        load = asyncio.get_running_loop().create_task(_load(model, on_load_failure))
         loading.add(load)
         if sessions.journals is not None:  # replayable at once; resumed ones wait for the model
             sessions.journals.start()
-            regenerators = _regenerators(service)
-            model = str(service.settings.model)
-            restore_sessions(RestoreContext(sessions, sessions.journals, regenerators, model, load))
+            regenerators = _regenerators(model)
+            path = str(model.settings.model)
+            restore_sessions(RestoreContext(sessions, sessions.journals, regenerators, path, load))
         sessions.start_gc()
 
     @app.after_serving
@@ -148,17 +148,17 @@ def _install_lifespan(
         if sessions.journals is not None:
             await anyio.to_thread.run_sync(sessions.journals.close)
         await anyio.to_thread.run_sync(store.close)
-        await anyio.to_thread.run_sync(service.stop)
+        await anyio.to_thread.run_sync(model.stop)
 
 
-def _regenerators(service: ModelService) -> dict[str, Regenerator]:
+def _regenerators(model: ModelHost) -> dict[str, Regenerator]:
     """The durable routes (`Recipe.route`): how each makes a journaled stream again after a restart."""
 
     async def chat(recipe: Recipe) -> AsyncIterator[bytes]:
-        return await openai.regenerate_chat(service, recipe)
+        return await openai.regenerate_chat(model, recipe)
 
     async def messages(recipe: Recipe) -> AsyncIterator[bytes]:
-        return await anthropic.regenerate_messages(service, recipe)
+        return await anthropic.regenerate_messages(model, recipe)
 
     return {
         "chat": Regenerator(chat, openai.chat_error_event),
@@ -166,9 +166,9 @@ def _regenerators(service: ModelService) -> dict[str, Regenerator]:
     }
 
 
-async def _load(service: ModelService, on_failure: Callable[[], None] | None) -> None:
+async def _load(model: ModelHost, on_failure: Callable[[], None] | None) -> None:
     try:
-        await service.load()
+        await model.load()
     except Exception:
         if on_failure is not None:
             on_failure()

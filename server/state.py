@@ -18,7 +18,7 @@ from server.config.limits import RequestLimits
 if TYPE_CHECKING:
     from server.agents.toolbox import Toolbox
     from server.apis.responses.runs import ResponsesState
-    from server.model.service import ModelService
+    from server.model.host import ModelHost
     from server.streams.sessions import SessionStore
 
 STATE_KEY = "llamba"
@@ -26,7 +26,7 @@ STATE_KEY = "llamba"
 
 @dataclass
 class AppState:
-    model: ModelService
+    model: ModelHost
     sessions: SessionStore
     responses: ResponsesState
     limits: RequestLimits

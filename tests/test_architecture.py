@@ -37,13 +37,31 @@ def modules() -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
 
 
+def import_nodes(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of `path` that run (anywhere in it, in functions too); those under
+    `if TYPE_CHECKING:` never run and are left out."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
 def imported(path: Path) -> set[str]:
-    """Every module name `path` imports (absolute imports; the project uses no relative ones)."""
+    """Every module name `path` imports when it runs (absolute imports; the project uses no relative
+    ones)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in import_nodes(path):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif node.module:
             names.add(node.module)
     return names
 
@@ -151,29 +169,18 @@ def module_file(name: str) -> Path | None:
     return None
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def runtime_imports(path: Path) -> set[Path]:
-    """The repository modules `path` imports when it runs (anywhere in it, in functions too), resolving
-    `from package import module` to the module; imports under `if TYPE_CHECKING:` are left out."""
+    """The repository modules `path` imports when it runs, `from package import module` resolved to
+    the module."""
     found: set[Path] = set()
-
-    def visit(node: ast.AST) -> None:
-        if _type_checking_only(node):
-            return
+    for node in import_nodes(path):
         if isinstance(node, ast.Import):
             found.update(f for a in node.names if (f := module_file(a.name)))
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif node.module:
             for alias in node.names:
                 target = module_file(f"{node.module}.{alias.name}") or module_file(node.module)
                 if target:
                     found.add(target)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
     found.discard(path)
     return found
 

@@ -2,7 +2,7 @@
 is freed, the server keeps serving.
 
 A correct kernel cannot be made to fail on demand, so the server runs with LLAMBA_FAIL_FORWARD (engine
-forward passes that raise as a broken kernel would; server/model/service.py).
+forward passes that raise as a broken kernel would; server/model/loading.py).
 Requests run one after another, so
 the pass numbers are known: each prompt is one pass, each further token one more.
 """

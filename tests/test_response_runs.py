@@ -46,7 +46,7 @@ async def run_failing(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> tuple[
     state = ResponsesState(ResponseStore())
     job = ChatJob("Hi", 3, GenerationRequest(prompt_tokens=[1, 2, 3]))
     run = ResponseRun(snapshot("resp_1"), background=False)
-    ctx = RunContext(svc=None, state=state, job=job, conversation=[], store=True)  # type: ignore[arg-type]
+    ctx = RunContext(model=None, state=state, job=job, conversation=[], store=True)  # type: ignore[arg-type]
     raw = b"".join([chunk async for chunk in response_runs.run_events(ctx, run)])
     return sse_events(raw), state
 

@@ -6,7 +6,7 @@ A chat (or Responses) request names MCP servers with the Responses API's `mcp` t
 under the registry's names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools the
 client declared.
 
-- Rounds. Each round is a new engine request (`ModelService.submit`) whose prompt is the previous one
+- Rounds. Each round is a new engine request (`EngineClient.events`) whose prompt is the previous one
   plus the model's calls and the tools' results, so the slot's cached prefix (or the host prompt cache)
   is reused and only the new tail is processed.
 - tool_choice. The client's in the first round; "auto" in the following ones (OpenAI forces a tool only
@@ -41,14 +41,14 @@ from pydantic import ValidationError
 from engine.api import TokenEvent, ToolCall
 from server.agents.toolbox import Tool, Toolbox
 from server.builtin_tools import ToolContext
-from server.chat.generation import Outcome, events_of
+from server.chat.generation import Outcome
 from server.chat.job import ChatJob
 from server.chat.schemas import ChatCompletionRequest, ChatMessage
 from server.chat.tool_schemas import FunctionTool, McpServerTool, NamedToolChoice
 from server.config.settings import Settings
 from server.http import errors
 from server.mcp import ToolResult
-from server.model.service import ModelService
+from server.model.host import ModelHost
 
 log = structlog.get_logger("agents")
 
@@ -225,13 +225,13 @@ class AgentRun:
 
     def __init__(
         self,
-        svc: ModelService,
+        model: ModelHost,
         body: ChatCompletionRequest,
         plan: AgentPlan,
         mcp: Toolbox,
         prepare: Prepare,
     ) -> None:
-        self.svc, self.body, self.plan, self.mcp, self.prepare = svc, body, plan, mcp, prepare
+        self.model, self.body, self.plan, self.mcp, self.prepare = model, body, plan, mcp, prepare
         self.rounds: list[Round] = []
         self.messages: list[dict[str, Any]] = []  # what the run added before its final message
         self.finish_reason = "stop"
@@ -285,7 +285,7 @@ class AgentRun:
             yield RoundStarted(index, job)
             current = Round(job, sum(len(r.outcome.tool_calls) for r in self.rounds))
             self.rounds.append(current)
-            async with contextlib.aclosing(events_of(self.svc, job.request)) as events:
+            async with contextlib.aclosing(self.model.client.events(job.request)) as events:
                 async for event in events:
                     current.outcome.add(event)
                     yield current.shifted(event)

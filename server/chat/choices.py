@@ -1,5 +1,6 @@
 """`n` choices (OpenAI's `n`, llama-server's `n_cmpl`) on the generation routes: the engine requests of
-the choices, their events merged, and the whole request's usage and timings.
+the choices, their outcomes (EngineClient.choice_events merges their events), and the whole request's
+usage and timings.
 
 As llama-server: choice i runs with seed + i (a random seed stays random), at most one choice per slot
 (`-np`), and the prompt is evaluated once (the engine copies its cells to the other choices' slots), so
@@ -8,21 +9,21 @@ As llama-server: choice i runs with seed + i (a random seed stays random), at mo
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 from engine.api import GenerationRequest, Timings, TokenEvent
 from server.chat.generation import Outcome
 from server.http import errors
-from server.model.service import ModelService
+from server.model.client import EngineClient
+from server.model.host import ModelHost
 
 
-def choice_requests(svc: ModelService, gen: GenerationRequest, n: int) -> list[GenerationRequest]:
+def choice_requests(model: ModelHost, gen: GenerationRequest, n: int) -> list[GenerationRequest]:
     """The engine requests of n choices; 400 when the server has fewer slots than choices."""
-    if n > svc.n_slots:
-        raise errors.invalid_request(f"'n': at most {svc.n_slots} choices (the server's slots, -np), got {n}")
+    n_slots = model.n_slots
+    if n > n_slots:
+        raise errors.invalid_request(f"'n': at most {n_slots} choices (the server's slots, -np), got {n}")
     sampling = gen.sampling
     requests = [gen]
     for i in range(1, n):
@@ -31,36 +32,10 @@ def choice_requests(svc: ModelService, gen: GenerationRequest, n: int) -> list[G
     return requests
 
 
-async def choice_events(
-    svc: ModelService, requests: list[GenerationRequest]
-) -> AsyncIterator[tuple[int, TokenEvent]]:
-    """Every choice's events as they come, with the choice's index; leaving early cancels them all."""
-    handles = svc.submit_choices(requests)
-    queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
-
-    async def pump(index: int) -> None:
-        async for event in handles[index]:
-            queue.put_nowait((index, event))
-
-    tasks = [asyncio.create_task(pump(i)) for i in range(len(handles))]
-    try:
-        running = len(handles)
-        while running:
-            index, event = await queue.get()
-            if event.finish_reason is not None:
-                svc.counters.record(event)
-                running -= 1
-            yield index, event
-    finally:
-        for task in tasks:
-            task.cancel()
-        for handle in handles:
-            handle.cancel()
-
-
-async def collect_choices(svc: ModelService, requests: list[GenerationRequest]) -> list[Outcome]:
+async def collect_choices(client: EngineClient, requests: list[GenerationRequest]) -> list[Outcome]:
+    """Every choice's whole outcome (their events merged by EngineClient.choice_events)."""
     outcomes = [Outcome() for _ in requests]
-    async for index, event in choice_events(svc, requests):
+    async for index, event in client.choice_events(requests):
         outcomes[index].add(event)
     return outcomes
 

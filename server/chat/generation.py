@@ -1,61 +1,70 @@
-"""What the generation routes share: engine requests built from request bodies, their events read
-(and counted) on the event loop, and the reply fragments several routes shape alike (usage, logprobs)."""
+"""What the generation routes share: the engine request of a body and its prompt, built in one pass; a
+whole generation collected; and the reply fragments several routes shape alike (usage, logprobs)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.api import GenerationRequest, Timings, TokenEvent, ToolCall, add_tool_call_steps
-from engine.speculative import SPEC_TYPES, SpecParams
+from engine.api import GenerationRequest, SpecParams, Timings, TokenEvent, ToolCall, add_tool_call_steps
 from server.chat.schemas import CompletionRequest, GenerationFields
-from server.chat.structured import ToolPlan, answer_grammar
+from server.chat.structured import answer_grammar
+from server.config.settings import Settings
 from server.http import errors
-from server.model.service import ModelService
+from server.model.client import EngineClient
+from server.model.constraints import ToolPlan
+from server.model.host import ModelHost
+from server.model.prompts import Prompt, PromptBuilder
+from server.model.sampling import SPEC_TYPES
+
+
+def new_id(prefix: str) -> str:
+    """A reply's id (also its engine request's, which control calls name)."""
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 async def build_request(
-    service: ModelService,
+    model: ModelHost,
     body: GenerationFields,
-    prompt_tokens: list[int],
+    prompt: Prompt,
     n_probs: int,
     request_id: str,
-    truncated: bool = False,
     tools: ToolPlan | None = None,
 ) -> GenerationRequest:
-    """The engine request of a body: sampling, limits, stop strings, and its grammar (the body's
-    constraint, or its tools' calls, which are then also parsed out of the answer). A full queue is a
-    503 here (--max-queue), before any byte of the reply."""
-    service.check_queue(body.n_choices())
+    """The engine request of a body and its prompt, whole in one pass: sampling, limits, stop strings,
+    the prompt's reasoning treatment, speculation, and its grammar (the body's constraint, or its tools'
+    calls, which are then also parsed out of the answer). A full queue is a 503 here (--max-queue),
+    before any byte of the reply."""
+    client, prompts, s = model.client, model.prompts, model.settings
+    client.check_queue(body.n_choices())
     try:
-        n_vocab = service.model_info().n_vocab
-        sampling = body.sampling(service.default_sampling(), n_vocab, service.encode_plain, n_probs)
+        sampling = body.sampling(s.sampling, prompts.n_vocab, prompts.encode_plain, n_probs)
     except ValueError as exc:
         raise errors.invalid_request(str(exc)) from exc
     return GenerationRequest(
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt.tokens,
         sampling=sampling,
-        n_predict=body.max_new_tokens(service.settings.n_predict),
-        stop=(body.stop_list() or service.settings.reverse_prompts)
-        + (tools.format.extra_stops if tools else ()),
-        ignore_eos=service.settings.ignore_eos if body.ignore_eos is None else body.ignore_eos,
+        n_predict=body.max_new_tokens(s.n_predict),
+        stop=(body.stop_list() or s.reverse_prompts) + (tools.format.extra_stops if tools else ()),
+        ignore_eos=s.ignore_eos if body.ignore_eos is None else body.ignore_eos,
         id_slot=body.id_slot,
         cache_prompt=body.cache_prompt,
         request_id=request_id,
         timings_per_token=body.timings_per_token,
         return_progress=body.return_progress,
-        truncated=truncated,
+        truncated=prompt.truncated,
+        reasoning=prompt.reasoning,
         tool_calls=tools.parsing if tools else None,
-        grammar=await answer_grammar(service, body, tools),
-        speculative=spec_params(service, body),
+        grammar=await answer_grammar(client, body, tools),
+        speculative=spec_params(s, body),
     )
 
 
-def spec_params(service: ModelService, body: GenerationFields) -> SpecParams | None:
+def spec_params(settings: Settings, body: GenerationFields) -> SpecParams | None:
     """The request's speculation: its `speculative.*` fields over the server's --spec-* settings."""
-    base = service.settings.spec
-    types = _spec_types(body.speculative_type, base.types, bool(service.settings.model_draft))
+    base = settings.spec
+    types = _spec_types(body.speculative_type, base.types, bool(settings.model_draft))
     asked = {
         "n_max": body.speculative_n_max,
         "n_min": body.speculative_n_min,
@@ -82,12 +91,11 @@ def _spec_types(asked: str | list[str] | None, default: tuple[str, ...], has_dra
     return () if "none" in names else names
 
 
-async def completion_request(service: ModelService, raw: Any) -> tuple[CompletionRequest, list[int], bool]:
-    """A validated completion body, its prompt tokens fitted to the context, and whether they were cut."""
+async def completion_request(model: ModelHost, raw: Any) -> tuple[CompletionRequest, Prompt]:
+    """A validated completion body and its prompt tokens fitted to the context."""
     body = CompletionRequest.model_validate(raw)
-    service.require_ready()
-    tokens, truncated = service.fit_prompt(await service.tokenize_prompt(body.prompt))
-    return body, tokens, truncated
+    prompts = model.prompts  # 503 while the model loads
+    return body, prompts.fit_prompt(await prompts.tokenize_prompt(body.prompt))
 
 
 @dataclass
@@ -138,21 +146,9 @@ def replayable(request: GenerationRequest) -> bool:
     return request.sampling.greedy or not request.sampling.random_seed
 
 
-async def events_of(service: ModelService, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-    """The request's events; if the consumer goes away (client disconnect) the generation is cancelled."""
-    handle = service.submit(request)
-    try:
-        async for event in handle:
-            if event.finish_reason is not None:
-                service.counters.record(event)
-            yield event
-    finally:
-        handle.cancel()
-
-
-async def collect(service: ModelService, request: GenerationRequest) -> Outcome:
+async def collect(client: EngineClient, request: GenerationRequest) -> Outcome:
     out = Outcome()
-    async for event in events_of(service, request):
+    async for event in client.events(request):
         out.add(event)
     return out
 
@@ -168,8 +164,8 @@ def usage(n_prompt: int, outcome_final: TokenEvent | None) -> dict[str, Any]:
     }
 
 
-def piece_info(service: ModelService, token: int, value: float, key: str = "logprob") -> dict[str, Any]:
-    raw = service.piece(token)
+def piece_info(prompts: PromptBuilder, token: int, value: float, key: str = "logprob") -> dict[str, Any]:
+    raw = prompts.piece(token)
     return {
         "id": token,
         "token": raw.decode("utf-8", errors="replace"),
@@ -182,7 +178,7 @@ def has_probs(event: TokenEvent) -> bool:
     return event.token is not None and (event.logprob is not None or event.prob is not None)
 
 
-def openai_logprobs(service: ModelService, events: list[TokenEvent]) -> list[dict[str, Any]]:
+def openai_logprobs(prompts: PromptBuilder, events: list[TokenEvent]) -> list[dict[str, Any]]:
     """OpenAI's logprobs.content entries (llama-server adds the token id). With post_sampling_probs,
     llama-server's other shape: `prob` and `top_probs` (probabilities after the sampler chain)."""
     content = []
@@ -191,11 +187,11 @@ def openai_logprobs(service: ModelService, events: list[TokenEvent]) -> list[dic
             continue
         assert ev.token is not None
         if ev.prob is not None:
-            entry = piece_info(service, ev.token, ev.prob, "prob")
-            entry["top_probs"] = [piece_info(service, t, q, "prob") for t, q in ev.top_probs]
+            entry = piece_info(prompts, ev.token, ev.prob, "prob")
+            entry["top_probs"] = [piece_info(prompts, t, q, "prob") for t, q in ev.top_probs]
         else:
-            entry = piece_info(service, ev.token, ev.logprob or 0.0)
-            entry["top_logprobs"] = [piece_info(service, t, lp) for t, lp in ev.top_logprobs]
+            entry = piece_info(prompts, ev.token, ev.logprob or 0.0)
+            entry["top_logprobs"] = [piece_info(prompts, t, lp) for t, lp in ev.top_logprobs]
         content.append(entry)
     return content
 

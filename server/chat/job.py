@@ -1,5 +1,5 @@
-"""A chat request made ready for the engine: the prompt rendered for the model (and its tools' format),
-its tokens, and the engine request with reasoning, tool-call parsing and grammar.
+"""A chat request made ready for the engine, in one pass: its tools in the model's format, its prompt
+(rendered, tokenized, fitted, with its reasoning treatment), and the finished engine request.
 
 Every chat-shaped API goes through here: OpenAI's chat completions as they come, Anthropic's Messages
 and OpenAI's Responses once translated into a `ChatCompletionRequest`. One generation path, several
@@ -8,14 +8,19 @@ wire shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from engine.api import GenerationRequest, ReasoningSpec, ReasoningTags
+from engine.api import GenerationRequest
 from server.chat.generation import build_request
 from server.chat.schemas import ChatCompletionRequest
-from server.chat.structured import ToolPlan, tool_plan
-from server.model.service import ModelService
+from server.chat.structured import tool_plan
+from server.config.settings import Settings
+from server.model.constraints import ToolPlan
+from server.model.host import ModelHost
+from server.model.prompts import ChatInput, ReasoningAsk
 
 
 @dataclass(frozen=True)
@@ -27,58 +32,53 @@ class ChatJob:
     request: GenerationRequest
 
 
-def chat_prompt(svc: ModelService, body: ChatCompletionRequest, tools: ToolPlan | None) -> str:
-    """The chat as the model's prompt (rendered for the tools' format when there are tools)."""
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    return svc.render_chat(
-        messages,
-        tools.tools if tools else None,
-        tools.format if tools else None,
-        continue_final_message=body.continue_final_message,
-        add_generation_prompt=body.add_generation_prompt is not False,
-        **template_kwargs(svc, body.reasoning_effort, body.chat_template_kwargs),
-    )
-
-
-def template_kwargs(svc: ModelService, effort: str | None, given: dict[str, Any] | None) -> dict[str, Any]:
-    """The template variables of a chat: --reasoning's enable_thinking, the reasoning effort (the
-    request's, else --reasoning-effort's), then the request's chat_template_kwargs over both."""
-    s = svc.settings
-    return thinking_kwargs(s.reasoning) | effort_kwargs(effort or s.reasoning_effort) | (given or {})
-
-
-def effort_kwargs(level: str) -> dict[str, Any]:
-    """The template's `reasoning_effort`, unless "default" (the template's own default)."""
-    return {} if level == "default" else {"reasoning_effort": level}
-
-
-async def chat_tokens(svc: ModelService, body: ChatCompletionRequest) -> list[int]:
-    """The prompt tokens a chat request would run with, before any fitting to the context: what token
-    counting answers (/tokenize with messages, Anthropic's count_tokens)."""
-    svc.require_ready()
-    return await svc.tokenize_prompt(chat_prompt(svc, body, tool_plan(svc, body)))
-
-
-def input_tokens(n: int) -> dict[str, Any]:
-    """OpenAI's input token count object (llama-server answers its chat count with it too)."""
-    return {"object": "response.input_tokens", "input_tokens": n}
-
-
 async def prepare_chat(
-    svc: ModelService, body: ChatCompletionRequest, completion_id: str, answer_only: bool = False
+    model: ModelHost, body: ChatCompletionRequest, completion_id: str, answer_only: bool = False
 ) -> ChatJob:
     """The prompt, its tokens, and the engine request with its reasoning, tool-call parsing and
     grammar; every problem a 400 before any byte. `answer_only`: the tool loop's last round
     (server/chat/structured.py's tool_plan)."""
-    svc.require_ready()
-    tools = tool_plan(svc, body, answer_only)
-    prompt_text = chat_prompt(svc, body, tools)
-    tokens, truncated = svc.fit_prompt(await svc.tokenize_prompt(prompt_text))
-    svc.log_prompt(completion_id, prompt_text)
-    gen = await build_request(svc, body, tokens, body.n_probs(), completion_id, truncated, tools)
-    own_tags = tools.format.reasoning_tags if tools else None
-    gen = replace(gen, reasoning=reasoning_spec(svc, body, prompt_text, own_tags))
-    return ChatJob(prompt_text, len(tokens), gen)
+    prompts = model.prompts  # 503 while the model loads
+    tools = tool_plan(prompts, body, answer_only)
+    prompt = await prompts.chat(chat_input(model.settings, body, tools))
+    log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
+    request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools)
+    return ChatJob(prompt.text, len(prompt.tokens), request)
+
+
+async def chat_tokens(model: ModelHost, body: ChatCompletionRequest) -> list[int]:
+    """The prompt tokens a chat request would run with, before any fitting to the context: what token
+    counting answers (/tokenize with messages, Anthropic's count_tokens)."""
+    prompts = model.prompts  # 503 while the model loads
+    chat = chat_input(model.settings, body, tool_plan(prompts, body))
+    return (await prompts.chat(chat, fit=False)).tokens
+
+
+def chat_input(settings: Settings, body: ChatCompletionRequest, tools: ToolPlan | None) -> ChatInput:
+    """The chat as the prompt builder takes it: its messages, its tools in their format, the template
+    variables, and what it asks of reasoning (each over the server's defaults)."""
+    reasoning = ReasoningAsk(
+        body.reasoning_format,
+        body.reasoning_budget(settings.reasoning_budget),
+        body.budget_message(settings.reasoning_budget_message),
+        body.reasoning_control,
+    )
+    return ChatInput(
+        [m.model_dump(exclude_none=True) for m in body.messages],
+        tools.tools if tools else None,
+        tools.format if tools else None,
+        continue_final_message=body.continue_final_message,
+        add_generation_prompt=body.add_generation_prompt is not False,
+        template_kwargs=template_kwargs(settings, body.reasoning_effort, body.chat_template_kwargs),
+        reasoning=reasoning,
+    )
+
+
+def template_kwargs(settings: Settings, effort: str | None, given: dict[str, Any] | None) -> dict[str, Any]:
+    """The template variables of a chat: --reasoning's enable_thinking, the reasoning effort (the
+    request's, else --reasoning-effort's), then the request's chat_template_kwargs over both."""
+    s = settings
+    return thinking_kwargs(s.reasoning) | effort_kwargs(effort or s.reasoning_effort) | (given or {})
 
 
 def thinking_kwargs(mode: str) -> dict[str, Any]:
@@ -86,11 +86,19 @@ def thinking_kwargs(mode: str) -> dict[str, Any]:
     return {"on": {"enable_thinking": True}, "off": {"enable_thinking": False}}.get(mode, {})
 
 
-def reasoning_spec(
-    svc: ModelService, body: ChatCompletionRequest, prompt_text: str, own_tags: ReasoningTags | None
-) -> ReasoningSpec | None:
-    s = svc.settings
-    budget = body.reasoning_budget(s.reasoning_budget)
-    message = body.budget_message(s.reasoning_budget_message)
-    fmt, control = body.reasoning_format, body.reasoning_control
-    return svc.reasoning_spec(fmt, prompt_text, budget, message, control, own_tags)
+def effort_kwargs(level: str) -> dict[str, Any]:
+    """The template's `reasoning_effort`, unless "default" (the template's own default)."""
+    return {} if level == "default" else {"reasoning_effort": level}
+
+
+def input_tokens(n: int) -> dict[str, Any]:
+    """OpenAI's input token count object (llama-server answers its chat count with it too)."""
+    return {"object": "response.input_tokens", "input_tokens": n}
+
+
+def log_prompt(folder: Path | None, request_id: str, text: str) -> None:
+    """--log-prompts-dir: each chat's rendered prompt, one file per request."""
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{int(time.time() * 1000)}-{request_id}.txt").write_text(text, encoding="utf-8")

@@ -8,10 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
+from engine.api import SamplingParams
 from server.chat.tool_schemas import ConstraintFields, ToolFields
 from server.chat.unsupported import unsupported
 from server.http import errors
+from server.model.sampling import NUMBER_FIELDS, parse_samplers
 
 # The template's `reasoning_effort` (OpenAI's levels and llama-server's).
 ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh", "max"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.sampling import NUMBER_FIELDS
+from server.model.sampling import NUMBER_FIELDS
 
 # Accepted and without effect on what is generated.
 METADATA = frozenset(

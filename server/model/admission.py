@@ -3,7 +3,8 @@
 A request is live from its engine submission until its final event is pushed (`RequestHandle.ended`);
 live requests beyond the server's slots are queued. When the queue is full a new request is a 503 with
 `Retry-After` (OpenAI's SDKs retry those), rather than a wait no client deadline survives. Handles are
-held weakly: one whose reader is gone without an end is forgotten with it.
+held weakly: one whose reader is gone without an end is forgotten with it. While the server drains
+(SIGTERM with --shutdown-timeout) every new request is turned away the same way.
 """
 
 from __future__ import annotations
@@ -20,12 +21,20 @@ class Admission:
     def __init__(self, max_queue: int) -> None:
         self.max_queue = max_queue  # -1: no limit
         self._live: weakref.WeakSet[RequestHandle] = weakref.WeakSet()
+        self.draining = False  # in-flight requests finish, new ones 503 (ModelHost.drain sets it)
 
     def track(self, *handles: RequestHandle) -> None:
         self._live.update(handles)
 
     def live(self) -> int:
         return sum(not h.ended for h in list(self._live))
+
+    def check_open(self) -> None:
+        """503 with Retry-After while the server is shutting down."""
+        if self.draining:
+            raise errors.APIError(
+                503, "the server is shutting down", "unavailable_error", headers={"Retry-After": "1"}
+            )
 
     def check(self, n_slots: int, wanted: int = 1) -> None:
         """503 with Retry-After when `wanted` more requests would put more than max_queue in the queue."""

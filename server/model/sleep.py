@@ -4,7 +4,7 @@ request wakes it (llama-server's sleeping on idle).
 An ASGI middleware around the app counts the requests in flight (a streamed response counts until its
 last byte) and wakes the model before a request that needs it. Reading the server's state does not
 count as work and does not wake it: /health, /props, /models, /metrics and GET /slots answer from what
-the model left (`ModelService.sleep` keeps its facts and last snapshot). Work is also what the engine
+the model left (`ModelHost.sleep` keeps its facts and last snapshot). Work is also what the engine
 does without an HTTP request (a resumable session whose client left): a busy snapshot keeps it awake.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from server.model.service import ModelService
+from server.model.host import ModelHost
 
 log = structlog.get_logger("server")
 
@@ -40,9 +40,9 @@ ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 class IdleSleeper:
     """The middleware, and the task that puts the model to sleep once it has been idle long enough."""
 
-    def __init__(self, app: ASGIApp, service: ModelService, idle_seconds: float) -> None:
+    def __init__(self, app: ASGIApp, model: ModelHost, idle_seconds: float) -> None:
         self._app = app
-        self._service = service
+        self._model = model
         self.idle_seconds = idle_seconds
         self._in_flight = 0
         self._last_activity = time.monotonic()
@@ -54,8 +54,8 @@ class IdleSleeper:
             return
         self._in_flight += 1
         try:
-            if self._service.sleeping:
-                await self._service.wake()
+            if self._model.sleeping:
+                await self._model.wake()
             await self._app(scope, receive, send)
         finally:
             self._in_flight -= 1
@@ -74,15 +74,15 @@ class IdleSleeper:
         period = min(0.25, self.idle_seconds / 4)
         while True:
             await asyncio.sleep(period)
-            svc = self._service
-            if svc.sleeping or not svc.loaded:
+            model = self._model
+            if model.sleeping or not model.loaded:
                 continue
-            snapshot = svc.snapshot()
+            snapshot = model.snapshot()
             if self._in_flight or snapshot.n_busy or snapshot.n_waiting:
                 self._last_activity = time.monotonic()
             elif time.monotonic() - self._last_activity >= self.idle_seconds:
                 log.info("model.going_to_sleep", idle_seconds=self.idle_seconds)
-                await svc.sleep()
+                await model.sleep()
 
 
 def _read_only(scope: dict[str, Any]) -> bool:

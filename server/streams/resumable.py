@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from server.http import sse
 from server.http.auth import request_client, request_owner
 from server.http.request_body import json_body
-from server.model.service import service
+from server.model.host import current_model
 from server.state import app_state
 from server.streams.journal import Recipe, ReplyIds
 from server.streams.sessions import SessionStore
@@ -40,4 +40,4 @@ async def stream_recipe(route: str, ids: ReplyIds, deterministic: bool) -> Recip
     if sessions().journals is None:
         return None
     body = await json_body()  # the body as received; it passed the route's validation
-    return Recipe(route, body, ids, deterministic, str(service().settings.model))
+    return Recipe(route, body, ids, deterministic, str(current_model().settings.model))

@@ -12,7 +12,6 @@ carries the API key, and `anthropic-version` is accepted (one version of the API
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from quart import Blueprint, request
@@ -20,12 +19,13 @@ from quart import Blueprint, request
 from engine.api import TokenEvent
 from server.apis.anthropic.blocks import ContentBlocks, StreamEvent
 from server.apis.anthropic.schemas import CountTokensRequest, MessagesRequest
-from server.chat.generation import events_of, replayable
+from server.chat.generation import replayable
 from server.chat.job import ChatJob, chat_tokens, prepare_chat
+from server.chat.schemas import ChatCompletionRequest
 from server.http import errors, sse
 from server.http.error_handlers import ANTHROPIC_PREFIX
 from server.http.request_body import json_body
-from server.model.service import ModelService, service
+from server.model.host import ModelHost, current_model
 from server.streams.journal import Recipe, ReplyIds
 from server.streams.resumable import resumable, stream_recipe
 from server.streams.sessions import CONVERSATION_HEADER
@@ -38,13 +38,13 @@ PING = ("ping", {"type": "ping"})
 
 @bp.post("/v1/messages")
 async def messages() -> Any:
-    svc = service()
+    model = current_model()
     body = MessagesRequest.model_validate(await json_body())
     ids = ReplyIds.fresh("msg", "_")  # the id is also the engine request id
     message_id = ids.reply_id
-    job = await prepare_chat(svc, body.to_chat(stream=body.stream), message_id)
+    job = await prepare_chat(model, chat_request(body), message_id)
     if body.stream:
-        stream = message_stream(svc, body, job, message_id)
+        stream = message_stream(model, body, job, message_id)
         conversation_id = request.headers.get(CONVERSATION_HEADER)
         if conversation_id:  # a resumable session: the generation outlives this response
             recipe = await stream_recipe("messages", ids, replayable(job.request))
@@ -53,27 +53,34 @@ async def messages() -> Any:
         return sse.response(stream, frame=error_event)
     blocks = ContentBlocks()
     final: TokenEvent | None = None
-    async for event in events_of(svc, job.request):
+    async for event in model.client.events(job.request):
         blocks.feed(event)
         final = event if event.finish_reason is not None else final
     if final is None or final.finish_reason == "error":
         raise errors.APIError(500, (final.error if final else None) or "generation failed", "server_error")
-    return message_object(svc, message_id, blocks.content()) | ending(body, blocks, final, job.n_prompt)
+    return message_object(model, message_id, blocks.content()) | ending(body, blocks, final, job.n_prompt)
 
 
 @bp.post("/v1/messages/count_tokens")
 async def count_tokens() -> Any:
-    svc = service()
+    model = current_model()
     body = CountTokensRequest.model_validate(await json_body())
-    return {"input_tokens": len(await chat_tokens(svc, body.to_chat()))}
+    return {"input_tokens": len(await chat_tokens(model, body.to_chat()))}
 
 
-def message_object(svc: ModelService, message_id: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
+    """The chat a message body runs as; a stream's asks for prompt progress (its pings on a long
+    prompt)."""
+    chat = body.to_chat(stream=body.stream)
+    return chat.model_copy(update={"return_progress": True}) if body.stream else chat
+
+
+def message_object(model: ModelHost, message_id: str, content: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
-        "model": svc.settings.model_alias,
+        "model": model.settings.model_alias,
         "content": content,
         "stop_reason": None,
         "stop_sequence": None,
@@ -101,18 +108,18 @@ def ending(body: MessagesRequest, blocks: ContentBlocks, final: TokenEvent, n_pr
 
 
 async def message_stream(
-    svc: ModelService, body: MessagesRequest, job: ChatJob, message_id: str
+    model: ModelHost, body: MessagesRequest, job: ChatJob, message_id: str
 ) -> AsyncIterator[bytes]:
     """Anthropic's event stream; a ping after message_start and on every prompt chunk processed, so a
     long prompt does not look like a stalled connection."""
-    start = message_object(svc, message_id, []) | {
+    start = message_object(model, message_id, []) | {
         "usage": {"input_tokens": job.n_prompt, "output_tokens": 0}
     }
     yield send(("message_start", {"type": "message_start", "message": start}))
     yield send(PING)
     blocks = ContentBlocks()
     final: TokenEvent | None = None
-    async for event in events_of(svc, replace(job.request, return_progress=True)):
+    async for event in model.client.events(job.request):
         if event.progress is not None:
             yield send(PING)
             continue
@@ -132,12 +139,12 @@ async def message_stream(
     yield send(("message_stop", {"type": "message_stop"}))
 
 
-async def regenerate_messages(svc: ModelService, recipe: Recipe) -> AsyncIterator[bytes]:
+async def regenerate_messages(model: ModelHost, recipe: Recipe) -> AsyncIterator[bytes]:
     """A journaled message stream made again after a restart (server/streams/resume.py)."""
     body = MessagesRequest.model_validate(recipe.body)
     message_id = recipe.ids.reply_id
-    job = await prepare_chat(svc, body.to_chat(stream=body.stream), message_id)
-    return message_stream(svc, body, job, message_id)
+    job = await prepare_chat(model, chat_request(body), message_id)
+    return message_stream(model, body, job, message_id)
 
 
 def error_event(error: errors.APIError) -> bytes:

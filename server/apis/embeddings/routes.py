@@ -1,7 +1,7 @@
 """Embeddings and rerank: /embedding, /embeddings, /v1/embeddings; /rerank, /reranking, /v1/rerank(ing).
 
 As llama-server: the routes answer only when the server runs with --embedding (rerank: --reranking,
-pooling rank), else 501 not_supported_error. Each input is one engine request (`ModelService.embed`),
+pooling rank), else 501 not_supported_error. Each input is one engine request (`EngineClient.embed`),
 all of them in the continuous batch at once. Pooled vectors are normalised per `embd_normalize`
 (llama.cpp's common_embd_normalize); pooling none returns every token's vector as it is.
 """
@@ -18,7 +18,8 @@ from engine.api import TokenEvent
 from server.apis.embeddings.schemas import EmbeddingsBody, Piece, RerankBody
 from server.http import errors
 from server.http.request_body import json_body
-from server.model.service import ModelService, service
+from server.model.host import ModelHost, current_model
+from server.model.prompts import PromptBuilder
 
 bp = Blueprint("embeddings", __name__)
 
@@ -39,27 +40,27 @@ def normalize(vector: np.ndarray, embd_normalize: int) -> np.ndarray:
     return (vector * np.float32(scale)).astype(np.float32)
 
 
-async def _tokens(svc: ModelService, prompt: str | list[Piece]) -> list[int]:
+async def _tokens(builder: PromptBuilder, prompt: str | list[Piece]) -> list[int]:
     """One prompt's tokens as llama-server's tokenize_input_subprompt makes them: texts with special
     tokens parsed and the vocabulary's BOS/EOS added, token ids as given."""
     if isinstance(prompt, str):
-        tokens = await svc.tokenize(prompt, True, True)
+        tokens = await builder.tokenize(prompt, True, True)
     else:
         tokens = []
         for piece in prompt:
-            tokens += [piece] if isinstance(piece, int) else await svc.tokenize(piece, False, True)
-        svc.check_tokens(tokens)
+            tokens += [piece] if isinstance(piece, int) else await builder.tokenize(piece, False, True)
+        builder.check_tokens(tokens)
     if not tokens:
         raise errors.invalid_request("Input content cannot be empty")
-    if len(tokens) > svc.n_ctx_slot:
-        raise errors.exceed_context(len(tokens), svc.n_ctx_slot)
+    if len(tokens) > builder.n_ctx_slot:
+        raise errors.exceed_context(len(tokens), builder.n_ctx_slot)
     return tokens
 
 
-def _require_embeddings(svc: ModelService) -> None:
-    if not svc.settings.embedding:
+def _require_embeddings(model: ModelHost) -> None:
+    if not model.settings.embedding:
         raise errors.not_supported("This server does not support embeddings. Start it with `--embeddings`")
-    svc.require_ready()
+    model.require_ready()
 
 
 def _vectors(event: TokenEvent, pooled: bool, embd_normalize: int) -> list[np.ndarray]:
@@ -82,23 +83,25 @@ async def embeddings_oai() -> Any:
 
 
 async def _embeddings(oai: bool) -> Any:
-    svc = service()
-    _require_embeddings(svc)
+    model = current_model()
+    _require_embeddings(model)
     body = EmbeddingsBody.model_validate(await json_body())
-    pooled = svc.pooling != "none"
+    client = model.client
+    pooled = client.pooling != "none"
     if oai and body.input is not None and not pooled:
         raise errors.invalid_request(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
         )
-    prompts = [await _tokens(svc, p) for p in body.prompts()]
-    norm = svc.settings.embd_normalize if body.embd_normalize is None else body.embd_normalize
-    events = await svc.embed(prompts)
+    builder = model.prompts
+    prompts = [await _tokens(builder, p) for p in body.prompts()]
+    norm = model.settings.embd_normalize if body.embd_normalize is None else body.embd_normalize
+    events = await client.embed(prompts)
     vectors = [_vectors(e, pooled, norm) for e in events]
     if not oai or body.input is None:  # llama-server: `content` is answered in its own shape
         return [{"index": i, "embedding": [v.tolist() for v in vs]} for i, vs in enumerate(vectors)]
     n_tokens = sum(len(p) for p in prompts)
     return {
-        "model": body.model or svc.settings.model_alias,
+        "model": body.model or model.settings.model_alias,
         "object": "list",
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         "data": [_oai_item(i, vs[0], body.encoding_format) for i, vs in enumerate(vectors)],
@@ -117,17 +120,18 @@ def _oai_item(index: int, vector: np.ndarray, encoding: str) -> dict[str, Any]:
 @bp.post("/v1/rerank")
 @bp.post("/v1/reranking")
 async def rerank() -> Any:
-    svc = service()
-    if not svc.settings.embedding or svc.settings.pooling != "rank":
+    model = current_model()
+    if not model.settings.embedding or model.settings.pooling != "rank":
         raise errors.not_supported("This server does not support reranking. Start it with `--reranking`")
-    svc.require_ready()
+    model.require_ready()
     body = RerankBody.model_validate(await json_body())
     docs = body.docs
-    prompts = [await svc.rerank_tokens(body.query, doc) for doc in docs]
+    builder = model.prompts
+    prompts = [await builder.rerank_tokens(body.query, doc) for doc in docs]
     for tokens in prompts:
-        if len(tokens) > svc.n_ctx_slot:
-            raise errors.exceed_context(len(tokens), svc.n_ctx_slot)
-    events = await svc.embed(prompts)
+        if len(tokens) > builder.n_ctx_slot:
+            raise errors.exceed_context(len(tokens), builder.n_ctx_slot)
+    events = await model.client.embed(prompts)
     label = "score" if body.tei else "relevance_score"
     results = []
     for index, event in enumerate(events):
@@ -142,7 +146,7 @@ async def rerank() -> Any:
         return results
     n_tokens = sum(len(p) for p in prompts)
     return {
-        "model": body.model or svc.settings.model_alias,
+        "model": body.model or model.settings.model_alias,
         "object": "list",
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         "results": results,

@@ -15,7 +15,7 @@ from engine.api import CONTROL_ACTIONS
 from server.chat.schemas import ControlRequest
 from server.http import errors
 from server.http.request_body import json_body
-from server.model.service import service
+from server.model.host import current_model
 
 bp = Blueprint("control", __name__)
 
@@ -23,9 +23,9 @@ bp = Blueprint("control", __name__)
 @bp.post("/v1/chat/completions/control")
 @bp.post("/chat/completions/control")
 async def control() -> Any:
-    svc = service()
+    model = current_model()
     body = ControlRequest.model_validate(await json_body())
     if body.action not in CONTROL_ACTIONS:
         known = ", ".join(CONTROL_ACTIONS)
         raise errors.invalid_request(f"unknown action {body.action!r}; supported actions: {known}")
-    return (await svc.control(body.id, body.action)).as_dict()
+    return (await model.client.control(body.id, body.action)).as_dict()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quart import Blueprint, Response
 
 from server.http import errors
-from server.model.service import service
+from server.model.host import current_model
 
 bp = Blueprint("metrics", __name__)
 
@@ -16,11 +16,11 @@ def _family(name: str, kind: str, help_text: str, value: float) -> str:
 
 @bp.get("/metrics")
 async def metrics() -> Response:
-    svc = service()
-    if not svc.settings.metrics:
+    model = current_model()
+    if not model.settings.metrics:
         raise errors.not_supported("This server does not support metrics endpoint.")
-    engine = svc.snapshot()
-    c = svc.counters
+    engine = model.snapshot()
+    c = model.counters
     prompt_tps = c.prompt_tokens_total / c.prompt_seconds_total if c.prompt_seconds_total else 0.0
     gen_tps = (
         c.tokens_predicted_total / c.tokens_predicted_seconds_total

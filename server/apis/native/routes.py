@@ -15,7 +15,7 @@ from server.chat.generation import (
     build_request,
     collect,
     completion_request,
-    events_of,
+    new_id,
     openai_logprobs,
     raise_if_failed,
     stop_type,
@@ -31,7 +31,8 @@ from server.chat.schemas import (
 )
 from server.http import errors, sse
 from server.http.request_body import json_body
-from server.model.service import ModelService, service
+from server.model.host import ModelHost, current_model
+from server.model.prompts import ChatInput, Prompt
 from server.state import app_state
 
 bp = Blueprint("native", __name__)
@@ -40,10 +41,10 @@ bp = Blueprint("native", __name__)
 @bp.get("/health")
 @bp.get("/v1/health")
 async def health() -> Any:
-    svc = service()
-    if svc.load_error:
-        raise errors.APIError(500, f"model failed to load: {svc.load_error}", "server_error")
-    if not svc.ready:  # a sleeping model is healthy: it wakes on the next request
+    model = current_model()
+    if model.load_error:
+        raise errors.APIError(500, f"model failed to load: {model.load_error}", "server_error")
+    if not model.ready:  # a sleeping model is healthy: it wakes on the next request
         raise errors.unavailable()
     return {"status": "ok"}
 
@@ -52,7 +53,7 @@ async def health() -> Any:
 async def change_props() -> Any:
     """llama-server's POST /props (with --props): it changes no property yet, so the only body it takes
     is an empty object; a property named is a 400 rather than silently kept as it is."""
-    if not service().settings.props:
+    if not current_model().settings.props:
         raise errors.not_supported(
             "This server does not support changing global properties. Start it with `--props`"
         )
@@ -66,38 +67,38 @@ async def change_props() -> Any:
 
 @bp.get("/props")
 async def props() -> Any:
-    svc = service()
-    info = svc.model_info()
-    params = svc.default_sampling()
+    model = current_model()
+    info = model.model_info()
+    params = model.settings.sampling
     return {
         "default_generation_settings": {
             "id": 0,
-            "n_ctx": svc.n_ctx_slot,
+            "n_ctx": model.n_ctx_slot,
             "params": {
-                "n_predict": svc.settings.n_predict,
+                "n_predict": model.settings.n_predict,
                 **sampling_props(params),
-                "reasoning_format": svc.settings.reasoning_format,
-                "reasoning_budget_tokens": svc.settings.reasoning_budget,
+                "reasoning_format": model.settings.reasoning_format,
+                "reasoning_budget_tokens": model.settings.reasoning_budget,
             },
         },
-        "total_slots": svc.n_slots,
-        "is_sleeping": svc.sleeping,
-        "model_alias": svc.settings.model_alias,
+        "total_slots": model.n_slots,
+        "is_sleeping": model.sleeping,
+        "model_alias": model.settings.model_alias,
         "model_path": str(info.path),
-        "chat_template": svc.template_source(),
+        "chat_template": model.template_source(),
         "modalities": {"vision": False, "audio": False},
         "build_info": "llamba",
         "backend": info.backend,
-        "webui": svc.settings.webui,
-        "reasoning": reasoning_props(svc),
-        "tool_loop": tool_loop_props(svc),
+        "webui": model.settings.webui,
+        "reasoning": reasoning_props(model),
+        "tool_loop": tool_loop_props(model),
     }
 
 
-def tool_loop_props(svc: ModelService) -> dict[str, Any]:
+def tool_loop_props(model: ModelHost) -> dict[str, Any]:
     """The server-side tool loop: its limits, and the MCP servers a request can name (`server_label`);
     a server is available once it started and listed its tools (`ready`: the start-up warm-up is over)."""
-    s = svc.settings
+    s = model.settings
     mcp: Toolbox | None = app_state().toolbox
     servers = [
         {"server_label": name, "available": bool(tools), "tools": [t.tool for t in tools]}
@@ -123,10 +124,10 @@ def sampling_props(params: SamplingParams) -> dict[str, Any]:
     return props
 
 
-def reasoning_props(svc: ModelService) -> dict[str, Any]:
+def reasoning_props(model: ModelHost) -> dict[str, Any]:
     """The reasoning settings and what the template says about thinking (its tags, if it has a block)."""
-    s = svc.settings
-    found = svc.reasoning_tags()
+    s = model.settings
+    found = model.reasoning_tags()
     tags = found or ReasoningTags()
     return {
         "format": s.reasoning_format,
@@ -140,10 +141,10 @@ def reasoning_props(svc: ModelService) -> dict[str, Any]:
 
 
 # -- native completion -----------------------------------------------------------------------------
-def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> dict[str, Any]:
+def final_fields(model: ModelHost, final: TokenEvent | None, n_prompt: int) -> dict[str, Any]:
     t = final.timings if final else None
     return {
-        "model": svc.settings.model_alias,
+        "model": model.settings.model_alias,
         "stop": True,
         "stop_type": stop_type(final),
         "stopping_word": (final.stop_word or "") if final else "",
@@ -159,47 +160,46 @@ def final_fields(svc: ModelService, final: TokenEvent | None, n_prompt: int) -> 
 @bp.post("/completion")
 @bp.post("/completions")
 async def completion() -> Any:
-    svc = service()
-    body, tokens, truncated = await completion_request(svc, await json_body())
+    model = current_model()
+    body, prompt = await completion_request(model, await json_body())
     if body.n_choices() > 1:
         raise errors.invalid_request(
             "'n': several choices are served on /v1/completions and /v1/chat/completions"
         )
-    gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
-    if body.stream:
-        return sse.response(native_stream(svc, body, gen, len(tokens)))
-    out = await collect(svc, gen)
-    reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
-    if body.n_probs:
-        reply["completion_probabilities"] = openai_logprobs(svc, out.events)
-    return reply
+    return await native_reply(model, body, prompt)
 
 
 @bp.post("/infill")
 async def infill() -> Any:
     """llama-server's /infill: the model's FIM prompt around the code, then /completion's reply."""
-    svc = service()
+    model = current_model()
     body = InfillRequest.model_validate(await json_body())
-    svc.require_ready()
+    prompts = model.prompts  # 503 while the model loads
     extra = [(chunk.filename, chunk.text) for chunk in body.input_extra]
-    prompt = await svc.infill_prompt(body.input_prefix, body.input_suffix, extra, body.prompt)
-    tokens, truncated = svc.fit_prompt(prompt)
+    tokens = await prompts.infill_prompt(body.input_prefix, body.input_suffix, extra, body.prompt)
+    prompt = prompts.fit_prompt(tokens)
     if body.n_choices() > 1:
         raise errors.invalid_request("'n': several choices are served on /v1/completions")
-    gen = await build_request(svc, body, tokens, body.n_probs, svc.new_id("cmpl"), truncated)
+    return await native_reply(model, body, prompt)
+
+
+async def native_reply(model: ModelHost, body: CompletionRequest, prompt: Prompt) -> Any:
+    """/completion's and /infill's reply: streamed, or whole."""
+    gen = await build_request(model, body, prompt, body.n_probs, new_id("cmpl"))
+    n_prompt = len(prompt.tokens)
     if body.stream:
-        return sse.response(native_stream(svc, body, gen, len(tokens)))
-    out = await collect(svc, gen)
-    reply = {"content": out.text, "tokens": out.tokens, **final_fields(svc, out.final, len(tokens))}
+        return sse.response(native_stream(model, body, gen, n_prompt))
+    out = await collect(model.client, gen)
+    reply = {"content": out.text, "tokens": out.tokens, **final_fields(model, out.final, n_prompt)}
     if body.n_probs:
-        reply["completion_probabilities"] = openai_logprobs(svc, out.events)
+        reply["completion_probabilities"] = openai_logprobs(model.prompts, out.events)
     return reply
 
 
 async def native_stream(
-    svc: ModelService, body: CompletionRequest, gen: Any, n_prompt: int
+    model: ModelHost, body: CompletionRequest, gen: Any, n_prompt: int
 ) -> AsyncIterator[bytes]:
-    async for event in events_of(svc, gen):
+    async for event in model.client.events(gen):
         raise_if_failed(event)
         if event.progress is not None:
             yield sse.event({"prompt_progress": event.progress.as_dict()})
@@ -209,12 +209,12 @@ async def native_stream(
             "tokens": [] if event.token is None else [event.token],
         }
         if body.n_probs:
-            chunk["completion_probabilities"] = openai_logprobs(svc, [event])
+            chunk["completion_probabilities"] = openai_logprobs(model.prompts, [event])
         if event.finish_reason is None:
             chunk |= {"stop": False, "id_slot": event.id_slot}
             yield sse.event(chunk)
         else:
-            yield sse.event(chunk | final_fields(svc, event, n_prompt))
+            yield sse.event(chunk | final_fields(model, event, n_prompt))
 
 
 # -- tokens and templates --------------------------------------------------------------------------
@@ -223,19 +223,18 @@ async def tokenize() -> Any:
     """llama-server's /tokenize of `content`; or, with `messages` (and any chat field: tools,
     chat_template_kwargs, ...), the prompt tokens that chat request would run with, counted as
     /v1/chat/completions counts its prompt_tokens."""
-    svc = service()
+    model = current_model()
     raw = await json_body()
     if isinstance(raw, dict) and "messages" in raw:
         with_pieces = bool(raw.pop("with_pieces", False))
-        tokens = await chat_tokens(svc, ChatCompletionRequest.model_validate(raw))
+        tokens = await chat_tokens(model, ChatCompletionRequest.model_validate(raw))
     else:
         body = TokenizeRequest.model_validate(raw)
-        svc.require_ready()
-        tokens = await svc.tokenize(body.content, body.add_special, body.parse_special)
+        tokens = await model.prompts.tokenize(body.content, body.add_special, body.parse_special)
         with_pieces = body.with_pieces
     if not with_pieces:
         return {"tokens": tokens}
-    return {"tokens": [{"id": t, "piece": text_or_bytes(svc.piece(t))} for t in tokens]}
+    return {"tokens": [{"id": t, "piece": text_or_bytes(model.prompts.piece(t))} for t in tokens]}
 
 
 def text_or_bytes(raw: bytes) -> str | list[int]:
@@ -248,24 +247,22 @@ def text_or_bytes(raw: bytes) -> str | list[int]:
 
 @bp.post("/detokenize")
 async def detokenize() -> Any:
-    svc = service()
+    model = current_model()
     body = DetokenizeRequest.model_validate(await json_body())
-    svc.require_ready()
-    return {"content": svc.detokenize(body.tokens)}
+    return {"content": model.prompts.detokenize(body.tokens)}
 
 
 @bp.post("/apply-template")
 async def apply_template() -> Any:
-    svc = service()
+    model = current_model()
     body = ApplyTemplateRequest.model_validate(await json_body())
-    svc.require_ready()
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    prompt = svc.render_chat(
-        messages,
+    prompts = model.prompts  # 503 while the model loads
+    chat = ChatInput(
+        [m.model_dump(exclude_none=True) for m in body.messages],
         body.tools,
-        svc.tool_format() if body.tools else None,
+        prompts.tool_format if body.tools else None,
         continue_final_message=body.continue_final_message,
         add_generation_prompt=body.add_generation_prompt is not False,
-        **template_kwargs(svc, body.reasoning_effort, body.chat_template_kwargs),
+        template_kwargs=template_kwargs(model.settings, body.reasoning_effort, body.chat_template_kwargs),
     )
-    return {"prompt": prompt}
+    return {"prompt": prompts.render_chat(chat)}

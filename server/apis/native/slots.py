@@ -12,28 +12,28 @@ from quart import Blueprint, request
 from server.chat.schemas import SlotActionRequest
 from server.http import errors
 from server.http.request_body import json_body
+from server.model.host import current_model
 from server.model.prefixes import BLOCK_TOKENS, summary_hashes
-from server.model.service import service
 
 bp = Blueprint("slots", __name__)
 
 
 @bp.get("/slots")
 async def slots() -> Any:
-    svc = service()
-    if not svc.settings.slots:
+    model = current_model()
+    if not model.settings.slots:
         raise errors.not_supported("This server does not support slots endpoint.")
-    return [slot.as_dict() for slot in svc.snapshot().slots]
+    return [slot.as_dict() for slot in model.snapshot().slots]
 
 
 @bp.get("/slots/prefixes")
 async def prefixes() -> Any:
     """The block-prefix hashes of every prompt the slots and the host cache hold (server/cluster/
     prefixes.py), with the queue and busy slots: what a cluster router needs to place a new request."""
-    svc = service()
-    prompts = await svc.cached_prompts()
+    model = current_model()
+    prompts = await model.cached_prompts()
     hashes = await anyio.to_thread.run_sync(summary_hashes, prompts)
-    snapshot = svc.snapshot() if svc.ready else None
+    snapshot = model.snapshot() if model.ready else None
     return {
         "block_tokens": BLOCK_TOKENS,
         "hashes": sorted(hashes),
@@ -45,10 +45,11 @@ async def prefixes() -> Any:
 
 @bp.post("/slots/<id_slot>")
 async def slot_action(id_slot: str) -> Any:
-    svc = service()
+    model = current_model()
     action = request.args.get("action", "")
     body = SlotActionRequest.model_validate(await json_body(optional=True) or {})
-    return await svc.slot_action(_slot_id(id_slot), action, body.filename)
+    slot_id = _slot_id(id_slot)
+    return await model.client.slot_action(slot_id, action, body.filename)
 
 
 def _slot_id(value: str) -> int:

@@ -14,19 +14,13 @@ from engine.api import GenerationRequest, TokenEvent
 from server.agents.loop import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
 from server.agents.requests import request_context
 from server.agents.toolbox import Toolbox
-from server.chat.choices import (
-    choice_events,
-    choice_requests,
-    choices_usage,
-    collect_choices,
-    request_timings,
-)
+from server.chat.choices import choice_requests, choices_usage, collect_choices, request_timings
 from server.chat.generation import (
     Outcome,
     build_request,
     collect,
-    events_of,
     has_probs,
+    new_id,
     openai_logprobs,
     raise_if_failed,
     replayable,
@@ -41,7 +35,8 @@ from server.chat.schemas import (
 )
 from server.http import errors, sse
 from server.http.request_body import json_body
-from server.model.service import ModelService, service
+from server.model.host import ModelHost, current_model
+from server.model.prompts import Prompt
 from server.state import app_state
 from server.streams.journal import Recipe, ReplyIds
 from server.streams.resumable import resumable, stream_recipe
@@ -50,13 +45,13 @@ from server.streams.sessions import CONVERSATION_HEADER
 bp = Blueprint("openai", __name__)
 
 
-def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) -> dict[str, Any]:
+def base_fields(model: ModelHost, kind: str, completion_id: str, created: int) -> dict[str, Any]:
     return {
         "id": completion_id,
         "object": kind,
         "created": created,
-        "model": svc.settings.model_alias,
-        "system_fingerprint": svc.fingerprint,
+        "model": model.settings.model_alias,
+        "system_fingerprint": model.fingerprint,
     }
 
 
@@ -64,7 +59,7 @@ def base_fields(svc: ModelService, kind: str, completion_id: str, created: int) 
 @bp.post("/v1/chat/completions")
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
-    return await chat_reply(service(), ChatCompletionRequest.model_validate(await json_body()))
+    return await chat_reply(current_model(), ChatCompletionRequest.model_validate(await json_body()))
 
 
 @bp.post("/v1/chat/completions/input_tokens")
@@ -72,7 +67,7 @@ async def chat_completions() -> Any:
 async def chat_input_tokens() -> Any:
     """llama-server's count of a chat body's prompt tokens (in OpenAI's Responses count shape)."""
     body = ChatCompletionRequest.model_validate(await json_body())
-    return input_tokens(len(await chat_tokens(service(), body)))
+    return input_tokens(len(await chat_tokens(current_model(), body)))
 
 
 @bp.post("/predict")
@@ -80,31 +75,31 @@ async def predict() -> Any:
     """Vertex AI's prediction route (as llama-server serves it): each instance is a chat completion
     request (`"@requestFormat": "chatCompletions"`, not streamed); they run concurrently, and the
     predictions are their replies in order."""
-    svc = service()
+    model = current_model()
     bodies = PredictRequest.model_validate(await json_body()).chat_requests()
-    return {"predictions": list(await asyncio.gather(*(chat_reply(svc, body) for body in bodies)))}
+    return {"predictions": list(await asyncio.gather(*(chat_reply(model, body) for body in bodies)))}
 
 
-async def chat_reply(svc: ModelService, body: ChatCompletionRequest) -> Any:
+async def chat_reply(model: ModelHost, body: ChatCompletionRequest) -> Any:
     """The reply to one chat completion request: whole, streamed, n choices, or an MCP tool-loop run."""
-    completion_id = svc.new_id("chatcmpl")  # also the engine request id, which control calls name
-    svc.require_ready()
-    plan = await agent_plan(mcp_manager(), svc.settings, body, request_context)
+    completion_id = new_id("chatcmpl")  # also the engine request id, which control calls name
+    model.require_ready()
+    plan = await agent_plan(mcp_manager(), model.settings, body, request_context)
     if plan is not None:
         if body.n_choices() > 1:
             raise errors.invalid_request("'n': one choice only when the server runs mcp tools")
-        return await agent_completion(svc, body, plan, completion_id)
-    job = await prepare_chat(svc, body, completion_id)
+        return await agent_completion(model, body, plan, completion_id)
+    job = await prepare_chat(model, body, completion_id)
     created = int(time.time())
     if body.n_choices() > 1:
-        return await chat_choices(svc, body, job, completion_id, created)
+        return await chat_choices(model, body, job, completion_id, created)
     if body.stream:
         ids = ReplyIds(completion_id, created)
-        return await streamed(chat_stream_of(svc, body, job, ids), replayable(job.request), ids)
-    out = await collect(svc, job.request)
+        return await streamed(chat_stream_of(model, body, job, ids), replayable(job.request), ids)
+    out = await collect(model.client, job.request)
     reply: dict[str, Any] = {
-        **base_fields(svc, "chat.completion", completion_id, created),
-        "choices": [chat_choice(svc, body, out)],
+        **base_fields(model, "chat.completion", completion_id, created),
+        "choices": [chat_choice(model, body, out)],
         "usage": usage(job.n_prompt, out.final),
     }
     if out.timings:
@@ -127,19 +122,19 @@ async def streamed(stream: AsyncIterator[bytes], deterministic: bool, ids: Reply
 
 
 def chat_stream_of(
-    svc: ModelService, body: ChatCompletionRequest, job: ChatJob, ids: ReplyIds
+    model: ModelHost, body: ChatCompletionRequest, job: ChatJob, ids: ReplyIds
 ) -> AsyncIterator[bytes]:
     """One chat's stream, its chunks carrying `ids` (fresh, or a journal's when regenerated)."""
-    head = base_fields(svc, "chat.completion.chunk", ids.reply_id, ids.created)
-    return chat_stream(svc, body, job.request, head, job.n_prompt)
+    head = base_fields(model, "chat.completion.chunk", ids.reply_id, ids.created)
+    return chat_stream(model, body, job.request, head, job.n_prompt)
 
 
-async def regenerate_chat(svc: ModelService, recipe: Recipe) -> AsyncIterator[bytes]:
+async def regenerate_chat(model: ModelHost, recipe: Recipe) -> AsyncIterator[bytes]:
     """A journaled chat stream made again after a restart (server/streams/resume.py): the same body,
     the same reply ids."""
     body = ChatCompletionRequest.model_validate(recipe.body)
-    job = await prepare_chat(svc, body, recipe.ids.reply_id)
-    return chat_stream_of(svc, body, job, recipe.ids)
+    job = await prepare_chat(model, body, recipe.ids.reply_id)
+    return chat_stream_of(model, body, job, recipe.ids)
 
 
 def chat_error_event(error: errors.APIError) -> bytes:
@@ -161,7 +156,7 @@ def mcp_manager() -> Toolbox | None:
 
 
 def chat_choice(
-    svc: ModelService, body: ChatCompletionRequest, out: Outcome, index: int = 0
+    model: ModelHost, body: ChatCompletionRequest, out: Outcome, index: int = 0
 ) -> dict[str, Any]:
     """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended."""
     message: dict[str, Any] = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
@@ -171,15 +166,15 @@ def chat_choice(
         message["tool_calls"] = [call.to_openai() for call in out.tool_calls]
     choice: dict[str, Any] = {"index": index, "finish_reason": out.finish_reason, "message": message}
     if body.logprobs:
-        choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
+        choice["logprobs"] = {"content": openai_logprobs(model.prompts, out.events)}
     return choice
 
 
 class ChatChunks:
     """A chat stream's SSE chunks: each delta its own chunk, logprobs and timings as the body asks."""
 
-    def __init__(self, svc: ModelService, body: ChatCompletionRequest, head: dict[str, Any]) -> None:
-        self.svc, self.body, self.head = svc, body, head
+    def __init__(self, model: ModelHost, body: ChatCompletionRequest, head: dict[str, Any]) -> None:
+        self.model, self.body, self.head = model, body, head
         self.timings: dict[str, Any] = {}
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0, **extra: Any) -> bytes:
@@ -194,7 +189,7 @@ class ChatChunks:
             self.timings = {"timings": event.timings.as_dict()}
         extra = {}
         if self.body.logprobs and has_probs(event):
-            extra["logprobs"] = {"content": openai_logprobs(self.svc, [event])}
+            extra["logprobs"] = {"content": openai_logprobs(self.model.prompts, [event])}
         deltas = event_deltas(event)
         out = [self.chunk(delta, index=index) for delta in deltas[:-1]]
         if deltas or extra:  # the logprobs ride on the event's last chunk
@@ -218,16 +213,16 @@ class ChatChunks:
 
 
 async def chat_stream(
-    svc: ModelService,
+    model: ModelHost,
     body: ChatCompletionRequest,
     gen: GenerationRequest,
     head: dict[str, Any],
     n_prompt: int,
 ) -> AsyncIterator[bytes]:
-    chunks = ChatChunks(svc, body, head)
+    chunks = ChatChunks(model, body, head)
     yield chunks.chunk({"role": "assistant", "content": None})
     final: TokenEvent | None = None
-    async for event in events_of(svc, gen):
+    async for event in model.client.events(gen):
         raise_if_failed(event)
         for data in chunks.event(event):
             yield data
@@ -238,21 +233,21 @@ async def chat_stream(
 
 
 async def chat_choices(
-    svc: ModelService, body: ChatCompletionRequest, job: ChatJob, completion_id: str, created: int
+    model: ModelHost, body: ChatCompletionRequest, job: ChatJob, completion_id: str, created: int
 ) -> Any:
     """`n` choices of one chat (server/chat/choices.py): one stream with each chunk's choice index, or one
     reply with n choices; usage and timings count the prompt once."""
-    requests = choice_requests(svc, job.request, body.n_choices())
+    requests = choice_requests(model, job.request, body.n_choices())
     if body.stream:
-        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+        head = base_fields(model, "chat.completion.chunk", completion_id, created)
         # Not deterministic as bytes: the choices' chunks interleave as they come.
-        stream = chat_choices_stream(svc, body, requests, head, job.n_prompt)
+        stream = chat_choices_stream(model, body, requests, head, job.n_prompt)
         return await streamed(stream, False, ReplyIds(completion_id, created))
-    outs = await collect_choices(svc, requests)
+    outs = await collect_choices(model.client, requests)
     finals = [out.final for out in outs]
     reply: dict[str, Any] = {
-        **base_fields(svc, "chat.completion", completion_id, created),
-        "choices": [chat_choice(svc, body, out, i) for i, out in enumerate(outs)],
+        **base_fields(model, "chat.completion", completion_id, created),
+        "choices": [chat_choice(model, body, out, i) for i, out in enumerate(outs)],
         "usage": choices_usage(job.n_prompt, finals),
     }
     timings = request_timings(finals)
@@ -262,17 +257,17 @@ async def chat_choices(
 
 
 async def chat_choices_stream(
-    svc: ModelService,
+    model: ModelHost,
     body: ChatCompletionRequest,
     requests: list[GenerationRequest],
     head: dict[str, Any],
     n_prompt: int,
 ) -> AsyncIterator[bytes]:
-    chunks = ChatChunks(svc, body, head)
+    chunks = ChatChunks(model, body, head)
     for index in range(len(requests)):
         yield chunks.chunk({"role": "assistant", "content": None}, index=index)
     finals: list[TokenEvent | None] = [None] * len(requests)
-    async for index, event in choice_events(svc, requests):
+    async for index, event in model.client.choice_events(requests):
         raise_if_failed(event)
         for data in chunks.event(event, index):
             yield data
@@ -285,7 +280,7 @@ async def chat_choices_stream(
 
 # -- chat with the server-side tool loop -----------------------------------------------------------
 async def agent_completion(
-    svc: ModelService, body: ChatCompletionRequest, plan: AgentPlan, completion_id: str
+    model: ModelHost, body: ChatCompletionRequest, plan: AgentPlan, completion_id: str
 ) -> Any:
     """A chat whose `mcp` tools Llamba runs itself (server/agents/loop.py): one stream, or one reply, for
     the whole run."""
@@ -293,15 +288,15 @@ async def agent_completion(
     assert manager is not None  # agent_plan refuses mcp tools without MCP servers
 
     async def prepare(round_body: ChatCompletionRequest, answer_only: bool) -> ChatJob:
-        return await prepare_chat(svc, round_body, completion_id, answer_only)
+        return await prepare_chat(model, round_body, completion_id, answer_only)
 
-    run = AgentRun(svc, body, plan, manager, prepare)
+    run = AgentRun(model, body, plan, manager, prepare)
     await run.start()  # the first round's 400s come before any byte
     created = int(time.time())
     if body.stream:
-        head = base_fields(svc, "chat.completion.chunk", completion_id, created)
+        head = base_fields(model, "chat.completion.chunk", completion_id, created)
         # Not run again after a restart: its MCP calls act on the world.
-        stream = agent_stream(run, ChatChunks(svc, body, head))
+        stream = agent_stream(run, ChatChunks(model, body, head))
         return await streamed(stream, False, ReplyIds(completion_id, created))
     async with contextlib.aclosing(run.events()) as events:
         async for _ in events:
@@ -309,9 +304,9 @@ async def agent_completion(
     if run.error is not None:
         raise run.error
     out = run.final_outcome()
-    choice = chat_choice(svc, body, out) | {"intermediate_messages": run.messages}
+    choice = chat_choice(model, body, out) | {"intermediate_messages": run.messages}
     reply: dict[str, Any] = {
-        **base_fields(svc, "chat.completion", completion_id, created),
+        **base_fields(model, "chat.completion", completion_id, created),
         "choices": [choice],
         "usage": run.usage(),
     }
@@ -362,19 +357,20 @@ def final_reason(event: TokenEvent | None) -> str:
 # -- completions -----------------------------------------------------------------------------------
 @bp.post("/v1/completions")
 async def completions() -> Any:
-    svc = service()
-    body, tokens, truncated = await completion_prompt(svc, await json_body())
-    completion_id = svc.new_id("cmpl")
+    model = current_model()
+    body, prompt = await completion_prompt(model, await json_body())
+    completion_id = new_id("cmpl")
     n_probs = body.logprobs or 0
-    gen = await build_request(svc, body, tokens, n_probs, completion_id, truncated)
-    requests = choice_requests(svc, gen, body.n_choices())
+    gen = await build_request(model, body, prompt, n_probs, completion_id)
+    requests = choice_requests(model, gen, body.n_choices())
     created = int(time.time())
-    head = base_fields(svc, "text_completion", completion_id, created)
+    head = base_fields(model, "text_completion", completion_id, created)
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
-        stream = completion_stream(svc, body, requests, head, len(tokens), prefix)
+        stream = completion_stream(model, body, requests, head, len(prompt.tokens), prefix)
         return sse.response(stream, frame=chat_error_event)
-    outs = await collect_choices(svc, requests) if len(requests) > 1 else [await collect(svc, gen)]
+    client = model.client
+    outs = await collect_choices(client, requests) if len(requests) > 1 else [await collect(client, gen)]
     choices = []
     for index, out in enumerate(outs):
         choice = {
@@ -384,34 +380,34 @@ async def completions() -> Any:
             "logprobs": None,
         }
         if n_probs:
-            choice["logprobs"] = {"content": openai_logprobs(svc, out.events)}
+            choice["logprobs"] = {"content": openai_logprobs(model.prompts, out.events)}
         choices.append(choice)
     finals = [out.final for out in outs]
-    reply = {**head, "choices": choices, "usage": choices_usage(len(tokens), finals)}
+    reply = {**head, "choices": choices, "usage": choices_usage(len(prompt.tokens), finals)}
     timings = request_timings(finals)
     if timings is not None:
         reply["timings"] = timings.as_dict()
     return reply
 
 
-async def completion_prompt(svc: ModelService, raw: Any) -> tuple[OpenAICompletionRequest, list[int], bool]:
-    """The body, its prompt tokens fitted to the context, and whether they were cut. With `suffix` the
+async def completion_prompt(model: ModelHost, raw: Any) -> tuple[OpenAICompletionRequest, Prompt]:
+    """The body, and its prompt tokens fitted to the context. With `suffix` the
     prompt is the code before the insertion point and the tokens are /infill's FIM layout (no extra
     chunks): llama-server refuses `suffix` here, but OpenAI's clients send it for insertions, and a 501
     naming the missing FIM tokens answers it on a model without them."""
     body = OpenAICompletionRequest.model_validate(raw)
-    svc.require_ready()
+    prompts = model.prompts  # 503 while the model loads
     if body.suffix is None:
-        return body, *svc.fit_prompt(await svc.tokenize_prompt(body.prompt))
+        return body, prompts.fit_prompt(await prompts.tokenize_prompt(body.prompt))
     try:
-        tokens = await svc.infill_prompt(body.prompt, body.suffix, [], "")
+        tokens = await prompts.infill_prompt(body.prompt, body.suffix, [], "")
     except errors.APIError as exc:
         raise errors.APIError(exc.status, f"'suffix': {exc.message}", exc.error_type) from exc
-    return body, *svc.fit_prompt(tokens)
+    return body, prompts.fit_prompt(tokens)
 
 
 async def completion_stream(
-    svc: ModelService,
+    model: ModelHost,
     body: GenerationFields,
     requests: list[GenerationRequest],
     head: dict[str, Any],
@@ -425,7 +421,7 @@ async def completion_stream(
     for index in range(len(requests) if prefix else 0):
         yield chunk(prefix, None, index)
     finals: list[TokenEvent | None] = [None] * len(requests)
-    async for index, event in indexed_events(svc, requests):
+    async for index, event in indexed_events(model, requests):
         raise_if_failed(event)
         if event.finish_reason is not None:
             finals[index] = event
@@ -438,14 +434,14 @@ async def completion_stream(
 
 
 async def indexed_events(
-    svc: ModelService, requests: list[GenerationRequest]
+    model: ModelHost, requests: list[GenerationRequest]
 ) -> AsyncIterator[tuple[int, TokenEvent]]:
     """One request's events (index 0), or n choices' (server/chat/choices.py)."""
     if len(requests) > 1:
-        async for item in choice_events(svc, requests):
+        async for item in model.client.choice_events(requests):
             yield item
         return
-    async for event in events_of(svc, requests[0]):
+    async for event in model.client.events(requests[0]):
         yield 0, event
 
 
@@ -453,10 +449,10 @@ async def indexed_events(
 @bp.get("/v1/models")
 @bp.get("/models")
 async def models() -> Any:
-    svc = service()
+    model = current_model()
     meta: dict[str, Any] | None = None
-    if svc.ready:
-        info = svc.model_info()
+    if model.ready:
+        info = model.model_info()
         meta = {
             "vocab_type": info.vocab_type,
             "n_vocab": info.n_vocab,
@@ -465,9 +461,9 @@ async def models() -> Any:
             "n_params": info.n_params,
             "size": info.size,
         }
-    entry = {"id": svc.settings.model_alias, "object": "model", "created": int(svc.counters.started)}
+    entry = {"id": model.settings.model_alias, "object": "model", "created": int(model.counters.started)}
     entry |= {"owned_by": "llamacpp", "meta": meta}
-    settings = svc.settings
+    settings = model.settings
     entry |= {"aliases": settings.aliases[1:], "tags": settings.tag_list}
     return {
         "object": "list",

@@ -36,7 +36,7 @@ from server.chat.schemas import ChatCompletionRequest
 from server.http import errors, sse
 from server.http.auth import request_client
 from server.http.request_body import json_body
-from server.model.service import ModelService, service
+from server.model.host import ModelHost, current_model
 from server.state import app_state
 from server.streams.resumable import sessions
 
@@ -52,17 +52,17 @@ def responses() -> ResponsesState:
 @bp.post("/v1/responses")
 @bp.post("/responses")
 async def create() -> Any:
-    svc, state = service(), responses()
+    model, state = current_model(), responses()
     state.prune(lambda rid: sessions().get(rid) is not None)
     body = ResponsesRequest.model_validate(await json_body())
     history = state.conversation(body.previous_response_id)
     conversation = history + body.input_messages(history)
     response_id = item_id("resp")  # also the engine request id, and a background run's session id
     chat = body.to_chat(conversation, stream=body.stream or body.background)
-    agent = await tool_loop(svc, chat, response_id, body.max_tool_calls)
-    job = await (agent.start() if agent is not None else prepare_chat(svc, chat, response_id))
-    run = ResponseRun(response_object(svc, body, response_id, job), body.background)
-    ctx = RunContext(svc, state, job, conversation, body.store, agent)
+    agent = await tool_loop(model, chat, response_id, body.max_tool_calls)
+    job = await (agent.start() if agent is not None else prepare_chat(model, chat, response_id))
+    run = ResponseRun(response_object(model, body, response_id, job), body.background)
+    ctx = RunContext(model, state, job, conversation, body.store, agent)
     source = run_events(ctx, run)
     if body.background:  # its session's task starts once this handler gives way: all is in place then
         # Response ids are unique and global (as the stored responses are); the client's cap still counts.
@@ -86,26 +86,26 @@ async def count_input_tokens() -> Any:
     body = ResponsesRequest.model_validate(await json_body())
     history = responses().conversation(body.previous_response_id)
     chat = body.to_chat(history + body.input_messages(history), stream=False)
-    return input_tokens(len(await chat_tokens(service(), chat)))
+    return input_tokens(len(await chat_tokens(current_model(), chat)))
 
 
 async def tool_loop(
-    svc: ModelService, chat: ChatCompletionRequest, response_id: str, max_calls: int | None
+    model: ModelHost, chat: ChatCompletionRequest, response_id: str, max_calls: int | None
 ) -> AgentRun | None:
     """The server-side tool loop of a request with `mcp` tools (None without); every problem with
     them (a server_label not configured, a server_url that is not its server) is a 400 here."""
-    svc.require_ready()
+    model.require_ready()
     manager = app_state().toolbox
-    plan = await agent_plan(manager, svc.settings, chat, request_context)
+    plan = await agent_plan(manager, model.settings, chat, request_context)
     if plan is None:
         return None
     if max_calls is not None:
         plan = replace(plan, limits=replace(plan.limits, max_calls=max_calls))
 
     async def prepare(round_body: ChatCompletionRequest, answer_only: bool) -> ChatJob:
-        return await prepare_chat(svc, round_body, response_id, answer_only)
+        return await prepare_chat(model, round_body, response_id, answer_only)
 
-    return AgentRun(svc, chat, plan, manager, prepare)
+    return AgentRun(model, chat, plan, manager, prepare)
 
 
 @bp.get("/v1/responses/<response_id>")

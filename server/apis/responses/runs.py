@@ -28,10 +28,9 @@ from server.agents.loop import AgentRun, ToolExecuted
 from server.apis.responses.output import OutputItems, output_messages
 from server.apis.responses.schemas import ResponsesRequest
 from server.apis.responses.store import ResponseStore, StoredResponse
-from server.chat.generation import events_of
 from server.chat.job import ChatJob
 from server.http import errors, sse
-from server.model.service import ModelService
+from server.model.host import ModelHost
 
 log = structlog.get_logger("server")
 
@@ -107,7 +106,7 @@ class ResponsesState:
 
 
 def response_object(
-    svc: ModelService, body: ResponsesRequest, response_id: str, job: ChatJob
+    model: ModelHost, body: ResponsesRequest, response_id: str, job: ChatJob
 ) -> dict[str, Any]:
     """The Response object before any output: what was asked, as the API echoes it."""
     sampling = job.request.sampling
@@ -127,7 +126,7 @@ def response_object(
         "max_output_tokens": body.max_output_tokens,
         "max_tool_calls": body.max_tool_calls,
         "metadata": body.metadata or {},
-        "model": svc.settings.model_alias,
+        "model": model.settings.model_alias,
         "output": [],
         "parallel_tool_calls": body.parallel_tool_calls,
         "previous_response_id": body.previous_response_id,
@@ -153,11 +152,11 @@ def response_object(
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a run needs besides its own state: the service, the store, the prepared chat job (the
+    """What a run needs besides its own state: the model, the store, the prepared chat job (the
     first round's, with mcp tools), the conversation so far (stored with the output appended, when the
     response is stored), and the tool loop when the request has mcp tools."""
 
-    svc: ModelService
+    model: ModelHost
     state: ResponsesState
     job: ChatJob
     conversation: list[dict[str, Any]]
@@ -219,7 +218,7 @@ async def generation(ctx: RunContext, end: RunEnd) -> AsyncIterator[TokenEvent |
     filled in when they are over."""
     agent = ctx.agent
     if agent is None:
-        async for event in events_of(ctx.svc, ctx.job.request):
+        async for event in ctx.model.client.events(ctx.job.request):
             end.final = event if event.finish_reason is not None else end.final
             yield event
         return

@@ -1,0 +1,67 @@
+"""What constrains a request's answer, in the grammar engine's terms: its own GBNF grammar (lazy, with
+llama-server's triggers) or JSON schema, or its tools' calls in the model's tool-call format.
+
+server/chat/structured.py decides which applies; this module spells it for engine/grammar.py, and says
+how an answer with tools is read back for calls (`ToolPlan.parsing`), so that the request layer names
+no engine module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.api import ToolCallSpec
+from engine.grammar import GrammarError, GrammarSpec, Trigger
+from engine.text.tool_calls import ToolCallFormat, ToolChoice
+from engine.tool_grammar import tool_grammar_spec
+from server.http import errors
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """A chat request's tools as its model's format handles them (None on a request without tools)."""
+
+    format: ToolCallFormat
+    tools: list[dict[str, Any]]
+    parsing: ToolCallSpec
+    grammar: GrammarSpec | None
+
+
+def plan_tools(
+    fmt: ToolCallFormat,
+    special_tokens: dict[str, int],
+    tools: list[dict[str, Any]],
+    choice: Any,
+    parallel: bool,
+    streamed: bool,
+    answer_only: bool,
+) -> ToolPlan | None:
+    """How the tools are offered and read back; None when there are none (or tool_choice none: the tools
+    are then left out of the prompt too, so nothing invites a call). `answer_only` (the tool loop's last
+    round) keeps the tools in the prompt under the format's answer-only grammar, where it has one, and
+    is tool_choice none where it has not."""
+    resolved = ToolChoice.resolve(choice, tools)
+    answer = fmt.answer_grammar() if answer_only else None
+    if resolved.mode == "none" or (answer_only and answer is None):
+        return None
+    calls = answer if answer_only else fmt.grammar(resolved, parallel)
+    grammar = tool_grammar_spec(calls, special_tokens) if calls is not None else None
+    # A whole reply gets llama-server's final parse (a broken call stays content); a stream its
+    # streaming parse (calls announced as they start). An answer-only round holds no call: its answer
+    # is read as it streams, so one cut by max_tokens is still the answer's text, not its JSON.
+    parsing = ToolCallSpec(fmt.name, tuple(tools), stream_arguments=streamed or answer_only)
+    return ToolPlan(fmt, tools, parsing, grammar)
+
+
+def gbnf(grammar: str, triggers: list[dict[str, Any]]) -> GrammarSpec:
+    """A GBNF grammar; with llama-server's `grammar_triggers`, lazy (400 naming a malformed one)."""
+    try:
+        parsed = [Trigger.from_llama(t) for t in triggers]
+    except GrammarError as exc:
+        raise errors.invalid_request(f"'grammar_triggers': {exc}") from None
+    return GrammarSpec.gbnf(grammar, parsed)
+
+
+def json_schema(schema: dict[str, Any]) -> GrammarSpec:
+    return GrammarSpec.json_schema(schema)
