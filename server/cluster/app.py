@@ -26,8 +26,10 @@ from quart.typing import ResponseReturnValue
 
 from server.cluster import metrics as cluster_metrics
 from server.cluster.autoscale import ScalePolicy
-from server.cluster.fleet import Fleet, ReplicaHandle, ReplicaLease
+from server.cluster.fleet import Fleet
+from server.cluster.monitor import ReplicaHandle
 from server.cluster.placement import Replica, least_loaded
+from server.cluster.routing import ReplicaLease
 from server.config.cli import Settings
 from server.http import errors
 from server.http.auth import install_auth
@@ -98,7 +100,7 @@ class Cluster:
         replica = least_loaded(fleet.replicas)
         if replica is None:
             return as_reply(_no_replica(fleet))
-        lease = fleet.lease(replica)
+        lease = fleet.routing.lease(replica)
         try:
             upstream = await self.forward(lease, "GET", "/props", b"")
             child = json.loads(await upstream.aread()) if upstream.status_code == 200 else {}
@@ -119,7 +121,7 @@ class Cluster:
     # -- the front door's conversations -----------------------------------------------------------------
     def owner(self, conversation: str) -> Owner | None:
         for fleet in self.fleets.values():
-            replica = fleet.owner(conversation)
+            replica = fleet.routing.owner(conversation)
             if replica is not None:
                 return fleet, replica
         return None
@@ -139,7 +141,7 @@ class Cluster:
 
     async def send(self, owner: Owner, body: bytes) -> Response:
         fleet, replica = owner
-        lease = fleet.lease(replica)
+        lease = fleet.routing.lease(replica)
         try:
             upstream = await self.forward(lease, request.method, _path(), body)
         except BaseException:
@@ -148,7 +150,7 @@ class Cluster:
         return _respond(upstream, lease)
 
     async def ask(self, owner: Owner, payload: bytes) -> Any:
-        lease = owner[0].lease(owner[1])
+        lease = owner[0].routing.lease(owner[1])
         try:
             upstream = await self.forward(lease, "POST", request.path, payload)
             try:
@@ -226,17 +228,18 @@ def _listing(ctx: Cluster, fleet: Fleet) -> dict[str, Any]:
     item["cluster"] = {
         "address": ctx.address,
         "placement": ctx.settings.placement,
-        "placed": dict(fleet.placed),
-        "retries": fleet.retries,
+        "placed": dict(fleet.routing.placed),
+        "retries": fleet.routing.retries,
     }
-    decision = fleet.last_decision
+    scaler = fleet.scaler
+    decision = scaler.last_decision
     item["scaling"] = {
-        "min": fleet.scaling.min_replicas,
-        "max": fleet.scaling.max_replicas,
+        "min": scaler.policy.min_replicas,
+        "max": scaler.policy.max_replicas,
         "current": fleet.current,
         "desired": decision.desired if decision else fleet.current,
         "last_decision": {"action": decision.action, "reason": decision.reason} if decision else None,
-        "decisions": dict(fleet.decisions),
+        "decisions": dict(scaler.decisions),
     }
     item["replicas"] = [r.listing() for r in fleet.replicas]
     return item
@@ -260,15 +263,16 @@ async def _place_and_send(ctx: Cluster, body: bytes) -> ResponseReturnValue:
     data = json_body(body)
     fleet = ctx.fleet_named(_model_name(data))
     conversation = request.headers.get(CONVERSATION_HEADER) if request.method == "POST" else None
-    owner = fleet.owner(conversation) if conversation else None
+    routing = fleet.routing
+    owner = routing.owner(conversation) if conversation else None
     if owner is not None:  # a new turn of a conversation: its session and its cache are there
-        fleet.placed["sticky"] += 1
+        routing.placed["sticky"] += 1
         return await ctx.send((fleet, owner), body)
     hashes = await _prompt_hashes(ctx, fleet, data)
     tried: set[int] = set()
-    while (lease := fleet.place(hashes, exclude=tried)) is not None:
+    while (lease := routing.place(hashes, exclude=tried)) is not None:
         if conversation:
-            fleet.own(conversation, lease.replica)
+            routing.own(conversation, lease.replica)
         try:
             upstream = await ctx.forward(lease, request.method, _path(), body)
         except errors.APIError as exc:  # it could not be reached: nothing ran there, try another
