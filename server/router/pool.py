@@ -10,6 +10,7 @@
 - A waiter that leaves (its client went away) leaves the queue; if nobody else wanted that model, its
   entry goes too and no model is given up for it.
 
+Starting, following and stopping the children is `server/router/children.py`'s, at the pool's word.
 Everything runs on the event loop: no locks, state changes between awaits.
 """
 
@@ -18,14 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
-
-import structlog
 
 from server.http import errors
 from server.router.catalogue import Catalogue
-from server.router.child import Child
+from server.router.children import ChildFactory, Children
 from server.router.events import EventHub
 from server.router.state import (
     DOWNLOADING,
@@ -38,13 +36,9 @@ from server.router.state import (
     ModelState,
 )
 
-log = structlog.get_logger("router")
-
 # Seconds a child gets to exit on the router's own shutdown before it is killed (a preset's stop-timeout
 # is for unloads, where waiting is cheap; a shutdown must be prompt).
 SHUTDOWN_STOP_TIMEOUT = 5.0
-
-ChildFactory = Callable[[ModelState, Callable[[dict[str, Any]], None]], Child]
 
 
 class Lease:
@@ -76,10 +70,10 @@ class ModelPool:
         self.catalogue = catalogue
         self.models_max = models_max
         self.events = events
-        self._spawn = spawn
         self.states = {entry.id: ModelState(entry) for entry in catalogue.entries.values()}
         self._queue: OrderedDict[str, list[asyncio.Future[Lease]]] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.children = Children(spawn, events, self._spawn_task, self._pump, self._fail_waiters)
 
     def state(self, name: str) -> ModelState:
         entry = self.catalogue.find(name)
@@ -156,7 +150,7 @@ class ModelPool:
                 if victim is not None:
                     self._spawn_task(self.stop(victim, reason="evicted"))
                 return  # the head waits for room; nobody behind it jumps ahead
-            self._start_load(state)
+            self.children.start_load(state)
 
     def pump(self) -> None:
         """Serve the queue after a change outside the pool (a download ended)."""
@@ -184,95 +178,16 @@ class ModelPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- loading, crashes, stopping ------------------------------------------------------------------
-    def _start_load(self, state: ModelState) -> None:
-        state.status, state.progress, state.failure = LOADING, {"stage": "start", "value": 0.0}, None
-        state.loads += 1
-        state.stopped.clear()
-        child = self._spawn(state, lambda event: self._on_child_event(state, child, event))
-        state.child = child
-        self._publish_status(state)
-        self._spawn_task(self._run_child(state, child))
-
-    async def _run_child(self, state: ModelState, child: Child) -> None:
-        """Start the child and watch it until it exits; an exit nobody asked for is a failure."""
-        try:
-            await child.start()
-            code = await child.wait()
-        except OSError as exc:
-            code = -1
-            child.tail.append(f"could not start the child: {exc}")
-        if state.child is child and not child.stopping:
-            self._failed(state, child, code)
-
-    def _failed(self, state: ModelState, child: Child, code: int) -> None:
-        was = state.status
-        state.status, state.child = FAILED, None
-        state.failures += 1
-        state.failure = {"exit_code": code, "log": child.last_lines()}
-        state.stopped.set()
-        log.error("child.failed", model=state.id, exit_code=code, during=was, log=child.last_lines(5))
-        message = (
-            f"model '{state.id}' failed ({'loading' if was == LOADING else 'crashed'}): exit code {code}"
-        )
+    # -- loading, crashes, stopping (server/router/children.py) ---------------------------------------
+    def _fail_waiters(self, state: ModelState, err: errors.APIError) -> None:
+        """The model's load failed or its child crashed: its waiters get `err`."""
         for waiter in self._queue.pop(state.id, []):
             if not waiter.done():
-                waiter.set_exception(
-                    errors.APIError(503, message, "unavailable_error", log=child.last_lines())
-                )
-        self._publish_status(state)
-        self._pump()
-
-    def _on_child_event(self, state: ModelState, child: Child, event: dict[str, Any]) -> None:
-        if state.child is not child:
-            return
-        name = event["event"]
-        if name == "model.fetch":
-            self.events.publish(state.id, "download_progress", {"message": event.get("message")})
-            state.progress = {"stage": "fetch", "value": 0.0}
-        elif name == "model.load_progress" and state.status == LOADING:
-            state.progress = {"stage": event.get("stage"), "value": event.get("value")}
-            self._publish_status(state)
-        elif name == "model.loaded":
-            first = state.info is None
-            state.info = event.get("info") or state.info
-            state.status = LOADED
-            state.touch()
-            self._publish_status(state, info=first)
-            self._pump()
-        elif name in ("model.sleeping", "model.awake") and state.status in RUNNING:
-            state.status = SLEEPING if name == "model.sleeping" else LOADED
-            self._publish_status(state)
-
-    def _publish_status(self, state: ModelState, info: bool = False) -> None:
-        data: dict[str, Any] = {"status": state.status}
-        if state.status == LOADING and state.progress:
-            data["progress"] = state.progress
-        if state.status == FAILED and state.failure:
-            data |= state.failure
-        if info and state.info is not None:
-            data["info"] = state.info
-        self.events.publish(state.id, "model_status", data)
+                waiter.set_exception(err)
 
     async def stop(self, state: ModelState, reason: str = "unload", timeout: float | None = None) -> None:
         """Stop the model's child (its requests in flight end with it); its room is free once it exited."""
-        child = state.child
-        if state.stopping:
-            await state.stopped.wait()
-            return
-        if child is None:
-            return
-        state.stopping = True
-        state.evictions += reason == "evicted"
-        log.info("child.stopping", model=state.id, reason=reason)
-        try:
-            await child.stop(state.entry.stop_timeout if timeout is None else timeout)
-        finally:
-            state.stopping, state.child = False, None
-            state.status = UNLOADED
-            state.stopped.set()
-            self._publish_status(state)
-            self._pump()
+        await self.children.stop(state, reason, timeout)
 
     # -- explicit load / unload, shutdown --------------------------------------------------------------
     def load(self, state: ModelState) -> None:
