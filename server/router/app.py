@@ -61,7 +61,7 @@ class Router:
     reloading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one rescan at a time
     forwarder: Forwarder = field(init=False)
 
-    answers_preflight = True
+    answers_preflight = True  # install_cors adds the headers: a preflight loads no model
     no_completion = "no running model has this completion"
 
     def __post_init__(self) -> None:
@@ -155,7 +155,8 @@ class Router:
         return await self.forwarder.ask(owner, payload)
 
     async def lookup(self, owner: ModelState, payload: bytes) -> Iterable[Any]:
-        return await self.forwarder.ask(self.pool.states[owner.id], payload)  # the child's list
+        """The child's answer as it is (a list), its model's state looked up by id as before."""
+        return await self.forwarder.ask(self.pool.states[owner.id], payload)
 
     async def control_payload(self) -> bytes:
         return json.dumps(await request.get_json(force=True, silent=True)).encode()
