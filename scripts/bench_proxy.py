@@ -70,13 +70,13 @@ async def router(port: int, child_port: int) -> int:
     from hypercorn.config import Config
 
     from server.config.parse import parse_settings
-    from server.router.app import ROUTER_KEY, create_router_app
+    from server.router.app import create_router_app, router
     from server.router.catalogue import build_catalogue
     from server.router.state import LOADED
 
     settings, _ = parse_settings(["--port", str(port)])
     app = create_router_app(settings, build_catalogue(None, None), [])
-    ctx = app.extensions[ROUTER_KEY]
+    ctx = router(app)
 
     class StubChild:  # what the pool and the proxy read of a child: its URL; nothing to stop
         url = f"http://127.0.0.1:{child_port}"

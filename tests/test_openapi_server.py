@@ -27,7 +27,7 @@ def operations(app: Quart) -> set[tuple[str, str]]:
     """(method, OpenAPI path) of every rule of an app but the router's catch-all proxy."""
     ops = set()
     for rule in app.url_map.iter_rules():
-        if rule.endpoint in ("static", "router.catch_all"):
+        if rule.endpoint in ("static", "front_door.catch_all"):
             continue
         path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
         ops |= {(m.lower(), path) for m in rule.methods or () if m not in IGNORED_METHODS}

@@ -1,31 +1,35 @@
 """The cluster router's Quart app: one address in front of the Ray-placed replicas of its models.
 
-Its own routes: `/health` (200 once every model has a ready replica), `/models` (each model, its
-replicas' state and its autoscaling), `/props`, `/metrics` (`server/cluster/metrics.py`); the
-conversation routes (`/v1/stream` resume and stop, `/v1/streams/lookup`, the control endpoint) go to the
-replica that owns the conversation. Every other request is proxied over HTTP, unbuffered
-(`server/router/proxy.py`), to a replica of its model (the body's `model`, else the `model` query
-parameter, else the default model, as router mode chooses): a request with `X-Conversation-Id` to its
-owner, a new one where `server/cluster/placement.py` puts it. A replica that cannot be reached is marked
-down and the request goes to another one (nothing was generated for it yet).
+Its routes are the front door's (`server/router/front_door.py`, shared with router mode): `/health` (200
+once every model has a ready replica), `/models` (each model, its replicas' state and its autoscaling),
+`/props`, `/metrics` (`server/cluster/metrics.py`); the conversation routes (`/v1/stream` resume and
+stop, `/v1/streams/lookup`, the control endpoint) go to the replica that owns the conversation. Every
+other request is proxied over HTTP, unbuffered (`server/router/proxy.py`), to a replica of its model (the
+body's `model`, else the `model` query parameter, else the default model, as router mode chooses): a
+request with `X-Conversation-Id` to its owner, a new one where `server/cluster/placement.py` puts it. A
+replica that cannot be reached is marked down and the request goes to another one (nothing was generated
+for it yet).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import structlog
-from quart import Blueprint, Quart, Response, current_app, request
+from quart import Quart, Response, request
+from quart.typing import ResponseReturnValue
 
 from server.cluster import metrics as cluster_metrics
 from server.cluster.autoscale import ScalePolicy
-from server.cluster.fleet import Fleet, ReplicaHandle, ReplicaLease
+from server.cluster.fleet import Fleet
+from server.cluster.monitor import ReplicaHandle
 from server.cluster.placement import Replica, least_loaded
+from server.cluster.routing import ReplicaLease
 from server.config.settings import Settings
 from server.http import errors
 from server.http.auth import install_auth
@@ -33,24 +37,25 @@ from server.http.error_handlers import install_error_handlers
 from server.model.prefixes import block_hashes
 from server.router.catalogue import ModelEntry
 from server.router.conversations import CONVERSATION_HEADER
+from server.router.front_door import as_reply, install_front_door, json_body, retry_later
 from server.router.proxy import client_response, new_client, open_upstream
 from server.router.upstream import UpstreamClient, UpstreamResponse
 
 log = structlog.get_logger("cluster")
 
-CLUSTER_KEY = "llamba.cluster"
-ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 CHAT_PATHS = {"/v1/chat/completions", "/chat/completions"}
 COMPLETION_PATHS = {"/v1/completions", "/completions", "/completion"}
-RETRY_AFTER_S = 1
 REPLICA_HEADER = "X-Llamba-Replica"
 TOKENIZE_TIMEOUT_S = 5.0
 
-bp = Blueprint("cluster", __name__)
+Owner = tuple[Fleet, Replica]  # a conversation's replica, and the fleet it is in
 
 
 @dataclass
 class Cluster:
+    """The cluster's models and their fleets, and its answers to the front door (`front_door.Upstreams`,
+    a conversation's owner being a replica)."""
+
     settings: Settings
     entries: dict[str, ModelEntry]  # the served models, by id
     fleets: dict[str, Fleet]  # their replicas, by model id
@@ -59,6 +64,9 @@ class Cluster:
     upstream: UpstreamClient  # the proxied requests (server/router/upstream.py)
     secret: str
     address: str
+
+    answers_preflight = False  # no CORS here: a preflight goes to a replica as any request
+    no_completion = "no replica has this completion"
 
     def fleet_named(self, name: str | None) -> Fleet:
         """The fleet of the model called `name` (its id or an alias), the default one for None; 400."""
@@ -70,19 +78,98 @@ class Cluster:
         served = ", ".join(sorted(self.entries))
         raise errors.invalid_request(f"model '{name}' not found: this cluster serves {served}")
 
-    def owner(self, conversation: str) -> tuple[Fleet, Replica] | None:
+    async def forward(self, lease: ReplicaLease, method: str, path: str, body: bytes) -> UpstreamResponse:
+        return await open_upstream(self.upstream, lease, method, path, request.headers, body, self.secret)
+
+    # -- the front door's models, props and metrics ---------------------------------------------------
+    def unavailable(self) -> errors.APIError | None:
         for fleet in self.fleets.values():
-            replica = fleet.owner(conversation)
+            if not fleet.ready:
+                return _no_replica(fleet)
+        return None
+
+    async def listing(self, reload: bool) -> list[dict[str, Any]]:
+        """Each model's entry (`reload` is not for the cluster: its models are fixed at its start)."""
+        return [_listing(self, fleet) for fleet in self.fleets.values()]
+
+    async def props(self, model: str | None) -> ResponseReturnValue:
+        """The least loaded replica's props of the `?model=` (else the default model): a model server's,
+        as the web UI treats the cluster as one server, with the cluster's own fields."""
+        fleet = self.fleet_named(model)
+        own = {"cluster": "ray", "replicas": len(fleet.replicas), "model_alias": fleet.model_id}
+        replica = least_loaded(fleet.replicas)
+        if replica is None:
+            return as_reply(_no_replica(fleet))
+        lease = fleet.routing.lease(replica)
+        try:
+            upstream = await self.forward(lease, "GET", "/props", b"")
+            child = json.loads(await upstream.aread()) if upstream.status_code == 200 else {}
+            await upstream.aclose()
+        finally:
+            lease.release()
+        return child | own
+
+    async def model_metrics(self, model: str) -> ResponseReturnValue | None:
+        return None  # the cluster's aggregate of that model: its own families and its replicas'
+
+    async def metrics(self, model: str | None) -> str:
+        """The cluster's own metrics and every live replica's, labelled by model and replica; `model`'s
+        only when given."""
+        fleets = [self.fleet_named(model)] if model else list(self.fleets.values())
+        return await cluster_metrics.aggregate(fleets, self.upstream, self.secret)
+
+    # -- the front door's conversations -----------------------------------------------------------------
+    def owner(self, conversation: str) -> Owner | None:
+        for fleet in self.fleets.values():
+            replica = fleet.routing.owner(conversation)
             if replica is not None:
                 return fleet, replica
         return None
 
-    async def forward(self, lease: ReplicaLease, method: str, path: str, body: bytes) -> UpstreamResponse:
-        return await open_upstream(self.upstream, lease, method, path, request.headers, body, self.secret)
+    def resumable(self, conversation: str) -> Owner | None:
+        return self.owner(conversation)  # none: never seen, expired, or its replica died with its session
 
+    def cancel_parked(self, conversation: str) -> bool:
+        return False  # nothing waits here: a request with no ready replica is answered 503 at once
 
-def cluster() -> Cluster:
-    return current_app.extensions[CLUSTER_KEY]
+    def owner_name(self, owner: Owner) -> str:
+        return f"{owner[0].model_id}#{owner[1].index}"
+
+    def serving(self) -> list[Owner]:
+        """Every ready (or draining) replica."""
+        return [(f, r) for f in self.fleets.values() for r in f.serving]
+
+    async def send(self, owner: Owner, body: bytes) -> Response:
+        fleet, replica = owner
+        lease = fleet.routing.lease(replica)
+        try:
+            upstream = await self.forward(lease, request.method, _path(), body)
+        except BaseException:
+            lease.release()
+            raise
+        return _respond(upstream, lease)
+
+    async def ask(self, owner: Owner, payload: bytes) -> Any:
+        lease = owner[0].routing.lease(owner[1])
+        try:
+            upstream = await self.forward(lease, "POST", request.path, payload)
+            try:
+                return json.loads(await upstream.aread())
+            finally:
+                await upstream.aclose()
+        finally:
+            lease.release()
+
+    async def lookup(self, owner: Owner, payload: bytes) -> Iterable[Any]:
+        answer = await self.ask(owner, payload)
+        return answer if isinstance(answer, list) else []
+
+    async def control_payload(self) -> bytes:
+        return await request.get_data()
+
+    # -- the front door's proxy -------------------------------------------------------------------------
+    async def proxy(self, body: bytes) -> ResponseReturnValue:
+        return await _place_and_send(self, body)
 
 
 def create_cluster_app(
@@ -111,8 +198,7 @@ def create_cluster_app(
     }
     entries = {entry.id: entry for entry, *_ in models}
     ctx = Cluster(settings, entries, fleets, models[0][0].id, client, new_client(), secret, address)
-    app.extensions[CLUSTER_KEY] = ctx
-    app.register_blueprint(bp)
+    install_front_door(app, ctx)
     install_auth(app, settings.api_keys)
     install_error_handlers(app)
 
@@ -130,19 +216,8 @@ def create_cluster_app(
     return app
 
 
-def _unavailable(model: str) -> tuple[dict[str, Any], int, dict[str, str]]:
-    err = errors.unavailable(f"no replica of '{model}' is ready")
-    return err.body(), err.status, {"Retry-After": str(RETRY_AFTER_S)}
-
-
-# -- the cluster's own routes ----------------------------------------------------------------------------
-@bp.get("/health")
-@bp.get("/v1/health")
-async def health() -> Any:
-    for fleet in cluster().fleets.values():
-        if not fleet.ready:
-            return _unavailable(fleet.model_id)
-    return {"status": "ok"}
+def _no_replica(fleet: Fleet) -> errors.APIError:
+    return retry_later(f"no replica of '{fleet.model_id}' is ready")
 
 
 def _listing(ctx: Cluster, fleet: Fleet) -> dict[str, Any]:
@@ -153,153 +228,26 @@ def _listing(ctx: Cluster, fleet: Fleet) -> dict[str, Any]:
     item["cluster"] = {
         "address": ctx.address,
         "placement": ctx.settings.placement,
-        "placed": dict(fleet.placed),
-        "retries": fleet.retries,
+        "placed": dict(fleet.routing.placed),
+        "retries": fleet.routing.retries,
     }
-    decision = fleet.last_decision
+    scaler = fleet.scaler
+    decision = scaler.last_decision
     item["scaling"] = {
-        "min": fleet.scaling.min_replicas,
-        "max": fleet.scaling.max_replicas,
+        "min": scaler.policy.min_replicas,
+        "max": scaler.policy.max_replicas,
         "current": fleet.current,
         "desired": decision.desired if decision else fleet.current,
         "last_decision": {"action": decision.action, "reason": decision.reason} if decision else None,
-        "decisions": dict(fleet.decisions),
+        "decisions": dict(scaler.decisions),
     }
     item["replicas"] = [r.listing() for r in fleet.replicas]
     return item
 
 
-@bp.get("/models")
-@bp.get("/v1/models")
-async def models() -> Any:
-    ctx = cluster()
-    return {"object": "list", "data": [_listing(ctx, fleet) for fleet in ctx.fleets.values()]}
-
-
-@bp.get("/metrics")
-async def metrics() -> Any:
-    """The cluster's own metrics and every live replica's, labelled by model and replica; `?model=`
-    only that model's."""
-    ctx = cluster()
-    if not ctx.settings.metrics:
-        raise errors.not_supported("This server does not support metrics endpoint.")
-    name = request.args.get("model")
-    fleets = [ctx.fleet_named(name)] if name else list(ctx.fleets.values())
-    text = await cluster_metrics.aggregate(fleets, ctx.upstream, ctx.secret)
-    return Response(text, content_type=cluster_metrics.CONTENT_TYPE)
-
-
-@bp.get("/props")
-async def props() -> Any:
-    """The least loaded replica's props of the `?model=` (else the default model): a model server's,
-    as the web UI treats the cluster as one server, with the cluster's own fields."""
-    ctx = cluster()
-    fleet = ctx.fleet_named(request.args.get("model"))
-    own = {"cluster": "ray", "replicas": len(fleet.replicas), "model_alias": fleet.model_id}
-    replica = least_loaded(fleet.replicas)
-    if replica is None:
-        return _unavailable(fleet.model_id)
-    lease = fleet.lease(replica)
-    try:
-        upstream = await ctx.forward(lease, "GET", "/props", b"")
-        child = json.loads(await upstream.aread()) if upstream.status_code == 200 else {}
-        await upstream.aclose()
-    finally:
-        lease.release()
-    return child | own
-
-
-# -- conversations ---------------------------------------------------------------------------------------
-def _conversation_id() -> str:
-    conversation = request.args.get("conv_id")
-    if not conversation:
-        raise errors.invalid_request("missing query parameter 'conv_id'")
-    return conversation
-
-
-@bp.get("/v1/stream")
-async def resume() -> Any:
-    ctx = cluster()
-    owner = ctx.owner(_conversation_id())
-    if owner is None:  # never seen, expired, or its replica died with its session
-        raise errors.not_found("Stream not found or expired")
-    return await _send_to(ctx, *owner, b"")
-
-
-@bp.delete("/v1/stream")
-async def stop() -> Any:
-    ctx = cluster()
-    owner = ctx.owner(_conversation_id())
-    if owner is None:
-        return "", 204
-    return await _send_to(ctx, *owner, b"")
-
-
-@bp.post("/v1/streams/lookup")
-async def lookup() -> Any:
-    ctx = cluster()
-    body = await request.get_json(force=True, silent=True)
-    ids = body.get("conversation_ids") if isinstance(body, dict) else None
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise errors.invalid_request('the body must be JSON: {"conversation_ids": [string, ...]}')
-    by_owner: dict[tuple[str, int], list[str]] = {}
-    owners: dict[tuple[str, int], tuple[Fleet, Replica]] = {}
-    for conversation in ids:
-        owner = ctx.owner(conversation)
-        if owner is not None:
-            key = (owner[0].model_id, owner[1].index)
-            owners[key] = owner
-            by_owner.setdefault(key, []).append(conversation)
-    found: list[Any] = []
-    for key, conversations in by_owner.items():
-        payload = json.dumps({"conversation_ids": conversations}).encode()
-        answer = await _ask(ctx, *owners[key], payload)
-        found += answer if isinstance(answer, list) else []
-    return found
-
-
-@bp.post("/v1/chat/completions/control")
-@bp.post("/chat/completions/control")
-async def control() -> Any:
-    """A running completion is named by its id, which only its replica knows: ask each ready (or
-    draining) one."""
-    ctx = cluster()
-    body = await request.get_data()
-    answer: Any = {"success": False, "message": "no replica has this completion"}
-    for fleet, replica in [(f, r) for f in ctx.fleets.values() for r in f.serving]:
-        answer = await _ask(ctx, fleet, replica, body)
-        if isinstance(answer, dict) and answer.get("success"):
-            return answer
-        if isinstance(answer, dict) and "error" in answer:
-            return answer, answer["error"].get("code", 400)
-    return answer
-
-
-async def _ask(ctx: Cluster, fleet: Fleet, replica: Replica, body: bytes) -> Any:
-    lease = fleet.lease(replica)
-    try:
-        upstream = await ctx.forward(lease, "POST", request.path, body)
-        try:
-            return json.loads(await upstream.aread())
-        finally:
-            await upstream.aclose()
-    finally:
-        lease.release()
-
-
 # -- the proxy -------------------------------------------------------------------------------------------
 def _path() -> str:
     return request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
-
-
-async def _send_to(ctx: Cluster, fleet: Fleet, replica: Replica, body: bytes) -> Response:
-    lease = fleet.lease(replica)
-    try:
-        upstream = await ctx.forward(lease, request.method, _path(), body)
-    except BaseException:
-        lease.release()
-        raise
-    return _respond(upstream, lease)
 
 
 def _respond(upstream: UpstreamResponse, lease: ReplicaLease) -> Response:
@@ -309,23 +257,22 @@ def _respond(upstream: UpstreamResponse, lease: ReplicaLease) -> Response:
     return response
 
 
-@bp.route("/", methods=ALL_METHODS, defaults={"path": ""})
-@bp.route("/<path:path>", methods=ALL_METHODS)
-async def catch_all(path: str) -> Any:
-    ctx = cluster()
-    body = await request.get_data()
-    data = _json_body(body)
+async def _place_and_send(ctx: Cluster, body: bytes) -> ResponseReturnValue:
+    """A conversation's next turn to its owner; a new request where placement puts it, to another
+    replica while the one chosen cannot be reached."""
+    data = json_body(body)
     fleet = ctx.fleet_named(_model_name(data))
     conversation = request.headers.get(CONVERSATION_HEADER) if request.method == "POST" else None
-    owner = fleet.owner(conversation) if conversation else None
+    routing = fleet.routing
+    owner = routing.owner(conversation) if conversation else None
     if owner is not None:  # a new turn of a conversation: its session and its cache are there
-        fleet.placed["sticky"] += 1
-        return await _send_to(ctx, fleet, owner, body)
+        routing.placed["sticky"] += 1
+        return await ctx.send((fleet, owner), body)
     hashes = await _prompt_hashes(ctx, fleet, data)
     tried: set[int] = set()
-    while (lease := fleet.place(hashes, exclude=tried)) is not None:
+    while (lease := routing.place(hashes, exclude=tried)) is not None:
         if conversation:
-            fleet.own(conversation, lease.replica)
+            routing.own(conversation, lease.replica)
         try:
             upstream = await ctx.forward(lease, request.method, _path(), body)
         except errors.APIError as exc:  # it could not be reached: nothing ran there, try another
@@ -337,17 +284,7 @@ async def catch_all(path: str) -> Any:
             lease.release()
             raise
         return _respond(upstream, lease)
-    return _unavailable(fleet.model_id)
-
-
-def _json_body(body: bytes) -> dict[str, Any] | None:
-    if not body or request.method not in ("POST", "PUT", "PATCH"):
-        return None
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return as_reply(_no_replica(fleet))
 
 
 def _model_name(data: dict[str, Any] | None) -> str | None:

@@ -27,7 +27,7 @@ from hypercorn.asyncio import serve
 
 from server.cluster.app import create_cluster_app
 from server.cluster.autoscale import ScalePolicy
-from server.cluster.fleet import ReplicaHandle
+from server.cluster.monitor import ReplicaHandle
 from server.cluster.replica import ReplicaServer
 from server.config.replicas import replica_bounds
 from server.config.settings import Settings

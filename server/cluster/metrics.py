@@ -30,22 +30,22 @@ REPLICA_FAMILIES: tuple[tuple[str, str, str, PerReplica], ...] = (
 
 PerFleet = Callable[[Fleet], float]
 MODEL_FAMILIES: tuple[tuple[str, str, str, PerFleet], ...] = (
-    ("retries_total", "counter", "Requests re-sent: a replica was unreachable.", lambda f: f.retries),
+    ("retries_total", "counter", "Requests re-sent: a replica was unreachable.", lambda f: f.routing.retries),
     ("replicas_replaced_total", "counter", "Dead replicas Ray replaced.", lambda f: f.replaced),
     ("replicas_up", "gauge", "Replicas ready for new requests.", lambda f: len(f.ready)),
     ("replicas_current", "gauge", "Replicas not draining (ready or starting).", lambda f: f.current),
     ("replicas_desired", "gauge", "Replicas the autoscaler wants now.", lambda f: _desired(f)),
-    ("replicas_min", "gauge", "Autoscaling's fewest replicas.", lambda f: f.scaling.min_replicas),
-    ("replicas_max", "gauge", "Autoscaling's most replicas.", lambda f: f.scaling.max_replicas),
+    ("replicas_min", "gauge", "Autoscaling's fewest replicas.", lambda f: f.scaler.policy.min_replicas),
+    ("replicas_max", "gauge", "Autoscaling's most replicas.", lambda f: f.scaler.policy.max_replicas),
     ("queue_per_replica", "gauge", "Queued requests per ready replica, as the autoscaler sees it.",
-     lambda f: f.sample(0).queue),
+     lambda f: f.scaler.sample(0).queue),
     ("utilisation", "gauge", "Busy and queued requests per slot, as the autoscaler sees it.",
-     lambda f: f.sample(0).utilisation),
+     lambda f: f.scaler.sample(0).utilisation),
 )  # fmt: skip
 
 
 def _desired(fleet: Fleet) -> int:
-    decision = fleet.last_decision
+    decision = fleet.scaler.last_decision
     return decision.desired if decision is not None else fleet.current
 
 
@@ -76,11 +76,11 @@ def cluster_families(fleets: list[Fleet]) -> dict[str, Family]:
             status.samples.append(
                 labelled(f"{PREFIX}replica_status 1", fleet.model_id, replica=str(r.index), status=r.status)
             )
-        for reason, count in fleet.placed.items():
+        for reason, count in fleet.routing.placed.items():
             placements.samples.append(
                 labelled(f"{PREFIX}placements_total {count}", fleet.model_id, reason=reason)
             )
-        for action, count in fleet.decisions.items():
+        for action, count in fleet.scaler.decisions.items():
             decisions.samples.append(
                 labelled(f"{PREFIX}scale_decisions_total {count}", fleet.model_id, action=action)
             )

@@ -44,7 +44,7 @@ def free_port(host: str) -> int:
 
 
 class ReplicaServer:
-    """The actor's class (`ray.remote` is applied by `server/cluster/fleet.py`)."""
+    """The actor's class (`ray.remote` is applied by `server/cluster/main.py`)."""
 
     def __init__(self, args: list[str], env: dict[str, str], host: str | None = None) -> None:
         import ray

@@ -1,23 +1,24 @@
-"""The router's Quart app: its own routes (/health, /props, /models, load, unload, SSE) and the proxy of
-every other route to the child of the request's model (body `model`, else the `model` query parameter,
-else the default model)."""
+"""The router's Quart app: the front door (server/router/front_door.py) in front of its children, one per
+loaded model (a request goes to its model's: the body's `model`, else the `model` query parameter, else
+the default model), and its own routes: a model by name, load, unload, download, remove, the models'
+SSE, /openapi.json, the web UI."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import anyio
 from pydantic import ValidationError
-from quart import Blueprint, Quart, Response, current_app, request
+from quart import Blueprint, Quart, Response, request
+from quart.typing import ResponseReturnValue
 
 from server.apis import webui
-from server.apis.openapi.document import ModelName
-from server.apis.openapi.routes import cached_document
+from server.apis.openapi.document import ModelName, cached_document
 from server.config.settings import Settings
 from server.http import errors
 from server.http.auth import install_auth
@@ -26,24 +27,24 @@ from server.http.error_handlers import install_error_handlers
 from server.router import metrics as router_metrics
 from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
 from server.router.child import Child
-from server.router.conversations import CONVERSATION_HEADER, Conversations
+from server.router.conversations import Conversations
 from server.router.downloads import Downloads
 from server.router.events import EventHub
-from server.router.pool import Lease, ModelPool
-from server.router.proxy import client_response, discard, new_client, open_upstream
+from server.router.forward import Forwarder
+from server.router.front_door import install_front_door, json_body, retry_later, upstreams
+from server.router.pool import ModelPool
+from server.router.proxy import new_client
 from server.router.reload import reload_catalogue
 from server.router.state import RUNNING, ModelState
-from server.router.upstream import UpstreamClient, UpstreamResponse
-
-ROUTER_KEY = "llamba.router"
-ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+from server.router.upstream import UpstreamClient
 
 bp = Blueprint("router", __name__)
 
 
 @dataclass
 class Router:
-    """What the router's routes share: settings, catalogue, pool, events, owners, the HTTP client."""
+    """What the router's routes share (settings, catalogue, pool, events, owners, the HTTP client), and
+    its answers to the front door (`front_door.Upstreams`, a conversation's owner being its model)."""
 
     settings: Settings
     catalogue: Catalogue
@@ -55,6 +56,14 @@ class Router:
     downloads: Downloads
 
     reloading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one rescan at a time
+    forwarder: Forwarder = field(init=False)
+
+    answers_preflight = True  # install_cors adds the headers: a preflight loads no model
+    no_completion = "no running model has this completion"
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.forwarder = Forwarder(self.pool, self.conversations, self.client, self.secret, s.models_autoload)
 
     async def reload(self) -> None:
         """Rescan the catalogue's sources and reconcile the pool (server/router/reload.py)."""
@@ -66,22 +75,105 @@ class Router:
                 raise errors.APIError(500, f"models reload failed: {exc}", "server_error") from None
             await reload_catalogue(self.pool, fresh)
 
-    async def forward(self, lease: Lease, body: bytes) -> UpstreamResponse:
-        lease.state.requests += 1
-        return await open_upstream(
-            self.client, lease, request.method, request_target(), request.headers, body, self.secret
-        )
+    # -- the front door's models, props and metrics ---------------------------------------------------
+    def unavailable(self) -> errors.APIError | None:
+        return None  # the router answers while its models load (on demand)
+
+    async def listing(self, reload: bool) -> list[dict[str, Any]]:
+        if reload:
+            await self.reload()
+        return [self.pool.listing(s) for s in self.pool.states.values()]
+
+    async def props(self, model: str | None) -> ResponseReturnValue:
+        """The router's props; with `?model=`, that model's child's (it says whether it sleeps). Without,
+        the default model's props under the router's, when it runs (the web UI reads them)."""
+        if model:
+            return await self.forwarder.proxy_to(self.pool.state(model), b"")
+        s, default_id = self.settings, self.catalogue.default_id
+        own = {"role": "router", "models_max": s.models_max, "max_instances": s.models_max}
+        own["model_alias"] = default_id  # what a chat without `model` runs on
+        own |= {"models_autoload": s.models_autoload, "default_model": default_id, "build_info": "b0-llamba"}
+        default = self.pool.states[default_id]
+        if default.status not in RUNNING or default.stopping:
+            return own | {"is_sleeping": False}
+        lease = await self.pool.acquire(default)
+        try:
+            upstream = await self.forwarder.send(lease, b"")
+            child_props = json.loads(await upstream.aread()) if upstream.status_code == 200 else {}
+            await upstream.aclose()
+        finally:
+            lease.release()
+        return child_props | own
+
+    async def model_metrics(self, model: str) -> ResponseReturnValue | None:
+        """That model's child's own /metrics, as llama-server's router does (it has no aggregate)."""
+        return await self.forwarder.proxy_to(self.pool.state(model), b"")
+
+    async def metrics(self, model: str | None) -> str:
+        return await router_metrics.aggregate(self.pool, self.client, self.secret)
+
+    # -- the front door's conversations -----------------------------------------------------------------
+    def _any_owner(self, conversation: str) -> ModelState | None:
+        model_id = self.conversations.owner(conversation)
+        return self.pool.states.get(model_id) if model_id else None
+
+    def owner(self, conversation: str) -> ModelState | None:
+        state = self._any_owner(conversation)
+        return state if state is not None and state.status in RUNNING else None
+
+    def resumable(self, conversation: str) -> ModelState | None:
+        """Its model's child while it runs; 503 while its request is parked or the model (re)loads."""
+        state = self._any_owner(conversation)
+        if state is None:
+            return None
+        parked = self.conversations.parked(conversation)
+        if parked is not None or state.status not in RUNNING or state.stopping:
+            if state.child is None and parked is None:
+                return None  # its child is gone, and its session
+            raise retry_later("model is loading")
+        return state
+
+    def cancel_parked(self, conversation: str) -> bool:
+        parked = self.conversations.parked(conversation)
+        if parked is not None:
+            parked.stopped.set()
+        return parked is not None
+
+    def owner_name(self, owner: ModelState) -> str:
+        return owner.id
+
+    def serving(self) -> list[ModelState]:
+        return [s for s in self.pool.states.values() if s.status in RUNNING and not s.stopping]
+
+    async def send(self, owner: ModelState, body: bytes) -> Response:
+        return await self.forwarder.proxy_to(owner, body)
+
+    async def ask(self, owner: ModelState, payload: bytes) -> Any:
+        return await self.forwarder.ask(owner, payload)
+
+    async def lookup(self, owner: ModelState, payload: bytes) -> Iterable[Any]:
+        """The child's answer as it is (a list), its model's state looked up by id as before."""
+        return await self.forwarder.ask(self.pool.states[owner.id], payload)
+
+    async def control_payload(self) -> bytes:
+        return json.dumps(await request.get_json(force=True, silent=True)).encode()
+
+    # -- the front door's proxy -------------------------------------------------------------------------
+    async def proxy(self, body: bytes) -> ResponseReturnValue:
+        return await self.forwarder.proxy_to(self.requested_model(body), body)
+
+    def requested_model(self, body: bytes) -> ModelState:
+        """The request's model: the body's `model`, else the `model` query parameter, else the default."""
+        data = json_body(body)
+        name = data["model"] if data and isinstance(data.get("model"), str) and data["model"] else None
+        name = name or request.args.get("model")
+        return self.pool.state(name) if name else self.pool.states[self.catalogue.default_id]
 
 
-def request_target() -> str:
-    """The request's path and query as the client sent them (still percent-encoded)."""
-    raw = request.scope.get("raw_path") or quote(request.path).encode()
-    query = request.query_string
-    return (raw + b"?" + query if query else raw).decode("latin-1")
-
-
-def router() -> Router:
-    return current_app.extensions[ROUTER_KEY]
+def router(app: Quart | None = None) -> Router:
+    ctx = upstreams(app)
+    assert isinstance(ctx, Router)
+    return ctx
 
 
 def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list[str]) -> Quart:
@@ -98,13 +190,10 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
     pool = ModelPool(catalogue, settings.models_max, events, spawn)
     conversations, downloads = Conversations(), Downloads(pool)
     ctx = Router(settings, catalogue, pool, events, conversations, new_client(), secret, downloads)
-    app.extensions[ROUTER_KEY] = ctx
-    from server.router import streams  # the conversation routes, registered before the catch-all
-
-    app.register_blueprint(streams.bp)
     app.register_blueprint(webui.bp)  # the router serves the UI itself: it answers while models load
     app.config[webui.ENABLED_KEY] = settings.webui
     app.register_blueprint(bp)
+    install_front_door(app, ctx)  # last: its catch-all proxies what no other route takes
     install_auth(app, settings.api_keys)
     install_cors(app, settings)  # the single-model server's policy: --cors-origins, else any origin
     install_error_handlers(app)
@@ -132,22 +221,6 @@ def _install_lifespan(app: Quart, ctx: Router) -> None:
 
 
 # -- the router's own routes ---------------------------------------------------------------------------
-@bp.get("/health")
-@bp.get("/v1/health")
-async def health() -> Any:
-    return {"status": "ok"}
-
-
-@bp.get("/models")
-@bp.get("/v1/models")
-async def models() -> Any:
-    """The catalogue with each model's state; `?reload=1` rescans it first (llama-server's)."""
-    if request.args.get("reload"):
-        await router().reload()
-    pool = router().pool
-    return {"object": "list", "data": [pool.listing(s) for s in pool.states.values()]}
-
-
 @bp.get("/v1/models/<path:name>")
 async def model(name: str) -> Any:
     pool = router().pool
@@ -227,93 +300,4 @@ async def models_sse() -> Any:
     return response
 
 
-@bp.get("/metrics")
-async def metrics() -> Any:
-    """Every model's metrics labelled by model, with the router's own; `?model=` is that child's."""
-    ctx = router()
-    if request.args.get("model"):
-        return await proxy_to(ctx.pool.state(request.args["model"]), b"")
-    if not ctx.settings.metrics:
-        raise errors.not_supported("This server does not support metrics endpoint.")
-    text = await router_metrics.aggregate(ctx.pool, ctx.client, ctx.secret)
-    return Response(text, content_type=router_metrics.CONTENT_TYPE)
-
-
-@bp.get("/props")
-async def props() -> Any:
-    """The router's props; with `?model=`, that model's child's (it says whether it sleeps). Without,
-    the default model's props under the router's, when it runs (the web UI reads them)."""
-    ctx = router()
-    if request.args.get("model"):
-        return await proxy_to(ctx.pool.state(request.args["model"]), b"")
-    s = ctx.settings
-    own = {"role": "router", "models_max": s.models_max, "max_instances": s.models_max}
-    own["model_alias"] = ctx.catalogue.default_id  # what a chat without `model` runs on
-    own |= {
-        "models_autoload": s.models_autoload,
-        "default_model": ctx.catalogue.default_id,
-        "build_info": "b0-llamba",
-    }
-    default = ctx.pool.states[ctx.catalogue.default_id]
-    if default.status not in RUNNING or default.stopping:
-        return own | {"is_sleeping": False}
-    lease = await ctx.pool.acquire(default)
-    try:
-        upstream = await ctx.forward(lease, b"")
-        child_props = json.loads(await upstream.aread()) if upstream.status_code == 200 else {}
-        await upstream.aclose()
-    finally:
-        lease.release()
-    return child_props | own
-
-
-@bp.route("/", methods=ALL_METHODS, defaults={"path": ""})
-@bp.route("/<path:path>", methods=ALL_METHODS)
-async def catch_all(path: str) -> Any:
-    if (
-        request.method == "OPTIONS"
-    ):  # a CORS preflight: answered here (install_cors adds the headers), no load
-        return Response("", 200)
-    body = await request.get_data()
-    return await proxy_to(requested_model(body), body)
-
-
-def requested_model(body: bytes) -> ModelState:
-    """The request's model: the body's `model`, else the `model` query parameter, else the default."""
-    name = None
-    if body and request.method in ("POST", "PUT", "PATCH"):
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("model"), str) and data["model"]:
-            name = data["model"]
-    name = name or request.args.get("model")
-    pool = router().pool
-    return pool.state(name) if name else pool.states[router().catalogue.default_id]
-
-
-def _autoload() -> bool:
-    value = request.args.get("autoload")
-    if value is None:
-        return router().settings.models_autoload
-    return value.lower() in ("1", "true", "yes")
-
-
-async def proxy_to(state: ModelState, body: bytes) -> Response:
-    ctx = router()
-    conversation = request.headers.get(CONVERSATION_HEADER)
-    if conversation and request.method == "POST":
-        from server.router.streams import forward_conversation
-
-        return await forward_conversation(ctx, state, conversation, body, _autoload())
-    lease = await ctx.pool.acquire(state, _autoload())
-    try:
-        upstream = await ctx.forward(lease, body)
-    except BaseException:
-        lease.release()
-        raise
-    return client_response(upstream, lease)
-
-
-__all__ = ["Router", "create_router_app", "discard", "proxy_to", "router"]
+__all__ = ["Router", "create_router_app", "router"]

@@ -10,8 +10,8 @@
 - A waiter that leaves (its client went away) leaves the queue; if nobody else wanted that model, its
   entry goes too and no model is given up for it.
 
-Everything runs on the event loop: no locks, state changes between awaits. Starting, watching and stopping
-a child is server/router/lifecycle.py's; it calls back here after each change.
+Starting, following and stopping the children is `server/router/children.py`'s, at the pool's word.
+Everything runs on the event loop: no locks, state changes between awaits.
 """
 
 from __future__ import annotations
@@ -19,14 +19,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from server.http import errors
 from server.router.catalogue import Catalogue
+from server.router.children import ChildFactory, Children
 from server.router.events import EventHub
-from server.router.lifecycle import ChildFactory, ModelLifecycle
-from server.router.state import DOWNLOADING, FAILED, LOADED, LOADING, RUNNING, SLEEPING, UNLOADED, ModelState
+from server.router.state import (
+    DOWNLOADING,
+    FAILED,
+    LOADED,
+    LOADING,
+    RUNNING,
+    SLEEPING,
+    UNLOADED,
+    ModelState,
+)
 
 # Seconds a child gets to exit on the router's own shutdown before it is killed (a preset's stop-timeout
 # is for unloads, where waiting is cheap; a shutdown must be prompt).
@@ -58,8 +66,6 @@ class Lease:
 
 
 class ModelPool:
-    """The models' states, the queue of requests waiting for one, and who gets room (the module's rules)."""
-
     def __init__(self, catalogue: Catalogue, models_max: int, events: EventHub, spawn: ChildFactory) -> None:
         self.catalogue = catalogue
         self.models_max = models_max
@@ -67,9 +73,7 @@ class ModelPool:
         self.states = {entry.id: ModelState(entry) for entry in catalogue.entries.values()}
         self._queue: OrderedDict[str, list[asyncio.Future[Lease]]] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._children = ModelLifecycle(
-            events, spawn, run=self._spawn_task, changed=self._pump, fail_waiters=self._fail_waiters
-        )
+        self.children = Children(spawn, events, self._spawn_task, self._pump, self._fail_waiters)
 
     def state(self, name: str) -> ModelState:
         entry = self.catalogue.find(name)
@@ -146,7 +150,7 @@ class ModelPool:
                 if victim is not None:
                     self._spawn_task(self.stop(victim, reason="evicted"))
                 return  # the head waits for room; nobody behind it jumps ahead
-            self._children.start_load(state)
+            self.children.start_load(state)
 
     def pump(self) -> None:
         """Serve the queue after a change outside the pool (a download ended)."""
@@ -156,14 +160,10 @@ class ModelPool:
         """A model the catalogue no longer lists (GET /models?reload=1): its waiters get a 400, its
         state goes (its child, if any, was stopped first)."""
         err = errors.invalid_request(f"model '{model_id}' is no longer in the catalogue (it was reloaded)")
-        self._fail_waiters(model_id, lambda: err)
-        self.states.pop(model_id, None)
-
-    def _fail_waiters(self, model_id: str, error: Callable[[], Exception]) -> None:
-        """The model's entry leaves the queue; each of its waiters gets an error from `error`."""
         for waiter in self._queue.pop(model_id, []):
             if not waiter.done():
-                waiter.set_exception(error())
+                waiter.set_exception(err)
+        self.states.pop(model_id, None)
 
     def _has_room(self) -> bool:
         running = sum(s.child is not None for s in self.states.values())
@@ -178,10 +178,16 @@ class ModelPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- stopping ----------------------------------------------------------------------------------
+    # -- loading, crashes, stopping (server/router/children.py) ---------------------------------------
+    def _fail_waiters(self, state: ModelState, err: errors.APIError) -> None:
+        """The model's load failed or its child crashed: its waiters get `err`."""
+        for waiter in self._queue.pop(state.id, []):
+            if not waiter.done():
+                waiter.set_exception(err)
+
     async def stop(self, state: ModelState, reason: str = "unload", timeout: float | None = None) -> None:
         """Stop the model's child (its requests in flight end with it); its room is free once it exited."""
-        await self._children.stop(state, reason, timeout)
+        await self.children.stop(state, reason, timeout)
 
     # -- explicit load / unload, shutdown --------------------------------------------------------------
     def load(self, state: ModelState) -> None:
@@ -196,8 +202,11 @@ class ModelPool:
         self._spawn_task(load_and_release())
 
     async def shutdown(self) -> None:
-        for model_id in list(self._queue):
-            self._fail_waiters(model_id, lambda: errors.unavailable("the router is shutting down"))
+        for waiters in self._queue.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(errors.unavailable("the router is shutting down"))
+        self._queue.clear()
         running = [s for s in self.states.values() if s.child is not None]
         await asyncio.gather(
             *(self.stop(s, reason="shutdown", timeout=SHUTDOWN_STOP_TIMEOUT) for s in running),

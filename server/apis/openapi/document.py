@@ -12,6 +12,8 @@ every route the app serves is in the table (and so in the document).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -266,3 +268,11 @@ def document(version: str, router: bool = False) -> dict[str, Any]:
         "paths": paths,
         "components": {"schemas": _components(routes)},
     }
+
+
+@cache
+def cached_document(router: bool = False) -> dict[str, Any]:
+    try:
+        return document(version("llamba"), router)
+    except PackageNotFoundError:
+        return document("unknown", router)

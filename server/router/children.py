@@ -1,9 +1,10 @@
-"""A model's child from load to exit: started, watched, its events turned into the model's state and
-published on `/models/sse`, stopped on request.
+"""A model's child from its load to its exit, for the pool (`server/router/pool.py`): started, its log's
+lifecycle events turned into the model's status (and `/models/sse` events), its unasked-for exit a
+failure, its stop.
 
-The pool (server/router/pool.py) decides when a model loads or is given up; this module carries it out
-and tells the pool back through two callbacks: `changed` after every change that may make room or a
-model ready (the pool serves its queue), and `fail_waiters` when a child dies that requests waited for.
+The pool decides when; this module does it and tells the pool back: `on_change` after every change that
+may let a queued request go on (a load done, a failure, a stop), `on_failure` with the error the
+model's waiters get.
 """
 
 from __future__ import annotations
@@ -21,29 +22,24 @@ from server.router.state import FAILED, LOADED, LOADING, RUNNING, SLEEPING, UNLO
 log = structlog.get_logger("router")
 
 ChildFactory = Callable[[ModelState, Callable[[dict[str, Any]], None]], Child]
-# Starts a task the pool keeps track of (so its shutdown can cancel it).
-TaskRunner = Callable[[Coroutine[Any, Any, None]], None]
-# Fails the requests waiting for a model, each with an error from the factory.
-WaiterFailer = Callable[[str, Callable[[], Exception]], None]
 
 
-class ModelLifecycle:
-    """Carries out the pool's decisions on the models' children: load one, watch it, stop it."""
+class Children:
+    """The models' child processes. `spawn` makes a model's child; `run` runs a task the pool owns."""
 
     def __init__(
         self,
-        events: EventHub,
         spawn: ChildFactory,
-        *,
-        run: TaskRunner,
-        changed: Callable[[], None],
-        fail_waiters: WaiterFailer,
+        events: EventHub,
+        run: Callable[[Coroutine[Any, Any, None]], None],
+        on_change: Callable[[], None],
+        on_failure: Callable[[ModelState, errors.APIError], None],
     ) -> None:
         self.events = events
         self._spawn = spawn
         self._run = run
-        self._changed = changed
-        self._fail_waiters = fail_waiters
+        self._on_change = on_change
+        self._on_failure = on_failure
 
     def start_load(self, state: ModelState) -> None:
         state.status, state.progress, state.failure = LOADING, {"stage": "start", "value": 0.0}, None
@@ -75,13 +71,9 @@ class ModelLifecycle:
         message = (
             f"model '{state.id}' failed ({'loading' if was == LOADING else 'crashed'}): exit code {code}"
         )
-
-        def error() -> errors.APIError:
-            return errors.APIError(503, message, "unavailable_error", log=child.last_lines())
-
-        self._fail_waiters(state.id, error)
+        self._on_failure(state, errors.APIError(503, message, "unavailable_error", log=child.last_lines()))
         self.publish_status(state)
-        self._changed()
+        self._on_change()
 
     def _on_child_event(self, state: ModelState, child: Child, event: dict[str, Any]) -> None:
         if state.child is not child:
@@ -99,7 +91,7 @@ class ModelLifecycle:
             state.status = LOADED
             state.touch()
             self.publish_status(state, info=first)
-            self._changed()
+            self._on_change()
         elif name in ("model.sleeping", "model.awake") and state.status in RUNNING:
             state.status = SLEEPING if name == "model.sleeping" else LOADED
             self.publish_status(state)
@@ -114,7 +106,7 @@ class ModelLifecycle:
             data["info"] = state.info
         self.events.publish(state.id, "model_status", data)
 
-    async def stop(self, state: ModelState, reason: str = "unload", timeout: float | None = None) -> None:
+    async def stop(self, state: ModelState, reason: str, timeout: float | None) -> None:
         """Stop the model's child (its requests in flight end with it); its room is free once it exited."""
         child = state.child
         if state.stopping:
@@ -132,4 +124,4 @@ class ModelLifecycle:
             state.status = UNLOADED
             state.stopped.set()
             self.publish_status(state)
-            self._changed()
+            self._on_change()
