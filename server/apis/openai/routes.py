@@ -14,12 +14,18 @@ from engine.api import GenerationRequest, TokenEvent
 from server.agents.loop import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
 from server.agents.requests import request_context
 from server.agents.toolbox import Toolbox
+from server.apis.openai.chunks import (
+    ChatChunks,
+    base_fields,
+    chat_choice,
+    chat_error_event,
+    final_reason,
+    verbose_fields,
+)
 from server.chat.choices import choice_requests, choices_usage, collect_choices, request_timings
 from server.chat.generation import (
-    Outcome,
     build_request,
     collect,
-    has_probs,
     new_id,
     openai_logprobs,
     raise_if_failed,
@@ -43,16 +49,6 @@ from server.streams.resumable import resumable, stream_recipe
 from server.streams.sessions import CONVERSATION_HEADER
 
 bp = Blueprint("openai", __name__)
-
-
-def base_fields(model: ModelHost, kind: str, completion_id: str, created: int) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": kind,
-        "created": created,
-        "model": model.settings.model_alias,
-        "system_fingerprint": model.fingerprint,
-    }
 
 
 # -- chat ------------------------------------------------------------------------------------------
@@ -137,79 +133,8 @@ async def regenerate_chat(model: ModelHost, recipe: Recipe) -> AsyncIterator[byt
     return chat_stream_of(model, body, job, recipe.ids)
 
 
-def chat_error_event(error: errors.APIError) -> bytes:
-    """An error as an OpenAI stream (chat or completions) ends with one: the error event, then [DONE]."""
-    return sse.error_event(error.body()) + sse.DONE
-
-
-def verbose_fields(job: ChatJob, out: Outcome) -> dict[str, Any]:
-    return {
-        "prompt": job.prompt_text,
-        "content": out.text,
-        "reasoning_content": out.reasoning,
-        "tokens": out.tokens,
-    }
-
-
 def mcp_manager() -> Toolbox | None:
     return app_state().toolbox
-
-
-def chat_choice(
-    model: ModelHost, body: ChatCompletionRequest, out: Outcome, index: int = 0
-) -> dict[str, Any]:
-    """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended."""
-    message: dict[str, Any] = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
-    if out.reasoning:
-        message["reasoning_content"] = out.reasoning
-    if out.tool_calls:
-        message["tool_calls"] = [call.to_openai() for call in out.tool_calls]
-    choice: dict[str, Any] = {"index": index, "finish_reason": out.finish_reason, "message": message}
-    if body.logprobs:
-        choice["logprobs"] = {"content": openai_logprobs(model.prompts, out.events)}
-    return choice
-
-
-class ChatChunks:
-    """A chat stream's SSE chunks: each delta its own chunk, logprobs and timings as the body asks."""
-
-    def __init__(self, model: ModelHost, body: ChatCompletionRequest, head: dict[str, Any]) -> None:
-        self.model, self.body, self.head = model, body, head
-        self.timings: dict[str, Any] = {}
-
-    def chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0, **extra: Any) -> bytes:
-        choice = {"index": index, "finish_reason": finish, "delta": delta, **extra}
-        return sse.event({**self.head, "choices": [choice], **self.timings})
-
-    def event(self, event: TokenEvent, index: int = 0) -> list[bytes]:
-        """An engine event's chunks (none for an event that carries nothing to show)."""
-        if event.progress is not None:
-            return [sse.event({**self.head, "choices": [], "prompt_progress": event.progress.as_dict()})]
-        if event.timings is not None and self.body.timings_per_token:
-            self.timings = {"timings": event.timings.as_dict()}
-        extra = {}
-        if self.body.logprobs and has_probs(event):
-            extra["logprobs"] = {"content": openai_logprobs(self.model.prompts, [event])}
-        deltas = event_deltas(event)
-        out = [self.chunk(delta, index=index) for delta in deltas[:-1]]
-        if deltas or extra:  # the logprobs ride on the event's last chunk
-            out.append(self.chunk(deltas[-1] if deltas else {}, index=index, **extra))
-        return out
-
-    def finish(self, final: TokenEvent | None, index: int = 0) -> bytes:
-        """A choice's finish chunk, with its timings."""
-        last = {**self.head, "choices": [{"index": index, "finish_reason": final_reason(final), "delta": {}}]}
-        if final is not None and final.timings is not None:
-            last["timings"] = final.timings.as_dict()
-        return sse.event(last)
-
-    def end(self, final: TokenEvent | None, usage_fields: dict[str, Any], n: int = 1) -> list[bytes]:
-        """The finish chunk (with the timings; `n` choices: theirs came as they finished), the usage
-        chunk if asked for, and [DONE]."""
-        out = [self.finish(final)] if n == 1 else []
-        if (self.body.stream_options or {}).get("include_usage"):
-            out.append(sse.event({**self.head, "choices": [], "usage": usage_fields}))
-        return [*out, sse.DONE]
 
 
 async def chat_stream(
@@ -335,23 +260,6 @@ async def agent_stream(run: AgentRun, chunks: ChatChunks) -> AsyncIterator[bytes
         return
     for data in chunks.end(run.final_outcome().final, run.usage()):
         yield data
-
-
-def event_deltas(event: TokenEvent) -> list[dict[str, Any]]:
-    """An event's chunks in the order its parts came: reasoning, content, tool-call steps (llama-server's
-    order). No delta carries an empty string."""
-    deltas: list[dict[str, Any]] = []
-    if event.reasoning_text:
-        deltas.append({"reasoning_content": event.reasoning_text})
-    if event.text:
-        deltas.append({"content": event.text})
-    if event.tool_calls:
-        deltas.append({"tool_calls": [step.to_openai() for step in event.tool_calls]})
-    return deltas
-
-
-def final_reason(event: TokenEvent | None) -> str:
-    return (event.finish_reason if event else None) or "stop"
 
 
 # -- completions -----------------------------------------------------------------------------------
