@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from server.apis.anthropic import routes as anthropic
-from server.apis.openai import routes as openai
+from server.apis.openai import chunks as openai
 from server.http import errors, sse
 
 pytestmark = pytest.mark.anyio
