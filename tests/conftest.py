@@ -137,3 +137,16 @@ def limited_server():  # type: ignore[no-untyped-def]
     ).wait_healthy()  # fmt: skip
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen_server():  # type: ignore[no-untyped-def]
+    """One Qwen2.5-Coder 1.5B server for the tests of what only it has (FIM tokens for /infill's
+    llama.cpp goldens, a template with Hermes' `<tool_call>` format): its start (~25 s on two busy
+    cores, most of it repacking 1.1 GB of weights) is paid once. One slot of 4096 tokens: the slot
+    tests/golden/infill.json was made with (a smaller one leaves /infill no room for its repo-name chunk)."""
+    from tests.server_process import ServerProcess
+
+    proc = ServerProcess("-m", "qwen2.5-coder", "-c", "4096", "-np", "1").wait_healthy(timeout=600)
+    yield proc
+    proc.stop()

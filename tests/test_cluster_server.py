@@ -1,11 +1,12 @@
-"""Scale-out on a real local Ray cluster: `llamba-server --cluster ray:local --replicas 2` with SmolLM2
-replicas of one thread each, talked to over HTTP as clients do (slow: Ray and two replicas start).
+"""Scale-out on a real local Ray cluster: `llamba-server --cluster ray:local` with SmolLM2 replicas of one
+thread each, talked to over HTTP as clients do.
 
-Covers: concurrent chats spread over both replicas; a resumable stream resumed and stopped through the
-cluster router; a shared long system prompt placed on the replica that cached it (`timings.cache_n`);
-the cluster's /metrics (its own counters and each replica's llamacpp:* labelled by replica); killing one
-replica's server process: the other's in-flight stream finishes, its conversation answers 404, new
-requests go to the survivor without a 5xx, and Ray replaces the dead replica.
+In `make test` (~15 s: Ray's head and one replica start): one replica answering a chat through the
+cluster router, and a resumable stream resumed and stopped through it. Slow (two replicas): concurrent
+chats spread over both replicas; a shared long system prompt placed on the replica that cached it
+(`timings.cache_n`); the cluster's /metrics (its own counters and each replica's llamacpp:* labelled by
+replica); killing one replica's server process: the other's in-flight stream finishes, its conversation
+answers 404, new requests go to the survivor without a 5xx, and Ray replaces the dead replica.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import pytest
 from tests.conftest import require
 from tests.server_process import ServerProcess, wait_until
 
-pytestmark = pytest.mark.slow
 require(None if importlib.util.find_spec("ray") else "Ray is not installed (pip install -e '.[cluster]')")
 
 CONV = "X-Conversation-Id"
@@ -65,6 +65,19 @@ def client(cluster: ServerProcess):  # type: ignore[no-untyped-def]
         yield c
 
 
+@pytest.fixture(scope="module")
+def one_replica():  # type: ignore[no-untyped-def]
+    """The cheapest real cluster: a local Ray head, one SmolLM2 replica (its own server process, a Ray
+    actor's child) and the cluster router in front of it."""
+    proc = ServerProcess("--cluster", "ray:local", "--replicas", "1", "-m", "smollm2", "-t", "1")
+    try:
+        proc.wait_healthy(START_S)
+        wait_until(lambda: all_ready(proc), START_S, "the replica ready")
+        yield proc
+    finally:
+        proc.stop(timeout=30)
+
+
 def say_hi(client: httpx.Client, i: int) -> httpx.Response:
     return client.post("/v1/chat/completions", json=chat(f"Hi {i}"))
 
@@ -81,40 +94,39 @@ def chat(question: str, max_tokens: int = 8, system: str | None = None, **extra:
     return {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
 
 
-def test_32_concurrent_chats_all_succeed_on_both_replicas(client: httpx.Client) -> None:
-    def one(i: int) -> tuple[int, str]:
-        reply = client.post("/v1/chat/completions", json=chat(f"Say a word about the number {i}."))
-        assert reply.json()["choices"][0]["message"]["content"] is not None
-        return reply.status_code, reply.headers[REPLICA]
+def test_one_replica_answers_a_chat_and_resumes_and_stops_a_stream(one_replica: ServerProcess) -> None:
+    """Through the router: a chat; a stream the client leaves after its first token, generated on to
+    its end and replayed (whole, and from an offset) with the text of the same greedy request answered
+    whole; a stream stopped by DELETE /v1/stream, which ends the original response too."""
+    client = httpx.Client(base_url=one_replica.base_url, timeout=300)
+    with client:
+        hi = client.post("/v1/chat/completions", json=chat("Hi"))
+        assert hi.status_code == 200 and hi.headers[REPLICA] == "0", hi.text
+        assert hi.json()["choices"][0]["message"]["content"].strip()
+        resume_and_stop(client)
 
-    with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(one, range(32)))
-    assert [code for code, _ in results] == [200] * 32
-    assert {replica for _, replica in results} == {"0", "1"}  # both replicas served
 
-
+@pytest.mark.slow
 def test_a_resumable_stream_resumes_and_stops_through_the_cluster(client: httpx.Client) -> None:
+    """The same with two replicas: the router finds the stream's owner among them."""
+    resume_and_stop(client)
+
+
+def resume_and_stop(client: httpx.Client) -> None:
+    """A stream resumed from its owner after its client left, then one stopped."""
     conv = "cluster/resume-me"
     body = chat("Tell me a story about a lighthouse.", 48, stream=True)
     with client.stream("POST", "/v1/chat/completions", json=body, headers={CONV: conv}) as resp:
         owner = resp.headers[REPLICA]
         next(line for line in resp.iter_lines() if '"content":"' in line)
     # The client left after its first token; the owner generates on. Wait for the end, then replay all.
-    wait_until(
-        lambda: (
-            [
-                i["is_done"]
-                for i in client.post("/v1/streams/lookup", json={"conversation_ids": [conv]}).json()
-            ]
-            == [True]
-        ),
-        120,
-        "the stream done",
-    )
+    wait_until(lambda: lookup(client, conv) == [True], 120, "the stream done")
     full = client.get("/v1/stream", params={"conv_id": conv, "from": 0})
     assert full.status_code == 200 and full.headers[REPLICA] == owner
     assert full.text.endswith("data: [DONE]\n\n")
     assert client.get("/v1/stream", params={"conv_id": conv, "from": 10}).content == full.content[10:]
+    whole = client.post("/v1/chat/completions", json={**body, "stream": False}).json()
+    assert streamed_text(full.text) == whole["choices"][0]["message"]["content"]
 
     stopped = "cluster/stop-me"
     body = chat("Tell me a very long story about dragons.", 2000, stream=True)
@@ -127,6 +139,26 @@ def test_a_resumable_stream_resumes_and_stops_through_the_cluster(client: httpx.
     assert gone.status_code == 404
 
 
+def streamed_text(sse: str) -> str:
+    """The content deltas of a chat stream's events, joined."""
+    events = [json.loads(line[6:]) for line in sse.splitlines() if line.startswith("data: {")]
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+
+
+@pytest.mark.slow
+def test_32_concurrent_chats_all_succeed_on_both_replicas(client: httpx.Client) -> None:
+    def one(i: int) -> tuple[int, str]:
+        reply = client.post("/v1/chat/completions", json=chat(f"Say a word about the number {i}."))
+        assert reply.json()["choices"][0]["message"]["content"] is not None
+        return reply.status_code, reply.headers[REPLICA]
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32)))
+    assert [code for code, _ in results] == [200] * 32
+    assert {replica for _, replica in results} == {"0", "1"}  # both replicas served
+
+
+@pytest.mark.slow
 def test_a_shared_long_system_prompt_lands_on_the_replica_that_cached_it(client: httpx.Client) -> None:
     first = client.post("/v1/chat/completions", json=chat("Where is book 14?", system=SYSTEM))
     assert first.status_code == 200, first.text
@@ -148,6 +180,7 @@ def metrics(client: httpx.Client) -> dict[str, float]:
     return {name: float(value) for name, value in samples}
 
 
+@pytest.mark.slow
 def test_cluster_metrics_count_placements_and_label_each_replicas_own(client: httpx.Client) -> None:
     before = metrics(client)
     sticky = 'llamba:cluster_placements_total{model="smollm2",reason="sticky"}'
@@ -181,6 +214,7 @@ def test_cluster_metrics_count_placements_and_label_each_replicas_own(client: ht
     assert text.count("# TYPE llamacpp:tokens_predicted_total ") == 1  # one head per family
 
 
+@pytest.mark.slow
 def test_killing_a_replica_fails_over_and_ray_replaces_it(
     cluster: ServerProcess, client: httpx.Client
 ) -> None:

@@ -1,6 +1,8 @@
 """/infill: llama-server's fill-in-the-middle route. Greedy answers equal llama-server's on
-Qwen2.5-Coder (tests/golden/infill.json), the prompt layout has llama-server's length, a model without
-FIM tokens answers 501, bad input 400 naming the field."""
+Qwen2.5-Coder (tests/golden/infill.json): two cases whole and streamed in `make test` on the shared Qwen
+server (tests/conftest.py), all five, n_probs and /v1/completions' `suffix` in the slow test. The prompt
+layout has llama-server's length, a model without FIM tokens answers 501, bad input 400 naming the
+field."""
 
 from __future__ import annotations
 
@@ -67,43 +69,66 @@ def test_small_contexts_keep_only_the_tail_of_the_extra_chunks(qwen_tokenizer: T
 NEAR_TIE = 0.1
 
 
-@pytest.mark.slow
-def test_greedy_infill_equals_llama_server_on_qwen() -> None:
-    """Each answer equals llama-server's token for token, up to a near tie of llama.cpp's top two
-    where the two may part (then the rest differs, and is not compared); at least 4 of 5 whole."""
-    proc = ServerProcess("-m", "qwen", "-c", "4096", "-np", "1").wait_healthy(timeout=600)
-    try:
-        whole = 0
-        for case in GOLDEN["cases"]:
-            body = {**case["request"], **GOLDEN["request"]}
-            reply = httpx.post(proc.base_url + "/infill", json=body, timeout=300)
-            assert reply.status_code == 200, reply.text
-            out = reply.json()
-            assert out["tokens_evaluated"] == case["tokens_evaluated"]
-            ours, ref = out["tokens"], case["tokens"]
-            split = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), None)
-            if split is None:
-                assert out["content"] == case["content"]
-                whole += 1
-                continue
-            first, second = case["top2_logprobs"][split]
-            assert first - second < NEAR_TIE, f"parts at token {split}, not a tie: {out['content']!r}"
-        assert whole >= 4
-        _check_stream_and_probabilities(proc, GOLDEN["cases"][0])
-        _check_suffix_on_v1_completions(proc, GOLDEN["cases"][0])
-    finally:
-        proc.stop()
+def margin(case: dict[str, Any]) -> float:
+    """The smallest gap between llama.cpp's top two log-probabilities over the case's tokens."""
+    return min(first - second for first, second in case["top2_logprobs"])
 
 
-def _check_stream_and_probabilities(proc: ServerProcess, case: dict[str, Any]) -> None:
-    """/infill's stream (chunks, then the final fields) and n_probs, as on /completion."""
-    body = {**case["request"], **GOLDEN["request"], "stream": True}
-    with httpx.stream("POST", proc.base_url + "/infill", json=body, timeout=300) as reply:
-        chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: ")]
+# The two cases farthest from a near tie (margins 0.39 and 0.27): their answers equal llama-server's
+# whole on any kernel, so `make test` can demand every token.
+CLEAR_CASES = sorted(GOLDEN["cases"], key=margin, reverse=True)[:2]
+
+
+def infill_body(case: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {**case["request"], **GOLDEN["request"], **extra}
+
+
+@pytest.mark.parametrize("case", CLEAR_CASES, ids=lambda c: c["request"]["input_prefix"][:12])
+def test_greedy_infill_equals_llama_server_whole_and_streamed(
+    qwen_server: ServerProcess, case: dict[str, Any]
+) -> None:
+    """Token for token llama-server's answer, with its prompt length; the stream's chunks add up to
+    it and end with the final fields."""
+    assert margin(case) > NEAR_TIE
+    reply = httpx.post(qwen_server.base_url + "/infill", json=infill_body(case), timeout=300)
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    assert out["tokens"] == case["tokens"] and out["content"] == case["content"]
+    assert out["tokens_evaluated"] == case["tokens_evaluated"] and out["stop"] is True
+    body = infill_body(case, stream=True)
+    with httpx.stream("POST", qwen_server.base_url + "/infill", json=body, timeout=300) as streamed:
+        assert streamed.status_code == 200
+        chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: ")]
     assert "".join(c["content"] for c in chunks) == case["content"]
     assert chunks[-1]["stop"] is True and chunks[-1]["tokens_evaluated"] == case["tokens_evaluated"]
-    body = {**case["request"], **GOLDEN["request"], "n_probs": 2}
-    out = httpx.post(proc.base_url + "/infill", json=body, timeout=300).json()
+
+
+@pytest.mark.slow
+def test_greedy_infill_equals_llama_server_on_qwen(qwen_server: ServerProcess) -> None:
+    """Each answer equals llama-server's token for token, up to a near tie of llama.cpp's top two
+    where the two may part (then the rest differs, and is not compared); at least 4 of 5 whole."""
+    whole = 0
+    for case in GOLDEN["cases"]:
+        reply = httpx.post(qwen_server.base_url + "/infill", json=infill_body(case), timeout=300)
+        assert reply.status_code == 200, reply.text
+        out = reply.json()
+        assert out["tokens_evaluated"] == case["tokens_evaluated"]
+        ours, ref = out["tokens"], case["tokens"]
+        split = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), None)
+        if split is None:
+            assert out["content"] == case["content"]
+            whole += 1
+            continue
+        first, second = case["top2_logprobs"][split]
+        assert first - second < NEAR_TIE, f"parts at token {split}, not a tie: {out['content']!r}"
+    assert whole >= 4
+    _check_probabilities(qwen_server, GOLDEN["cases"][0])
+    _check_suffix_on_v1_completions(qwen_server, GOLDEN["cases"][0])
+
+
+def _check_probabilities(proc: ServerProcess, case: dict[str, Any]) -> None:
+    """n_probs on /infill, as on /completion: each step's probabilities, of llama-server's tokens."""
+    out = httpx.post(proc.base_url + "/infill", json=infill_body(case, n_probs=2), timeout=300).json()
     assert [p["id"] for p in out["completion_probabilities"]] == case["tokens"]
 
 
@@ -114,7 +139,7 @@ def _check_suffix_on_v1_completions(proc: ServerProcess, case: dict[str, Any]) -
     body = {"prompt": case["request"]["input_prefix"], "suffix": case["request"]["input_suffix"], **fields}
     reply = httpx.post(proc.base_url + "/v1/completions", json=body, timeout=300)
     assert reply.status_code == 200, reply.text
-    infill = httpx.post(proc.base_url + "/infill", json={**case["request"], **GOLDEN["request"]}, timeout=300)
+    infill = httpx.post(proc.base_url + "/infill", json=infill_body(case), timeout=300)
     out = reply.json()
     assert out["choices"][0]["text"] == infill.json()["content"]
     assert out["usage"]["prompt_tokens"] == case["tokens_evaluated"]

@@ -1,6 +1,8 @@
 """The q8_0 KV cache (-ctk/-ctv q8_0): the store against ggml's reference quantizer, attention against a
 numpy reference over the dequantized cells, batch invariance, context shift, the cells' round trips
-(slot files, prompt cache, `n` choices' copies) and a model decoding on restored q8_0 cells."""
+(slot files, prompt cache, `n` choices' copies), a model decoding on restored q8_0 cells, and a real
+server on q8_0 cells: a greedy chat as f16 cells answer it (`make test`), slot files and context shifts
+(slow)."""
 
 from __future__ import annotations
 
@@ -211,28 +213,48 @@ def test_server_flags_take_f16_and_q8_0_and_refuse_the_rest(capsys: pytest.Captu
     )
 
 
+@pytest.fixture(scope="module")
+def q8_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real server on q8_0 cells: one slot of 128 tokens (a long generation shifts its context),
+    slot files on."""
+    argv = ["-m", "smollm2", "-np", "1", "-c", "128", "-ctk", "q8_0", "-ctv", "q8_0", "--context-shift"]
+    proc = ServerProcess(*argv, "--slot-save-path", str(tmp_path_factory.mktemp("slots"))).wait_healthy()
+    yield proc
+    proc.stop()
+
+
+def test_a_q8_0_server_answers_a_chat_as_f16_cells_do(
+    q8_server: ServerProcess, server: ServerProcess
+) -> None:
+    """A greedy chat over HTTP on q8_0 cells gives the f16 server's answer (tests/conftest.py) where the
+    model is sure: this prompt's top two log-probabilities are over 1 apart at every token on both
+    (where they are close, the cells' rounding may pick the other one)."""
+    body = {"messages": [{"role": "user", "content": "Name the capital of France."}], "temperature": 0}
+    replies = [
+        httpx.post(s.base_url + "/v1/chat/completions", json=body, timeout=120) for s in (q8_server, server)
+    ]
+    q8, f16 = (r.json()["choices"][0] for r in replies)
+    assert q8["finish_reason"] == f16["finish_reason"] == "stop"
+    assert q8["message"]["content"] == f16["message"]["content"] and "Paris" in q8["message"]["content"]
+
+
 @pytest.mark.slow
-def test_a_q8_0_server_restores_a_saved_slot_and_shifts_its_context(tmp_path: Path) -> None:
+def test_a_q8_0_server_restores_a_saved_slot_and_shifts_its_context(q8_server: ServerProcess) -> None:
     """A real server with -ctk q8_0 -ctv q8_0: save, erase, overwrite and restore a slot, then the
     restored cells serve the same prompt (one token evaluated, the same reply); then generation goes on
     past a full slot through context shifts."""
-    argv = ["-m", "smollm2", "-np", "1", "-c", "128", "-ctk", "q8_0", "-ctv", "q8_0", "--context-shift"]
-    proc = ServerProcess(*argv, "--slot-save-path", str(tmp_path)).wait_healthy()
-    try:
-        with httpx.Client(base_url=proc.base_url, timeout=300) as client:
-            body = {"prompt": "The capital of France is Paris. The capital of Italy is", "n_predict": 8}
-            body |= {"temperature": 0, "id_slot": 0}
-            first = client.post("/completion", json=body).json()
-            saved = client.post("/slots/0", params={"action": "save"}, json={"filename": "q8.bin"}).json()
-            assert saved["n_saved"] > 0
-            assert client.post("/slots/0", params={"action": "erase"}).status_code == 200
-            client.post("/completion", json=body | {"prompt": "Something else entirely."})
-            restore = client.post("/slots/0", params={"action": "restore"}, json={"filename": "q8.bin"})
-            assert restore.json()["n_restored"] == saved["n_saved"]
-            again = client.post("/completion", json=body).json()
-            assert again["timings"]["prompt_n"] == 1 and again["content"] == first["content"]
-            long = {"prompt": "Once upon a time", "n_predict": 300, "temperature": 0, "ignore_eos": True}
-            reply = client.post("/completion", json=long).json()
-            assert reply["tokens_predicted"] == 300 and reply["truncated"] is True
-    finally:
-        proc.stop()
+    with httpx.Client(base_url=q8_server.base_url, timeout=300) as client:
+        body = {"prompt": "The capital of France is Paris. The capital of Italy is", "n_predict": 8}
+        body |= {"temperature": 0, "id_slot": 0}
+        first = client.post("/completion", json=body).json()
+        saved = client.post("/slots/0", params={"action": "save"}, json={"filename": "q8.bin"}).json()
+        assert saved["n_saved"] > 0
+        assert client.post("/slots/0", params={"action": "erase"}).status_code == 200
+        client.post("/completion", json=body | {"prompt": "Something else entirely."})
+        restore = client.post("/slots/0", params={"action": "restore"}, json={"filename": "q8.bin"})
+        assert restore.json()["n_restored"] == saved["n_saved"]
+        again = client.post("/completion", json=body).json()
+        assert again["timings"]["prompt_n"] == 1 and again["content"] == first["content"]
+        long = {"prompt": "Once upon a time", "n_predict": 300, "temperature": 0, "ignore_eos": True}
+        reply = client.post("/completion", json=long).json()
+        assert reply["tokens_predicted"] == 300 and reply["truncated"] is True

@@ -182,9 +182,10 @@ def one_slot() -> Iterator[ServerProcess]:
     proc.stop()
 
 
-@pytest.mark.slow
 def test_a_full_queue_is_a_503_with_retry_after(one_slot: ServerProcess) -> None:
-    """-np 1 --max-queue 1: one request generates, one waits, the next is turned away at once."""
+    """-np 1 --max-queue 1: one request generates, one waits, the next is turned away at once, in
+    OpenAI's error shape with the header its SDKs retry on. Both long streams end when their clients
+    leave: the queue empties and the server answers again."""
     small = one_slot
     long = {**CHAT, "max_tokens": 1000, "ignore_eos": True, "stream": True}
 
@@ -209,6 +210,7 @@ def test_a_full_queue_is_a_503_with_retry_after(one_slot: ServerProcess) -> None
 
     refused = asyncio.run(scenario())
     assert "--max-queue 1" in shape_ok("/v1/chat/completions", refused, 503)
+    assert refused.json()["error"]["type"] == "unavailable_error"
     assert refused.headers["Retry-After"] == "1"
     wait_until(lambda: deferred() == 0, 30, "the queue emptied")
     assert httpx.post(small.base_url + "/v1/chat/completions", json=CHAT, timeout=60).status_code == 200

@@ -1,6 +1,11 @@
 """Durable resumable streams (--stream-journal): a real server SIGKILLed mid-generation, restarted on the
 same folder, and its streams resumed byte for byte.
 
+In `make test`: the SIGKILL and restart, the restored streams' checks and the start-up refusal of a bad
+journal path. The two SmolLM2 starts are the cost, not the streams' ~700 tokens (a greedy-only variant
+took as long), so every case rides along. Slow: the SIGTERM, TTL and tampered-journal test (a third
+start, a TTL to wait out).
+
 "Identical" here: the resumed stream's bytes from offset 0 equal an uninterrupted run of the same
 request in every byte but the numbers inside `timings` (how long this run took), once the
 uninterrupted run's own reply id and `created` are replaced by the journaled ones (the ids the
@@ -36,8 +41,6 @@ from server.streams.journal import (
 )
 from server.streams.resume import DIVERGED, NOT_RESUMABLE
 from tests.server_process import REPO, ServerProcess, wait_until
-
-pytestmark = pytest.mark.slow  # three model loads and ~500 generated tokens
 
 CONV = "X-Conversation-Id"
 KEY1, KEY2 = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
@@ -253,6 +256,7 @@ def test_an_unseeded_stream_ends_with_the_documented_error(
     assert done == b"data: [DONE]\n\n"
 
 
+@pytest.mark.slow
 def test_a_sigtermed_stream_resumes_too_and_expired_journals_go(
     journal: Path, killed: tuple[dict[str, bytes], dict[str, bytes]], restarted: ServerProcess
 ) -> None:

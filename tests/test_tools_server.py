@@ -1,7 +1,8 @@
 """Tool calls end to end with the `openai` SDK, unmodified, on SmolLM2 and Gemma 3 (both get llama.cpp's
 generic JSON format: their templates have no tool syntax): required and named calls whose arguments
 validate against the tool's parameters, stream equal to whole replies, parallel calls, tool_choice none,
-and a whole round trip (call, tool result, answer)."""
+and a whole round trip (call, tool result, answer). On Qwen2.5-Coder, a model with a native format
+(Hermes' `<tool_call>`), the round trip streamed and whole."""
 
 from __future__ import annotations
 
@@ -197,3 +198,39 @@ def test_an_assistant_prefill_is_continued(server: ServerProcess) -> None:
         assert "Paris" in reply and not reply.startswith("The capital")
         both = {**body, "continue_final_message": True, "add_generation_prompt": True}
         assert api.post("/v1/chat/completions", json=both).status_code == 400
+
+
+def test_a_qwen_round_trip_in_its_native_hermes_format(qwen_server: ServerProcess) -> None:
+    """Qwen2.5-Coder's template asks for `<tool_call>{"name": ..., "arguments": ...}</tool_call>`. The
+    call, whole and streamed: get_weather for Paris, its arguments JSON; the history renders it and the
+    tool's result in Qwen's tags; the answer from the result ends with finish_reason stop, whole and
+    streamed alike.
+
+    tool_choice "required" (the grammar holds the model to `<tool_call>`): under "auto" the 1.5B coder
+    model writes its call in a ```json fence, which llama.cpp's parser takes as a call and Llamba's
+    does not (engine/text/tool_calls/__init__.py: Hermes' "good bad" variants are not covered). The
+    answer is asked with "none", as agents do last: under "auto" this model echoes the call's JSON."""
+    asked: dict[str, Any] = {
+        "model": "qwen", "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
+    }  # fmt: skip
+    with client(qwen_server) as api:
+        whole = api.chat.completions.create(**asked).choices[0]
+        assert whole.finish_reason == "tool_calls" and whole.message.content is None
+        assert calls_of(whole.message) == [("get_weather", {"city": "Paris"})]
+        call = whole.message.tool_calls[0]
+        calling = streamed(api.chat.completions.create(stream=True, **asked))
+        assert calling == ("", [("get_weather", call.function.arguments)], "tool_calls")
+        history = [
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "sunny", "celsius": 21})},
+        ]
+        answering = {**asked, "messages": history, "tool_choice": "none", "max_tokens": 64}
+        answer = api.chat.completions.create(**answering).choices[0]
+        assert answer.finish_reason == "stop" and not answer.message.tool_calls
+        assert "sunny" in answer.message.content and "21" in answer.message.content
+        answering_stream = streamed(api.chat.completions.create(stream=True, **answering))
+        assert answering_stream == (answer.message.content, [], "stop")
+    prompt = httpx.post(qwen_server.base_url + "/apply-template", json={"messages": history}).json()["prompt"]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert '<tool_response>\n{"sky": "sunny", "celsius": 21}\n</tool_response>' in prompt
