@@ -4,6 +4,8 @@ A request carries its key as `Authorization: Bearer KEY` or `X-Api-Key: KEY`. Ke
 constant time (`hmac.compare_digest`), every configured key each time, so the answer's timing says
 nothing about how much of a key was right. Public paths are an exact list: health, the model list and
 the web UI's own files; a route that merely ends in `.js` or `.html` (`/v1/responses/x.js`) is not one.
+They are public to GET (and HEAD) only: a POST or DELETE on one (the router's download and removal of
+models at `/models`, the router's and the cluster's proxy at `/`) needs the key.
 
 The key also says whose a resumable stream is (`request_owner`): a stream is readable only with the key
 that created it.
@@ -23,12 +25,13 @@ from server.http import errors
 from server.http.error_handlers import error_reply
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/", "/index.html"})
+PUBLIC_METHODS = frozenset({"GET", "HEAD"})
 
 
-def is_public(path: str) -> bool:
-    """What answers without the key: health, the model list, and the web UI's files (the page asks for
-    the key itself)."""
-    return path in PUBLIC_PATHS or path.startswith("/assets/")
+def is_public(method: str, path: str) -> bool:
+    """What answers without the key: reading health, the model list, and the web UI's files (the page
+    asks for the key itself). Only reading: other methods on these paths change things."""
+    return method in PUBLIC_METHODS and (path in PUBLIC_PATHS or path.startswith("/assets/"))
 
 
 def presented_key(headers: Any) -> str:
@@ -51,7 +54,7 @@ def install_auth(app: Quart, api_keys: list[str] | tuple[str, ...]) -> None:
     async def bind_request_and_check_key() -> Any:
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:12])
-        if not api_keys or request.method == "OPTIONS" or is_public(request.path):
+        if not api_keys or request.method == "OPTIONS" or is_public(request.method, request.path):
             return None
         key = presented_key(request.headers)
         if not key_accepted(key, api_keys):
