@@ -20,6 +20,10 @@ import httpx
 import pytest
 
 from engine.model_files import GEMMA3, SMOLLM2, models_dir
+from server.config.parse import parse_settings
+from server.router.app import create_router_app
+from server.router.catalogue import build_catalogue
+from tests import protected_routes
 from tests.server_process import ServerProcess, wait_until
 
 LOAD_S = 240.0  # a child's load: generous, the JIT cache may be cold on a fresh worktree
@@ -210,12 +214,12 @@ def test_load_unload_and_no_autoload(make_router, preset: Path) -> None:  # type
     assert all(m["status"]["value"] == "unloaded" for m in models(proc).values())
     r = chat(proc, "smol-a")
     assert r.status_code == 400 and "smol-a" in r.json()["error"]["message"]
-    assert status(proc, "smol-a") == "unloaded"
+    assert {m["status"]["value"] for m in models(proc).values()} == {"unloaded"}
     load(proc, "smol-a")
     assert chat(proc, "smol-a").status_code == 200
     r = httpx.post(proc.base_url + "/models/unload", json={"model": "smol-a"}, timeout=30)
     assert r.status_code == 200 and r.json() == {"success": True}
-    assert status(proc, "smol-a") == "unloaded"
+    assert {m["status"]["value"] for m in models(proc).values()} == {"unloaded"}
     r = httpx.post(proc.base_url + "/models/unload", json={"model": "smol-a"}, timeout=30)
     assert r.status_code == 400
     r = httpx.post(proc.base_url + "/models/load", json={"nope": 1}, timeout=30)
@@ -225,7 +229,17 @@ def test_load_unload_and_no_autoload(make_router, preset: Path) -> None:  # type
 
 
 def test_api_key(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = make_router("--models-preset", str(preset), "--api-key", "sk-router")
+    """Every route of the router's URL map needs the key but health, the model list and the web UI's
+    files (tests/protected_routes.py: the download and removal at POST/DELETE /models too, the proxy at
+    `/` too); a child refuses the router's key."""
+    args = ("--models-preset", str(preset), "--api-key", "sk-router")
+    proc = make_router(*args)
+    settings = parse_settings(list(args), {})[0]
+    app = create_router_app(settings, build_catalogue(settings.models_dir, settings.models_preset), [])
+    assert {("POST", "/models"), ("DELETE", "/models"), ("POST", "/")} <= protected_routes.protected(app)
+    # `model=` of a model that is not there: each route runs, and none loads a model.
+    protected_routes.check(proc.base_url, app, "sk-router", {"model": "no-such-model"})
+    assert {m["status"]["value"] for m in models(proc).values()} == {"unloaded"}
     assert chat(proc, "smol-a").status_code == 401
     assert httpx.get(proc.base_url + "/models").status_code == 200  # the model list is public
     assert httpx.get(proc.base_url + "/health").status_code == 200

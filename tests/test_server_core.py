@@ -16,11 +16,15 @@ import httpx
 import pytest
 
 from engine.model_files import resolve
+from server.app import create_app
+from server.config.parse import parse_settings
+from tests import protected_routes
 from tests.server_process import REPO, ServerProcess, slow_client, wait_until
 
 # Liveness bound, not a speed check: after SIGTERM the server ends its generations, drains and exits by
 # itself (code 0) within this time, well before stop()'s SIGKILL fallback would be needed.
 SIGTERM_EXIT_S = 3.0
+ECHO_MCP = REPO / "tests" / "mcp_servers" / "echo.py"
 
 
 def chat_body(content: str, **extra: object) -> dict:
@@ -126,47 +130,40 @@ def test_props_slots_health_metrics(server) -> None:  # type: ignore[no-untyped-
     assert "llamacpp:prompt_tokens_cached_total" in metrics
 
 
-# Every route that needs the key (llama-server's protected set and Llamba's own), with a body where the
-# route takes one; `.js` on a path with a parameter must not pass for a web UI file.
-PROTECTED = [
-    ("POST", "/v1/chat/completions"),
-    ("POST", "/v1/completions"),
-    ("POST", "/completion"),
-    ("POST", "/v1/messages"),
-    ("POST", "/v1/responses"),
-    ("GET", "/v1/responses/resp_x.js"),
-    ("POST", "/tokenize"),
-    ("POST", "/detokenize"),
-    ("POST", "/apply-template"),
-    ("POST", "/infill"),
-    ("POST", "/v1/embeddings"),
-    ("POST", "/rerank"),
-    ("GET", "/props"),
-    ("GET", "/slots"),
-    ("POST", "/slots/0?action=erase"),
-    ("GET", "/metrics"),
-    ("GET", "/v1/stream?conv_id=x"),
-    ("DELETE", "/v1/stream?conv_id=x"),
-    ("POST", "/v1/streams/lookup"),
-    ("GET", "/lora-adapters"),
-    ("GET", "/openapi.json.js"),
-]
+# The routes that a hand-written list once missed: each must be among those generated from the URL map.
+ONCE_MISSED = {
+    ("POST", "/v1/chat/completions/control"),
+    ("POST", "/chat/completions/control"),
+    ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/responses/input_tokens"),
+    ("POST", "/v1/chat/completions/input_tokens"),
+    ("POST", "/v1/responses/resp_0.js/cancel"),
+    ("DELETE", "/v1/responses/resp_0.js"),
+    ("POST", "/predict"),
+    ("GET", "/slots/prefixes"),
+    ("POST", "/reranking"),
+    ("POST", "/embedding"),
+    ("GET", "/tools"),
+    ("POST", "/cors-proxy"),
+}
 
 
 def test_api_key_and_public_routes() -> None:
-    proc = ServerProcess(
-        "-m", "smollm2", "--api-key", "sekrit,other-key", "-c", "512", "--no-slots"
-    ).wait_healthy()
+    """Every route of the server's URL map (with MCP's /tools and the web UI's /cors-proxy) needs the
+    key but health, the model list and the web UI's files (tests/protected_routes.py); keys in either
+    header; none of them in the log."""
+    mcp = {"mcpServers": {"echo": {"command": sys.executable, "args": [str(ECHO_MCP)]}}}
+    args = ["-m", "smollm2", "--api-key", "sekrit,other-key", "-c", "512", "--no-slots", "--ui-mcp-proxy"]
+    args += ["--mcp-servers-json", json.dumps(mcp)]
+    app = create_app(parse_settings(args, {})[0])  # the URL map of the server under test
+    assert protected_routes.protected(app) >= ONCE_MISSED
+    proc = ServerProcess(*args).wait_healthy()
     try:
         url = proc.base_url
         assert httpx.get(url + "/v1/models").status_code == 200
         assert httpx.get(url + "/").status_code == 200  # the web UI page asks for the key itself
-        for method, path in PROTECTED:
-            denied = httpx.request(method, url + path, json={})
-            assert denied.status_code == 401, (method, path, denied.status_code)
-            assert denied.json()["error"]["type"] == "authentication_error"
-        wrong = httpx.get(url + "/props", headers={"Authorization": "Bearer sekrit2"})
-        assert wrong.status_code == 401
+        for key in ("sekrit", "other-key"):
+            protected_routes.check(url, app, key)
         ok = httpx.post(
             url + "/v1/chat/completions", json=chat_body("Hi", max_tokens=2), headers={"X-Api-Key": "sekrit"}
         )
