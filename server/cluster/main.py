@@ -52,6 +52,7 @@ CLUSTER_ONLY_FLAGS = {
     "-m": True,
     "--model": True,
 }
+LOOPBACK = "127.0.0.1"
 LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # Ray's minimum is 75 MiB; only actor calls' small answers use it
 # The replicas' API key: a fresh secret per run, unless this variable sets it (for tools that must reach
 # a replica directly, as scripts/bench_cluster.py measuring the router's own latency).
@@ -90,6 +91,13 @@ def ray_address(cluster: str) -> str | None:
     if cluster == "ray":
         return None
     return cluster if cluster.startswith("ray://") else cluster[len("ray:") :]
+
+
+def replica_host(address: str | None) -> str | None:
+    """Where the replicas listen: on loopback for `ray:local` (a Ray instance of this machine alone, that
+    the router starts: nothing else needs to reach its replicas, so they are not on the network); on
+    their node's IP (None) for any other cluster, whose router may be on another node."""
+    return LOOPBACK if address == "local" else None
 
 
 def served_models(settings: Settings) -> list[ModelEntry]:
@@ -148,9 +156,10 @@ def replica_args(entry: ModelEntry, argv: list[str]) -> list[str]:
 
 
 def replica_starter(
-    settings: Settings, entry: ModelEntry, argv: list[str], secret: str
+    settings: Settings, entry: ModelEntry, argv: list[str], secret: str, host: str | None = None
 ) -> Callable[[], ReplicaHandle]:
-    """What starts one more replica of the model: a new Ray actor each call."""
+    """What starts one more replica of the model: a new Ray actor each call, its server bound to `host`
+    (None: the node's IP, which a router on another node can reach)."""
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env |= {**dict(entry.env), "LLAMA_ARG_API_KEY": secret}
     actor_class = ray.remote(ReplicaServer).options(  # type: ignore[attr-defined]
@@ -160,7 +169,7 @@ def replica_starter(
         max_concurrency=4,  # describe answers while stop runs
     )
     args = replica_args(entry, argv)
-    return lambda: RayReplica(actor_class.remote(args, env))
+    return lambda: RayReplica(actor_class.remote(args, env, host))
 
 
 async def run_cluster(settings: Settings, argv: list[str]) -> int:
@@ -177,8 +186,9 @@ async def run_cluster(settings: Settings, argv: list[str]) -> int:
     context = ray.init(address=address, **options)
     gcs = (getattr(context, "address_info", None) or {}).get("gcs_address", address or "ray")
     secret = os.environ.get(SECRET_ENV) or secrets.token_hex(16)
+    host = replica_host(address)
     models = [
-        (entry, replica_starter(settings, entry, argv, secret), policy, initial)
+        (entry, replica_starter(settings, entry, argv, secret, host), policy, initial)
         for entry, (policy, initial) in zip(entries, plans, strict=True)
     ]
     app = create_cluster_app(settings, models, secret, str(gcs))

@@ -1,11 +1,12 @@
 """One replica: a Ray actor that starts and owns a `llamba-server` child on the node Ray placed it on.
 
 The actor is the unit Ray schedules (its CPU threads / GPUs are the actor's Ray resources), watches and
-restarts: the child is bound to the node's address on a free port, dies with the actor (PR_SET_PDEATHSIG),
-and when the child exits on its own the actor exits too (`os._exit`), so Ray sees the replica die and
-restarts it under `max_restarts` by running this constructor again: a new child, a new port, a new
-incarnation id. The router reaches the child over HTTP at the address `describe` reports; tokens never
-pass through Ray (docs/scale-out.md says why).
+restarts: the child is bound to the node's address (or `host`: loopback on a `ray:local` cluster, whose
+router is on this machine) on a free port, dies with the actor (PR_SET_PDEATHSIG), and when the child
+exits on its own the actor exits too (`os._exit`), so Ray sees the replica die and restarts it under
+`max_restarts` by running this constructor again: a new child, a new port, a new incarnation id. The
+router reaches the child over HTTP at the address `describe` reports; tokens never pass through Ray
+(docs/scale-out.md says why).
 
 This module is imported in Ray's worker processes as well as the router: it imports Ray only inside the
 methods that run in the actor.
