@@ -2,11 +2,13 @@
 thread each, talked to over HTTP as clients do.
 
 In `make test` (~15 s: Ray's head and one replica start): one replica answering a chat through the
-cluster router, and a resumable stream resumed and stopped through it. Slow (two replicas): concurrent
-chats spread over both replicas; a shared long system prompt placed on the replica that cached it
-(`timings.cache_n`); the cluster's /metrics (its own counters and each replica's llamacpp:* labelled by
-replica); killing one replica's server process: the other's in-flight stream finishes, its conversation
-answers 404, new requests go to the survivor without a 5xx, and Ray replaces the dead replica.
+cluster router, and a resumable stream resumed and stopped through it; every route of the router needing
+its API key; the replica listening on loopback only and refusing any key but the replicas' secret.
+Slow (two replicas): concurrent chats spread over both replicas; a shared long system prompt placed on
+the replica that cached it (`timings.cache_n`); the cluster's /metrics (its own counters and each
+replica's llamacpp:* labelled by replica); killing one replica's server process: the other's in-flight
+stream finishes, its conversation answers 404, new requests go to the survivor without a 5xx, and Ray
+replaces the dead replica.
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from server.cluster.app import create_cluster_app
+from server.cluster.monitor import ReplicaHandle
+from server.config.parse import parse_settings
+from tests import protected_routes
 from tests.conftest import require
 from tests.server_process import ServerProcess, wait_until
 
@@ -28,6 +36,10 @@ require(None if importlib.util.find_spec("ray") else "Ray is not installed (pip 
 
 CONV = "X-Conversation-Id"
 REPLICA = "X-Llamba-Replica"
+KEY = "cluster-key"
+REPLICA_SECRET = "replica-secret"
+SECRET_ENV = "LLAMBA_CLUSTER_SECRET"
+ONE_REPLICA = ("--cluster", "ray:local", "--replicas", "1", "-m", "smollm2", "-t", "1", "--api-key", KEY)
 START_S = 600  # Ray's start and two replicas' loads (and JIT compiles on a first run) on 2 busy cores
 # ~600 tokens: 9 whole 64-token blocks of the prompt-cache summary.
 SYSTEM = "You are a careful assistant for a library. " + " ".join(
@@ -68,8 +80,9 @@ def client(cluster: ServerProcess):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def one_replica():  # type: ignore[no-untyped-def]
     """The cheapest real cluster: a local Ray head, one SmolLM2 replica (its own server process, a Ray
-    actor's child) and the cluster router in front of it."""
-    proc = ServerProcess("--cluster", "ray:local", "--replicas", "1", "-m", "smollm2", "-t", "1")
+    actor's child) and the cluster router in front of it; with an API key, and the replicas' secret set
+    (LLAMBA_CLUSTER_SECRET) so that a test can reach the replica directly."""
+    proc = ServerProcess(*ONE_REPLICA, env={SECRET_ENV: REPLICA_SECRET})
     try:
         proc.wait_healthy(START_S)
         wait_until(lambda: all_ready(proc), START_S, "the replica ready")
@@ -98,12 +111,70 @@ def test_one_replica_answers_a_chat_and_resumes_and_stops_a_stream(one_replica: 
     """Through the router: a chat; a stream the client leaves after its first token, generated on to
     its end and replayed (whole, and from an offset) with the text of the same greedy request answered
     whole; a stream stopped by DELETE /v1/stream, which ends the original response too."""
-    client = httpx.Client(base_url=one_replica.base_url, timeout=300)
+    client = httpx.Client(base_url=one_replica.base_url, timeout=300, headers=bearer(KEY))
     with client:
         hi = client.post("/v1/chat/completions", json=chat("Hi"))
         assert hi.status_code == 200 and hi.headers[REPLICA] == "0", hi.text
         assert hi.json()["choices"][0]["message"]["content"].strip()
         resume_and_stop(client)
+
+
+def test_every_route_of_the_cluster_needs_the_key(one_replica: ServerProcess) -> None:
+    """The cluster router's URL map (its front door), asked over HTTP (tests/protected_routes.py)."""
+    from server.cluster.main import scaling, served_models  # imports Ray (checked above)
+
+    settings = parse_settings(list(ONE_REPLICA), {})[0]
+    entry = served_models(settings)[0]
+    policy, initial = scaling(settings, entry)
+    # Only its URL map is used: nothing is started (its replicas start when it serves).
+    app = create_cluster_app(settings, [(entry, never_started, policy, initial)], "unused", "unused")
+    assert {("POST", "/"), ("POST", "/v1/completions"), ("GET", "/props")} <= protected_routes.protected(app)
+    # `model=` of a model that is not there: each route runs, and nothing is generated.
+    protected_routes.check(one_replica.base_url, app, KEY, {"model": "no-such-model"})
+
+
+def never_started() -> ReplicaHandle:
+    raise AssertionError("the URL map's app starts no replica")
+
+
+def test_a_local_replica_listens_on_loopback_only_and_wants_the_secret(one_replica: ServerProcess) -> None:
+    """`ray:local`: the replica's server is bound to 127.0.0.1 (its URL, and the kernel's listening
+    sockets on its port), not to the node's network address; straight to it, a request without the
+    replicas' secret is refused, the cluster's own API key and near misses of the secret included."""
+    [replica] = replicas(one_replica)
+    url = httpx.URL(replica["url"])
+    assert url.host == replica["node_ip"] == "127.0.0.1", replica
+    assert url.port is not None and listening_addresses(url.port) == {"127.0.0.1"}
+    [model] = httpx.get(one_replica.base_url + "/models", timeout=10).json()["data"]
+    node_ip = model["cluster"]["address"].rsplit(":", 1)[0]  # Ray's GCS: the node's network address
+    if node_ip != "127.0.0.1":  # a machine with a network: the replica is not on it
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{node_ip}:{url.port}/health", timeout=10)
+    chat_url = replica["url"] + "/v1/chat/completions"
+    wrong = [{}, bearer(KEY), bearer(REPLICA_SECRET + "x"), {"X-Api-Key": REPLICA_SECRET[:-1]}]
+    for headers in wrong:
+        reply = httpx.post(chat_url, json=chat("Hi"), headers=headers, timeout=30)
+        assert reply.status_code == 401, (headers, reply.text)
+    reply = httpx.post(chat_url, json=chat("Hi"), headers=bearer(REPLICA_SECRET), timeout=300)
+    assert reply.status_code == 200, reply.text
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on `port` (Linux's /proc/net/tcp and tcp6)."""
+    found: set[str] = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path("/proc/net") / table
+        for line in path.read_text().splitlines()[1:] if path.exists() else []:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                words = [bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8)]
+                found.add(socket.inet_ntop(family, b"".join(words)))
+    return found
 
 
 @pytest.mark.slow
