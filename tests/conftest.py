@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -35,7 +35,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Whether this run found the JIT cache warm: a cold one compiles for minutes (engine/jit_cache.py)."""
+    """Whether this run found the JIT cache warm (a cold one compiles for minutes: engine/jit_cache.py),
+    the CPU levels it tested, and what it skipped and why (a skip in the middle of -ra's list is easy to
+    miss; here each reason is one line under its kind)."""
     start = config.stash.get(CACHED_AT_START, 0)
     terminalreporter.write_line(
         f"JIT cache {os.environ.get('NUMBA_CACHE_DIR')}: {start} compiled kernels at the start, "
@@ -50,10 +52,21 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(
                 f"CPU levels not tested (this CPU cannot execute them): {', '.join(untested)}"
             )
+    for line in skipped_summary(terminalreporter.stats.get("skipped", [])):
+        terminalreporter.write_line(line)
 
 
 def load_golden(name: str) -> dict[str, Any]:
     return json.loads((GOLDEN_DIR / f"{name}.json").read_text())
+
+
+# Every skip says which of two kinds it is, and the run's summary lists both (pytest_terminal_summary):
+# a missing prerequisite (require(): software or data a developer may lack; fails under CI=true) or a test
+# that cannot apply on this machine whatever is installed (not_applicable(): the CPU cannot execute a
+# level's instructions, a GPU is present where the test checks the answer of a machine without one).
+# tests/test_suite_rules.py fails on a skip or xfail anywhere else in tests/.
+MISSING = "missing prerequisite: "
+NOT_APPLICABLE = "cannot apply on this machine: "
 
 
 def require(missing: str | None) -> None:
@@ -67,7 +80,47 @@ def require(missing: str | None) -> None:
         return
     if os.environ.get("CI") == "true":
         pytest.fail(f"{missing} (CI=true: a missing prerequisite fails the run)", pytrace=False)
-    pytest.skip(missing, allow_module_level=True)
+    pytest.skip(MISSING + missing, allow_module_level=True)
+
+
+def not_applicable(why: str) -> NoReturn:
+    """Skip a test that has nothing to check on this machine, on CI or not; `why` names the machine's
+    property (never a missing package or file: those go through require())."""
+    pytest.skip(NOT_APPLICABLE + why)
+
+
+def applies_only(condition: bool, why: str) -> pytest.MarkDecorator:
+    """not_applicable() as a mark: skip the test unless `condition` holds on this machine."""
+    return pytest.mark.skipif(not condition, reason=NOT_APPLICABLE + why)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def skipped_summary(reports: list[pytest.TestReport]) -> list[str]:
+    """The summary's lines on what this run skipped: each reason once, with how many tests and which
+    (the first three), under its kind; a skip of neither kind is listed as a fault of the suite."""
+    by_reason: dict[str, list[str]] = {}
+    for report in reports:
+        by_reason.setdefault(_skip_reason(report), []).append(report.nodeid)
+    if not by_reason:
+        return ["Skipped: nothing"]
+    lines = [f"Skipped: {sum(len(ids) for ids in by_reason.values())} tests"]
+    kinds = [(MISSING, "missing prerequisites (CI=true fails these)"), (NOT_APPLICABLE, "cannot apply here")]
+    kinds.append(("", "FAULT, a skip that is neither (tests/conftest.py says how to skip)"))
+    for prefix, title in kinds:
+        reasons = {r: ids for r, ids in by_reason.items() if r.startswith(prefix)}
+        for reason in reasons:
+            del by_reason[reason]
+        if reasons:
+            lines.append(f"  {title}:")
+        for reason, ids in sorted(reasons.items()):
+            more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+            lines.append(f"    {len(ids)} x {reason.removeprefix(prefix)}: {', '.join(ids[:3])}{more}")
+    return lines
 
 
 def gpl3_text() -> str:
