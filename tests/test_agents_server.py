@@ -21,13 +21,10 @@ import httpx
 import openai
 import pytest
 
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 from tests.test_mcp_server import VENV_BIN, fixture, wait_for_tools, write_config
 from tests.test_sessions_server import RawChatStream, lookup, replay, sse_payloads
 
-# Liveness bounds, not speed checks: a stopped run cancels its MCP call (the server hears
-# notifications/cancelled) and ends its session within this, whatever the tool would still do.
-STOPPED_S = 1.0
 TIME = {"type": "mcp", "server_label": "time", "allowed_tools": ["get_current_time"]}
 ASK_TIME = [{"role": "user", "content": "What time is it now in UTC?"}]
 MAX_ROUNDS = 4  # the server's --tool-max-rounds
@@ -258,7 +255,7 @@ def test_delete_during_a_tool_call_cancels_it_and_ends_the_run(
     before = len(cancelled_calls(client))
     raw = hanging_call(srv, {"X-Conversation-Id": conv})
     assert client.delete("/v1/stream", params={"conv_id": conv}).status_code == 204
-    wait_until(lambda: len(cancelled_calls(client)) > before, STOPPED_S, "the MCP call cancelled")
+    wait_until(lambda: len(cancelled_calls(client)) > before, LIVENESS_S, "the MCP call cancelled")
     assert lookup(client, conv) == [] and busy_slots(client) == 0
     raw.drop()
     time.sleep(0.5)
@@ -269,7 +266,7 @@ def test_a_client_gone_during_a_tool_call_cancels_it(srv: ServerProcess, client:
     before = len(cancelled_calls(client))
     raw = hanging_call(srv, {})
     raw.drop()
-    wait_until(lambda: len(cancelled_calls(client)) > before, STOPPED_S, "the MCP call cancelled")
+    wait_until(lambda: len(cancelled_calls(client)) > before, LIVENESS_S, "the MCP call cancelled")
     time.sleep(0.5)
     assert busy_slots(client) == 0, "no next round started"
 
