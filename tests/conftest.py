@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -13,6 +17,7 @@ import engine  # noqa: F401  (pins Numba's settings before anything imports numb
 from engine.cpu import isa
 from engine.gguf import GGUFFile
 from engine.model_files import resolve
+from tests import reaper
 
 # llama.cpp's reference outputs, kept in the repository (tests/golden/README.md says where they come from).
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
@@ -23,6 +28,32 @@ GPL3 = Path("/usr/share/common-licenses/GPL-3")
 CACHED_AT_START = pytest.StashKey[int]()
 # level name -> how tests/test_cpu_levels.py tested it
 LEVELS_TESTED = pytest.StashKey[dict[str, str]]()
+REAPER = pytest.StashKey["subprocess.Popen[bytes]"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the session's reaper (tests/reaper.py) before any test starts a process, and put its token
+    in the environment every such process inherits: when this interpreter ends, however it ends (an
+    abort, a SIGKILL, a failed fixture), the reaper kills whatever the tests left running."""
+    token = secrets.token_hex(8)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(Path(reaper.__file__)), token],
+        stdin=subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != reaper.ENV},
+        start_new_session=True,
+    )
+    os.environ[reaper.ENV] = f"{os.environ.get(reaper.ENV, '')} {token}".strip()
+    config.stash[REAPER] = proc
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The normal end: the reaper kills what is left (a line each on stderr: a leak to fix) and exits."""
+    proc = config.stash.get(REAPER, None)
+    if proc is None or proc.stdin is None:
+        return
+    proc.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # past that, it goes on alone
+        proc.wait(30)
 
 
 def _cached_kernels() -> int:
