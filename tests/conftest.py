@@ -125,13 +125,13 @@ def applies_only(condition: bool, why: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not condition, reason=NOT_APPLICABLE + why)
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
     return reason.removeprefix("Skipped: ")
 
 
-def skipped_summary(reports: list[pytest.TestReport]) -> list[str]:
+def skipped_summary(reports: list[pytest.TestReport | pytest.CollectReport]) -> list[str]:
     """The summary's lines on what this run skipped: each reason once, with how many tests and which
     (the first three), under its kind; a skip of neither kind is listed as a fault of the suite."""
     by_reason: dict[str, list[str]] = {}
