@@ -87,6 +87,12 @@ def cancelled_calls(client: httpx.Client) -> list[Any]:
     return json.loads(reply["plain_text_response"])
 
 
+def hanging_calls(client: httpx.Client) -> list[Any]:
+    """The request ids of the `hang` calls the slow MCP server has received."""
+    reply = client.post("/tools", json={"tool": "slow_hanging", "params": {}}).json()
+    return json.loads(reply["plain_text_response"])
+
+
 def check_real_time(result: str, arguments: dict[str, Any]) -> None:
     """The result is mcp-server-time's own answer for the model's arguments, given just now."""
     got = json.loads(result)
@@ -240,11 +246,12 @@ def test_eight_concurrent_runs_all_finish(client: httpx.Client) -> None:
 # -- stop and resume ---------------------------------------------------------------------------------
 def hanging_call(srv: ServerProcess, headers: dict[str, str]) -> RawChatStream:
     """A streamed run whose MCP call is in flight (it never answers) when this returns."""
-    raw = RawChatStream(srv.port, {**forced("hang", "slow"), "stream": True}, headers)
-    raw.read_until(lambda body: b'"tool_calls"' in body)
     with httpx.Client(base_url=srv.base_url) as c:
+        before = len(hanging_calls(c))
+        raw = RawChatStream(srv.port, {**forced("hang", "slow"), "stream": True}, headers)
+        raw.read_until(lambda body: b'"tool_calls"' in body)
         wait_until(lambda: busy_slots(c) == 0, 60, "the calling round ended")
-    time.sleep(0.3)  # the call is sent right after the round ends
+        wait_until(lambda: len(hanging_calls(c)) > before, LIVENESS_S, "the call received by the MCP server")
     return raw
 
 
