@@ -19,7 +19,7 @@ from engine.kv import CacheTypes  # noqa: E402
 from engine.kv_types import cache_type  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from tests.conftest import GPL3, load_golden  # noqa: E402
-from tests.test_model import LLAMA_CPP_PPL, teacher_forced_agreement  # noqa: E402
+from tests.test_model import teacher_forced_agreement  # noqa: E402
 
 
 def main() -> None:
@@ -38,8 +38,7 @@ def main() -> None:
             f"{name} (-ctk {args.cache_type_k} -ctv {args.cache_type_v}): top-token agreement {rate:.1%}, "
             f"median |dlogprob| {gap:.4f}, confident misses {misses}"
         )
-        golden = load_golden(name)
-        reference = golden["perplexity"]["ppl"] if "perplexity" in golden else LLAMA_CPP_PPL[name]
+        reference = load_golden(name)["perplexity"]["ppl"]
         print(f"{name}: PPL {final.ppl:.4f} (llama.cpp {reference:.4f})")
 
 

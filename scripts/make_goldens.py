@@ -1,31 +1,40 @@
 """Golden data from llama.cpp for a model: tokenizer, greedy top-k logprobs, perplexity, chat template.
 
 Run it with the Python of a venv that has llama-cpp-python (built from PyPI, outside the repository;
-scripts/llama_cpp_bench.py's docstring shows how), not with Llamba's venv:
+scripts/llama_cpp_bench.py's docstring shows how), not with Llamba's venv. tests/golden/README.md
+gives the command that wrote each file; two sets of cases:
 
-    /work/llcpp-venv/bin/python scripts/make_goldens.py -m ~/.cache/llamba/models/X.gguf \\
-        --llama-server /work/llcpp-build/server-build/bin/llama-server -o tests/golden/qwen2.5-coder.json
+- `--cases code` (Qwen2.5-Coder's `qwen2.5-coder.json`): the base strings plus code, whitespace, CJK
+  and Qwen's special tokens; code, fill-in-the-middle and ChatML prompts; log-probabilities in float64;
+  `chat[]` is llama-server's rendering (`POST /apply-template`, its Jinja engine and polyfills) of a
+  few conversations, one with tools and a tool-call history.
+- `--cases base` (`smollm2.json`, `gemma3.json`, first written through llama-server's HTTP API): the
+  base strings and six plain prompts, log-probabilities as llama-server's `n_probs` reports them
+  (`server_logprobs`); with `--chat`, `chat[]` holds llama-server's greedy chat completions.
 
 What it writes (tests/golden/README.md describes the fields):
 - `tokenize[]`: each string three ways (parse_special, plain, with_bos), as llama_tokenize gives them;
-- `long_text`: the token count and a sha256 of the ids of the GPL-3 text (the perplexity text);
-- `greedy[]`: code, fill-in-the-middle and chat prompts continued greedily (flash attention on, as
-  llama-server runs by default), with the log-probability of each chosen token and the top 5;
+- `long_text` (code): the token count and a sha256 of the ids of the GPL-3 text (the perplexity text);
+- `greedy[]`: the prompts continued greedily (flash attention on, as llama-server runs by default),
+  with the log-probability of each chosen token and the top 5;
 - `perplexity`: llama-perplexity's method (chunks of 512, second halves scored, 8 chunks) on GPL-3;
-- `chat[]`: llama-server's own rendering (`POST /apply-template`, its Jinja engine and polyfills) of
-  a few conversations, one with tools and a tool-call history; only with --llama-server.
+- `chat[]`: only with --llama-server.
 The model runs on the CPU with 2 threads. Nothing here imports Llamba.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import hashlib
+import heapq
 import json
 import math
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +42,59 @@ import llama_cpp
 import numpy as np
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
-ROOT = Path(__file__).resolve().parents[1]
 
-# The tokenizer strings of the existing goldens, plus code, whitespace runs, CJK and Qwen's specials.
+# The tokenizer strings of every model's golden file.
+BASE_STRINGS = [
+    "Hello world",
+    " Hello world",
+    "Hello, world! How are you today?",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading and trailing spaces  ",
+    "tabs\tand\nnewlines\n\n\nmany",
+    "numbers 1234567890 and 3.14159 and -42",
+    "1 12 123 1234 12345 123456",
+    "can't won't I'm you're they've we'll she'd",
+    "CamelCaseIdentifiers and snake_case_names",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n-1) + fibonacci(n-2)\n",
+    'for (int i = 0; i < 10; ++i) { printf("%d\\n", i); }',
+    "<html><body><h1>Title</h1></body></html>",
+    '{"key": "value", "list": [1, 2, 3], "nested": {"a": null}}',
+    "Ünïcödé àccents: café, naïve, résumé, Zürich",
+    "日本語のテキストと中文文本",
+    "Emoji: 😀🎉🚀 and flags 🇫🇷",
+    "Русский текст и ελληνικά",
+    "مرحبا بالعالم",
+    "a" * 50,
+    "!!!???...,,,;;;:::",
+    "https://example.com/path?query=1&other=two#frag",
+    "user@example.com",
+    "    indented code block",
+    "\n",
+    " ",
+    "",
+    "The year 2026 was the 21st century's 26th year.",
+    "Mixed-case WORDS and ALLCAPS and lowercase",
+    "e = mc^2, ∑ x_i, ∫ f(x) dx, α β γ",
+    "<|im_start|>user\nHi<|im_end|>",
+    "<|im_start|>assistant\n",
+    "<think>reasoning here</think>answer",
+    "Line one.\r\nLine two.\r\n",
+    "What is the capital of France?",
+    "Once upon a time, there was a little girl who lived in a village near the forest.",
+    "Write a haiku about autumn leaves.",
+    "Translate to French: I would like a cup of coffee.",
+    "\xa0non-breaking\xa0space",
+    "zero\u200bwidth\u200bjoiner",
+]
+BASE_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "def add(a, b):",
+    "1, 2, 3, 4, 5,",
+    "The best way to learn a new language is",
+    "Q: What is 2 + 2?\nA:",
+]
+# The base strings plus code, whitespace runs, CJK and Qwen's specials.
 QWEN_STRINGS = [
     "def add(a, b):\n\treturn a + b\n\n\nclass Foo:\n    pass\n",
     "if (x) {\n        y = 1;\n    }\n\n\n\n",
@@ -115,19 +174,59 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
     return x - math.log(np.exp(x).sum())
 
 
-def greedy_case(llm: llama_cpp.Llama, prompt: str, n_predict: int) -> dict[str, Any]:
-    """Greedy decode one token at a time (llama-server's way), recording each step's top 5."""
+def float64_logprobs(row: np.ndarray, ids: list[int]) -> list[float]:
+    """The log-probabilities of `ids`: a softmax over the whole vocabulary in float64."""
+    lp = log_softmax(row)
+    return [float(lp[i]) for i in ids]
+
+
+LIBM = ctypes.CDLL("libm.so.6")
+LIBM.expf.restype = LIBM.logf.restype = ctypes.c_float
+LIBM.expf.argtypes = LIBM.logf.argtypes = [ctypes.c_float]
+
+
+def server_logprobs(row: np.ndarray, ids: list[int], n_top: int = 5) -> list[float]:
+    """The log-probabilities of `ids` as llama-server's `n_probs` reports them, to the bit
+    (get_token_probabilities in tools/server/server-common.cpp, then logf): float32 throughout, and
+    the softmax's sum taken in the order std::partial_sort leaves the logits in, the top `n_top` sorted
+    first, then the rest as libstdc++'s heap select left them (each minimum it pops lands where the
+    logit that replaced it was). Up to 2.5e-4 above log_softmax's: the small terms are lost against
+    the sum. Each term of the sum is exp in float64 rounded to float32 (glibc's expf, correctly rounded,
+    gives the same); the reported values use glibc's expf and logf themselves."""
+    x = row.astype(np.float32)
+    heap = [float(v) for v in x[:n_top]]
+    heapq.heapify(heap)
+    rest = x[n_top:].copy()
+    for i in np.flatnonzero(rest > heap[0]):  # a superset: heap[0] only grows
+        if rest[i] > heap[0]:
+            rest[i] = heapq.heapreplace(heap, float(rest[i]))
+    order = np.concatenate([np.sort(np.asarray(heap, np.float32))[::-1], rest])
+    top = order[0]
+    terms = np.exp((order - top).astype(np.float64)).astype(np.float32)
+    total = np.cumsum(terms, dtype=np.float32)[-1]
+    return [float(LIBM.logf(np.float32(LIBM.expf(np.float32(x[i] - top)) / total))) for i in ids]
+
+
+def greedy_case(
+    llm: llama_cpp.Llama,
+    prompt: str,
+    n_predict: int,
+    logprobs: Callable[[np.ndarray, list[int]], list[float]] = float64_logprobs,
+) -> dict[str, Any]:
+    """Greedy decode one token at a time (llama-server's way), recording each step's top 5 (ranked by
+    logit, as both ways of computing log-probabilities rank them)."""
     llm.reset()
     prompt_tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
     llm.eval(prompt_tokens)
     tokens, logprob, top = [], [], []
     for _ in range(n_predict):
-        lp = log_softmax(llm.scores[llm.n_tokens - 1])
-        best = np.argsort(-lp, kind="stable")[:5]
-        token = int(best[0])
+        row = llm.scores[llm.n_tokens - 1]
+        best = [int(i) for i in np.argsort(-row.astype(np.float64), kind="stable")[:5]]
+        values = logprobs(row, best)
+        token = best[0]
         tokens.append(token)
-        logprob.append(float(lp[token]))
-        top.append([{"id": int(i), "logprob": float(lp[i])} for i in best])
+        logprob.append(values[0])
+        top.append([{"id": i, "logprob": v} for i, v in zip(best, values, strict=True)])
         if llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
             break
         llm.eval([token])
@@ -177,23 +276,31 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-m", "--model", type=Path, required=True)
     p.add_argument("-o", "--out", type=Path, required=True)
+    p.add_argument("--cases", choices=["code", "base"], default="code", help="which strings and prompts")
+    p.add_argument("--name", help="the file's `model` field (default: the model file's name)")
     p.add_argument("--llama-server", type=Path, default=None, help="llama-server binary for the chat section")
+    p.add_argument("--chat", action="store_true", help="base cases: llama-server's greedy chat replies too")
     p.add_argument("-n", "--n-predict", type=int, default=32)
     p.add_argument("--chat-only", action="store_true", help="only (re)write the chat section of --out")
     args = p.parse_args()
     if args.chat_only:
         golden = json.loads(args.out.read_text())
-        golden["chat"] = chat_cases(args.llama_server, args.model)
-        args.out.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
-        return
-    base = json.loads((ROOT / "tests" / "golden" / "smollm2.json").read_text())
-    texts = [e["text"] for e in base["tokenize"]] + QWEN_STRINGS
+        chat = chat_replies if args.cases == "base" else chat_cases
+        golden["chat"] = chat(args.llama_server, args.model)
+    else:
+        golden = (base_golden if args.cases == "base" else code_golden)(args)
+    args.out.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
+    if "perplexity" in golden:
+        print(f"wrote {args.out}: perplexity {golden['perplexity']['ppl']:.4f}")
+
+
+def code_golden(args: argparse.Namespace) -> dict[str, Any]:
     llm = load(args.model, 1024, logits_all=True)
     gpl3_ids, long = long_text(llm)
     golden: dict[str, Any] = {
-        "model": args.model.name,
+        "model": args.name or args.model.name,
         "source": f"llama.cpp 0c1e570 (llama-cpp-python {llama_cpp.__version__}), CPU, 2 threads, flash attn",
-        "tokenize": tokenize_entries(llm, texts),
+        "tokenize": tokenize_entries(llm, BASE_STRINGS + QWEN_STRINGS),
         "long_text": long,
     }
     prompts = CODE_PROMPTS + [chatml(u) for u in CHAT_PROMPTS]
@@ -202,8 +309,31 @@ def main() -> None:
     golden["perplexity"] = perplexity(load(args.model, 512, logits_all=True), gpl3_ids, 512, 8)
     if args.llama_server is not None:
         golden["chat"] = chat_cases(args.llama_server, args.model)
-    args.out.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
-    print(f"wrote {args.out}: perplexity {golden['perplexity']['ppl']:.4f}")
+    return golden
+
+
+def base_golden(args: argparse.Namespace) -> dict[str, Any]:
+    """SmolLM2's and Gemma 3's files: the base strings and prompts, llama-server's log-probabilities,
+    and (`--chat`) llama-server's greedy chat replies; the perplexity reference last."""
+    llm = load(args.model, 1024, logits_all=True)
+    golden: dict[str, Any] = {
+        "model": args.name or args.model.name,
+        "source": (
+            f"llama.cpp 0c1e570 (llama-cpp-python {llama_cpp.__version__}"
+            f"{'; chat: its llama-server' if args.chat else ''}), CPU, 2 threads, flash attn, "
+            "log-probabilities as llama-server's n_probs"
+        ),
+        "tokenize": tokenize_entries(llm, BASE_STRINGS),
+    }
+    order = ["prompt", "prompt_tokens", "tokens", "content", "top_logprobs", "logprob"]  # the first files'
+    cases = [greedy_case(llm, prompt, args.n_predict, server_logprobs) for prompt in BASE_PROMPTS]
+    golden["greedy"] = [{key: case[key] for key in order} for case in cases]
+    gpl3_ids = long_text(llm)[0]
+    del llm
+    if args.chat:
+        golden["chat"] = chat_replies(args.llama_server, args.model)
+    golden["perplexity"] = perplexity(load(args.model, 512, logits_all=True), gpl3_ids, 512, 8)
+    return golden
 
 
 # -- llama-server's template rendering --------------------------------------------------------------
@@ -256,8 +386,10 @@ def post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-def chat_cases(server: Path, model: Path, port: int = 18765) -> list[dict[str, Any]]:
-    cmd = [str(server), "-m", str(model), "--port", str(port), "-t", "2", "-c", "2048", "--jinja"]
+@contextlib.contextmanager
+def llama_server(server: Path, *args: str, port: int = 18765) -> Iterator[int]:
+    """llama-server on `port` with `args` (2 threads), healthy; its port."""
+    cmd = [str(server), "--port", str(port), "-t", "2", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(240):
@@ -266,10 +398,40 @@ def chat_cases(server: Path, model: Path, port: int = 18765) -> list[dict[str, A
                 break
             except OSError:
                 time.sleep(0.5)
-        return [{**case, "prompt": post(port, "/apply-template", case)["prompt"]} for case in CHAT_CASES]
+        yield port
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def chat_cases(server: Path, model: Path) -> list[dict[str, Any]]:
+    with llama_server(server, "-m", str(model), "-c", "2048", "--jinja") as port:
+        return [{**case, "prompt": post(port, "/apply-template", case)["prompt"]} for case in CHAT_CASES]
+
+
+# SmolLM2's chat cases: its own template, answered greedily by llama-server (24 tokens at most).
+BASE_CHAT_CASES: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}],
+    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "And 3+3?"}],
+]  # fmt: skip
+
+
+def chat_replies(server: Path, model: Path) -> list[dict[str, Any]]:
+    """Each case's rendering and llama-server's greedy reply, asked in turn of one server with its
+    default slots (`usage.prompt_tokens_details.cached_tokens` is what its slots held: not compared)."""
+    cases = []
+    with llama_server(server, "-m", str(model), "--jinja") as port:
+        for messages in BASE_CHAT_CASES:
+            prompt = post(port, "/apply-template", {"messages": messages})["prompt"]
+            body = {"messages": messages, "temperature": 0, "max_tokens": 24}
+            reply = post(port, "/v1/chat/completions", body)
+            content = reply["choices"][0]["message"]["content"]
+            cases.append(
+                {"messages": messages, "prompt": prompt, "greedy_reply": content, "usage": reply["usage"]}
+            )
+    return cases
 
 
 if __name__ == "__main__":

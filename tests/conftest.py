@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -13,6 +17,7 @@ import engine  # noqa: F401  (pins Numba's settings before anything imports numb
 from engine.cpu import isa
 from engine.gguf import GGUFFile
 from engine.model_files import resolve
+from tests import reaper
 
 # llama.cpp's reference outputs, kept in the repository (tests/golden/README.md says where they come from).
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
@@ -23,6 +28,32 @@ GPL3 = Path("/usr/share/common-licenses/GPL-3")
 CACHED_AT_START = pytest.StashKey[int]()
 # level name -> how tests/test_cpu_levels.py tested it
 LEVELS_TESTED = pytest.StashKey[dict[str, str]]()
+REAPER = pytest.StashKey["subprocess.Popen[bytes]"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the session's reaper (tests/reaper.py) before any test starts a process, and put its token
+    in the environment every such process inherits: when this interpreter ends, however it ends (an
+    abort, a SIGKILL, a failed fixture), the reaper kills whatever the tests left running."""
+    token = secrets.token_hex(8)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(Path(reaper.__file__)), token],
+        stdin=subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != reaper.ENV},
+        start_new_session=True,
+    )
+    os.environ[reaper.ENV] = f"{os.environ.get(reaper.ENV, '')} {token}".strip()
+    config.stash[REAPER] = proc
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The normal end: the reaper kills what is left (a line each on stderr: a leak to fix) and exits."""
+    proc = config.stash.get(REAPER, None)
+    if proc is None or proc.stdin is None:
+        return
+    proc.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # past that, it goes on alone
+        proc.wait(30)
 
 
 def _cached_kernels() -> int:
@@ -35,7 +66,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Whether this run found the JIT cache warm: a cold one compiles for minutes (engine/jit_cache.py)."""
+    """Whether this run found the JIT cache warm (a cold one compiles for minutes: engine/jit_cache.py),
+    the CPU levels it tested, and what it skipped and why (a skip in the middle of -ra's list is easy to
+    miss; here each reason is one line under its kind)."""
     start = config.stash.get(CACHED_AT_START, 0)
     terminalreporter.write_line(
         f"JIT cache {os.environ.get('NUMBA_CACHE_DIR')}: {start} compiled kernels at the start, "
@@ -50,10 +83,21 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(
                 f"CPU levels not tested (this CPU cannot execute them): {', '.join(untested)}"
             )
+    for line in skipped_summary(terminalreporter.stats.get("skipped", [])):
+        terminalreporter.write_line(line)
 
 
 def load_golden(name: str) -> dict[str, Any]:
     return json.loads((GOLDEN_DIR / f"{name}.json").read_text())
+
+
+# Every skip says which of two kinds it is, and the run's summary lists both (pytest_terminal_summary):
+# a missing prerequisite (require(): software or data a developer may lack; fails under CI=true) or a test
+# that cannot apply on this machine whatever is installed (not_applicable(): the CPU cannot execute a
+# level's instructions, a GPU is present where the test checks the answer of a machine without one).
+# tests/test_suite_rules.py fails on a skip or xfail anywhere else in tests/.
+MISSING = "missing prerequisite: "
+NOT_APPLICABLE = "cannot apply on this machine: "
 
 
 def require(missing: str | None) -> None:
@@ -67,7 +111,47 @@ def require(missing: str | None) -> None:
         return
     if os.environ.get("CI") == "true":
         pytest.fail(f"{missing} (CI=true: a missing prerequisite fails the run)", pytrace=False)
-    pytest.skip(missing, allow_module_level=True)
+    pytest.skip(MISSING + missing, allow_module_level=True)
+
+
+def not_applicable(why: str) -> NoReturn:
+    """Skip a test that has nothing to check on this machine, on CI or not; `why` names the machine's
+    property (never a missing package or file: those go through require())."""
+    pytest.skip(NOT_APPLICABLE + why)
+
+
+def applies_only(condition: bool, why: str) -> pytest.MarkDecorator:
+    """not_applicable() as a mark: skip the test unless `condition` holds on this machine."""
+    return pytest.mark.skipif(not condition, reason=NOT_APPLICABLE + why)
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def skipped_summary(reports: list[pytest.TestReport | pytest.CollectReport]) -> list[str]:
+    """The summary's lines on what this run skipped: each reason once, with how many tests and which
+    (the first three), under its kind; a skip of neither kind is listed as a fault of the suite."""
+    by_reason: dict[str, list[str]] = {}
+    for report in reports:
+        by_reason.setdefault(_skip_reason(report), []).append(report.nodeid)
+    if not by_reason:
+        return ["Skipped: nothing"]
+    lines = [f"Skipped: {sum(len(ids) for ids in by_reason.values())} tests"]
+    kinds = [(MISSING, "missing prerequisites (CI=true fails these)"), (NOT_APPLICABLE, "cannot apply here")]
+    kinds.append(("", "FAULT, a skip that is neither (tests/conftest.py says how to skip)"))
+    for prefix, title in kinds:
+        reasons = {r: ids for r, ids in by_reason.items() if r.startswith(prefix)}
+        for reason in reasons:
+            del by_reason[reason]
+        if reasons:
+            lines.append(f"  {title}:")
+        for reason, ids in sorted(reasons.items()):
+            more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+            lines.append(f"    {len(ids)} x {reason.removeprefix(prefix)}: {', '.join(ids[:3])}{more}")
+    return lines
 
 
 def gpl3_text() -> str:

@@ -16,13 +16,21 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+# The suite's one bound on liveness: how long something that must happen (a slot freed after a cancel, a
+# server gone after SIGTERM, a call answered once its timeout fired, a cancel reaching an MCP server) may
+# take before the test fails. Not a speed check: sized for a 2-core runner loaded by the suite and by other
+# jobs, where a step that takes 50 ms idle can take seconds. Where the wrong behaviour would also end on
+# its own (a generation running to its last token, a tool finishing its sleep), the test makes that take
+# well past this bound or counts that it was cut short, so that a fast machine cannot hide a regression.
+# Bounds on work (a model load, a whole generation, Ray's start) are larger and say what they wait for.
+LIVENESS_S = 20.0
 
 
 def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> float:
     """Poll `condition` until it holds, failing the test after `within_s` seconds; the seconds it took.
 
-    For liveness bounds (a slot is freed, a generation ends): behaviour that must happen within a
-    generous time, not a speed check (speed is what the benchmarks measure).
+    For liveness bounds (LIVENESS_S: a slot is freed, a process ends) and work bounds (a generation ends):
+    behaviour that must happen within a generous time, not a speed check (the benchmarks measure speed).
     """
     start = time.monotonic()
     while not condition():
@@ -37,7 +45,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 class ServerProcess:
+    """`python -m server ARGS` on a free port, its output in a log file. Whatever way the test session
+    ends, the session's reaper (tests/reaper.py) kills it and whatever it started, if stop() did not."""
+
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -66,7 +86,7 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def stop(self, timeout: float = 5.0) -> float:
+    def stop(self, timeout: float = LIVENESS_S) -> float:
         """SIGTERM, wait up to `timeout` seconds, then SIGKILL (and set `killed`); the seconds it took."""
         start = time.monotonic()
         if self.proc.poll() is None:

@@ -21,13 +21,10 @@ import httpx
 import openai
 import pytest
 
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 from tests.test_mcp_server import VENV_BIN, fixture, wait_for_tools, write_config
 from tests.test_sessions_server import RawChatStream, lookup, replay, sse_payloads
 
-# Liveness bounds, not speed checks: a stopped run cancels its MCP call (the server hears
-# notifications/cancelled) and ends its session within this, whatever the tool would still do.
-STOPPED_S = 1.0
 TIME = {"type": "mcp", "server_label": "time", "allowed_tools": ["get_current_time"]}
 ASK_TIME = [{"role": "user", "content": "What time is it now in UTC?"}]
 MAX_ROUNDS = 4  # the server's --tool-max-rounds
@@ -87,6 +84,12 @@ def busy_slots(client: httpx.Client) -> int:
 
 def cancelled_calls(client: httpx.Client) -> list[Any]:
     reply = client.post("/tools", json={"tool": "slow_cancelled", "params": {}}).json()
+    return json.loads(reply["plain_text_response"])
+
+
+def hanging_calls(client: httpx.Client) -> list[Any]:
+    """The request ids of the `hang` calls the slow MCP server has received."""
+    reply = client.post("/tools", json={"tool": "slow_hanging", "params": {}}).json()
     return json.loads(reply["plain_text_response"])
 
 
@@ -243,11 +246,12 @@ def test_eight_concurrent_runs_all_finish(client: httpx.Client) -> None:
 # -- stop and resume ---------------------------------------------------------------------------------
 def hanging_call(srv: ServerProcess, headers: dict[str, str]) -> RawChatStream:
     """A streamed run whose MCP call is in flight (it never answers) when this returns."""
-    raw = RawChatStream(srv.port, {**forced("hang", "slow"), "stream": True}, headers)
-    raw.read_until(lambda body: b'"tool_calls"' in body)
     with httpx.Client(base_url=srv.base_url) as c:
+        before = len(hanging_calls(c))
+        raw = RawChatStream(srv.port, {**forced("hang", "slow"), "stream": True}, headers)
+        raw.read_until(lambda body: b'"tool_calls"' in body)
         wait_until(lambda: busy_slots(c) == 0, 60, "the calling round ended")
-    time.sleep(0.3)  # the call is sent right after the round ends
+        wait_until(lambda: len(hanging_calls(c)) > before, LIVENESS_S, "the call received by the MCP server")
     return raw
 
 
@@ -258,7 +262,7 @@ def test_delete_during_a_tool_call_cancels_it_and_ends_the_run(
     before = len(cancelled_calls(client))
     raw = hanging_call(srv, {"X-Conversation-Id": conv})
     assert client.delete("/v1/stream", params={"conv_id": conv}).status_code == 204
-    wait_until(lambda: len(cancelled_calls(client)) > before, STOPPED_S, "the MCP call cancelled")
+    wait_until(lambda: len(cancelled_calls(client)) > before, LIVENESS_S, "the MCP call cancelled")
     assert lookup(client, conv) == [] and busy_slots(client) == 0
     raw.drop()
     time.sleep(0.5)
@@ -269,7 +273,7 @@ def test_a_client_gone_during_a_tool_call_cancels_it(srv: ServerProcess, client:
     before = len(cancelled_calls(client))
     raw = hanging_call(srv, {})
     raw.drop()
-    wait_until(lambda: len(cancelled_calls(client)) > before, STOPPED_S, "the MCP call cancelled")
+    wait_until(lambda: len(cancelled_calls(client)) > before, LIVENESS_S, "the MCP call cancelled")
     time.sleep(0.5)
     assert busy_slots(client) == 0, "no next round started"
 

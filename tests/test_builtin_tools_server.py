@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 
 KEY = "tools-key"
 
@@ -219,7 +219,8 @@ def test_exec_timeout_kills_the_whole_process_group(client: httpx.Client, tmp_pa
     command = f"echo before; sleep {marker} & sleep {marker}"
     out = ok(client, tmp_path, "exec_shell_command", command=command, timeout=1)["plain_text_response"]
     assert out.startswith("before\n") and out.endswith("[exit due to timed out]")
-    wait_until(lambda: not processes_with(f"sleep {marker}"), 5, "the timed-out command's processes gone")
+    gone = lambda: not processes_with(f"sleep {marker}")  # noqa: E731
+    wait_until(gone, LIVENESS_S, "the timed-out command's processes gone")
 
 
 def test_exec_streams_its_output_as_it_comes(client: httpx.Client, tmp_path: Path) -> None:
@@ -242,8 +243,9 @@ def test_a_client_gone_mid_stream_kills_the_command(client: httpx.Client, tmp_pa
     with client.stream("POST", "/tools", json=body) as reply:
         lines = reply.iter_lines()  # held: a dropped iterator would close the stream, ending the run early
         assert next(lines) == 'data: {"chunk":"started\\n"}'
-        wait_until(lambda: bool(processes_with(f"sleep {marker}")), 5, "the command running")
-    wait_until(lambda: not processes_with(f"sleep {marker}"), 10, "the abandoned command's processes gone")
+        wait_until(lambda: bool(processes_with(f"sleep {marker}")), LIVENESS_S, "the command running")
+    gone = lambda: not processes_with(f"sleep {marker}")  # noqa: E731
+    wait_until(gone, LIVENESS_S, "the abandoned command's processes gone")
 
 
 # -- bad requests ----------------------------------------------------------------------------------

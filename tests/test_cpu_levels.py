@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from engine.cpu import isa
-from tests.conftest import LEVELS_TESTED
+from tests.conftest import LEVELS_TESTED, not_applicable
 
 ROOT = Path(__file__).parent.parent
 FOCUSED = [
@@ -56,7 +56,7 @@ def test_kernels_and_models_on_each_level(name: str, request: pytest.FixtureRequ
         tested[name] = f"this process (target {OWN.cpu}): the whole suite"
         return
     if not level.needs <= HOST:
-        pytest.skip(f"this CPU cannot execute {name}: it lacks {', '.join(sorted(level.needs - HOST))}")
+        not_applicable(f"this CPU cannot execute {name}: it lacks {', '.join(sorted(level.needs - HOST))}")
     run = run_on_level(level, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *FOCUSED)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, f"{name}: {summary}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
@@ -73,7 +73,7 @@ def test_the_levels_with_fma_give_the_same_products_to_the_bit() -> None:
     run per level in a subprocess so that each compiles for its own target)."""
     levels = [level for level in isa.LEVELS if "fma" in level.needs and level.needs <= HOST]
     if len(levels) < 2:
-        pytest.skip(
+        not_applicable(
             f"one level with FMA here ({', '.join(level.name for level in levels)}): nothing to compare"
         )
     digests = {}
@@ -106,7 +106,7 @@ def test_a_target_the_cpu_cannot_run_stops_at_start_in_one_line(
 ) -> None:
     cpu = setting.get("NUMBA_CPU_NAME")
     if cpu and isa.LEVEL_ENV not in setting and isa.probe(cpu, "") <= HOST:
-        pytest.skip(f"this CPU runs {cpu}'s target")
+        not_applicable(f"this CPU runs {cpu}'s target: nothing to refuse")
     env = {
         k: v
         for k, v in os.environ.items()

@@ -69,8 +69,9 @@ def test_ignored_flags_set_by_variables() -> None:
         assert ignored[0].reason.startswith("not applied: Llamba does not implement it")  # type: ignore[attr-defined]
 
 
-def test_every_variable_of_the_table_parses() -> None:
-    """Each implemented row's variable, set to a value its flag takes, reaches the parser without error."""
+def test_every_variable_of_the_table_sets_what_its_flag_sets() -> None:
+    """Each implemented row's variable, set to a value its flag takes, gives the Settings that the flag
+    with that value gives on the command line, and nothing ignored."""
     samples = {
         "N": "2",
         "SECONDS": "5",
@@ -79,6 +80,7 @@ def test_every_variable_of_the_table_parses() -> None:
         "FORMAT": "none",
         "{none,mean,cls,last,rank}": "mean",
     }
+    checked = []
     for env, rows in env_rows().items():
         row = rows[0]
         if row.status != "implemented" or row.forms[0] in ("--models-dir", "--models-preset"):
@@ -86,7 +88,10 @@ def test_every_variable_of_the_table_parses() -> None:
         value = samples.get(row.value, "1" if not row.value else None)
         if value is None:
             continue  # a file, a template, a device: each has its own test
-        parse_settings([], {env: value})
+        argv = [row.forms[0], value] if row.value else [row.forms[0]]
+        assert parse_settings([], {env: value}) == (parse_settings(argv, {})[0], []), (env, argv)
+        checked.append(env)
+    assert len(checked) >= 50, checked  # the table's 51 rows with a sample value (not a vacuous loop)
 
 
 def test_api_keys_from_every_source(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ GrammarError with a useful message, and lazy grammars leave text free until thei
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from engine.grammar import (
 )
 from engine.reference_data import ReferenceDataError, llama_cpp_files
 from engine.text.tokenizer import Tokenizer
+from tests.conftest import require
 
 MODELS = ("smollm2", "gemma3")
 
@@ -112,9 +112,8 @@ def reference_files(folder: str) -> list[Path]:
     try:
         files = llama_cpp_files(folder)
     except ReferenceDataError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"llama.cpp's reference files are needed in CI: {exc}")
-        pytest.skip(f"llama.cpp's reference files could not be fetched: {exc}")
+        require(f"llama.cpp's reference files could not be fetched: {exc}")
+        raise  # (not reached: require() does not return when given a reason)
     if not files:
         pytest.fail(f"no {folder} files in the llama-cpp-python sdist")
     return files

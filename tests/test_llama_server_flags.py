@@ -18,7 +18,7 @@ from server.config.flags import build_parser
 from server.config.ignored_flags import ALWAYS_ON
 from server.config.llama_server_flags import FLAGS, LlamaServerFlag
 from server.config.parse import parse_settings
-from tests.server_process import ServerProcess
+from tests.server_process import LIVENESS_S, ServerProcess
 
 STATUSES = ("implemented", "ignored")
 # Implemented flags that exit instead of serving (help, version, device list).
@@ -167,12 +167,13 @@ def _check_keys_and_variables(base_url: str) -> None:
 def _check_timeouts(proc: ServerProcess) -> None:
     """-to 1: a body that stops arriving is a 408 within a few seconds; a stream that runs longer than a
     second while the client sends nothing is not cut (hypercorn's own read_timeout would cut it)."""
-    with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as conn:
+    with socket.create_connection(("127.0.0.1", proc.port), timeout=2 * LIVENESS_S) as conn:
         head = f"POST /completion HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH['Authorization']}\r\n"
         conn.sendall((head + "Content-Type: application/json\r\nContent-Length: 50\r\n\r\n{").encode())
         started = time.monotonic()
         answer = conn.recv(4096).decode()
-        assert answer.startswith("HTTP/1.1 408") and time.monotonic() - started < 8, answer
+        # Liveness bound: the server's 1 s -to answered, not the socket's own timeout (twice the bound).
+        assert answer.startswith("HTTP/1.1 408") and time.monotonic() - started < LIVENESS_S, answer
     body = {"prompt": "Count:", "n_predict": 160, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", proc.base_url + "/completion", json=body, headers=AUTH, timeout=120) as reply:
         lines = reply.iter_lines()

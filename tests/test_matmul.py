@@ -15,9 +15,16 @@ from engine.cpu import matmul as mm
 from engine.cpu.matmul import dispatch
 from engine.gguf import GGUFFile
 from engine.quant import QType
+from tests.conftest import applies_only
 from tests.test_quant import random_blocks
 
 RNG = np.random.default_rng(1)
+# Not a missing prerequisite: a process on the portable level (a CPU without AVX2, or
+# LLAMBA_CPU_LEVEL=portable) has only the int16 / int32 kernels, so there are no byte kernels to check;
+# tests/test_cpu_levels.py runs these tests on every other level the CPU can execute, a subprocess each.
+BYTE_DOT_ONLY = applies_only(
+    mm.BYTE_DOT, "the portable level has no byte dot-product kernels (test_cpu_levels runs the other levels)"
+)
 INT16_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 INT16_PATH |= {QType.Q2_K, QType.Q3_K}
 # The types whose activations the kernels quantize to int8 (IQ4 and Q8_0 sum in int32).
@@ -214,9 +221,7 @@ def test_get_rows_real_embeddings(smollm2_gguf: GGUFFile, gemma3_gguf: GGUFFile)
         np.testing.assert_array_equal(out, quant.dequantize(t.data[ids], t.ggml_type, (len(ids), t.shape[1])))
 
 
-# Not a missing prerequisite: the portable level has only the int16 / int32 kernels, so nothing can
-# differ from them there; tests/test_cpu_levels.py runs these tests on every level the machine runs.
-@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
+@BYTE_DOT_ONLY
 @pytest.mark.parametrize(
     "qtype",
     sorted(INTEGER_PATH - {QType.Q2_K, QType.Q3_K, QType.IQ4_NL, QType.IQ4_XS}),
@@ -239,7 +244,7 @@ def test_byte_dot_path_is_bitwise_the_portable_path(qtype: QType, monkeypatch: p
         np.testing.assert_array_equal(byte_dot, run_matmul(w, x))
 
 
-@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
+@BYTE_DOT_ONLY
 @pytest.mark.parametrize("qtype", [QType.IQ4_NL, QType.IQ4_XS], ids=lambda q: q.name)
 def test_iq4_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the CPU has VNNI the IQ4 kernels decode the levels with pshufb; the portable kernels (a
@@ -253,7 +258,7 @@ def test_iq4_portable_path(qtype: QType, monkeypatch: pytest.MonkeyPatch) -> Non
         check(qtype, quant.pack_weight(data, qtype, (rows, cols)), weights, x)
 
 
-@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
+@BYTE_DOT_ONLY
 def test_q8_0_tiles_agree_to_the_bit() -> None:
     """Q8_0's tiles of 4 and 8 tokens sum on vpdpbusd (weights + 128, then 128 x sum(x) off), those of
     1 and 2 on vpdpwssd: each token of a 23-token batch (tiles 8, 8, 4, 2, 1) must come out bit for bit

@@ -18,6 +18,7 @@ from server.mcp.config import McpConfigError, load_mcp_servers, parse_mcp_server
 from server.mcp.jsonrpc import LineFramer, RpcError, RpcTimeout, TransportClosed
 from server.mcp.registry import ToolRegistry, result_text
 from server.mcp.transport import SpawnError, StdioTransport
+from tests.server_process import LIVENESS_S
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +39,8 @@ def fixture(name: str, *args: str, **extra: Any) -> McpServerConfig:
 
 async def started(config: McpServerConfig, **kwargs: Any) -> StdioTransport:
     transport = await StdioTransport.spawn(config, **kwargs)
-    await transport.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}}, timeout_s=10)
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+    await transport.request("initialize", hello, timeout_s=2 * LIVENESS_S)
     await transport.notify("notifications/initialized")
     return transport
 
@@ -61,7 +63,7 @@ def process_state(pid: int) -> str | None:
         return None
 
 
-async def gone(pid: int, within_s: float = 2.0) -> bool:
+async def gone(pid: int, within_s: float = LIVENESS_S) -> bool:
     """Whether the process is gone (reaped, not a zombie) within `within_s`: a liveness bound, generous
     for a killed or exiting child, not a speed check."""
     deadline = time.monotonic() + within_s
@@ -255,9 +257,9 @@ async def test_a_child_dying_mid_write_fails_the_call_not_llamba() -> None:
         begin = time.monotonic()
         # 4 MiB cannot fit in the pipe: the write is still pending when the child exits (EPIPE).
         with pytest.raises(TransportClosed):
-            await call(transport, "echo", timeout_s=10, text="x" * (4 << 20))
-        # Liveness bound: the exit fails the call at once, not at its 10 s timeout.
-        assert time.monotonic() - begin < 3.0
+            await call(transport, "echo", timeout_s=2 * LIVENESS_S, text="x" * (4 << 20))
+        # Liveness bound: the exit fails the call at once, not at its timeout (twice the bound).
+        assert time.monotonic() - begin < LIVENESS_S
         assert not transport.alive and transport.pid is not None and await gone(transport.pid)
     finally:
         await transport.close()
@@ -286,14 +288,14 @@ async def test_grandchild_holding_the_pipes_blocks_neither_start_nor_close() -> 
     begin = time.monotonic()
     with pytest.raises(TransportClosed, match="exited with code 0"):
         await started(fixture("grandchild", "--exit-at-start"))
-    # Liveness bound: the exit was noticed, the start did not wait for the 10 s initialize timeout.
-    assert time.monotonic() - begin < 5.0
+    # Liveness bound: the exit was noticed, the start did not wait for its initialize timeout (twice this).
+    assert time.monotonic() - begin < LIVENESS_S
 
     transport = await started(fixture("grandchild"))
     grandchild = int(text_of(await call(transport, "grandchild_pid")))
     begin = time.monotonic()
     await transport.close()
-    assert time.monotonic() - begin < 2.0  # liveness bound: close does not wait for an EOF that never comes
+    assert time.monotonic() - begin < LIVENESS_S  # close does not wait for an EOF that never comes
     assert await gone(grandchild), "the grandchild in the server's process group is killed too"
 
 
@@ -303,7 +305,8 @@ async def test_a_grandchild_that_left_the_process_group_cannot_block_close() -> 
     try:
         begin = time.monotonic()
         await transport.close()
-        assert time.monotonic() - begin < 2.0  # liveness bound: close does not wait for the pipes' EOF
+        # Liveness bound: close does not wait for the pipes' EOF (the grandchild's 31 s sleep).
+        assert time.monotonic() - begin < LIVENESS_S
         assert process_state(grandchild) not in (None, "Z")  # out of reach, and yet we returned
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -339,8 +342,9 @@ async def test_warm_up_skips_every_kind_of_broken_server_and_keeps_the_rest(tmp_
     manager.start()
     await manager.wait_ready()
     try:
-        # Liveness bound: broken servers are given up on (1.5 s warm-up timeout), none holds the rest back.
-        assert time.monotonic() - begin < 5.0
+        # Liveness bound: broken servers are given up on (1.5 s warm-up timeout), none holds the rest back
+        # until its own 30 s call timeout.
+        assert time.monotonic() - begin < LIVENESS_S
         names = {t.name for t in manager.tools()}
         assert {"x_echo", "x_y_add", "x_y_echo", "x_y_pid"} <= names
         assert not any(n.split("_")[0] in ("missing", "dies", "hangs", "orphan", "empty") for n in names)
@@ -422,8 +426,8 @@ async def test_stop_during_a_slow_call_is_prompt() -> None:
     await asyncio.sleep(0.3)
     begin = time.monotonic()
     await manager.stop()
-    result = await asyncio.wait_for(pending, 2)
-    assert time.monotonic() - begin < 2.0  # liveness bound: stop answers the pending call, not its 60 s
+    result = await asyncio.wait_for(pending, LIVENESS_S)
+    assert time.monotonic() - begin < LIVENESS_S  # stop answers the pending call, not at its 60 s
     assert result.error is not None and "shutting down" in result.error
     after = await manager.call(slow, {"seconds": 0})
     assert after.error is not None and "shutting down" in after.error

@@ -18,7 +18,7 @@ from engine.cpu.huge_pages import pack_weight_in_huge_pages
 from engine.gguf import GGUFFile
 from engine.models import load_model
 from engine.quant import ROWS, QType
-from tests.test_matmul import run_matmul
+from tests.test_matmul import BYTE_DOT_ONLY, run_matmul
 from tests.test_quant import random_blocks
 
 SHAPES = [(32, 256), (100, 512), (1792, 1536), (96, 8960)]  # 100: a padded last group; 8960: 35 super-blocks
@@ -50,7 +50,7 @@ def test_records_are_the_field_bytes_where_documented(shape: tuple[int, int]) ->
         assert lanes[r] == w.d[g, sb * ROWS + r] and lanes[ROWS + r] == w.m[g, sb * ROWS + r]
 
 
-@pytest.mark.skipif(not mm.BYTE_DOT, reason="the portable level has no byte dot-product kernels")
+@BYTE_DOT_ONLY
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K], ids=["Q4_K", "Q6_K"])
 def test_matmul_and_rows_are_bitwise_the_field_arrays(shape: tuple[int, int], qtype: QType) -> None:

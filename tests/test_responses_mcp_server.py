@@ -22,8 +22,8 @@ import httpx
 import openai
 import pytest
 
-from tests.server_process import ServerProcess, wait_until
-from tests.test_agents_server import STOPPED_S, cancelled_calls, check_real_time
+from tests.server_process import LIVENESS_S, ServerProcess, wait_until
+from tests.test_agents_server import cancelled_calls, check_real_time, hanging_calls
 from tests.test_mcp_server import VENV_BIN, fixture, wait_for_tools, write_config
 from tests.test_responses_server import RawResponseStream, sse_events
 
@@ -34,8 +34,6 @@ TIME = {
     "require_approval": "never",
 }
 ASK_TIME = "What time is it now in UTC?"
-# A liveness bound, not a speed check: a cancelled run frees its slot at its next decode step.
-SLOT_FREED_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -270,15 +268,15 @@ def test_a_background_run_resumes_after_a_socket_reset_mid_call(
 
 def test_cancel_during_a_call_stops_it(srv: ServerProcess, api: openai.OpenAI) -> None:
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
-        before = len(cancelled_calls(http))
+        before, sent = len(cancelled_calls(http)), len(hanging_calls(http))
         raw = RawResponseStream(srv.port, raw_body(tool="hang", server="slow", background=True, stream=True))
         seen = sse_events(raw.until(b"response.mcp_call_arguments.done"))
-        time.sleep(0.3)  # the call is sent right after the round ends
+        wait_until(lambda: len(hanging_calls(http)) > sent, LIVENESS_S, "the call received by the MCP server")
         assert busy_slots(srv) == 0, "the round ended: the call runs"
         cancelled = api.responses.cancel(seen[0]["response"]["id"])
         raw.drop()
         assert cancelled.status == "cancelled"
-        wait_until(lambda: len(cancelled_calls(http)) > before, STOPPED_S, "the MCP call cancelled")
+        wait_until(lambda: len(cancelled_calls(http)) > before, LIVENESS_S, "the MCP call cancelled")
     time.sleep(0.5)
     assert busy_slots(srv) == 0, "no next round started"
     stored = api.responses.retrieve(cancelled.id)

@@ -24,7 +24,7 @@ from server.config.parse import parse_settings
 from server.router.app import create_router_app
 from server.router.catalogue import build_catalogue
 from tests import protected_routes
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 
 LOAD_S = 240.0  # a child's load: generous, the JIT cache may be cold on a fresh worktree
 CHAT = {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8, "temperature": 0, "seed": 42}
@@ -73,7 +73,7 @@ def make_router():  # type: ignore[no-untyped-def]
         pids = child_pids(proc)
         proc.stop()
         for pid in pids:  # no child outlives its router
-            wait_until(lambda pid=pid: not pid_alive(pid), 15, f"child {pid} gone")
+            wait_until(lambda pid=pid: not pid_alive(pid), LIVENESS_S, f"child {pid} gone")
 
 
 def models(proc: ServerProcess) -> dict[str, dict[str, Any]]:
@@ -488,7 +488,7 @@ def test_children_die_with_a_killed_router(preset: Path) -> None:
     finally:
         proc.proc.kill()
         proc.stop()
-    wait_until(lambda: not pid_alive(pid), 15, "the child of a SIGKILLed router gone")
+    wait_until(lambda: not pid_alive(pid), LIVENESS_S, "the child of a SIGKILLed router gone")
 
 
 # -- conversations across the router -------------------------------------------------------------------
@@ -693,7 +693,7 @@ def test_reload_rescans_the_catalogue_and_metrics_label_each_model(make_router, 
     assert after["smol-c"]["status"]["value"] == "loaded"
     assert after["smol-c"]["status"]["pid"] == before["smol-c"]["status"]["pid"]  # untouched
     assert not pid_alive(before["smol-a"]["status"]["pid"])
-    wait_until(lambda: sse.named("models_reload", "*") != [], 10, "the models_reload event")
+    wait_until(lambda: sse.named("models_reload", "*") != [], LIVENESS_S, "the models_reload event")
     r = chat(proc, "smol-b")
     assert r.status_code == 400 and "smol-b" in r.json()["error"]["message"]
 
@@ -750,7 +750,7 @@ def test_download_and_remove_the_cache_models(make_router, preset: Path, tmp_pat
     assert r.status_code == 200 and r.json() == {"success": True}
     assert not (cache / SMOLLM2.filename).exists()
     # the event is sent before the reply, but the test's SSE reader thread may not have read it yet
-    wait_until(lambda: sse.named("model_remove", "smollm2") != [], 10, "the model_remove event")
+    wait_until(lambda: sse.named("model_remove", "smollm2") != [], LIVENESS_S, "the model_remove event")
     assert "smollm2" in models(proc)  # still listed: the next load fetches it again
 
     r = httpx.post(proc.base_url + "/models", json={"model": "gemma3"}, timeout=10)  # not in the index

@@ -29,26 +29,25 @@ def test_apply_template_matches_llama_cpp(server, case: dict) -> None:  # type: 
     assert reply.json()["prompt"] == case["prompt"]
 
 
-# llama-server (flash attention on by default: f16 accumulation) answers "Hi" with "...can I help you...";
-# the same llama.cpp build with flash attention off answers "...can I assist you..." (both measured with
-# llama-cpp-python 0.3.36 on this machine): a near tie (0.04 nats) that Llamba resolves like llama.cpp
-# without flash attention. The two llama.cpp paths are as far apart as Llamba is from either; matching
-# one would take a bit-exact copy of ggml's arithmetic (docs/numerics.md,
-# scripts/compare_llama_cpp_logits.py).
-NEAR_TIE = pytest.mark.xfail(
-    strict=True, reason="near tie decided by llama.cpp's f16 flash-attention rounding (docs/numerics.md)"
-)
-CHAT_CASES = [
-    pytest.param(c, marks=NEAR_TIE) if c["messages"][-1]["content"] == "Hi" else c for c in GOLDEN_CHAT
-]
+# Where Llamba's greedy answer is not llama-server's, and why. "Hi": after "Hello! How can I" llama.cpp's
+# own two attention paths part: llama-server's (flash attention on, its default: f16 accumulation) puts
+# " help" 0.041 logits above " assist", the same build with flash attention off puts " assist" 0.046 above
+# " help" (llama-cpp-python 0.3.36, native CPU build, teacher-forced on the reply's first five tokens). A
+# near tie that llama.cpp decides by its rounding; Llamba puts " assist" 0.29 above " help" (its
+# logits there are 0.6 below llama.cpp's, within the usual spread: docs/numerics.md,
+# scripts/compare_llama_cpp_logits.py). Matching llama-server would take a bit-exact copy of ggml's f16
+# flash attention. The answer is pinned, so a change in it fails the test like any other.
+LLAMBA_ANSWER = {"Hi": "Hello! How can I assist you today?"}
 
 
-@pytest.mark.parametrize("case", CHAT_CASES, ids=[c["messages"][-1]["content"][:20] for c in GOLDEN_CHAT])
+@pytest.mark.parametrize("case", GOLDEN_CHAT, ids=[c["messages"][-1]["content"][:20] for c in GOLDEN_CHAT])
 def test_greedy_chat_matches_llama_cpp(client: openai.OpenAI, case: dict) -> None:
     reply = client.chat.completions.create(
         model="any", messages=case["messages"], temperature=0, max_tokens=24
     )
-    assert reply.choices[0].message.content == case["greedy_reply"]
+    expected = LLAMBA_ANSWER.get(case["messages"][-1]["content"], case["greedy_reply"])
+    assert expected.replace(" assist ", " help ") == case["greedy_reply"]  # that one word, nothing else
+    assert reply.choices[0].message.content == expected
     assert reply.usage is not None
     assert reply.usage.prompt_tokens == case["usage"]["prompt_tokens"]
     assert reply.usage.completion_tokens == case["usage"]["completion_tokens"]

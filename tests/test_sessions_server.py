@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.server_process import REPO, ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, REPO, ServerProcess, wait_until
 
 # Liveness bounds, not speed checks (each is a bounded wait for the condition): a stopped or replaced
-# generation frees its slot at its next decode step, well within a second; after SIGTERM the server exits
-# by itself (code 0), well before stop()'s SIGKILL fallback.
-SLOT_FREED_S = 1.0
-SIGTERM_EXIT_S = 3.0
+# generation frees its slot at its next decode step; after SIGTERM the server exits by itself (code 0),
+# well before stop()'s SIGKILL fallback. The DELETE and replace tests also check by what the stream
+# carried (no [DONE]) that the generation was cut short, not run to its end within the bound.
+SLOT_FREED_S = SIGTERM_EXIT_S = LIVENESS_S
 
 CONV = "X-Conversation-Id"
 ODD_ID = "chat/42: resume test::SmolLM2 model"
@@ -176,7 +176,7 @@ def test_resume_after_a_dropped_socket_is_byte_identical_to_the_full_replay(
     assert stream_text(payloads) == uninterrupted, "the generation did not run on after the drop"
 
 
-def test_delete_stops_the_generation_and_frees_the_slot_within_a_second(client: httpx.Client) -> None:
+def test_delete_stops_the_generation_and_frees_the_slot(client: httpx.Client) -> None:
     conv = "stop me/please: now"
     body = chat_body("Tell me a very long story about dragons.", 2000)
     with client.stream("POST", "/v1/chat/completions", json=body, headers={CONV: conv}) as resp:

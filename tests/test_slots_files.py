@@ -20,7 +20,7 @@ from engine.slot_files import (
     slot_path,
     write_slot,
 )
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 
 TINY_CACHE = KVCache(2, 3, 16, 4, 8, cpu_backend())
 IDENTITY = ModelIdentity.of(TINY_CACHE, n_vocab=100, model_name="tiny.gguf")
@@ -232,7 +232,7 @@ def test_busy_slot_is_refused(slot_server) -> None:  # type: ignore[no-untyped-d
         # A liveness bound, not a speed check: the closed stream's slot is freed.
         wait_until(
             lambda: not any(s["is_processing"] for s in client.get("/slots").json()),
-            within_s=5,
+            within_s=LIVENESS_S,
             what="the dropped stream's slot is freed",
         )
 

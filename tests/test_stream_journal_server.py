@@ -40,7 +40,7 @@ from server.streams.journal import (
     read_journal,
 )
 from server.streams.resume import DIVERGED, NOT_RESUMABLE
-from tests.server_process import REPO, ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, REPO, ServerProcess, wait_until
 
 CONV = "X-Conversation-Id"
 KEY1, KEY2 = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
@@ -290,7 +290,7 @@ def test_a_sigtermed_stream_resumes_too_and_expired_journals_go(
             assert normalized(reference, reference, full) == normalized(full, full, full)
             assert full.startswith(streams.seen["sigterm"])
             assert replay(client, "greedy").status_code == 404
-            wait_until(lambda: not journal_files(journal), 10, "journals deleted after their TTL")
+            wait_until(lambda: not journal_files(journal), LIVENESS_S, "journals deleted after their TTL")
             second = subprocess.run(
                 [sys.executable, "-m", "server", "-m", "smollm2", "--stream-journal", str(journal)],
                 cwd=REPO, capture_output=True, text=True, timeout=120,

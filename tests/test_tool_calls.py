@@ -6,7 +6,6 @@ checked against the same outputs. Templates come from the llama-cpp-python sdist
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from engine.text.tool_calls.generic import SYSTEM_PROMPT
 from engine.text.tool_calls.minimax import NS
 from engine.text.tool_calls.syntax import ToolGrammar
 from engine.tool_grammar import tool_grammar_spec
+from tests.conftest import require
 from tests.grammar_triggers import grammar_start
 
 
@@ -79,9 +79,8 @@ def reference_template(name: str) -> str:
     try:
         return reference_file(f"models/templates/{name}.jinja").read_text()
     except ReferenceDataError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"llama.cpp reference data unavailable under CI: {e}")
-        pytest.skip(f"llama.cpp reference data unavailable: {e}")
+        require(f"llama.cpp reference data unavailable: {e}")
+        raise  # (not reached: require() does not return when given a reason)
 
 
 def test_reference_data_names_a_missing_file() -> None:
@@ -96,7 +95,7 @@ def test_missing_reference_data_fails_under_ci(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(f"{__name__}.reference_file", unavailable)
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="unavailable under CI"):
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
         reference_template("MiniMax-M3")
     monkeypatch.setenv("CI", "false")
     with pytest.raises(pytest.skip.Exception):

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server_process import REPO, ServerProcess, wait_until
+from tests.server_process import LIVENESS_S, REPO, ServerProcess, wait_until
 from tests.webui_browser import DESKTOP, PHONE, PageErrors, artifact, browser  # noqa: F401
 
 LOAD_ERRORS = "Failed to load resource"  # Chromium logs every non-2xx fetch; the tests cause some on purpose
@@ -257,17 +257,26 @@ def test_stop_frees_the_slot_and_keeps_the_partial_answer(page: Any, srv: Server
     from playwright.sync_api import expect
 
     settings(page, Temperature="0", **{"Max tokens": "900"})  # greedy: a sampled story may end too soon
+    requests: list[Any] = []
+    page.on("request", lambda request: requests.append(request))
     send(page, LONG_STORY)
     wait_content(page, 30)
-    assert busy_slots(srv) == 1
+    [slot] = [s["id"] for s in httpx.get(srv.base_url + "/slots").json() if s["is_processing"]]
     page.get_by_role("button", name="Stop").click()
-    wait_status(page, "stopped", timeout=10)
+    wait_status(page, "stopped", timeout=LIVENESS_S)
     # Liveness bound, not a speed check: the DELETE ends the generation at its next step.
-    wait_until(lambda: busy_slots(srv) == 0, 2.0, "slot freed after Stop")
+    wait_until(lambda: busy_slots(srv) == 0, LIVENESS_S, "slot freed after Stop")
+    # Cut short, not run to its end within the bound: the slot holds the 39 prompt tokens and those
+    # generated before Stop, where the whole answer would leave 938 (900 tokens; the last is not cached).
+    assert httpx.get(srv.base_url + "/slots").json()[slot]["n_cached"] < 900
     kept = last_message(page)["content"]
     assert kept and "stream" not in last_message(page)
-    time.sleep(0.5)
+    # The event after which nothing can arrive: the chat request's end (Stop aborts it). A page that
+    # read on would show more text here; one that resumed would have asked GET /v1/stream.
+    [post] = [r for r in requests if is_chat_post(r)]
+    post.response().finished()  # returns when the browser reports the request finished or failed
     assert last_message(page)["content"] == kept, "nothing more arrives after Stop"
+    assert [r.url for r in requests if r.method == "GET" and "/v1/stream?" in r.url] == [], "no resume"
     expect(answer(page).locator(".status")).to_have_text("Stopped")
     expect(page.get_by_role("button", name="Send")).to_be_visible()
 
