@@ -9,7 +9,7 @@ from engine.gguf import GGUFFile, UnsupportedModelError
 
 # llama.cpp's rope type per architecture: NeoX (rotate halves) for these, "normal" pairs for llama and
 # mistral3 (Gemma 3 sets its own below).
-_NEOX_ARCHS = frozenset({"qwen2", "qwen3", "phi3"})
+_NEOX_ARCHS = frozenset({"qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe"})
 
 
 @dataclass(frozen=True)
