@@ -167,6 +167,12 @@ class Backend:
     pack_router: Callable[..., Any] | None = None
     router_logits: Callable[..., None] | None = None
 
+    # gpt-oss: apply_sinks(q, k_cache, seq_ids, positions, window, scale, sinks, out) scales attention's
+    # output by each head's sink share; swiglu_oai(gate, up, alpha, limit) in place. None: not built for
+    # this backend (the model refuses to load).
+    attention_sinks: Callable[..., None] | None = None
+    swiglu_oai: Callable[..., None] | None = None
+
     def pack_router_weight(self, data: Any, qtype: int, shape: tuple[int, int]) -> Any:
         return (self.pack_router or self.pack_weight)(data, qtype, shape)
 
@@ -187,8 +193,9 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
     import numba
 
     from engine.cpu import matmul, ops
-    from engine.cpu.experts import pack_experts_for_cpu, pack_router_for_cpu, router_logits
+    from engine.cpu.experts import pack_experts_for_cpu, pack_router_for_cpu, router_logits, swiglu_oai
     from engine.cpu.records import pack_weight_for_cpu
+    from engine.cpu.sinks import apply_sinks
 
     if n_threads:
         numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
@@ -199,6 +206,8 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         pack_experts=pack_experts_for_cpu,
         pack_router=pack_router_for_cpu,
         router_logits=router_logits,
+        attention_sinks=apply_sinks,
+        swiglu_oai=swiglu_oai,
     )
 
 

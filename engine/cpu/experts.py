@@ -1,5 +1,5 @@
-"""The CPU backend's mixture-of-experts pieces: expert tensors packed once with a view per expert, and
-the router's float matmul, bitwise independent of the batch.
+"""The CPU backend's mixture-of-experts pieces: expert tensors packed once with a view per expert, the
+router's float matmul, bitwise independent of the batch, and gpt-oss's clamped SwiGLU.
 
 A `*_exps` tensor is 3-D (expert, rows, cols). Packed as one (expert x rows, cols) matrix, expert e's rows
 are row groups e x rows / 32 .. (e + 1) x rows / 32 of every field array (each array is (groups, bytes
@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from engine.cpu.records import pack_weight_for_cpu
+from engine.cpu.vecmath import exp
 from engine.quant import PACKED_FIELDS, ROWS, PackedWeight, dequantize
 
 _KERNEL = {"cache": True, "nogil": True, "error_model": "numpy"}
@@ -89,3 +90,19 @@ def _dot(a: np.ndarray, b: np.ndarray, lanes: np.ndarray) -> np.float32:
     for lane in range(LANES):
         total += lanes[lane]
     return total
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> None:
+    """gate = gpt-oss's clamped SwiGLU of (gate, up), in place (ggml's swiglu_oai): x = min(gate, limit),
+    y = clamp(up, -limit, limit), x * sigmoid(alpha * x) * (y + 1)."""
+    _swiglu_oai(gate, up, np.float32(alpha), np.float32(limit))
+
+
+@njit(fastmath=True, **_KERNEL)
+def _swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: np.float32, limit: np.float32) -> None:
+    one = np.float32(1.0)
+    for r in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            x = min(gate[r, i], limit)
+            y = min(max(up[r, i], -limit), limit)
+            gate[r, i] = x / (one + exp(-(alpha * x))) * (y + one)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from engine.backend import Backend
 from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.models.gemma3 import Gemma3Model
+from engine.models.gpt_oss import GptOssModel
 from engine.models.llama import LlamaModel
 from engine.models.mistral3 import Mistral3Model
 from engine.models.mixtral import MixtralModel, has_experts
@@ -25,6 +26,7 @@ ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "phi3": Phi3Model,
     "qwen2moe": Qwen2MoeModel,
     "qwen3moe": Qwen3MoeModel,
+    "gpt-oss": GptOssModel,
 }
 
 

@@ -97,11 +97,13 @@ def optional_biases(g: GGUFFile, prefix: str, names: list[str]) -> list[Tensor] 
 
 
 class LlamaLayer:
+    ffn_norm_name = "ffn_norm.weight"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
+
     def __init__(self, backend: Backend, g: GGUFFile, hp: HParams, il: int) -> None:
         t = g.tensors
         p = f"blk.{il}."
         self.attn_norm = norm_weight(backend, g, p + "attn_norm.weight")
-        self.ffn_norm = norm_weight(backend, g, p + "ffn_norm.weight")
+        self.ffn_norm = norm_weight(backend, g, p + self.ffn_norm_name)
         self.qkv = self.qkv_projection(backend, g, hp, p)
         self.attn_out = Projection(
             backend, [t[p + "attn_output.weight"]], optional_biases(g, p, ["attn_output"])

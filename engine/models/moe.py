@@ -177,7 +177,13 @@ class MoeFFN:
     outputs and how to combine them; `last_choice` keeps the last batch's chosen experts (for tests)."""
 
     def __init__(
-        self, backend: Backend, g: GGUFFile, prefix: str, routing: Routing, biases: bool = False
+        self,
+        backend: Backend,
+        g: GGUFFile,
+        prefix: str,
+        routing: Routing,
+        biases: bool = False,
+        activation: str = "silu",
     ) -> None:
         t = g.tensors
         self.backend, self.routing = backend, routing
@@ -200,6 +206,7 @@ class MoeFFN:
         self.gate_up = ExpertMatrices(backend, gate_up, gate_up_b)
         self.down = ExpertMatrices(backend, [down], down_b)
         self.n_out = down.shape[1]
+        self.activation = activation
         self.last_choice = np.zeros((0, routing.n_used), np.int64)
 
     def packed_weights(self) -> list[Any]:
@@ -232,8 +239,12 @@ class MoeFFN:
         return y, plan.rows, weights
 
     def activate(self, gate: Any, up: Any) -> None:
-        """gate = the activation of (gate, up), in place: SwiGLU."""
-        self.backend.silu_mul(gate, up, gate)
+        """gate = the activation of (gate, up), in place: SwiGLU, or gpt-oss's clamped one (ggml's
+        swiglu_oai, alpha 1.702 and limit 7, constants in llama.cpp too)."""
+        if self.activation == "swiglu_oai":
+            self.backend.swiglu_oai(gate, up, 1.702, 7.0)  # type: ignore[misc]
+        else:
+            self.backend.silu_mul(gate, up, gate)
 
 
 class MoeLayerMixin:
@@ -243,13 +254,13 @@ class MoeLayerMixin:
     gating = "softmax"
     normalize = True
     expert_biases = False
+    activation = "silu"
     qkv: Any
     attn_out: Any
 
     def init_ffn(self, backend: Backend, g: GGUFFile, hp: Any, p: str) -> None:
-        self.moe = MoeFFN(
-            backend, g, p, Routing.from_gguf(g, self.gating, self.normalize), self.expert_biases
-        )
+        routing = Routing.from_gguf(g, self.gating, self.normalize)
+        self.moe = MoeFFN(backend, g, p, routing, self.expert_biases, self.activation)
 
     def projections(self) -> list[Any]:
         return [self.qkv, self.attn_out]
