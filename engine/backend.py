@@ -83,6 +83,31 @@ def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, np.take_along_axis(x, ids, 1), lse
 
 
+def _combine_experts(parts: list[np.ndarray], rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    # llama.cpp's order: each expert's output times its weight (rounded), then added rank by rank.
+    y = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    out = y[rows[:, 0]] * weights[:, :1]
+    for i in range(1, rows.shape[1]):
+        out += y[rows[:, i]] * weights[:, i : i + 1]
+    return out
+
+
+def _on_host(
+    fn: Callable[..., np.ndarray], download: Callable[[Any], np.ndarray], upload: Callable[[Any], Any]
+) -> Callable[..., Any]:
+    """A numpy function over a device backend's arrays: its arrays in, its result out, by copies."""
+
+    def host(a: Any) -> Any:
+        if isinstance(a, list):
+            return [host(x) for x in a]
+        return a if isinstance(a, np.ndarray) else download(a)
+
+    def run(*args: Any) -> Any:
+        return upload(fn(*[host(a) for a in args]))
+
+    return run
+
+
 def _lock_host_weights(weights: list[Any]) -> Any:
     from engine.mlock import lock_packed_weights
 
@@ -130,13 +155,47 @@ class Backend:
     scatter_cells: Callable[[Any, Any, int], None] = _scatter_cells
     # lock_weights(packed weights) -> engine.mlock.LockResult, or None where they are not in host memory.
     lock_weights: Callable[[list[Any]], Any] = _lock_host_weights
+    # Mixture of experts. pack_experts(data, qtype, (n_expert, rows, cols)) -> (the packed weights that
+    # hold them, one weight per expert); None packs each expert with pack_weight. combine_experts(parts,
+    # rows[T, k], weights[T, k]) -> out[T, n]: with y the parts' rows one after another, out[t] = the sum
+    # over i of y[rows[t, i]] * weights[t, i], the products added in rank order (llama.cpp's); rows and
+    # weights are host arrays.
+    pack_experts: Callable[..., tuple[list[Any], list[Any]]] | None = None
+    combine_experts: Callable[..., Any] = _combine_experts
+    # The router's matmul (pack_router(data, qtype, shape), router_logits(x, w, out)); None: pack_weight
+    # and matmul. Its logits choose the experts: the CPU's are bitwise independent of the batch.
+    pack_router: Callable[..., Any] | None = None
+    router_logits: Callable[..., None] | None = None
+
+    # gpt-oss: apply_sinks(q, k_cache, seq_ids, positions, window, scale, sinks, out) scales attention's
+    # output by each head's sink share; swiglu_oai(gate, up, alpha, limit) in place. None: not built for
+    # this backend (the model refuses to load).
+    attention_sinks: Callable[..., None] | None = None
+    swiglu_oai: Callable[..., None] | None = None
+
+    def pack_router_weight(self, data: Any, qtype: int, shape: tuple[int, int]) -> Any:
+        return (self.pack_router or self.pack_weight)(data, qtype, shape)
+
+    def router_matmul(self, x: Any, w: Any, out: Any) -> None:
+        (self.router_logits or self.matmul)(x, w, out)
+
+    def pack_expert_weights(
+        self, data: Any, qtype: int, shape: tuple[int, int, int]
+    ) -> tuple[list[Any], list[Any]]:
+        """(the packed weights that hold a 3-D expert tensor's experts, one weight per expert)."""
+        if self.pack_experts is not None:
+            return self.pack_experts(data, qtype, shape)
+        each = [self.pack_weight(data[e], qtype, shape[1:]) for e in range(shape[0])]
+        return each, each
 
 
 def cpu_backend(n_threads: int | None = None) -> Backend:
     import numba
 
     from engine.cpu import matmul, ops
+    from engine.cpu.experts import pack_experts_for_cpu, pack_router_for_cpu, router_logits, swiglu_oai
     from engine.cpu.records import pack_weight_for_cpu
+    from engine.cpu.sinks import apply_sinks
 
     if n_threads:
         numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
@@ -144,6 +203,11 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         name="CPU",
         pack_weight=pack_weight_for_cpu,
         **_kernels(matmul, ops),
+        pack_experts=pack_experts_for_cpu,
+        pack_router=pack_router_for_cpu,
+        router_logits=router_logits,
+        attention_sinks=apply_sinks,
+        swiglu_oai=swiglu_oai,
     )
 
 
@@ -186,6 +250,7 @@ def cuda_backend() -> Backend:
         gather_cells=arrays.gather_cells,
         scatter_cells=arrays.scatter_cells,
         lock_weights=_weights_not_on_host,
+        combine_experts=_on_host(_combine_experts, arrays.download, arrays.upload),
     )
 
 

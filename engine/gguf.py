@@ -16,7 +16,17 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral3", "gemma3", "qwen2", "qwen3", "phi3")
+SUPPORTED_ARCHITECTURES = (
+    "llama",
+    "mistral3",
+    "gemma3",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "qwen2moe",
+    "qwen3moe",
+    "gpt-oss",
+)
 GGUF_MAGIC = b"GGUF"
 
 # GGUF metadata value types -> numpy dtype (scalars and arrays of them).

@@ -21,6 +21,8 @@ Stored layouts (ggml-common.h), per block of `block_size` weights along a row:
     IQ4_XS 256 w, 136 B: f16 d | u16 scale high bits | 4 B scale low nibbles | 128 B nibbles
                       six-bit scale ls per 32-sub-block, w = d * (ls - 32) * IQ4_LEVELS[q]; the
                       sub-block's 16 bytes pair weights (j, j + 16) as the 32-blocks do
+    MXFP4   32 w, 17 B: E8M0 e | 16 B nibbles          w = 2^(e - 128) * MXFP4_LEVELS[q] (gpt-oss's
+                      experts: E2M1 values doubled, times half the block's power-of-two scale)
     BF16   the top 16 bits of a float32
 
 In the 32-blocks, byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
@@ -68,6 +70,7 @@ class QType(IntEnum):
     IQ4_NL = 20
     IQ4_XS = 23
     BF16 = 30
+    MXFP4 = 39
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,20 @@ BLOCK_LAYOUTS: dict[QType, BlockLayout] = {
     QType.IQ4_NL: BlockLayout(32, 18),
     QType.IQ4_XS: BlockLayout(256, 136),
     QType.BF16: BlockLayout(1, 2),
+    QType.MXFP4: BlockLayout(32, 17),
 }
 
 # IQ4_NL and IQ4_XS: a 4-bit index into these 16 non-uniform levels (ggml's kvalues_iq4nl).
 IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+# MXFP4: a 4-bit E2M1 value, doubled to an integer (ggml's kvalues_mxfp4); the block's E8M0 scale halved.
+MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """2^(e - 128) as float32 for E8M0 exponent bytes (ggml_e8m0_to_fp32_half; e < 2 are subnormal)."""
+    e = np.asarray(e, dtype=np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
+    return bits.view(np.float32)
 
 
 class UnsupportedTensorTypeError(ValueError):
@@ -252,6 +265,8 @@ def dequantize(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> np.ndarr
         w = dl[..., None] * levels
     elif qt == QType.Q8_0:
         w = b[..., 2:].view(np.int8).astype(np.float32) * _as_f32(_f16(b[..., 0:2]))[..., None]
+    elif qt == QType.MXFP4:
+        w = e8m0_half(b[..., 0])[..., None] * MXFP4_LEVELS[_nibbles32(b[..., 1:])].astype(np.float32)
     elif qt == QType.Q2_K:
         d, dmin = _as_f32(_f16(b[..., 80:82]))[..., None], _as_f32(_f16(b[..., 82:84]))[..., None]
         dl = d * (b[..., 0:16] & 0x0F).astype(np.float32)
@@ -305,6 +320,7 @@ class PackedWeight:
         Q5_1  qs, qh, d as Q5_0; m uint16 f16 (g, nb * 32) the block minimum
         IQ4_NL qs, d as Q4_0 (the nibbles index IQ4_LEVELS)
         IQ4_XS qs as IQ4_NL per 32-sub-block; sc int8 (g, nb * 32) ls - 32; d uint16 f16 (g, ns * 32)
+        MXFP4 qs as Q4_0 (the nibbles index MXFP4_LEVELS); sc uint8 (g, nb * 32) the E8M0 exponent
         Q8_0  qs int8 (g, nb * 32 * 32) weight k of block b; d as Q4_0
         Q2_K  qs uint8 (g, nb * 8 * 32): byte p of block b holds the two-bit quants of weights p, p + 8,
               p + 16, p + 24 in bits 0-1 .. 6-7 (p < 8); sc, mn uint8 (g, nb * 2 * 32) scale and min
@@ -444,6 +460,10 @@ def _pack_iq4_xs(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
     }
 
 
+def _pack_mxfp4(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    return {"qs": _interleave(b[..., 1:], n_groups), "sc": _interleave(b[..., 0], n_groups)}
+
+
 def _pack_q8_0(b: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
     return {
         "qs": _interleave(b[..., 2:].view(np.int8), n_groups),
@@ -550,4 +570,5 @@ _PACKERS = {
     QType.Q4_K: _pack_q4_k,
     QType.Q5_K: _pack_q5_k,
     QType.Q6_K: _pack_q6_k,
+    QType.MXFP4: _pack_mxfp4,
 }

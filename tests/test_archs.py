@@ -36,6 +36,7 @@ from engine.models.hparams import HParams
 from tests.conftest import load_golden
 from tests.server_process import ServerProcess, wait_until
 from tests.synthetic_gguf import CASES, UNSUPPORTED, ArchCase, prompt_tokens, write_gguf
+from tests.synthetic_moe_gguf import CASES as MOE_CASES
 
 TOLERANCE = 1e-3
 
@@ -85,7 +86,8 @@ def test_logits_match_llama_cpp(name: str, golden: dict, tmp_path: Path) -> None
 
 def test_every_listed_architecture_has_a_model_class() -> None:
     assert set(ARCHITECTURES) == set(SUPPORTED_ARCHITECTURES)
-    assert {case.arch for case in CASES.values()} | {"gemma3", "qwen2"} == set(SUPPORTED_ARCHITECTURES)
+    moe = {case.arch for case in MOE_CASES.values()}  # tests/test_moe.py
+    assert {case.arch for case in CASES.values()} | moe | {"gemma3", "qwen2"} == set(SUPPORTED_ARCHITECTURES)
 
 
 def test_hyper_parameters_of_the_new_families(tmp_path: Path) -> None:

@@ -211,7 +211,8 @@ def random_weight(qtype: QType, rows: int, cols: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-FORMATS = list(QType)
+# MXFP4 (gpt-oss's experts) has no CUDA kernel yet: a CUDA backend refuses gpt-oss at load.
+FORMATS = [q for q in QType if q != QType.MXFP4]
 # The three real models' formats (SmolLM2 Q4_1; Gemma 3 and Qwen2.5 Q5_0, Q8_0, Q4_K, Q6_K) and F32 run in
 # the default suite; the simulator takes 10-40 s a format, so the others are `slow` (make test-all).
 MODEL_FORMATS = {QType.F32, QType.Q4_1, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K}

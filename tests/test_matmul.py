@@ -28,7 +28,7 @@ BYTE_DOT_ONLY = applies_only(
 INT16_PATH = {QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 INT16_PATH |= {QType.Q2_K, QType.Q3_K}
 # The types whose activations the kernels quantize to int8 (IQ4 and Q8_0 sum in int32).
-INTEGER_PATH = INT16_PATH | {QType.IQ4_NL, QType.IQ4_XS, QType.Q8_0}
+INTEGER_PATH = INT16_PATH | {QType.IQ4_NL, QType.IQ4_XS, QType.Q8_0, QType.MXFP4}
 
 
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
@@ -106,7 +106,7 @@ def test_float_odd_width() -> None:
 def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
     """Every quant at the value whose int16 products are largest: nibble 15 where the kernel sums
     unsigned nibbles (Q4_0, Q4_1, Q4_K), the most negative centred value where it sums q - 16 (Q5_0, Q5_K)
-    or q - 32 (Q6_K): all bits clear."""
+    or q - 32 (Q6_K): all bits clear; MXFP4's largest level, -12 (its byte tiles sum level + 16)."""
     layout = quant.BLOCK_LAYOUTS[qtype]
     raw = np.zeros((rows, cols // layout.block_size, layout.type_size), np.uint8)
     scale = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
@@ -124,6 +124,9 @@ def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
         raw[..., 108:110] = scale
         raw[..., 0:96] = 0xFF
         raw[..., 96:108] = 0xFF  # scales 63 - 32 = 31
+    elif qtype == QType.MXFP4:  # every nibble 15 (level -12), scale 2^(120 - 128)
+        raw[..., 0] = 120
+        raw[..., 1:] = 0xFF
     elif qtype == QType.Q2_K:  # q = 3 everywhere, scales and mins 15
         raw[..., 80:82] = scale
         raw[..., 82:84] = scale

@@ -59,6 +59,19 @@ def test_dequantize_random_blocks(qtype: QType) -> None:
     np.testing.assert_array_equal(got, gguf_reference(data, qtype, shape))
 
 
+def test_mxfp4_every_exponent_dequantizes_as_gguf_does() -> None:
+    """MXFP4's E8M0 scales over their whole range (2^-128 .. 2^127: subnormal, normal, past float32's
+    range with the larger levels) and every nibble: bit for bit gguf-py's values (inf included)."""
+    raw = RNG.integers(0, 256, (256, 4, 17), dtype=np.uint8)
+    raw[:, :, 0] = np.arange(256, dtype=np.uint8)[:, None]
+    data = raw.reshape(256, -1)
+    with np.errstate(over="ignore"):
+        got = quant.dequantize(data, QType.MXFP4, (256, 128))
+        want = gguf_reference(data, QType.MXFP4, (256, 128))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert got[0, 0] == quant.MXFP4_LEVELS[data[0, 1] & 15] * 2.0**-128  # weight 0: the low nibble
+
+
 def _first_of_each_type(gguf_file: GGUFFile) -> dict[str, object]:
     seen: dict[str, object] = {}
     for t in gguf_file.tensors.values():

@@ -7,11 +7,15 @@ from collections.abc import Callable
 from engine.backend import Backend
 from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.models.gemma3 import Gemma3Model
+from engine.models.gpt_oss import GptOssModel
 from engine.models.llama import LlamaModel
 from engine.models.mistral3 import Mistral3Model
+from engine.models.mixtral import MixtralModel, has_experts
 from engine.models.phi3 import Phi3Model
 from engine.models.qwen2 import Qwen2Model
+from engine.models.qwen2moe import Qwen2MoeModel
 from engine.models.qwen3 import Qwen3Model
+from engine.models.qwen3moe import Qwen3MoeModel
 
 ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
@@ -20,7 +24,18 @@ ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "qwen2": Qwen2Model,
     "qwen3": Qwen3Model,
     "phi3": Phi3Model,
+    "qwen2moe": Qwen2MoeModel,
+    "qwen3moe": Qwen3MoeModel,
+    "gpt-oss": GptOssModel,
 }
+
+
+def model_class(g: GGUFFile) -> type[LlamaModel]:
+    """The class of the file's architecture; a `llama` file with experts is Mixtral's."""
+    arch = g.require_architecture()
+    if arch == "llama" and has_experts(g):
+        return MixtralModel
+    return ARCHITECTURES[arch]
 
 
 def load_model(
@@ -30,7 +45,7 @@ def load_model(
     (load progress). A file with tensors the model does not use (an unknown norm, an incomplete set of
     biases) is refused rather than run without them."""
     arch = g.require_architecture()
-    model = ARCHITECTURES[arch](g, backend, on_layer)
+    model = model_class(g)(g, backend, on_layer)
     unused = g.tensors.unread()
     if unused:
         more = f" (and {len(unused) - 3} more)" if len(unused) > 3 else ""

@@ -9,7 +9,7 @@ from engine.gguf import GGUFFile, UnsupportedModelError
 
 # llama.cpp's rope type per architecture: NeoX (rotate halves) for these, "normal" pairs for llama and
 # mistral3 (Gemma 3 sets its own below).
-_NEOX_ARCHS = frozenset({"qwen2", "qwen3", "phi3"})
+_NEOX_ARCHS = frozenset({"qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "gpt-oss"})
 
 
 @dataclass(frozen=True)
@@ -68,4 +68,27 @@ class HParams:
                 swa_layers=swa,
                 embed_scale=math.sqrt(n_embd),
             )
+        if arch == "gpt-oss":
+            return cls(
+                **common,
+                rope_neox=True,
+                sliding_window=int(g.arch_value("attention.sliding_window")),
+                swa_layers=swa_pattern(g, n_layer, 2),
+                rope_base_swa=float(g.arch_value("rope.freq_base_swa", common["rope_base"])),
+            )
         return cls(**common, rope_neox=arch in _NEOX_ARCHS, swa_layers=(False,) * n_layer)
+
+
+def swa_pattern(g: GGUFFile, n_layer: int, default: int) -> tuple[bool, ...]:
+    """Which layers see a sliding window, as llama.cpp's load_swa_pattern reads it: a per-layer array
+    `attention.sliding_window_pattern`, or a period n (that key, else the family's default) where the
+    last layer of every n is global."""
+    pattern = g.arch_value("attention.sliding_window_pattern", default)
+    if not isinstance(pattern, int):
+        flags = [bool(v) for v in pattern]
+        if len(flags) != n_layer:
+            raise UnsupportedModelError(
+                f"attention.sliding_window_pattern has {len(flags)} layers, not {n_layer}"
+            )
+        return tuple(flags)
+    return tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer))

@@ -97,20 +97,32 @@ def optional_biases(g: GGUFFile, prefix: str, names: list[str]) -> list[Tensor] 
 
 
 class LlamaLayer:
+    ffn_norm_name = "ffn_norm.weight"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
+
     def __init__(self, backend: Backend, g: GGUFFile, hp: HParams, il: int) -> None:
         t = g.tensors
         p = f"blk.{il}."
         self.attn_norm = norm_weight(backend, g, p + "attn_norm.weight")
-        self.ffn_norm = norm_weight(backend, g, p + "ffn_norm.weight")
+        self.ffn_norm = norm_weight(backend, g, p + self.ffn_norm_name)
         self.qkv = self.qkv_projection(backend, g, hp, p)
         self.attn_out = Projection(
             backend, [t[p + "attn_output.weight"]], optional_biases(g, p, ["attn_output"])
         )
+        self.init_ffn(backend, g, hp, p)
+
+    def init_ffn(self, backend: Backend, g: GGUFFile, hp: HParams, p: str) -> None:
+        """The feed-forward weights: a dense SwiGLU here (mixture-of-experts layers override)."""
         self.gate_up = self.gate_up_projection(backend, g, hp, p)
-        self.down = Projection(backend, [t[p + "ffn_down.weight"]], optional_biases(g, p, ["ffn_down"]))
+        self.down = Projection(
+            backend, [g.tensors[p + "ffn_down.weight"]], optional_biases(g, p, ["ffn_down"])
+        )
 
     def projections(self) -> list[Projection]:
         return [self.qkv, self.attn_out, self.gate_up, self.down]
+
+    def packed_weights(self) -> list[Any]:
+        """The layer's packed weight matrices (what `-lm mlock` locks)."""
+        return [group.weight for projection in self.projections() for group in projection.groups]
 
     def qkv_projection(self, backend: Backend, g: GGUFFile, hp: HParams, p: str) -> Projection:
         """Q, K and V: three matrices, or one fused `attn_qkv` (as llama.cpp accepts for any of these)."""
@@ -172,8 +184,7 @@ class LlamaModel:
     def packed_weights(self) -> list[Any]:
         """Every packed weight matrix of the model (the head once when it is the tied embedding)."""
         heads = [self.token_embd] if self.output is self.token_embd else [self.token_embd, self.output]
-        layers = [g.weight for layer in self.layers for p in layer.projections() for g in p.groups]
-        return heads + layers
+        return heads + [w for layer in self.layers for w in layer.packed_weights()]
 
     def rope_for(self, il: int) -> Rope:
         """RoPE of layer il (sliding-window layers may have their own)."""

@@ -22,6 +22,7 @@ ACTIVATIONS = {
     QType.Q5_1: ACT_Q8_1,
     QType.Q8_0: ACT_Q8_0,
     QType.IQ4_NL: ACT_Q8_0,
+    QType.MXFP4: ACT_Q8_0,
     QType.IQ4_XS: ACT_Q8_K,
     QType.Q2_K: ACT_Q8_K,
     QType.Q3_K: ACT_Q8_K,

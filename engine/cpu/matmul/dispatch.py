@@ -9,6 +9,7 @@ from engine.cpu.matmul.floats import _matmul_float, _round_to_bf16
 from engine.cpu.matmul.intrinsics import BYTE_DOT
 from engine.cpu.matmul.iq4 import _matmul_iq4_nl, _matmul_iq4_nl_vnni, _matmul_iq4_xs, _matmul_iq4_xs_vnni
 from engine.cpu.matmul.k16 import _matmul_q2k, _matmul_q3k
+from engine.cpu.matmul.mxfp4 import _matmul_mxfp4, _matmul_mxfp4_vnni, _rows_mxfp4
 from engine.cpu.matmul.q4 import (
     KIND_Q4_0,
     KIND_Q4_1,
@@ -135,6 +136,7 @@ _MATMUL = {
         x, w.qs, w.d, w.sc, out
     ),
     QType.Q8_0: lambda x, w, out: (_matmul_q8_vnni if BYTE_DOT else _matmul_q8)(x, w.qs, w.d, out),
+    QType.MXFP4: lambda x, w, out: (_matmul_mxfp4_vnni if BYTE_DOT else _matmul_mxfp4)(x, w.qs, w.sc, out),
     QType.F32: lambda x, w, out: _matmul_float(x, w.f, out),
     QType.F16: lambda x, w, out: _matmul_float(x, w.f, out),
     QType.BF16: lambda x, w, out: _matmul_float(_round_to_bf16(x), w.f, out),
@@ -157,6 +159,7 @@ _GET_ROWS = {
     QType.IQ4_NL: lambda w, ids, out: _rows_iq4(ids, w.qs, w.d, w.sc, False, out),
     QType.IQ4_XS: lambda w, ids, out: _rows_iq4(ids, w.qs, w.d, w.sc, True, out),
     QType.Q8_0: lambda w, ids, out: _rows_q8(ids, w.qs, w.d, out),
+    QType.MXFP4: lambda w, ids, out: _rows_mxfp4(ids, w.qs, w.sc, out),
     QType.F32: lambda w, ids, out: _rows_float(ids, w.f, out),
     QType.F16: lambda w, ids, out: _rows_float(ids, w.f, out),
     QType.BF16: lambda w, ids, out: _rows_float(ids, w.f, out),
