@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -255,27 +254,39 @@ def hanging_call(srv: ServerProcess, headers: dict[str, str]) -> RawChatStream:
     return raw
 
 
+def runs_ended(srv: ServerProcess) -> list[str]:
+    """The server's `agents.run_ended` log lines: after its line, no round of that run starts."""
+    return [
+        line for line in srv.log_path.read_text(errors="replace").splitlines() if "agents.run_ended" in line
+    ]
+
+
+def wait_for_run_end(srv: ServerProcess, before: int) -> str:
+    wait_until(lambda: len(runs_ended(srv)) > before, LIVENESS_S, "the run's end")
+    return runs_ended(srv)[-1]
+
+
 def test_delete_during_a_tool_call_cancels_it_and_ends_the_run(
     srv: ServerProcess, client: httpx.Client
 ) -> None:
     conv = "agent stop: during a call"
-    before = len(cancelled_calls(client))
+    before, ended = len(cancelled_calls(client)), len(runs_ended(srv))
     raw = hanging_call(srv, {"X-Conversation-Id": conv})
     assert client.delete("/v1/stream", params={"conv_id": conv}).status_code == 204
     wait_until(lambda: len(cancelled_calls(client)) > before, LIVENESS_S, "the MCP call cancelled")
     assert lookup(client, conv) == [] and busy_slots(client) == 0
     raw.drop()
-    time.sleep(0.5)
-    assert busy_slots(client) == 0, "no next round started"
+    assert "rounds=1 " in wait_for_run_end(srv, ended), "no next round started"
+    assert busy_slots(client) == 0
 
 
 def test_a_client_gone_during_a_tool_call_cancels_it(srv: ServerProcess, client: httpx.Client) -> None:
-    before = len(cancelled_calls(client))
+    before, ended = len(cancelled_calls(client)), len(runs_ended(srv))
     raw = hanging_call(srv, {})
     raw.drop()
     wait_until(lambda: len(cancelled_calls(client)) > before, LIVENESS_S, "the MCP call cancelled")
-    time.sleep(0.5)
-    assert busy_slots(client) == 0, "no next round started"
+    assert "rounds=1 " in wait_for_run_end(srv, ended), "no next round started"
+    assert busy_slots(client) == 0
 
 
 def test_a_resume_mid_call_replays_the_same_bytes(srv: ServerProcess, client: httpx.Client) -> None:

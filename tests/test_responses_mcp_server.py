@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,13 @@ import openai
 import pytest
 
 from tests.server_process import LIVENESS_S, ServerProcess, wait_until
-from tests.test_agents_server import cancelled_calls, check_real_time, hanging_calls
+from tests.test_agents_server import (
+    cancelled_calls,
+    check_real_time,
+    hanging_calls,
+    runs_ended,
+    wait_for_run_end,
+)
 from tests.test_mcp_server import VENV_BIN, fixture, wait_for_tools, write_config
 from tests.test_responses_server import RawResponseStream, sse_events
 
@@ -269,6 +274,7 @@ def test_a_background_run_resumes_after_a_socket_reset_mid_call(
 def test_cancel_during_a_call_stops_it(srv: ServerProcess, api: openai.OpenAI) -> None:
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         before, sent = len(cancelled_calls(http)), len(hanging_calls(http))
+        ended = len(runs_ended(srv))
         raw = RawResponseStream(srv.port, raw_body(tool="hang", server="slow", background=True, stream=True))
         seen = sse_events(raw.until(b"response.mcp_call_arguments.done"))
         wait_until(lambda: len(hanging_calls(http)) > sent, LIVENESS_S, "the call received by the MCP server")
@@ -277,8 +283,8 @@ def test_cancel_during_a_call_stops_it(srv: ServerProcess, api: openai.OpenAI) -
         raw.drop()
         assert cancelled.status == "cancelled"
         wait_until(lambda: len(cancelled_calls(http)) > before, LIVENESS_S, "the MCP call cancelled")
-    time.sleep(0.5)
-    assert busy_slots(srv) == 0, "no next round started"
+    assert "rounds=1 " in wait_for_run_end(srv, ended), "no next round started"
+    assert busy_slots(srv) == 0
     stored = api.responses.retrieve(cancelled.id)
     assert stored.status == "cancelled" and [i.type for i in stored.output] == ["mcp_list_tools", "mcp_call"]
     assert stored.output[1].status == "incomplete" and stored.output[1].output is None

@@ -280,6 +280,16 @@ class AgentRun:
         return sum(1 for m in self.messages if m["role"] == "tool")
 
     async def events(self) -> AsyncIterator[AgentEvent]:
+        """The run's events, round after round. Its end (finished, failed or cancelled with its request)
+        is logged with the rounds it ran: after that line no round of this run starts."""
+        try:
+            async with contextlib.aclosing(self._rounds()) as rounds:
+                async for event in rounds:
+                    yield event
+        finally:
+            log.info("agents.run_ended", rounds=len(self.rounds), finish_reason=self.finish_reason)
+
+    async def _rounds(self) -> AsyncIterator[AgentEvent]:
         job, index = self._first, 0
         while job is not None:
             yield RoundStarted(index, job)
