@@ -413,9 +413,12 @@ def test_client_leaving_the_queue_keeps_the_model(make_router, preset: Path) -> 
         chat(proc, "smol-b", timeout=1.0)
     queued(proc, "smol-b", 0)  # its client left: nobody waits for smol-b any more
     running.end()
-    time.sleep(2)  # were smol-b still wanted, smol-a would be stopped for it now that it is idle
+    # The pool serves its queue when smol-a's lease comes back, on the router's one event loop, before it
+    # answers anything later: were smol-b still wanted, smol-a would be stopping for it when this chat
+    # arrives, and it would wait for a reload of smol-a.
+    assert chat(proc, "smol-a").status_code == 200
     assert status(proc, "smol-a") == "loaded" and status(proc, "smol-b") == "unloaded"
-    assert models(proc)["smol-b"]["loads"] == 0
+    assert models(proc)["smol-a"]["loads"] == 1 and models(proc)["smol-b"]["loads"] == 0
 
 
 def test_two_waiters_share_one_eviction(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
