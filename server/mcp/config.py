@@ -90,6 +90,11 @@ class McpServerConfig(BaseModel):
         return self.connect_timeout_ms / 1000
 
     @property
+    def start_timeout_s(self) -> float:
+        """Starting (connecting) and the handshake: a remote server's connect timeout comes first."""
+        return self.timeout_s + (self.connect_timeout_s if self.remote else 0.0)
+
+    @property
     def restart_cooldown_s(self) -> float:
         cooldown = self.restart_cooldown_ms
         return (cooldown if cooldown is not None else 0 if self.remote else STDIO_COOLDOWN_MS) / 1000

@@ -144,11 +144,11 @@ class McpManager:
             self._ready.set()
 
     async def _warm_up(self, server: _Server) -> list[Any] | None:
-        timeout_s = min(server.config.timeout_s, self._warmup_timeout_s)
+        timeout_s = min(server.config.start_timeout_s, self._warmup_timeout_s)
         try:
             async with asyncio.timeout(timeout_s):
                 session = await self._spawn(server)
-                tools = await session.list_tools(timeout_s)
+                tools = await session.list_tools(server.config.timeout_s)
         except Exception as exc:  # whatever went wrong, this server is skipped and the others go on
             detail = server.session.detail() if server.session else ""
             log.warning("mcp.warmup_failed", server=server.config.name, error=str(exc) or "timed out",
@@ -262,7 +262,7 @@ class McpManager:
                 raise Unavailable(f"MCP server '{name}' is down; it may be restarted in {wait:.1f} s")
             log.warning("mcp.server_respawn", server=name)
             try:
-                async with asyncio.timeout(server.config.timeout_s):
+                async with asyncio.timeout(server.config.start_timeout_s):
                     session = await self._spawn(server)
             except BaseException:
                 await self._discard(server)  # never keep a server that did not finish its handshake

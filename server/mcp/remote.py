@@ -9,6 +9,7 @@ on a session that is gone). What the SDK gives this side:
 - protocol version negotiation (`mode="auto"`): a `server/discover` probe at 2026-07-28, and a
   server that does not speak it gets the `initialize` handshake offering 2025-11-25 and accepting what
   the server counters with (2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25);
+- messages: a message that is not JSON-RPC ends the session (the calls in flight fail at once);
 - `notifications/tools/list_changed`: on handshake-era sessions the server sends it on its own; on
   2026 ones it comes through a `subscriptions/listen` stream this session keeps open. Either way
   `on_tools_changed` is called (the manager lists the tools again);
@@ -182,7 +183,15 @@ class RemoteSession:
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
-            log.warning("mcp.remote_bad_message", server=self.name, error=str(message)[:200])
+            # Garbage on the stream (or the transport's own fault): no call can be told it was its
+            # answer, so the session ends and every call in flight fails now, not at its timeout.
+            said = self._reason(message).splitlines()[0][:200]
+            garbage = isinstance(message, ValueError)  # pydantic's ValidationError is one
+            what = "sent a message that is not JSON-RPC" if garbage else "connection lost"
+            reason = f"{what} ({said})"
+            log.warning("mcp.remote_bad_message", server=self.name, error=reason)
+            self.dead = self.dead or reason
+            self._stop.set()
         elif getattr(message, "method", None) == "notifications/tools/list_changed":
             log.info("mcp.tools_changed", server=self.name)
             if self._on_tools_changed is not None:
@@ -236,19 +245,23 @@ class RemoteSession:
                 call.cancel()  # the SDK tells the server (notifications/cancelled)
                 call.add_done_callback(_retrieve)
         if not call.done():
-            raise TransportClosed(f"MCP server '{self.name}': {self.dead or 'connection lost'}")
+            raise TransportClosed(self._lost_during(method, self.dead or "connection lost"))
         try:
             return call.result()
         except MCPError as exc:
             if exc.code not in BROKEN_CODES:
                 raise RpcError(exc.code, exc.message, exc.data) from None
-            reason = self._with_status(exc.message)
+            reason = self._with_status(exc.message.splitlines()[0])
         except ValidationError as exc:
             reason = f"answered {method} with a malformed result ({exc.errors()[0]['msg']})"
         except Exception as exc:  # the transport's own failure (a dropped connection, ...)
             reason = self._reason(exc)
+        reason = self.dead or reason  # a loss seen first (garbage on the stream) says more
         await self.close(reason)
-        raise TransportClosed(f"MCP server '{self.name}': {reason}")
+        raise TransportClosed(self._lost_during(method, reason))
+
+    def _lost_during(self, method: str, reason: str) -> str:
+        return f"MCP server '{self.name}' failed during {method}: {reason}; the next call connects again"
 
     # -- telling what went wrong ----------------------------------------------------------------------
     def _reason(self, exc: BaseException) -> str:

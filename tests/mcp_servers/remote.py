@@ -6,10 +6,12 @@ HTTP or HTTP+SSE on 127.0.0.1, behind a check of the `Authorization` header.
 It binds the port itself (0: any free one) and prints one line `PORT <n>` once it listens, so a test
 never races another process for a port. A request without `Authorization: Bearer <token>` is a 401
 (and counted: `/stats` tells how many requests came and how many were refused, as JSON).
+`/hop?to=URL` answers every method with a 307 to URL (before any token check): a redirect elsewhere.
 
-Tools: `echo` (text), `add` (a, b), `pid`, `sleep` (seconds: a call to kill the server in), and
-`grow`, which adds the tool `late_tool` at run time and announces it (`notifications/tools/list_changed`
-on handshake-era sessions, the subscription bus on 2026 ones).
+Tools: `echo` (text), `add` (a, b), `pid`, `sleep` (seconds: a call to kill the server in), `junk`
+(its tools/call is answered with a body that is not JSON-RPC: garbage on the wire), and `grow`, which
+adds the tool `late_tool` at run time and announces it (`notifications/tools/list_changed` on
+handshake-era sessions, the subscription bus on 2026 ones).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import socket
 import sys
 from typing import Any
+from urllib.parse import parse_qs
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
@@ -48,6 +51,10 @@ def build(name: str) -> MCPServer:
         await asyncio.sleep(seconds)
         return "slept"
 
+    @server.tool(description="Answered with garbage (by the HTTP layer, before this runs).")
+    def junk() -> str:
+        return "not garbage: the guard did not catch the call"
+
     @server.tool(description="Add the tool late_tool, and say so.")
     async def grow(ctx: Context) -> str:
         if "late_tool" not in {t.name for t in await server.list_tools()}:
@@ -63,28 +70,74 @@ def build(name: str) -> MCPServer:
 
 
 class Guard:
-    """ASGI: every HTTP request needs the bearer token (when one is set); `/stats` is open."""
+    """ASGI: every HTTP request needs the bearer token (when one is set); `/stats` is open; a call of
+    `junk` is answered with garbage: over Streamable HTTP its POST gets a body that is not JSON-RPC,
+    over SSE the event stream gets a line that is not JSON and then a reply whose result is a string."""
 
     def __init__(self, app: Any, token: str | None) -> None:
         self.app, self.token = app, token
+        self.sse_send: Any = None  # the open SSE stream's `send` (the SSE transport's replies go there)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if scope["path"] == "/stats":
             return await respond(send, 200, json.dumps(STATS).encode())
+        if scope["path"] == "/hop":
+            target = parse_qs(scope["query_string"].decode()).get("to", [""])[0].encode()
+            return await respond(send, 307, b"", ((b"location", target),))
         STATS["requests"] += 1
         headers = dict(scope["headers"])
         if self.token is not None and headers.get(b"authorization") != f"Bearer {self.token}".encode():
             STATS["refused"] += 1
             return await respond(send, 401, b'{"error": "a bearer token is required"}')
         STATS["authorized"] += 1
-        return await self.app(scope, receive, send)
+        body = b""
+        if scope["method"] == "POST":  # read it here, to look for the garbage tool; the app reads it again
+            more = True
+            while more:
+                message = await receive()
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+            if b'"tools/call"' in body and b'"name":"junk"' in body.replace(b" ", b""):
+                return await self.garbage(json.loads(body), send)
+        elif scope["path"].endswith("/sse"):
+            send = self.remember(send)
+        return await self.app(scope, replay(body, receive), send)
+
+    def remember(self, send: Any) -> Any:
+        async def sse_send(message: dict[str, Any]) -> None:
+            await send(message)
+
+        self.sse_send = send
+        return sse_send
+
+    async def garbage(self, call: dict[str, Any], send: Any) -> None:
+        if self.sse_send is None:  # Streamable HTTP: the reply is the POST's body
+            return await respond(send, 200, b"this is not JSON-RPC {")
+        reply = json.dumps({"jsonrpc": "2.0", "id": call["id"], "result": "not a tools/call result"})
+        events = b"event: message\r\ndata: this is not JSON {\r\n\r\n"
+        events += b"event: message\r\ndata: " + reply.encode() + b"\r\n\r\n"
+        await self.sse_send({"type": "http.response.body", "body": events, "more_body": True})
+        await respond(send, 202, b"Accepted")
 
 
-async def respond(send: Any, status: int, body: bytes) -> None:
+def replay(body: bytes, receive: Any) -> Any:
+    sent = False
+
+    async def again() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # then the disconnect, when it comes
+
+    return again
+
+
+async def respond(send: Any, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+                "headers": [(b"content-type", b"application/json"), *headers]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})
 
 
