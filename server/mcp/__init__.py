@@ -3,10 +3,11 @@ through the `mcp` SDK, the egress policy of client-named servers, the tool regis
 
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 from server.mcp.egress import HostPolicy, HostRefused
-from server.mcp.manager import McpManager, ToolResult
+from server.mcp.manager import MCP_FAILURES, McpManager, ToolResult
 from server.mcp.registry import McpTool
 
 __all__ = [
+    "MCP_FAILURES",
     "HostPolicy",
     "HostRefused",
     "McpConfigError",

@@ -44,6 +44,10 @@ class Unavailable(Exception):
     """The server is down and may not be respawned yet (cooldown), or Llamba is shutting down."""
 
 
+# What listing or calling a server can fail with, besides HostRefused (a URL the policy refuses).
+MCP_FAILURES = (TransportClosed, RpcTimeout, RpcError, Unavailable, TimeoutError)
+
+
 @dataclass(frozen=True)
 class ToolResult:
     text: str | None = None
@@ -217,32 +221,19 @@ class McpManager:
         async def named(session: Session) -> Any:
             return await session.call_tool(tool.tool, arguments, timeout_s)
 
-        call = configured() if tool.remote is None else self.once(config, named)
+        call = configured() if tool.remote is None else once(self.policy, config, named)
         return await _outcome(tool, timeout_s, call)
 
     async def list_named(self, config: McpServerConfig) -> list[McpTool]:
         """The tools of a client-named server, over a connection of their own. Raises HostRefused
-        (before any connection) when the policy refuses its URL, and TransportClosed, RpcTimeout or
-        RpcError when it cannot be listed."""
+        (before any connection) when the policy refuses its URL, and one of MCP_FAILURES when it
+        cannot be listed."""
 
         async def listing(session: Session) -> list[Any]:
             return await session.list_tools(config.timeout_s)
 
-        raw = await self.once(config, listing)
+        raw = await once(self.policy, config, listing)
         return [t for t in (parse_tool(config.name, entry, remote=config) for entry in raw) if t is not None]
-
-    async def once(self, config: McpServerConfig, operation: Callable[[Session], Awaitable[Any]]) -> Any:
-        """One operation on a client-named server: the URL checked (and its host resolved) first, then
-        a connection made through the egress guard, used, and closed."""
-        if self._stopping:
-            raise Unavailable("Llamba is shutting down")
-        await self.policy.resolve(*self.policy.check_url(config.url or ""))
-        session = new_session(config, policy=self.policy)
-        try:
-            await session.start()
-            return await operation(session)
-        finally:
-            await session.close("done")
 
     async def _running(self, server: _Server) -> Session:
         """The server's live session, restarting (reconnecting) a dead one unless its cooldown forbids."""
@@ -285,6 +276,20 @@ class McpManager:
         session, server.session = server.session, None
         if session is not None:
             await session.close()
+
+
+async def once(
+    policy: HostPolicy, config: McpServerConfig, operation: Callable[[Session], Awaitable[Any]]
+) -> Any:
+    """One operation on a client-named server: the URL checked (and its host resolved) first, then a
+    connection made through the egress guard, used, and closed."""
+    await policy.resolve(*policy.check_url(config.url or ""))
+    session = new_session(config, policy=policy)
+    try:
+        await session.start()
+        return await operation(session)
+    finally:
+        await session.close("done")
 
 
 async def _outcome(tool: McpTool, timeout_s: float, call: Awaitable[Any]) -> ToolResult:

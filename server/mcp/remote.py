@@ -128,7 +128,7 @@ class RemoteSession:
             async with contextlib.AsyncExitStack() as stack:
                 client = await stack.enter_async_context(
                     Client(
-                        await self._transport(stack),
+                        await sdk_transport(self.config, stack, self._http_client),
                         mode="auto",
                         cache=None,
                         client_info=CLIENT_INFO,
@@ -157,25 +157,16 @@ class RemoteSession:
             if not self._ready.done():
                 self._ready.set_exception(TransportClosed(f"MCP server '{self.name}': {self.dead}"))
 
-    async def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
-        """The SDK transport for this server, its HTTP client ours (headers, timeouts, the guard)."""
-        cfg = self.config
-        timeout = httpx2.Timeout(cfg.connect_timeout_s, read=None)  # calls have their own timeout
-
-        def http_client(**_: Any) -> httpx2.AsyncClient:
-            given = dict(cfg.headers)
-            if self._policy is not None:
-                made = guarded_client(self._policy, self._egress, given, timeout)
-            else:
-                made = httpx2.AsyncClient(headers=given, timeout=timeout)
-            made.event_hooks["response"].append(self._on_response)
-            return made
-
-        if cfg.transport == "sse":
-            # The factory's client is ours whatever it is asked for: the headers and timeouts are above.
-            return sse_client(cfg.url or "", httpx_client_factory=http_client)
-        client = await stack.enter_async_context(http_client())
-        return streamable_http_client(cfg.url or "", http_client=client)
+    def _http_client(self, **_: Any) -> httpx2.AsyncClient:
+        """The HTTP client of one connection, whatever the SDK asks for: the server's headers, no read
+        timeout (calls have their own), the egress guard for a client-named server."""
+        headers, timeout = dict(self.config.headers), httpx2.Timeout(self.config.connect_timeout_s, read=None)
+        if self._policy is not None:
+            made = guarded_client(self._policy, self._egress, headers, timeout)
+        else:
+            made = httpx2.AsyncClient(headers=headers, timeout=timeout)
+        made.event_hooks["response"].append(self._on_response)
+        return made
 
     async def _on_response(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:
@@ -230,28 +221,20 @@ class RemoteSession:
         client = self._client
         if client is None or not self.alive:
             raise TransportClosed(f"MCP server '{self.name}': {self.dead or 'not connected'}")
-        call = asyncio.ensure_future(make(client))
-        lost = asyncio.ensure_future(self._lost.wait())
         try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
+            call = await raced(make(client), self._lost, timeout_s)
         except TimeoutError:
             raise RpcTimeout(
                 f"MCP server '{self.name}' did not answer {method} within {timeout_s:g} s"
             ) from None
-        finally:
-            lost.cancel()
-            if not call.done():
-                call.cancel()  # the SDK tells the server (notifications/cancelled)
-                call.add_done_callback(_retrieve)
-        if not call.done():
+        if call is None:
             raise TransportClosed(self._lost_during(method, self.dead or "connection lost"))
         try:
             return call.result()
         except MCPError as exc:
             if exc.code not in BROKEN_CODES:
                 raise RpcError(exc.code, exc.message, exc.data) from None
-            reason = self._with_status(exc.message.splitlines()[0])
+            reason = with_status(exc.message.splitlines()[0], self._http_error)
         except ValidationError as exc:
             reason = f"answered {method} with a malformed result ({exc.errors()[0]['msg']})"
         except Exception as exc:  # the transport's own failure (a dropped connection, ...)
@@ -263,25 +246,56 @@ class RemoteSession:
     def _lost_during(self, method: str, reason: str) -> str:
         return f"MCP server '{self.name}' failed during {method}: {reason}; the next call connects again"
 
-    # -- telling what went wrong ----------------------------------------------------------------------
     def _reason(self, exc: BaseException) -> str:
-        leaf = next(_leaves(exc), exc)
-        if isinstance(leaf, MCPError):
-            return self._with_status(leaf.message)
-        if isinstance(leaf, httpx2.HTTPStatusError):
-            return f"HTTP {leaf.response.status_code} {leaf.response.reason_phrase}".strip()
-        if isinstance(leaf, asyncio.CancelledError):
-            return "closed"
-        return self._with_status(f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__)
-
-    def _with_status(self, message: str) -> str:
-        status = self._http_error
-        return f"{message} ({status})" if status and status not in message else message
+        return describe(exc, self._http_error)
 
     def _failure(self, reason: str) -> Exception:
         if self._egress.refused is not None:
             return HostRefused(self._egress.refused)
         return TransportClosed(f"MCP server '{self.name}' ({self.url}): cannot connect: {reason}")
+
+
+async def sdk_transport(
+    config: McpServerConfig, stack: contextlib.AsyncExitStack, http_client: Callable[..., httpx2.AsyncClient]
+) -> Any:
+    """The SDK's transport for a server, over our HTTP client (the SSE transport makes it itself)."""
+    if config.transport == "sse":
+        return sse_client(config.url or "", httpx_client_factory=http_client)
+    client = await stack.enter_async_context(http_client())
+    return streamable_http_client(config.url or "", http_client=client)
+
+
+async def raced(call: Awaitable[T], lost: asyncio.Event, timeout_s: float) -> asyncio.Future[T] | None:
+    """The call, done, unless `lost` came first (None) or `timeout_s` passed (TimeoutError); a call
+    left behind is cancelled (the SDK then tells the server: notifications/cancelled)."""
+    task = asyncio.ensure_future(call)
+    loss = asyncio.ensure_future(lost.wait())
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.wait({task, loss}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loss.cancel()
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)
+    return task if task.done() else None
+
+
+def describe(exc: BaseException, http_error: str | None) -> str:
+    """What went wrong, in a line: the first real failure inside nested exception groups."""
+    leaf = next(_leaves(exc), exc)
+    if isinstance(leaf, MCPError):
+        return with_status(leaf.message, http_error)
+    if isinstance(leaf, httpx2.HTTPStatusError):
+        return f"HTTP {leaf.response.status_code} {leaf.response.reason_phrase}".strip()
+    if isinstance(leaf, asyncio.CancelledError):
+        return "closed"
+    return with_status(f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__, http_error)
+
+
+def with_status(message: str, http_error: str | None) -> str:
+    """The message, and the HTTP error status seen on the connection when it does not say it."""
+    return f"{message} ({http_error})" if http_error and http_error not in message else message
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:

@@ -8,7 +8,8 @@ never races another process for a port. A request without `Authorization: Bearer
 (and counted: `/stats` tells how many requests came and how many were refused, as JSON).
 `/hop?to=URL` answers every method with a 307 to URL (before any token check): a redirect elsewhere.
 
-Tools: `echo` (text), `add` (a, b), `pid`, `sleep` (seconds: a call to kill the server in), `junk`
+Tools: `echo` (text), `add` (a, b), `pid`, `sleep` (seconds), `hang` (never answers; `/stats` counts
+the calls hanging: a test kills the server once one is), `junk`
 (its tools/call is answered with a body that is not JSON-RPC: garbage on the wire), and `grow`, which
 adds the tool `late_tool` at run time and announces it (`notifications/tools/list_changed` on
 handshake-era sessions, the subscription bus on 2026 ones).
@@ -28,7 +29,7 @@ from urllib.parse import parse_qs
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
-STATS = {"requests": 0, "refused": 0, "authorized": 0}
+STATS = {"requests": 0, "refused": 0, "authorized": 0, "hanging": 0}
 
 
 def build(name: str) -> MCPServer:
@@ -51,6 +52,12 @@ def build(name: str) -> MCPServer:
         await asyncio.sleep(seconds)
         return "slept"
 
+    @server.tool(description="Never answers (a call to kill the server in).")
+    async def hang() -> str:
+        STATS["hanging"] += 1
+        await asyncio.Event().wait()
+        return "never"
+
     @server.tool(description="Answered with garbage (by the HTTP layer, before this runs).")
     def junk() -> str:
         return "not garbage: the guard did not catch the call"
@@ -59,6 +66,7 @@ def build(name: str) -> MCPServer:
     async def grow(ctx: Context) -> str:
         if "late_tool" not in {t.name for t in await server.list_tools()}:
             server.add_tool(lambda: "late and here", name="late_tool", description="Added at run time.")
+            closed(server)
         await ctx.notify_tools_changed()  # 2026 sessions: their subscriptions/listen stream
         try:
             await ctx.session.send_tool_list_changed()  # handshake-era sessions
@@ -66,7 +74,16 @@ def build(name: str) -> MCPServer:
             sys.stderr.write(f"remote: send_tool_list_changed: {exc}\n")
         return "grown"
 
+    closed(server)
     return server
+
+
+def closed(server: MCPServer) -> None:
+    """Every tool's input schema closed (`additionalProperties: false`), as the stdio fixtures' are: a
+    tiny model forced to call a tool then writes only the arguments it has. (FastMCP has no switch for
+    it; its tool registry is read here.)"""
+    for tool in server._tool_manager.list_tools():
+        tool.parameters["additionalProperties"] = False
 
 
 class Guard:
