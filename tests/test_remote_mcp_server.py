@@ -290,7 +290,7 @@ def test_a_host_that_is_not_allowed_is_refused_before_any_connection(
     elif route == "messages":
         body = {"model": "any", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
                 "mcp_servers": [{"type": "url", "url": url, "name": "x"}]}  # fmt: skip
-        refused(client.post("/v1/messages", json=body), "server_url")
+        refused(client.post("/v1/messages", json=body), "mcp_servers.0.url")
     else:
         spec = mcp_tool("x", "echo") | {"server_url": url}
         refused(client.post("/v1/responses", json={"input": "hi", "tools": [spec]}), "server_url")

@@ -203,10 +203,9 @@ async def named_server_tools(mcp: Toolbox, spec: McpServerTool, limits: AgentLim
         )  # fmt: skip
         return await mcp.list_named(config)
     except (HostRefused, ValidationError) as exc:
-        said = (
-            exc.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(exc, ValidationError) else exc
-        )
-        raise errors.invalid_request(f"'server_url': {said}") from None
+        said = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        where = f"'server_url' (server {spec.server_label!r})"
+        raise errors.invalid_request(f"{where}: {said.removeprefix('Value error, ')}") from None
     except MCP_FAILURES as exc:
         raise errors.failed_dependency(
             f"'server_url': the MCP server {spec.server_label!r} ({url}) could not list its tools: {exc}"

@@ -49,7 +49,7 @@ async def messages() -> Any:
     ids = ReplyIds.fresh("msg", "_")  # the id is also the engine request id
     message_id = ids.reply_id
     model.require_ready()
-    plan = await agent_plan(app_state().toolbox, model.settings, chat_request(body), request_context)
+    plan = await mcp_plan(model, body)
     if plan is not None:
         return await agent_message(model, body, plan, message_id)
     job = await prepare_chat(model, chat_request(body), message_id)
@@ -150,6 +150,38 @@ async def message_stream(
 
 
 # -- the MCP connector: a server-side tool loop -----------------------------------------------------------
+# The chat `mcp` tool's fields, as the MCP connector names them (its errors name the request's own fields).
+CONNECTOR_FIELDS = {
+    "server_url": "url",
+    "server_label": "name",
+    "allowed_tools": "tool_configuration.allowed_tools",
+    "headers": "authorization_token",
+}
+
+
+async def mcp_plan(model: ModelHost, body: MessagesRequest) -> AgentPlan | None:
+    """The tool loop's plan of a body with `mcp_servers` (None without); its 4xx name the body's
+    fields (`mcp_servers.<i>.url`, ...)."""
+    if not body.mcp_servers:
+        return await agent_plan(app_state().toolbox, model.settings, chat_request(body), request_context)
+    if app_state().toolbox is None:
+        raise errors.invalid_request(
+            "'mcp_servers': this server runs no MCP servers (configure them with --mcp-servers-config, "
+            "or allow hosts a request may name with --mcp-allow-hosts)"
+        )
+    try:
+        return await agent_plan(app_state().toolbox, model.settings, chat_request(body), request_context)
+    except errors.APIError as exc:
+        field = exc.message.split("'")[1] if exc.message.startswith("'") else ""
+        if field not in CONNECTOR_FIELDS:
+            raise
+        names = [server.name for server in body.mcp_servers]
+        at = next((i for i, name in enumerate(names) if repr(name) in exc.message), None)
+        place = f"mcp_servers.{at}" if at is not None else "mcp_servers"
+        exc.message = f"'{place}.{CONNECTOR_FIELDS[field]}'" + exc.message[len(field) + 2 :]
+        raise
+
+
 async def agent_message(model: ModelHost, body: MessagesRequest, plan: AgentPlan, message_id: str) -> Any:
     """A message whose MCP servers Llamba runs (server/agents/loop.py): one message, or one stream, for
     the whole run, its MCP calls and results as mcp_tool_use and mcp_tool_result blocks."""
