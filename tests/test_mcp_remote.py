@@ -120,6 +120,17 @@ async def test_every_address_of_a_host_is_checked(patterns: list[str], host: str
         assert allowed
 
 
+def test_the_flag_takes_patterns_and_refuses_bad_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    from server.config.parse import parse_settings
+
+    assert parse_settings([])[0].mcp_allow_hosts == ()  # off by default
+    settings, _ = parse_settings(["--mcp-allow-hosts", "mcp.example.com, *.corp.example,10.0.0.0/8"])
+    assert settings.mcp_allow_hosts == ("mcp.example.com", "*.corp.example", "10.0.0.0/8")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_settings(["--mcp-allow-hosts", "http://x.example"])
+    assert exit_info.value.code == 2 and "--mcp-allow-hosts: 'http://x.example'" in capsys.readouterr().err
+
+
 # -- configured remote servers -------------------------------------------------------------------------
 async def test_a_remote_server_is_listed_and_called_with_its_header(shared: RemoteServer) -> None:
     server, before = shared, shared.stats()

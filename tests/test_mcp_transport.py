@@ -391,6 +391,23 @@ async def test_warm_up_skips_every_kind_of_broken_server_and_keeps_the_rest(tmp_
         await manager.stop()
 
 
+async def test_a_stdio_tool_added_at_run_time_appears_after_list_changed() -> None:
+    manager = McpManager([fixture("echo")])
+    manager.start()
+    await manager.wait_ready()
+    try:
+        assert manager.tool("echo_late") is None
+        assert (await manager.call(manager.tool("echo_grow"), {})).text == "grown"  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5  # liveness bound: the listing follows the notification
+        while manager.tool("echo_late") is None:
+            assert time.monotonic() < deadline, "echo_late was not listed"
+            await asyncio.sleep(0.02)
+        late = await manager.call(manager.tool("echo_late"), {})  # type: ignore[arg-type]
+        assert late.text == "late and here" and manager.tool("echo_echo") is not None
+    finally:
+        await manager.stop()
+
+
 async def test_manager_timeout_then_next_call_succeeds() -> None:
     manager = McpManager([fixture("slow", timeout_ms=300)])
     manager.start()
