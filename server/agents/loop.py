@@ -208,7 +208,7 @@ async def named_server_tools(mcp: Toolbox, spec: McpServerTool, limits: AgentLim
         raise errors.invalid_request(f"{where}: {said.removeprefix('Value error, ')}") from None
     except MCP_FAILURES as exc:
         raise errors.failed_dependency(
-            f"'server_url': the MCP server {spec.server_label!r} ({url}) could not list its tools: {exc}"
+            f"'server_url': the MCP server {spec.server_label!r} could not list its tools: {exc}"
         ) from None
 
 

@@ -151,3 +151,11 @@ def _host_name(text: str, pattern: str) -> str:
     if not text or any(not label or not all(c.isalnum() or c == "-" for c in label) for label in labels):
         raise ValueError(f"{pattern!r} is not a host name, *.domain, *, an IP address or a network (CIDR)")
     return text.rstrip(".")
+
+
+def shown_url(url: str) -> str:
+    """scheme://host[:port]/path of a URL: what may be logged or told of it."""
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx2
 
-from server.mcp.egress import HostPolicy, HostRefused, literal_address
+from server.mcp.egress import HostPolicy, HostRefused, literal_address, shown_url
 
 
 @dataclass
@@ -52,7 +52,9 @@ class GuardedTransport(httpx2.AsyncBaseTransport):
             host, port = self._policy.check_url(target)
             await self._policy.resolve(host, port)
         except HostRefused as exc:
-            self._record.refused = self._record.refused or f"the server redirected to {target}: {exc}"
+            self._record.refused = (
+                self._record.refused or f"the server redirected to {shown_url(target)}: {exc}"
+            )
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -41,7 +41,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from server.mcp.config import McpServerConfig
-from server.mcp.egress import HostPolicy, HostRefused
+from server.mcp.egress import HostPolicy, HostRefused, shown_url
 from server.mcp.guard import EgressRecord, guarded_client
 from server.mcp.jsonrpc import RpcError, RpcTimeout, TransportClosed
 
@@ -68,7 +68,8 @@ class RemoteSession:
         on_tools_changed: Callable[[], None] | None = None,
     ) -> None:
         assert config.url is not None
-        self.config, self.name, self.url = config, config.name, config.url
+        # The URL as logs and messages show it: without a query or credentials, which may hold secrets.
+        self.config, self.name, self.url = config, config.name, shown_url(config.url)
         self.protocol_version: str | None = None
         self.dead: str | None = None
         self._policy = policy
@@ -149,8 +150,8 @@ class RemoteSession:
             elif not self._stop.is_set():
                 log.warning("mcp.remote_lost", server=self.name, url=self.url, error=reason)
             self.dead = self.dead or reason
-            if isinstance(exc, asyncio.CancelledError) and self._stop.is_set():
-                return  # close() gave up waiting and cancelled us
+            if isinstance(exc, asyncio.CancelledError) and not self._stop.is_set():
+                raise  # cancelled from outside (the loop is ending): not a connection fault
         finally:
             self.dead = self.dead or "connection closed"
             self._lost.set()
