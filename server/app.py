@@ -30,7 +30,7 @@ from server.http.auth import install_auth
 from server.http.cors import install_cors
 from server.http.error_handlers import install_error_handlers
 from server.http.request_body import check_headers, read_whole_body
-from server.mcp import McpManager
+from server.mcp import HostPolicy, McpManager
 from server.model.host import ModelHost
 from server.model.sleep import IdleSleeper
 from server.state import AppState
@@ -99,14 +99,17 @@ def _install_sleep(app: Quart, model: ModelHost, idle_seconds: float) -> None:
 
 def _install_tools(app: Quart, settings: Settings) -> Toolbox | None:
     """/tools, the built-in tools and the MCP servers exist only when some are configured: /tools runs
-    code on this host."""
-    if not settings.mcp_servers and not settings.tools:
+    code on this host. --mcp-allow-hosts alone gives the tool loop its per-request MCP servers."""
+    if not settings.mcp_servers and not settings.tools and not settings.mcp_allow_hosts:
         return None
-    mcp = McpManager(settings.mcp_servers) if settings.mcp_servers else None
+    mcp = None
+    if settings.mcp_servers or settings.mcp_allow_hosts:
+        mcp = McpManager(settings.mcp_servers, policy=HostPolicy.parse(settings.mcp_allow_hosts))
     # The built-in tools' defaults: the server's own cwd, and --tools-runtime (checked while parsing).
     defaults = ToolContext.of(None, settings.tools_runtime, ToolContext(os.getcwd()))
     manager = Toolbox(mcp, BuiltinTools(settings.tools, defaults) if settings.tools else None)
-    app.register_blueprint(tools.bp)
+    if settings.mcp_servers or settings.tools:
+        app.register_blueprint(tools.bp)
 
     @app.before_serving
     async def start_mcp() -> None:

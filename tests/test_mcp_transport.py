@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -109,18 +110,51 @@ def test_config_reads_cursor_style_servers(tmp_path: Path) -> None:
         ("[]", "mcpServers"),
         ('{"servers": {}}', "mcpServers"),
         ('{"mcpServers": {"a": "python"}}', "mcpServers.a must be an object"),
-        ('{"mcpServers": {"a": {"args": []}}}', "mcpServers.a.command"),
+        ('{"mcpServers": {"a": {"args": []}}}', "mcpServers.a: give a 'command'"),
         ('{"mcpServers": {"a": {"command": ""}}}', "mcpServers.a.command"),
         ('{"mcpServers": {"a": {"command": "x", "args": "-v"}}}', "mcpServers.a.args"),
         ('{"mcpServers": {"a": {"command": "x", "args": [1]}}}', "mcpServers.a.args"),
         ('{"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}', "mcpServers.a.env"),
         ('{"mcpServers": {"a": {"command": "x", "timeout_ms": 0}}}', "mcpServers.a.timeout_ms"),
-        ('{"mcpServers": {"a": {"url": "http://localhost:1234/mcp"}}}', "only stdio servers"),
+        ('{"mcpServers": {"a": {"url": "ftp://h/mcp"}}}', "mcpServers.a: 'url' must be an http"),
+        ('{"mcpServers": {"a": {"url": "http://h/mcp", "type": "grpc"}}}', "mcpServers.a.type: 'grpc'"),
+        ('{"mcpServers": {"a": {"url": "http://h/mcp", "command": "x"}}}', "are for stdio servers"),
+        ('{"mcpServers": {"a": {"command": "x", "headers": {"A": "b"}}}}', "are for remote servers"),
+        ('{"mcpServers": {"a": {"type": "sse"}}}', "mcpServers.a: a sse server needs a 'url'"),
+        ('{"mcpServers": {"a": {"url": "http://h/mcp", "headers": {"A": 1}}}}', "mcpServers.a.headers.A"),
+        (
+            '{"mcpServers": {"a": {"url": "http://h/mcp", "headers": {"A": "${NO_SUCH_VAR_42}"}}}}',
+            "mcpServers.a.headers.A: the environment variable NO_SUCH_VAR_42 is not set",
+        ),
+        ('{"mcpServers": {"a": {"url": "http://h/", "connect_timeout_ms": 0}}}', "a.connect_timeout_ms"),
     ],
 )
 def test_config_defects_are_named(text: str, message: str) -> None:
     with pytest.raises(McpConfigError, match=message):
         parse_mcp_servers(text)
+
+
+def test_config_reads_remote_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMBA_TEST_TOKEN", "s3cret")
+    text = json.dumps({"mcpServers": {
+        "web": {"url": "https://mcp.example.com/mcp", "timeout_ms": 2000, "connect_timeout_ms": 500,
+                "headers": {"Authorization": "Bearer ${LLAMBA_TEST_TOKEN}"}},
+        "old": {"url": "http://127.0.0.1:9/sse"},
+        "typed": {"url": "http://127.0.0.1:9/events", "type": "sse"},
+        "http": {"url": "http://127.0.0.1:9/sse", "type": "http"},
+    }})  # fmt: skip
+    web, old, typed, http = parse_mcp_servers(text)
+    assert (web.transport, web.url, web.timeout_s, web.connect_timeout_s) == (
+        "streamable-http",
+        "https://mcp.example.com/mcp",
+        2.0,
+        0.5,
+    )
+    assert web.headers == {"Authorization": "Bearer s3cret"} and "s3cret" not in repr(web)
+    assert (web.remote, web.restart_cooldown_s) == (True, 0.0)  # a remote server is reconnected at once
+    assert [s.transport for s in (old, typed, http)] == ["sse", "sse", "streamable-http"]
+    (stdio,) = parse_mcp_servers('{"mcpServers": {"p": {"command": "x"}}}')
+    assert (stdio.remote, stdio.restart_cooldown_s) == (False, 5.0)
 
 
 def test_config_missing_file_and_duplicate_names(tmp_path: Path) -> None:
@@ -357,6 +391,23 @@ async def test_warm_up_skips_every_kind_of_broken_server_and_keeps_the_rest(tmp_
         assert cwd.text == str(tmp_path)
         failed = await manager.call(manager.tool("x_fail"), {})  # type: ignore[arg-type]
         assert failed.to_json() == {"error": "it went wrong"}
+    finally:
+        await manager.stop()
+
+
+async def test_a_stdio_tool_added_at_run_time_appears_after_list_changed() -> None:
+    manager = McpManager([fixture("echo")])
+    manager.start()
+    await manager.wait_ready()
+    try:
+        assert manager.tool("echo_late") is None
+        assert (await manager.call(manager.tool("echo_grow"), {})).text == "grown"  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5  # liveness bound: the listing follows the notification
+        while manager.tool("echo_late") is None:
+            assert time.monotonic() < deadline, "echo_late was not listed"
+            await asyncio.sleep(0.02)
+        late = await manager.call(manager.tool("echo_late"), {})  # type: ignore[arg-type]
+        assert late.text == "late and here" and manager.tool("echo_echo") is not None
     finally:
         await manager.stop()
 

@@ -295,11 +295,11 @@ BAD_BODIES = {
     "server_label": {"tools": [{"type": "mcp", "server_label": "nope"}], "tool_choice": None},
     "server_url": {"tools": [{**TIME, "server_url": "https://example.com/mcp"}]},
     "allowed_tools": {"tools": [{**TIME, "allowed_tools": ["no_such_tool"]}]},
-    "require_approval": {"tools": [{**TIME, "require_approval": "always"}]},
+    "require_approval": {"tools": [{**TIME, "require_approval": "sometimes"}]},
     "tool_choice": {"tool_choice": {"type": "mcp", "server_label": "crash", "name": "die"}},
     "tool_choice.name": {"tool_choice": {"type": "mcp", "server_label": "time"}},
     "max_tool_rounds": {"max_tool_rounds": 9},
-    "input.0.mcp_call.approval_request_id": {
+    "input.0.approval_request_id": {
         "input": [
             {
                 "type": "mcp_call",
@@ -314,6 +314,7 @@ BAD_BODIES = {
     "input.0": {
         "input": [{"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}]
     },
+    "headers": {"tools": [{**TIME, "headers": {"Authorization": "Bearer x"}}]},
 }
 
 
@@ -325,6 +326,57 @@ def test_bad_mcp_input_is_400_naming_the_field(srv: ServerProcess, field: str) -
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error" and field in error["message"], error
     assert busy_slots(srv) == 0
+
+
+# -- approvals ---------------------------------------------------------------------------------------------
+def test_a_call_that_needs_approval_ends_the_run_and_runs_once_approved(api: openai.OpenAI) -> None:
+    always = {**TIME, "require_approval": "always"}
+    asked = api.responses.create(**forced(tools=[always]))
+    assert asked.status == "completed"
+    assert [item.type for item in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
+    request = asked.output[1]
+    assert (request.server_label, request.name) == ("time", "get_current_time") and request.id.startswith(
+        "mcpr_"
+    )
+    answer = {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+    approved = api.responses.create(
+        model="any", previous_response_id=asked.id, input=[answer], tools=[always], tool_choice="none",
+        temperature=0, max_output_tokens=60,
+    )  # fmt: skip
+    assert [item.type for item in approved.output] == ["mcp_list_tools", "mcp_call", "message"]
+    call = approved.output[1]
+    assert call.approval_request_id == request.id and call.status == "completed"
+    check_real_time(call.output, json.loads(request.arguments))  # the approved arguments ran
+    again = api.responses.create(
+        model="any", previous_response_id=asked.id, input=[answer], tools=[always], tool_choice="none"
+    )  # the same request still waits in asked's conversation: it may be answered on another branch
+    assert again.output[1].type == "mcp_call"
+    with pytest.raises(openai.BadRequestError, match="input.0.approval_request_id"):
+        api.responses.create(model="any", previous_response_id=approved.id, input=[answer], tools=[always])
+
+
+def test_a_declined_call_is_not_run_and_the_model_is_told(api: openai.OpenAI) -> None:
+    filtered = {**TIME, "require_approval": {"always": {"tool_names": ["get_current_time"]}}}
+    asked = api.responses.create(**forced(tools=[filtered]))
+    request = asked.output[-1]
+    assert request.type == "mcp_approval_request"
+    answer = {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False,
+              "reason": "not now"}  # fmt: skip
+    declined = api.responses.create(
+        model="any", previous_response_id=asked.id, input=[answer], tools=[filtered], tool_choice="none",
+        temperature=0, max_output_tokens=30,
+    )  # fmt: skip
+    assert [item.type for item in declined.output] == ["mcp_list_tools", "message"]  # nothing ran
+    assert declined.status in ("completed", "incomplete")  # answered (or cut by max_output_tokens)
+    # The declined call has its result in the stored conversation now: it waits for nothing more.
+    with pytest.raises(openai.BadRequestError, match="input.0.approval_request_id"):
+        api.responses.create(model="any", previous_response_id=declined.id, input=[answer], tools=[filtered])
+    # A request left unanswered is declined too: the conversation goes on without running it.
+    moved_on = api.responses.create(
+        model="any", previous_response_id=asked.id, input="Never mind. Say hi.", tools=[filtered],
+        tool_choice="none", max_output_tokens=20,
+    )  # fmt: skip
+    assert [item.type for item in moved_on.output] == ["mcp_list_tools", "message"]
 
 
 def test_mcp_tools_without_mcp_servers_are_a_400(server: ServerProcess) -> None:

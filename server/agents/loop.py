@@ -2,9 +2,11 @@
 makes run by Llamba, their results fed back, and generation continued, round after round, as one request.
 
 A chat (or Responses) request names MCP servers with the Responses API's `mcp` tool (`{"type": "mcp",
-"server_label": ..., "allowed_tools": [...]}`, server/chat/tool_schemas.py). Their tools reach the model
-under the registry's names (`<server>_<tool>`, server/mcp/registry.py), next to the function tools the
-client declared.
+"server_label": ..., "allowed_tools": [...]}`, server/chat/tool_schemas.py): a configured server by its
+label, or a remote one by its `server_url` (with `headers`) when --mcp-allow-hosts admits the host
+(server/mcp/egress.py: a refused URL is a 400 naming server_url, and nothing is connected to). Their
+tools reach the model under the registry's names (`<server>_<tool>`, server/mcp/registry.py), next to
+the function tools the client declared.
 
 - Rounds. Each round is a new engine request (`EngineClient.events`) whose prompt is the previous one
   plus the model's calls and the tools' results, so the slot's cached prefix (or the host prompt cache)
@@ -15,7 +17,9 @@ client declared.
   holds) under the format's answer-only grammar (the generic JSON format's `{"response": ...}`), or, for
   formats without one, they are left out as with tool_choice "none".
 - The end. A round without MCP calls ends the run with its own finish reason. Calls of the client's own
-  function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran.
+  function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran;
+  so are calls that wait for the client's approval (`AgentPlan.approval`: the Responses API's
+  `require_approval`; `awaiting`), which are not run.
 - Calls. A Responses request's `max_tool_calls` bounds the MCP calls of the run (`AgentLimits.max_calls`):
   a call past it is not run (its result says so) and the next round may only answer.
 - Faults. A call that fails, times out, or whose server crashed becomes an error result the model reads
@@ -47,7 +51,8 @@ from server.chat.schemas import ChatCompletionRequest, ChatMessage
 from server.chat.tool_schemas import FunctionTool, McpServerTool, NamedToolChoice
 from server.config.settings import Settings
 from server.http import errors
-from server.mcp import ToolResult
+from server.mcp import MCP_FAILURES, HostRefused, McpServerConfig, McpTool, ToolResult
+from server.mcp.config import url_transport
 from server.model.host import ModelHost
 
 log = structlog.get_logger("agents")
@@ -76,6 +81,9 @@ class AgentPlan:
     definitions: tuple[FunctionTool, ...]  # the same tools as the function tools the model is shown
     limits: AgentLimits
     context: ToolContext | None = None  # the built-in tools' (the request's x-tool-cwd), else the server's
+    # The tools (by the name the model calls them) whose calls wait for the client's approval (Responses
+    # API: an mcp_approval_request item ends the run instead of the call).
+    approval: frozenset[str] = frozenset()
 
 
 def agent_limits(settings: Settings, body: ChatCompletionRequest) -> AgentLimits:
@@ -106,18 +114,35 @@ async def agent_plan(
     settings: Settings,
     body: ChatCompletionRequest,
     context: Callable[[], ToolContext | None] = lambda: None,
+    approvals: bool = False,
 ) -> AgentPlan | None:
-    """The plan of a request with `mcp` tools (None without): every problem a 4xx before any byte."""
+    """The plan of a request with `mcp` tools (None without): every problem a 4xx before any byte.
+    `approvals`: the API can ask the client to approve a call (the Responses API); elsewhere a
+    `require_approval` other than "never" is a 400, and a request-named server's calls run."""
     servers = body.mcp_tools()
     if not servers:
         return None
     if mcp is None:
         raise errors.invalid_request(
-            "'tools': mcp tools need MCP servers configured on this server (--mcp-servers-config) or "
-            "built-in tools (--tools)"
+            "'tools': mcp tools need MCP servers configured on this server (--mcp-servers-config), "
+            "hosts a request may name (--mcp-allow-hosts), or built-in tools (--tools)"
         )
     await mcp.wait_ready()  # bounded: the start-up warm-up has a timeout
-    tools = {tool.name: tool for spec in servers for tool in offered_tools(mcp, spec)}
+    limits = agent_limits(settings, body)
+    offered = [(spec, await offered_tools(mcp, spec, limits)) for spec in servers]
+    tools = {tool.name: tool for _, listed in offered for tool in listed}
+    asks = {
+        tool.name
+        for spec, listed in offered
+        if approvals or spec.require_approval not in (None, "never")
+        for tool in listed
+        if spec.needs_approval(tool.tool, bool(getattr(tool, "read_only", False)))
+    }
+    if asks and not approvals:
+        raise errors.invalid_request(
+            "'require_approval': only the Responses API can ask for approval (an mcp_approval_request); "
+            'give "never" to let the server run the calls'
+        )
     clash = sorted(tools.keys() & {t.function.name for t in body.function_tools()})
     if clash:
         raise errors.invalid_request(f"'tools': function tool {clash[0]!r} has an MCP tool's name")
@@ -126,25 +151,33 @@ async def agent_plan(
         named = choice.function.name
         if named not in tools and named not in {t.function.name for t in body.function_tools()}:
             raise errors.invalid_request(f"'tool_choice' names {named!r}, which is not among the tools")
-    definitions = tuple(d for d in (definition(t) for t in tools.values()) if d is not None)
+    about = {tool.name: spec.server_description for spec, listed in offered for tool in listed}
+    definitions = tuple(d for d in (definition(t, about[t.name]) for t in tools.values()) if d is not None)
     usable = {d.function.name: tools[d.function.name] for d in definitions}
-    return AgentPlan(usable, definitions, agent_limits(settings, body), context())
+    return AgentPlan(usable, definitions, limits, context(), frozenset(asks & usable.keys()))
 
 
-def offered_tools(mcp: Toolbox, spec: McpServerTool) -> list[Tool]:
-    """The tools of one `mcp` entry: its server's, narrowed by allowed_tools."""
+async def offered_tools(mcp: Toolbox, spec: McpServerTool, limits: AgentLimits) -> list[Tool]:
+    """The tools of one `mcp` entry: its server's (a configured one, or one the request names by
+    server_url), narrowed by allowed_tools."""
     label = spec.server_label
-    if label not in mcp.server_names():
-        known = ", ".join(mcp.server_names())
-        raise errors.invalid_request(f"'server_label': no MCP server {label!r} here (configured: {known})")
-    if spec.server_url is not None and spec.server_url not in (label, f"mcp://{label}"):
-        raise errors.invalid_request(
-            f"'server_url': only the configured MCP servers can be used; {spec.server_url!r} is not "
-            f"server {label!r} (give its name, or mcp://{label}, or leave server_url out)"
-        )
-    offered = mcp.server_tools(label)
-    if not offered:
-        raise errors.unavailable(f"MCP server {label!r} is not available: it did not start (see the log)")
+    if spec.is_remote():
+        offered: list[Tool] = list(await named_server_tools(mcp, spec, limits))
+    else:
+        if spec.headers is not None or spec.authorization is not None:
+            raise errors.invalid_request(
+                f"'headers': only a server named by server_url takes headers or authorization; the "
+                f"configured server {label!r} has its own"
+            )
+        if label not in mcp.server_names():
+            known = ", ".join(mcp.server_names())
+            raise errors.invalid_request(
+                f"'server_label': no MCP server {label!r} here (configured: {known}); a server of the "
+                "request's own needs its server_url"
+            )
+        offered = mcp.server_tools(label)
+        if not offered:
+            raise errors.unavailable(f"MCP server {label!r} is not available: it did not start (see the log)")
     names, read_only = spec.tool_filter()
     if names is not None:
         unknown = sorted(names - {t.tool for t in offered} - {t.name for t in offered})
@@ -152,16 +185,45 @@ def offered_tools(mcp: Toolbox, spec: McpServerTool) -> list[Tool]:
             raise errors.invalid_request(f"'allowed_tools': MCP server {label!r} has no tool {unknown[0]!r}")
         offered = [t for t in offered if t.tool in names or t.name in names]
     if read_only:
-        offered = [t for t in offered if t.read_only]
+        offered = [t for t in offered if getattr(t, "read_only", False)]
     if not offered:
         raise errors.invalid_request(f"'allowed_tools': no tool of MCP server {label!r} is left")
     return offered
 
 
-def definition(tool: Tool) -> FunctionTool | None:
-    """The tool as a function tool; None (logged) when its input schema is not a valid JSON schema."""
+async def named_server_tools(mcp: Toolbox, spec: McpServerTool, limits: AgentLimits) -> list[McpTool]:
+    """The tools of a server the request names by URL, listed over a connection of their own: a URL
+    --mcp-allow-hosts refuses (its host, an address it resolves to, a redirect) is a 400 naming
+    server_url, and no connection is made; a server that cannot be listed is a 424."""
+    url = spec.server_url or ""
     try:
-        return FunctionTool.model_validate(tool.to_json()["definition"])
+        config = McpServerConfig(
+            name=spec.server_label, transport=url_transport(url), url=url, headers=spec.request_headers(),
+            timeout_ms=max(1, round(limits.tool_timeout_s * 1000)),
+        )  # fmt: skip
+        return await mcp.list_named(config)
+    except (HostRefused, ValidationError) as exc:
+        said = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        where = f"'server_url' (server {spec.server_label!r})"
+        raise errors.invalid_request(f"{where}: {said.removeprefix('Value error, ')}") from None
+    except MCP_FAILURES as exc:
+        raise errors.failed_dependency(
+            f"'server_url': the MCP server {spec.server_label!r} could not list its tools: {exc}"
+        ) from None
+
+
+def definition(tool: Tool, about: str | None = None) -> FunctionTool | None:
+    """The tool as a function tool (`about`, its server's description, before its own); None (logged)
+    when its input schema is not a valid JSON schema."""
+    spec = tool.to_json()["definition"]
+    if about:
+        own = spec["function"].get("description")
+        spec = {
+            **spec,
+            "function": {**spec["function"], "description": f"{about}\n\n{own}" if own else about},
+        }
+    try:
+        return FunctionTool.model_validate(spec)
     except ValidationError as exc:
         log.warning("agents.tool_skipped", tool=tool.name, reason=str(exc.errors()[0]["msg"]))
         return None
@@ -236,6 +298,7 @@ class AgentRun:
         self.messages: list[dict[str, Any]] = []  # what the run added before its final message
         self.finish_reason = "stop"
         self.error: errors.APIError | None = None  # a later round could not be prepared
+        self.awaiting: list[ToolCall] = []  # MCP calls waiting for the client's approval (not run)
         self._first: ChatJob | None = None
         self._client_calls: list[ToolCall] = []
 
@@ -307,12 +370,14 @@ class AgentRun:
                 return
             current.executed = True
             self.messages.append(assistant_message(current.outcome, mine))
-            async with contextlib.aclosing(self.execute(mine)) as results:
+            self.awaiting = [c for c in mine if c.name in self.plan.approval]
+            ready = [c for c in mine if c.name not in self.plan.approval]
+            async with contextlib.aclosing(self.execute(ready)) as results:
                 async for result in results:
                     self.messages.append(result.message())
                     yield result
             self._client_calls = [c for c in calls if c.name not in self.plan.tools]
-            if self._client_calls:  # the client has calls of its own to answer: the run ends here
+            if self._client_calls or self.awaiting:  # the client has calls to answer or approve: the end
                 return
             index += 1
             job = await self.next_job(index)
@@ -346,22 +411,7 @@ class AgentRun:
                 task.cancel()
 
     async def call(self, call: ToolCall) -> ToolExecuted:
-        tool = self.plan.tools[call.name]
-        try:
-            arguments = json.loads(call.arguments or "{}")
-        except ValueError:
-            arguments = None
-        if not isinstance(arguments, dict):
-            return ToolExecuted.of(call, ToolResult(error="the arguments are not a JSON object"))
-        begin = time.monotonic()
-        try:
-            result = await self.mcp.call(tool, arguments, self.plan.limits.tool_timeout_s, self.plan.context)
-        except Exception as exc:  # never a 5xx: whatever went wrong, the model reads about it
-            log.exception("agents.tool_failed", tool=call.name)
-            result = ToolResult(error=f"tool '{call.name}' failed: {exc}")
-        seconds = round(time.monotonic() - begin, 3)
-        log.info("agents.tool_call", tool=call.name, seconds=seconds, error=result.error)
-        return ToolExecuted.of(call, result)
+        return await run_call(self.mcp, self.plan, call)
 
     # -- what the run produced ------------------------------------------------------------------------
     def final_outcome(self) -> Outcome:
@@ -398,6 +448,26 @@ class AgentRun:
             }
             for r in self.rounds
         ]
+
+
+async def run_call(mcp: Toolbox, plan: AgentPlan, call: ToolCall) -> ToolExecuted:
+    """One MCP call of the plan's tools, as the model reads its outcome (never an exception)."""
+    tool = plan.tools[call.name]
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        return ToolExecuted.of(call, ToolResult(error="the arguments are not a JSON object"))
+    begin = time.monotonic()
+    try:
+        result = await mcp.call(tool, arguments, plan.limits.tool_timeout_s, plan.context)
+    except Exception as exc:  # never a 5xx: whatever went wrong, the model reads about it
+        log.exception("agents.tool_failed", tool=call.name)
+        result = ToolResult(error=f"tool '{call.name}' failed: {exc}")
+    seconds = round(time.monotonic() - begin, 3)
+    log.info("agents.tool_call", tool=call.name, seconds=seconds, error=result.error)
+    return ToolExecuted.of(call, result)
 
 
 async def refused(call: ToolCall, cap: int) -> ToolExecuted:

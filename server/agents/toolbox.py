@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from server.builtin_tools import BUILTIN_LABEL, BuiltinTool, BuiltinTools, ToolContext
-from server.mcp import McpManager, McpTool, ToolResult
+from server.mcp import HostRefused, McpManager, McpServerConfig, McpTool, ToolResult
 
 Tool = McpTool | BuiltinTool
 
@@ -56,6 +56,14 @@ class Toolbox:
 
     def server_tools(self, server: str) -> list[Tool]:
         return [t for t in self.tools() if t.server == server]
+
+    async def list_named(self, config: McpServerConfig) -> list[McpTool]:
+        """The tools of a server a request names by URL (--mcp-allow-hosts; HostRefused without it)."""
+        if self.mcp is None:
+            raise HostRefused(
+                "this server connects to no client-named MCP server (--mcp-allow-hosts is not set)"
+            )
+        return await self.mcp.list_named(config)
 
     async def call(
         self, tool: Tool, arguments: dict[str, Any], timeout_s: float | None = None,

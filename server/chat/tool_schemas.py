@@ -4,7 +4,8 @@
   (`{"type": "text" | "json_object" | "json_schema"}`, with llama-server's `{"type": "json_object",
   "schema": ...}` too): at most one of them constrains a request.
 - `tools` (function tools: a name, a description, a JSON schema of the arguments; and MCP servers the
-  server runs itself, in the Responses API's `mcp` shape: server/agents/loop.py), `tool_choice` (`none`,
+  server runs itself, configured or named by URL, in the Responses API's `mcp` shape:
+  server/agents/loop.py), `tool_choice` (`none`,
   `auto`, `required` or a named function) and `parallel_tool_calls`.
 
 Every schema a client sends is checked against JSON Schema's meta-schema here (with
@@ -13,6 +14,7 @@ Every schema a client sends is checked against JSON Schema's meta-schema here (w
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -52,19 +54,65 @@ class AllowedTools(BaseModel):
     read_only: bool | None = None  # True: only the tools the MCP server marks read-only
 
 
-class McpServerTool(BaseModel):
-    """A configured MCP server offered to the model and run by Llamba (the Responses API's `mcp` tool).
+# Headers a client may not set on a request the server makes for it: HTTP's own framing and routing, and
+# the ones the MCP transports manage themselves.
+RESERVED_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+    "proxy-authorization", "proxy-connection", "mcp-session-id", "mcp-protocol-version", "last-event-id",
+})  # fmt: skip
+HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
 
-    Only servers from --mcp-servers-config can be named; approvals, headers and remote URLs are not
-    supported, so those fields are refused (an unknown field is a 400) rather than ignored."""
+
+class ApprovalFilter(BaseModel):
+    """The Responses API's filter form of `require_approval`: which tools always, or never, need it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    always: AllowedTools | None = None
+    never: AllowedTools | None = None
+
+
+class McpServerTool(BaseModel):
+    """An MCP server offered to the model and run by Llamba (the Responses API's `mcp` tool): a configured
+    one by its `server_label` (server_url, if given, is its name or `mcp://<name>`), or a remote one the
+    request names by `server_url`, with its `headers` (or `authorization`, a bearer token), when
+    --mcp-allow-hosts admits its host (server/agents/loop.py). `require_approval`: a configured server's
+    calls run as the model makes them unless it says otherwise; a request-named server's need the
+    client's approval unless it is "never" (OpenAI's default), which only the Responses API can ask for.
+    Anything else OpenAI's tool has (connector_id, ...) is refused as an unknown field, not ignored."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["mcp"]
-    server_label: str = Field(min_length=1)
-    server_url: str | None = None  # accepted only when it names the configured server (server/agents/loop.py)
+    server_label: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    server_url: str | None = None
+    server_description: str | None = None  # shown to the model before each of the server's tools'
+    headers: dict[str, str] | None = Field(default=None, repr=False)
+    authorization: str | None = Field(default=None, repr=False)
     allowed_tools: list[str] | AllowedTools | None = None
-    require_approval: Literal["never"] | None = None  # Llamba never asks: calls run as the model makes them
+    require_approval: Literal["always", "never"] | ApprovalFilter | None = None
+
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for name, value in (v or {}).items():
+            if not re.match(HEADER_NAME, name) or name.lower() in RESERVED_HEADERS:
+                raise ValueError(f"{name!r} cannot be sent (not a header name, or one the server sets)")
+            if any(c in value for c in "\r\n\0"):
+                raise ValueError(f"the value of {name!r} has a line break or a NUL")
+        return v
+
+    def is_remote(self) -> bool:
+        """Whether the request names the server by a URL (not a configured server)."""
+        url = self.server_url
+        return url is not None and url not in (self.server_label, f"mcp://{self.server_label}")
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers of a request-named server: `headers`, and `authorization` as a bearer token."""
+        headers = dict(self.headers or {})
+        if self.authorization is not None:
+            headers["Authorization"] = f"Bearer {self.authorization}"
+        return headers
 
     def tool_filter(self) -> tuple[set[str] | None, bool]:
         """(the tool names allowed, None for all; read-only tools only)."""
@@ -73,6 +121,45 @@ class McpServerTool(BaseModel):
             names = None if allowed.tool_names is None else set(allowed.tool_names)
             return names, bool(allowed.read_only)
         return (None if allowed is None else set(allowed)), False
+
+    def needs_approval(self, tool: str, read_only: bool) -> bool:
+        """Whether a call of `tool` (the server's own name for it) waits for the client's approval."""
+        rule = self.require_approval
+        if rule is None:
+            return self.is_remote()
+        if isinstance(rule, str):
+            return rule == "always"
+        if rule.never is not None and _matches(rule.never, tool, read_only):
+            return False
+        if rule.always is not None:
+            return _matches(rule.always, tool, read_only)
+        return self.is_remote()
+
+
+def without_secrets(body: Any) -> Any:
+    """A request body without the secrets of the MCP servers it names (an `mcp` tool's headers and
+    authorization, an Anthropic `mcp_servers` entry's authorization_token), for anything kept on disk."""
+    if not isinstance(body, dict):
+        return body
+    kept = dict(body)
+    if isinstance(body.get("tools"), list):
+        kept["tools"] = [
+            {k: v for k, v in t.items() if k not in ("headers", "authorization")}
+            if isinstance(t, dict) and t.get("type") == "mcp"
+            else t
+            for t in body["tools"]
+        ]
+    if isinstance(body.get("mcp_servers"), list):
+        kept["mcp_servers"] = [
+            {k: v for k, v in s.items() if k != "authorization_token"} if isinstance(s, dict) else s
+            for s in body["mcp_servers"]
+        ]
+    return kept
+
+
+def _matches(spec: AllowedTools, tool: str, read_only: bool) -> bool:
+    named = spec.tool_names is None or tool in spec.tool_names
+    return named and (not spec.read_only or read_only)
 
 
 Tool = Annotated[FunctionTool | McpServerTool, Field(discriminator="type")]

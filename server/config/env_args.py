@@ -38,6 +38,7 @@ LLAMBA_ENV: tuple[LlamaServerFlag, ...] = (
     F(("--tool-max-rounds",), "N", "LLAMA_ARG_TOOL_MAX_ROUNDS", "implemented"),
     F(("--tool-timeout",), "N", "LLAMA_ARG_TOOL_TIMEOUT", "implemented"),
     F(("--tool-max-tokens",), "N", "LLAMA_ARG_TOOL_MAX_TOKENS", "implemented"),
+    F(("--mcp-allow-hosts",), "PATTERNS", "LLAMA_ARG_MCP_ALLOW_HOSTS", "implemented"),
 )
 
 

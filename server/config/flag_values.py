@@ -19,6 +19,7 @@ from engine.speculative import SPEC_TYPES, SpecParams
 from server.builtin_tools import BadContext, Runtime, parse_tool_names
 from server.config.json_schema import check_schema
 from server.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
+from server.mcp.egress import HostPolicy
 
 
 def api_keys(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
@@ -47,6 +48,17 @@ def mcp_servers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
         return load_mcp_servers(args.mcp_servers_config, args.mcp_servers_json)
     except McpConfigError as exc:
         parser.error(str(exc))
+
+
+def mcp_allow_hosts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
+    """--mcp-allow-hosts, comma-separated; a pattern that is no host, wildcard, address or network
+    exits 2 naming it."""
+    patterns = tuple(p.strip() for p in (args.mcp_allow_hosts or "").split(",") if p.strip())
+    try:
+        HostPolicy.parse(patterns)
+    except ValueError as exc:
+        parser.error(f"--mcp-allow-hosts: {exc}")
+    return patterns
 
 
 def cors_origins(value: str | None) -> tuple[str, ...] | None:

@@ -272,6 +272,10 @@ def _tool_flags(p: argparse.ArgumentParser) -> None:
     add = p.add_argument_group("streams and tools").add_argument
     add("--mcp-servers-config", default=None, help='JSON file {"mcpServers": {...}}')
     add("--mcp-servers-json", default=None, help="the same JSON, inline")
+    add("--mcp-allow-hosts", default=None, metavar="PATTERNS",
+        help="the hosts a request's MCP server_url may name (none by default: per-request MCP servers are "
+        "off): comma-separated host names, *.domain, *, IP addresses or CIDR networks; a loopback, "
+        "private or link-local address only when an address, network or exact name lists it")  # fmt: skip
     add("--cors-origins", default=None, help="comma-separated allowed origins, or *")
     add("--tools", default=None, metavar="TOOL1,TOOL2,...",
         help="built-in tools served at /tools: all, or names (read_file, file_glob_search, "

@@ -54,6 +54,7 @@ def _settings_values(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     values = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     values.update(api_keys=keys, chat_template=template, slot_similarity=args.slot_prompt_similarity)
     values["mcp_servers"] = flag_values.mcp_servers(parser, args)
+    values["mcp_allow_hosts"] = flag_values.mcp_allow_hosts(parser, args)
     values["cors_origins"] = flag_values.cors_origins(args.cors_origins)
     values.update(flag_values.tool_settings(parser, args))
     values["api_prefix"] = flag_values.api_prefix(parser, args.api_prefix)

@@ -108,6 +108,9 @@ class Settings(BaseModel):
     # -- tools and agents -----------------------------------------------------------------------------
     # MCP servers, validated while parsing: a bad config stops the server before it ever answers.
     mcp_servers: tuple[McpServerConfig, ...] = ()
+    # --mcp-allow-hosts: the hosts a request may make this server connect to as an MCP server (its
+    # `server_url`); none: per-request MCP servers are refused (server/mcp/egress.py checks every request).
+    mcp_allow_hosts: tuple[str, ...] = ()
     # The server-side tool loop (server/agents/loop.py): rounds of MCP calls per request, seconds per call
     # (each server's own timeout_ms still applies when it is shorter), tokens a run generates (-1: any).
     tool_max_rounds: int = 8

@@ -45,6 +45,11 @@ def internal(exc: Exception) -> APIError:
     return APIError(500, f"internal error: {exc}", "server_error")
 
 
+def failed_dependency(message: str) -> APIError:
+    """424: a server the request named (an MCP server_url) could not be used; OpenAI's status for it."""
+    return APIError(424, message, "external_connector_error")
+
+
 def not_supported(message: str) -> APIError:
     return APIError(501, message, "not_supported_error")
 

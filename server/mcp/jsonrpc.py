@@ -6,7 +6,8 @@ other end (server/mcp/transport.py spawns, watches and stops the process). Its r
 - replies are matched by id through a table of pending futures; a reply nobody waits for (its call timed
   out) is dropped, a notification (no id) is never taken for a reply, and `id: 0` is an id like any other;
 - a call that times out or is cancelled is cancelled on the server too (`notifications/cancelled`);
-- requests from the server are answered: `ping`, and an error for everything else;
+- requests from the server are answered: `ping`, and an error for everything else; notifications are
+  kept (the newest few) and handed to `on_notification`;
 - a write waits while the pipe is full (back-pressure), under the call's timeout.
 """
 
@@ -99,6 +100,8 @@ class RpcChannel:
         self.stdin: asyncio.WriteTransport | None = None
         self.stdin_lost = False
         self.dead: str | None = None
+        # Called with each notification the server sends (server/mcp/stdio.py: tools/list_changed).
+        self.on_notification: Callable[[dict[str, Any]], None] | None = None
         self._is_alive = is_alive
         self._stdout = LineFramer()
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -235,6 +238,8 @@ class RpcChannel:
             self.unsolicited_dropped += 1
         self.unsolicited.append(message)
         log.debug("mcp.notification", server=self.name, method=message.get("method"))
+        if self.on_notification is not None:
+            self.on_notification(message)
 
     def _answer_server_request(self, message: dict[str, Any]) -> None:
         """Requests from the server to us: answer `ping`, refuse the rest (we offer no client features)."""

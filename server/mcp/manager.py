@@ -1,32 +1,51 @@
-"""The MCP servers of one Llamba process: warm-up, tool calls, respawn after a crash, shutdown."""
+"""The MCP servers of one Llamba process: warm-up, tool calls, restart (or reconnection) after a fault,
+tool lists kept current, shutdown; and the client-named servers of single requests.
+
+A configured server is a stdio process (server/mcp/stdio.py) or a remote server (server/mcp/remote.py);
+the manager treats both alike. A server that crashes, drops its connection or answers garbage fails
+the calls in flight with an error result, and the next call starts (or connects) it again, no sooner
+than its restart cooldown allows. `notifications/tools/list_changed`, and any restart, make the
+manager list the server's tools again.
+
+A client-named server (a request's `server_url`, allowed by `--mcp-allow-hosts`: server/mcp/egress.py)
+gets a connection of its own for each operation, listing its tools or calling one, closed after it:
+its headers are the request's, and no session outlives the request that named it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from server.mcp.config import McpServerConfig
+from server.mcp.egress import HostPolicy, HostRefused
 from server.mcp.jsonrpc import RpcError, RpcTimeout, TransportClosed
-from server.mcp.registry import McpTool, ToolRegistry, result_text
-from server.mcp.transport import StdioTransport
+from server.mcp.registry import McpTool, ToolRegistry, parse_tool, result_text
+from server.mcp.stdio import StdioSession
+
+if TYPE_CHECKING:
+    from server.mcp.remote import RemoteSession
+
+    Session = StdioSession | RemoteSession
 
 log = structlog.get_logger("mcp")
 
-PROTOCOL_VERSION = "2025-06-18"
-CLIENT_INFO = {"name": "llamba", "version": "0.1.0"}
 # A server that cannot list its tools within this at start-up is skipped (its own timeout may be longer).
 WARMUP_TIMEOUT_S = 10.0
-MAX_LIST_PAGES = 100
 
 
 class Unavailable(Exception):
     """The server is down and may not be respawned yet (cooldown), or Llamba is shutting down."""
+
+
+# What listing or calling a server can fail with, besides HostRefused (a URL the policy refuses).
+MCP_FAILURES = (TransportClosed, RpcTimeout, RpcError, Unavailable, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -44,9 +63,21 @@ class ToolResult:
 @dataclass
 class _Server:
     config: McpServerConfig
-    transport: StdioTransport | None = None
+    session: Session | None = None
     last_spawn: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tools: list[Any] = field(default_factory=list)  # its last tools/list
+    stale: bool = False  # the tools changed since they were listed
+    refresh: asyncio.Task[None] | None = None
+
+
+def new_session(config: McpServerConfig, **kwargs: Any) -> Session:
+    """The session kind of a server; the SDK is loaded only once a remote server is used."""
+    if not config.remote:
+        return StdioSession(config, kwargs.get("on_tools_changed"))
+    from server.mcp.remote import RemoteSession
+
+    return RemoteSession(config, **kwargs)
 
 
 class McpManager:
@@ -54,10 +85,12 @@ class McpManager:
         self,
         configs: Sequence[McpServerConfig],
         *,
+        policy: HostPolicy | None = None,
         warmup_timeout_s: float = WARMUP_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._servers = {c.name: _Server(c) for c in configs}
+        self.policy = policy or HostPolicy()
         self._warmup_timeout_s = warmup_timeout_s
         self._clock = clock
         self._registry = ToolRegistry()
@@ -87,39 +120,43 @@ class McpManager:
 
     async def _stop(self) -> None:
         self._stopping = True
-        if self._warmup is not None and not self._warmup.done():
-            self._warmup.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._warmup
-        transports = [s.transport for s in self._servers.values() if s.transport is not None]
+        tasks = [s.refresh for s in self._servers.values() if s.refresh is not None]
+        for task in [self._warmup, *tasks]:
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        sessions = [s.session for s in self._servers.values() if s.session is not None]
         begin = self._clock()
-        await asyncio.gather(*(t.close("Llamba is shutting down") for t in transports))
-        if transports:
-            log.info("mcp.stopped", servers=len(transports), seconds=round(self._clock() - begin, 3))
+        await asyncio.gather(*(s.close("Llamba is shutting down") for s in sessions))
+        if sessions:
+            log.info("mcp.stopped", servers=len(sessions), seconds=round(self._clock() - begin, 3))
         self._ready.set()  # nobody waits forever on a warm-up that will not happen
 
     async def _warm_up_all(self) -> None:
         try:
             servers = list(self._servers.values())
             listed = await asyncio.gather(*(self._warm_up(s) for s in servers))
-            # Registered in config order, whatever order the servers answered in: collisions are stable.
             for server, tools in zip(servers, listed, strict=True):
-                if tools is not None:
-                    added = self._registry.add_server(server.config.name, tools)
-                    log.info("mcp.server_ready", server=server.config.name, tools=added)
+                server.tools = tools or []
+            self._rebuild()
+            for server in servers:
+                if server.tools:
+                    name = server.config.name
+                    log.info("mcp.server_ready", server=name, tools=len(self.server_tools(name)))
         finally:
             self._ready.set()
 
     async def _warm_up(self, server: _Server) -> list[Any] | None:
-        timeout_s = min(server.config.timeout_s, self._warmup_timeout_s)
+        timeout_s = min(server.config.start_timeout_s, self._warmup_timeout_s)
         try:
             async with asyncio.timeout(timeout_s):
-                transport = await self._spawn(server, timeout_s)
-                tools = await _list_tools(transport, timeout_s)
+                session = await self._spawn(server)
+                tools = await session.list_tools(server.config.timeout_s)
         except Exception as exc:  # whatever went wrong, this server is skipped and the others go on
-            stderr = server.transport.stderr_text() if server.transport else ""
+            detail = server.session.detail() if server.session else ""
             log.warning("mcp.warmup_failed", server=server.config.name, error=str(exc) or "timed out",
-                        stderr=stderr or None)  # fmt: skip
+                        stderr=detail or None)  # fmt: skip
             await self._discard(server)
             return None
         if not tools:
@@ -141,38 +178,74 @@ class McpManager:
         """The tools a server offers (empty for a server that failed to start, or an unknown name)."""
         return [t for t in self._registry.all() if t.server == server]
 
+    def _rebuild(self) -> None:
+        """The registry from every server's last listing, in config order (collisions stay stable)."""
+        self._registry = ToolRegistry.of((s.config.name, s.tools) for s in self._servers.values())
+
+    def _tools_changed(self, server: _Server) -> None:
+        """The server's tools changed (or it was restarted): list them again, in the background; a
+        change announced during a listing makes one more."""
+        server.stale = True
+        if not self._stopping and (server.refresh is None or server.refresh.done()):
+            server.refresh = asyncio.get_running_loop().create_task(self._refresh(server))
+
+    async def _refresh(self, server: _Server) -> None:
+        while server.stale and not self._stopping:
+            server.stale = False
+            session = server.session
+            if session is None or not session.alive:
+                return
+            try:
+                tools = await session.list_tools(server.config.timeout_s)
+            except Exception as exc:
+                log.warning("mcp.refresh_failed", server=server.config.name, error=str(exc) or "timed out")
+                return
+            server.tools = tools
+            self._rebuild()
+            name = server.config.name
+            log.info("mcp.tools_listed", server=name, tools=len(self.server_tools(name)))
+
+    # -- calls ----------------------------------------------------------------------------------------
     async def call(
         self, tool: McpTool, arguments: dict[str, Any], timeout_s: float | None = None
     ) -> ToolResult:
         """Invoke a tool. Every failure of the server becomes an error result, never an exception.
         `timeout_s` may shorten the server's own timeout for this call, never lengthen it."""
-        server = self._servers[tool.server]
-        timeout_s = min(server.config.timeout_s, timeout_s or server.config.timeout_s)
-        try:
-            transport = await self._running(server)
-            result = await transport.request(
-                "tools/call", {"name": tool.tool, "arguments": arguments}, timeout_s=timeout_s
-            )
-        except RpcTimeout:
-            return ToolResult(error=f"tool '{tool.name}' timed out after {round(timeout_s * 1000)} ms")
-        except RpcError as exc:
-            return ToolResult(error=f"tool '{tool.name}' failed: {exc.message}")
-        except (TransportClosed, Unavailable, TimeoutError) as exc:
-            return ToolResult(error=str(exc) or f"MCP server '{tool.server}' did not start in time")
-        text, error = result_text(result)
-        return ToolResult(text=text, error=error)
+        config = tool.remote or self._servers[tool.server].config
+        timeout_s = min(config.timeout_s, timeout_s or config.timeout_s)
 
-    async def _running(self, server: _Server) -> StdioTransport:
-        """The server's live transport, respawning a dead one unless its cooldown forbids it."""
-        transport = server.transport
-        if transport is not None and transport.alive and not self._stopping:
-            return transport
-        async with server.lock:  # concurrent calls to a dead server respawn it once
+        async def configured() -> Any:
+            session = await self._running(self._servers[tool.server])
+            return await session.call_tool(tool.tool, arguments, timeout_s)
+
+        async def named(session: Session) -> Any:
+            return await session.call_tool(tool.tool, arguments, timeout_s)
+
+        call = configured() if tool.remote is None else once(self.policy, config, named)
+        return await _outcome(tool, timeout_s, call)
+
+    async def list_named(self, config: McpServerConfig) -> list[McpTool]:
+        """The tools of a client-named server, over a connection of their own. Raises HostRefused
+        (before any connection) when the policy refuses its URL, and one of MCP_FAILURES when it
+        cannot be listed."""
+
+        async def listing(session: Session) -> list[Any]:
+            return await session.list_tools(config.timeout_s)
+
+        raw = await once(self.policy, config, listing)
+        return [t for t in (parse_tool(config.name, entry, remote=config) for entry in raw) if t is not None]
+
+    async def _running(self, server: _Server) -> Session:
+        """The server's live session, restarting (reconnecting) a dead one unless its cooldown forbids."""
+        session = server.session
+        if session is not None and session.alive and not self._stopping:
+            return session
+        async with server.lock:  # concurrent calls to a dead server restart it once
             if self._stopping:
                 raise Unavailable("Llamba is shutting down")
-            transport = server.transport
-            if transport is not None and transport.alive:
-                return transport
+            session = server.session
+            if session is not None and session.alive:
+                return session
             await self._discard(server)
             name, cooldown = server.config.name, server.config.restart_cooldown_s
             wait = (server.last_spawn or float("-inf")) + cooldown - self._clock()
@@ -180,42 +253,54 @@ class McpManager:
                 raise Unavailable(f"MCP server '{name}' is down; it may be restarted in {wait:.1f} s")
             log.warning("mcp.server_respawn", server=name)
             try:
-                async with asyncio.timeout(server.config.timeout_s):
-                    return await self._spawn(server, server.config.timeout_s)
+                async with asyncio.timeout(server.config.start_timeout_s):
+                    session = await self._spawn(server)
             except BaseException:
                 await self._discard(server)  # never keep a server that did not finish its handshake
                 raise
+            self._tools_changed(server)  # it may offer other tools now
+            return session
 
-    async def _spawn(self, server: _Server, timeout_s: float) -> StdioTransport:
-        """Start the process and run the MCP handshake: initialize, then notifications/initialized."""
+    async def _spawn(self, server: _Server) -> Session:
+        """Start the process (or connect) and run the MCP handshake."""
         server.last_spawn = self._clock()
-        transport = await StdioTransport.spawn(server.config)
-        server.transport = transport
-        if self._stopping:  # stop() began while the process was being created: it must not outlive us
+        changed = lambda: self._tools_changed(server)  # noqa: E731
+        session = server.session = new_session(server.config, on_tools_changed=changed)
+        await session.start()
+        if self._stopping:  # stop() began meanwhile: the session must not outlive us
             await self._discard(server)
             raise Unavailable("Llamba is shutting down")
-        params = {"protocolVersion": PROTOCOL_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO}
-        await transport.request("initialize", params, timeout_s=timeout_s)
-        await transport.notify("notifications/initialized")
-        return transport
+        return session
 
     async def _discard(self, server: _Server) -> None:
-        transport, server.transport = server.transport, None
-        if transport is not None:
-            await transport.close()
+        session, server.session = server.session, None
+        if session is not None:
+            await session.close()
 
 
-async def _list_tools(transport: StdioTransport, timeout_s: float) -> list[Any]:
-    tools: list[Any] = []
-    cursor: str | None = None
-    for _ in range(MAX_LIST_PAGES):
-        page = await transport.request(
-            "tools/list", {"cursor": cursor} if cursor else None, timeout_s=timeout_s
-        )
-        if not isinstance(page, dict) or not isinstance(page.get("tools", []), list):
-            raise RpcError(None, "malformed tools/list result")
-        tools.extend(page.get("tools", []))
-        cursor = page.get("nextCursor")
-        if not isinstance(cursor, str) or not cursor:
-            break
-    return tools
+async def once(
+    policy: HostPolicy, config: McpServerConfig, operation: Callable[[Session], Awaitable[Any]]
+) -> Any:
+    """One operation on a client-named server: the URL checked (and its host resolved) first, then a
+    connection made through the egress guard, used, and closed."""
+    await policy.resolve(*policy.check_url(config.url or ""))
+    session = new_session(config, policy=policy)
+    try:
+        await session.start()
+        return await operation(session)
+    finally:
+        await session.close("done")
+
+
+async def _outcome(tool: McpTool, timeout_s: float, call: Awaitable[Any]) -> ToolResult:
+    """A tools/call's result, or its failure as an error result."""
+    try:
+        result = await call
+    except RpcTimeout:
+        return ToolResult(error=f"tool '{tool.name}' timed out after {round(timeout_s * 1000)} ms")
+    except RpcError as exc:
+        return ToolResult(error=f"tool '{tool.name}' failed: {exc.message}")
+    except (TransportClosed, Unavailable, TimeoutError, HostRefused) as exc:
+        return ToolResult(error=str(exc) or f"MCP server '{tool.server}' did not start in time")
+    text, error = result_text(result)
+    return ToolResult(text=text, error=error)

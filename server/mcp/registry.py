@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+
+from server.mcp.config import McpServerConfig
 
 log = structlog.get_logger("mcp")
 
@@ -24,6 +27,8 @@ class McpTool:
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     title: str | None = None
     read_only: bool = False
+    # A client-named server's tool (a request's `server_url`): where to call it, with its headers.
+    remote: McpServerConfig | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """One entry of GET /tools (llama-server's shape); `definition` is an OpenAI `tools[]` entry."""
@@ -47,7 +52,7 @@ class McpTool:
         }
 
 
-def parse_tool(server: str, raw: Any) -> McpTool | None:
+def parse_tool(server: str, raw: Any, remote: McpServerConfig | None = None) -> McpTool | None:
     """An entry of a `tools/list` result, or None (logged) when it cannot be exposed."""
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
         log.warning("mcp.tool_skipped", server=server, reason="entry without a name", entry=str(raw)[:200])
@@ -67,6 +72,7 @@ def parse_tool(server: str, raw: Any) -> McpTool | None:
         parameters=schema if isinstance(schema, dict) else {"type": "object", "properties": {}},
         title=title if isinstance(title, str) else None,
         read_only=annotations.get("readOnlyHint") is True,
+        remote=remote,
     )
 
 
@@ -75,6 +81,14 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, McpTool] = {}
+
+    @classmethod
+    def of(cls, listed: Iterable[tuple[str, list[Any]]]) -> ToolRegistry:
+        """The registry of the servers' listings, in the order given (the first of two names wins)."""
+        registry = cls()
+        for server, raw_tools in listed:
+            registry.add_server(server, raw_tools)
+        return registry
 
     def add_server(self, server: str, raw_tools: list[Any]) -> int:
         added = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from server.chat.tool_schemas import without_secrets
 from server.http import sse
 from server.http.auth import request_client, request_owner
 from server.http.request_body import json_body
@@ -39,5 +40,6 @@ async def stream_recipe(route: str, ids: ReplyIds, deterministic: bool) -> Recip
     --stream-journal): `route` names its regenerator (server/app.py), the body is the request's own."""
     if sessions().journals is None:
         return None
-    body = await json_body()  # the body as received; it passed the route's validation
+    # The body as received (it passed the route's validation), less the secrets of its MCP servers.
+    body = without_secrets(await json_body())
     return Recipe(route, body, ids, deterministic, str(current_model().settings.model))

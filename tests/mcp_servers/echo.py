@@ -1,4 +1,5 @@
-"""echo / add / fail / pid, plus env, cwd, stdin-closing and stderr-flooding tools.
+"""echo / add / fail / pid, plus env, cwd, stdin-closing and stderr-flooding tools, and `grow`, which
+adds the tool `late` and sends `notifications/tools/list_changed`.
 
 `--rename OLD=NEW` exposes a tool under another name (to build name collisions).
 """
@@ -29,12 +30,19 @@ def stderr_flood(_: FixtureServer, args: dict[str, Any], __: Any) -> Any:
     return "flooded"
 
 
+def grow(server: FixtureServer, _: dict[str, Any], __: Any) -> Any:
+    server.tools["late"] = Tool("Added at run time.", lambda *_: "late and here")
+    server.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    return "grown"
+
+
 def main() -> None:
     tools = echo_tools()
     tools["env"] = Tool("An environment variable.", lambda _, a, __: os.environ.get(a["name"], "<unset>"))
     tools["cwd"] = Tool("The working directory.", lambda *_: os.getcwd())
     tools["close_stdin"] = Tool("Close stdin and keep running.", lambda *_: "stdin closed")
     tools["stderr_flood"] = Tool("Write about a MiB to stderr.", stderr_flood)
+    tools["grow"] = Tool("Add the tool late, and say so.", grow)
     args = sys.argv[1:]
     for flag, value in zip(args, args[1:], strict=False):
         if flag == "--rename":

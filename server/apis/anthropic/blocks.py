@@ -3,15 +3,19 @@ whole message's content at the end (the same blocks, so a stream and a whole rep
 
 Blocks follow each other as the generation's parts do: a `thinking` block while reasoning streams, a
 `text` block for the answer, a `tool_use` block per call. One block is open at a time; a part of
-another kind closes it and opens the next, as Anthropic's streams do.
+another kind closes it and opens the next, as Anthropic's streams do. In a server-side tool loop (the
+MCP connector's `mcp_servers`), a call of an MCP tool is an `mcp_tool_use` block (the server's own tool
+name, its `server_name`) and its result an `mcp_tool_result` block, told whole once the call ran.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from engine.api import TokenEvent, ToolCallDelta
+from server.agents.loop import ToolExecuted
 
 StreamEvent = tuple[str, dict[str, Any]]  # (the SSE event name, its payload)
 
@@ -19,7 +23,8 @@ StreamEvent = tuple[str, dict[str, Any]]  # (the SSE event name, its payload)
 class ContentBlocks:
     """The blocks of one message, fed token events in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, mcp_tools: Mapping[str, Any] | None = None) -> None:
+        self.mcp_tools = mcp_tools or {}  # a tool loop's MCP tools, by the name the model calls them
         self.blocks: list[dict[str, Any]] = []
         self._open: int | None = None  # the index of the open block
         self._arguments: dict[int, str] = {}  # a tool_use block's input as JSON text so far
@@ -61,7 +66,15 @@ class ContentBlocks:
 
     @property
     def has_tool_use(self) -> bool:
-        return bool(self._call_blocks)
+        """Whether the message ends with calls for the client to answer (not the MCP calls run here)."""
+        return any(self.blocks[i]["type"] == "tool_use" for i in self._call_blocks.values())
+
+    def tool_result(self, executed: ToolExecuted) -> list[StreamEvent]:
+        """An MCP call's result, as an `mcp_tool_result` block told whole."""
+        text = executed.content.removeprefix("Error: ") if executed.is_error else executed.content
+        block = {"type": "mcp_tool_result", "tool_use_id": executed.call.id, "is_error": executed.is_error,
+                 "content": [{"type": "text", "text": text}]}  # fmt: skip
+        return [*self._start(block), *self.close()]
 
     def _start(self, block: dict[str, Any]) -> list[StreamEvent]:
         out = self.close()
@@ -84,9 +97,17 @@ class ContentBlocks:
     def _tool_step(self, step: ToolCallDelta) -> list[StreamEvent]:
         out: list[StreamEvent] = []
         if step.index not in self._call_blocks:
-            out += self._start(
-                {"type": "tool_use", "id": step.id or "", "name": step.name or "", "input": {}}
-            )
+            tool = self.mcp_tools.get(step.name or "")
+            if tool is not None:
+                block = {
+                    "type": "mcp_tool_use",
+                    "id": step.id or "",
+                    "name": tool.tool,
+                    "server_name": tool.server,
+                }
+            else:
+                block = {"type": "tool_use", "id": step.id or "", "name": step.name or ""}
+            out += self._start(block | {"input": {}})
             self._call_blocks[step.index] = len(self.blocks) - 1
             self._arguments[len(self.blocks) - 1] = ""
         index = self._call_blocks[step.index]

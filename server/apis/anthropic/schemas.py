@@ -3,8 +3,10 @@
 `/v1/messages` and `/v1/messages/count_tokens` validate here (a 400 naming the field, in Anthropic's
 error shape), then `to_chat` turns the body into the `ChatCompletionRequest` the one generation path
 takes: `system` first, text blocks as content, `tool_use` blocks as the assistant's tool calls,
-`tool_result` blocks as tool messages, `thinking` blocks as reasoning; tools, tool_choice,
-stop_sequences, thinking and output_config onto their chat fields.
+`tool_result` blocks as tool messages, `thinking` blocks as reasoning, the MCP connector's
+`mcp_tool_use` and `mcp_tool_result` blocks as a call and its result; tools, tool_choice,
+stop_sequences, thinking and output_config onto their chat fields, and `mcp_servers` (the MCP connector)
+as `mcp` tools, run by the server-side tool loop.
 """
 
 from __future__ import annotations
@@ -97,6 +99,33 @@ class ToolResultBlock(Cached):
         return f"Error: {text}" if self.is_error else text
 
 
+class McpToolUseBlock(Strict):
+    """An earlier answer's call of an MCP server's tool (the MCP connector's block, Llamba ran it)."""
+
+    type: Literal["mcp_tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    server_name: str = Field(min_length=1)
+    input: dict[str, Any]
+
+
+class McpToolResultBlock(Strict):
+    """That call's result, in the same assistant message."""
+
+    type: Literal["mcp_tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    is_error: bool = False
+    content: str | list[TextBlock] | None = None
+
+    def text(self) -> str:
+        """As the model read it (an error as server/agents/loop.py words it)."""
+        if isinstance(self.content, list):
+            text = "\n".join(block.text for block in self.content)
+        else:
+            text = self.content or ""
+        return f"Error: {text}" if self.is_error else text
+
+
 class ThinkingBlock(Strict):
     type: Literal["thinking"]
     thinking: str
@@ -104,7 +133,14 @@ class ThinkingBlock(Strict):
 
 
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RefusedBlock, Field(discriminator="type")
+    TextBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | McpToolUseBlock
+    | McpToolResultBlock
+    | RefusedBlock,
+    Field(discriminator="type"),
 ]
 
 
@@ -143,6 +179,34 @@ class Tool(Cached):
         if self.description is not None:
             function["description"] = self.description
         return {"type": "function", "function": function}
+
+
+class McpToolConfiguration(Strict):
+    enabled: bool = True
+    allowed_tools: list[str] | None = None
+
+
+class McpServer(Strict):
+    """The MCP connector's server (`mcp_servers`): a remote server by URL (when --mcp-allow-hosts
+    admits its host), or a configured one as `mcp://<name>` (or its bare name)."""
+
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    authorization_token: str | None = Field(default=None, repr=False)
+    tool_configuration: McpToolConfiguration | None = None
+
+    def to_chat(self) -> dict[str, Any] | None:
+        """The chat `mcp` tool of this server (None when its tools are disabled): its calls run at
+        once, as the connector's do."""
+        config = self.tool_configuration or McpToolConfiguration()
+        if not config.enabled:
+            return None
+        tool: dict[str, Any] = {"type": "mcp", "server_label": self.name, "server_url": self.url}
+        tool |= {"require_approval": "never", "allowed_tools": config.allowed_tools}
+        if self.authorization_token is not None:
+            tool["authorization"] = self.authorization_token
+        return {k: v for k, v in tool.items() if v is not None}
 
 
 class ToolChoice(Strict):
@@ -257,10 +321,26 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     metadata: Metadata | None = None  # accepted: it changes nothing generated
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here
+    # The MCP connector: servers whose tools Llamba runs in a server-side tool loop (server/agents/loop.py).
+    mcp_servers: list[McpServer] | None = None
+    # Llamba's tool-loop limits, as on chat requests (only with mcp_servers).
+    max_tool_rounds: int | None = Field(default=None, ge=1)
+    tool_timeout: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _distinct_servers(self) -> MessagesRequest:
+        names = [server.name for server in self.mcp_servers or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("mcp_servers: two servers have the same name")
+        return self
 
     def generation_fields(self) -> dict[str, Any]:
         fields = {"max_tokens": self.max_tokens, "stop": self.stop_sequences}
         fields |= {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        fields |= {"max_tool_rounds": self.max_tool_rounds, "tool_timeout": self.tool_timeout}
+        servers = [tool for tool in (s.to_chat() for s in self.mcp_servers or ()) if tool is not None]
+        if servers:
+            fields["tools"] = [*(tool.to_chat() for tool in self.tools or ()), *servers]
         return {name: value for name, value in fields.items() if value is not None}
 
 
@@ -274,7 +354,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         if isinstance(message.content, str):
             chat.append({"role": message.role, "content": message.content})
         elif message.role == "assistant":
-            chat.append(assistant_message(message.content, f"messages.{i}"))
+            chat += assistant_messages(message.content, f"messages.{i}")
         else:
             asked = body.messages[i - 1] if i > 0 else None
             chat += user_messages(message.content, tool_use_ids(asked), f"messages.{i}")
@@ -297,29 +377,42 @@ def tool_use_ids(message: Message | None) -> set[str]:
     return {block.id for block in message.content if isinstance(block, ToolUseBlock)}
 
 
-def assistant_message(blocks: list[Any], where: str) -> dict[str, Any]:
-    """Text, thinking and tool_use blocks as one assistant message (content, reasoning, tool calls)."""
-    text, thinking, calls = [], [], []
+def assistant_messages(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+    """Text, thinking and tool_use blocks as an assistant message (content, reasoning, tool calls); an
+    MCP call's result (mcp_tool_result) is a tool message after it, and what follows a new message."""
+    out: list[dict[str, Any]] = []
+    calls: set[str] = set()
+    current: dict[str, Any] | None = None
     for j, block in enumerate(blocks):
+        if isinstance(block, McpToolResultBlock):
+            if block.tool_use_id not in calls:
+                raise errors.invalid_request(
+                    f"'{where}.content.{j}.tool_use_id': {block.tool_use_id!r} answers no mcp_tool_use "
+                    "block before it in this message"
+                )
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
+            current = None
+            continue
+        if current is None:
+            current = {"role": "assistant", "content": ""}
+            out.append(current)
         if isinstance(block, TextBlock):
-            text.append(block.text)
+            current["content"] += block.text
         elif isinstance(block, ThinkingBlock):
-            thinking.append(block.thinking)
-        elif isinstance(block, ToolUseBlock):
+            current["reasoning_content"] = current.get("reasoning_content", "") + block.thinking
+        elif isinstance(block, ToolUseBlock | McpToolUseBlock):
+            name = block.name if isinstance(block, ToolUseBlock) else f"{block.server_name}_{block.name}"
             arguments = json.dumps(block.input, ensure_ascii=False)
-            calls.append(
-                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
+            function = {"name": name, "arguments": arguments}
+            current.setdefault("tool_calls", []).append(
+                {"id": block.id, "type": "function", "function": function}
             )
+            calls.add(block.id)
         else:
             raise errors.invalid_request(
                 f"'{where}.content.{j}': {block.type} blocks belong in user messages"
             )
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-    if thinking:
-        message["reasoning_content"] = "".join(thinking)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return out or [{"role": "assistant", "content": ""}]
 
 
 def user_messages(blocks: list[Any], asked: set[str], where: str) -> list[dict[str, Any]]:

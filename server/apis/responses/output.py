@@ -11,7 +11,9 @@ MCP tool is an `mcp_call` item (OpenAI's shape: `name` is the server's own tool 
 its server) whose arguments stream as `response.mcp_call_arguments.delta`; it stays pending after
 `response.mcp_call_arguments.done` until its result comes (`response.mcp_call.completed` or
 `.failed`, then `response.output_item.done` with `output` or `error`), and the next round's items
-follow it.
+follow it. A call that waits for the client's approval is an `mcp_approval_request` item instead (added,
+then done with its arguments; the run ends there), and a call the client then approves is an `mcp_call`
+item with its `approval_request_id`, first in the next response.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ def item_id(prefix: str) -> str:
 class OutputItems:
     """The output items of one response, fed token events in order."""
 
-    def __init__(self, mcp_tools: Mapping[str, McpTool] | None = None) -> None:
+    def __init__(
+        self, mcp_tools: Mapping[str, McpTool] | None = None, approval: frozenset[str] = frozenset()
+    ) -> None:
         self.items: list[dict[str, Any]] = []  # finished and open items, in output order
         self.n_reasoning_tokens = 0
         self.mcp_tools = mcp_tools or {}  # the MCP tools by the name the model calls them
+        self.approval = approval  # those whose calls become mcp_approval_request items (not run)
         self._open: int | None = None
         self._call_items: dict[int, int] = {}  # tool-call index -> its item index
         self._pending: dict[str, int] = {}  # an MCP call's id -> its item, until its result comes
@@ -61,6 +66,8 @@ class OutputItems:
             return []
         index, self._open = self._open, None
         item = self.items[index]
+        if item["type"] == "mcp_approval_request":  # its arguments complete: done, waiting for the client
+            return [item_event("done", index, item)]
         item["status"] = status
         head = {"item_id": item["id"], "output_index": index}
         out: list[Payload] = []
@@ -79,7 +86,7 @@ class OutputItems:
             extra = {} if item["type"] == "reasoning" else {"logprobs": []}
             out.append({"type": done, **head, "content_index": 0, "text": part["text"], **extra})
             out.append({"type": "response.content_part.done", **head, "content_index": 0, "part": dict(part)})
-        out.append({"type": "response.output_item.done", "output_index": index, "item": copy_item(item)})
+        out.append(item_event("done", index, item))
         return out
 
     def abandon_calls(self) -> list[Payload]:
@@ -88,13 +95,7 @@ class OutputItems:
         out: list[Payload] = []
         for index in self._pending.values():
             self.items[index]["status"] = "incomplete"
-            out.append(
-                {
-                    "type": "response.output_item.done",
-                    "output_index": index,
-                    "item": copy_item(self.items[index]),
-                }
-            )
+            out.append(item_event("done", index, self.items[index]))
         self._pending.clear()
         return out
 
@@ -114,22 +115,10 @@ class OutputItems:
             item = {"id": item_id("mcpl"), "type": "mcp_list_tools", "server_label": label, "tools": listed}
             self.items.append(item)
             head = {"item_id": item["id"], "output_index": len(self.items) - 1}
-            out.append(
-                {
-                    "type": "response.output_item.added",
-                    "output_index": head["output_index"],
-                    "item": copy_item(item),
-                }
-            )
+            out.append(item_event("added", head["output_index"], item))
             out.append({"type": "response.mcp_list_tools.in_progress", **head})
             out.append({"type": "response.mcp_list_tools.completed", **head})
-            out.append(
-                {
-                    "type": "response.output_item.done",
-                    "output_index": head["output_index"],
-                    "item": copy_item(item),
-                }
-            )
+            out.append(item_event("done", head["output_index"], item))
         return out
 
     def tool_result(self, executed: ToolExecuted) -> list[Payload]:
@@ -145,14 +134,28 @@ class OutputItems:
         else:
             item |= {"status": "completed", "output": executed.content, "error": None}
         out.append({"type": f"response.mcp_call.{item['status']}", **head})
-        out.append({"type": "response.output_item.done", "output_index": index, "item": copy_item(item)})
+        out.append(item_event("done", index, item))
         return out
+
+    def approved_call(self, executed: ToolExecuted, tool: McpTool, request_id: str) -> list[Payload]:
+        """A call the client approved (an mcp_approval_response), run before the response's rounds:
+        its `mcp_call` item, added and done with its result."""
+        item = {"id": item_id("mcp"), "type": "mcp_call", "server_label": tool.server, "name": tool.tool,
+                "arguments": executed.call.arguments, "approval_request_id": request_id,
+                "status": "in_progress"}  # fmt: skip
+        out = self.close()
+        self.items.append(item)
+        index = len(self.items) - 1
+        self._pending[executed.call.id] = index
+        out.append(item_event("added", index, item))
+        out.append({"type": "response.mcp_call.in_progress", "item_id": item["id"], "output_index": index})
+        return out + self.tool_result(executed)
 
     def _start(self, item: dict[str, Any], part: dict[str, Any] | None) -> list[Payload]:
         out = self.close()
         self.items.append(item)
         index = self._open = len(self.items) - 1
-        out.append({"type": "response.output_item.added", "output_index": index, "item": copy_item(item)})
+        out.append(item_event("added", index, item))
         if part is not None:
             item["content"].append(part)
             head = {"item_id": item["id"], "output_index": index, "content_index": 0}
@@ -186,14 +189,23 @@ class OutputItems:
         item = self.items[index]
         if step.arguments:
             item["arguments"] += step.arguments
+            if item["type"] == "mcp_approval_request":
+                return out  # told whole, when it is done
             delta = {"item_id": item["id"], "output_index": index, "delta": step.arguments}
             kind = "mcp_call_arguments" if item["type"] == "mcp_call" else "function_call_arguments"
             out.append({"type": f"response.{kind}.delta", **delta})
         return out
 
     def _new_call(self, step: ToolCallDelta) -> list[Payload]:
-        """A call's item: `mcp_call` for an MCP tool (Llamba runs it), else `function_call`."""
+        """A call's item: `mcp_call` for an MCP tool (Llamba runs it), `mcp_approval_request` for one
+        whose calls wait for the client's approval, else `function_call`."""
         tool = self.mcp_tools.get(step.name or "")
+        if tool is not None and tool.name in self.approval:
+            item = {"id": item_id("mcpr"), "type": "mcp_approval_request", "server_label": tool.server,
+                    "name": tool.tool, "arguments": ""}  # fmt: skip
+            out = self._start(item, None)
+            self._call_items[step.index] = len(self.items) - 1
+            return out
         if tool is None:
             call_id = step.id or item_id("call")
             item = {"id": item_id("fc"), "type": "function_call", "call_id": call_id, "name": step.name or ""}
@@ -207,6 +219,11 @@ class OutputItems:
                 {"type": "response.mcp_call.in_progress", "item_id": item["id"], "output_index": index}
             )
         return out
+
+
+def item_event(kind: str, index: int, item: dict[str, Any]) -> Payload:
+    """`response.output_item.added` or `.done` (kind) of the item at `index`."""
+    return {"type": f"response.output_item.{kind}", "output_index": index, "item": copy_item(item)}
 
 
 def copy_item(item: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +249,9 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = item["type"]
         if kind == "mcp_list_tools" or item.get("status") == "incomplete" and kind == "mcp_call":
             continue  # a call that never ran is not part of the conversation
-        if kind != "mcp_call":
+        if item.get("approval_request_id"):
+            continue  # an approved call: its call and its result are in the conversation already
+        if kind not in ("mcp_call", "mcp_approval_request"):
             out += results
             results = []
         last = out[-1] if out and out[-1]["role"] == "assistant" else None
@@ -252,7 +271,7 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def output_call(item: dict[str, Any]) -> dict[str, Any]:
-    if item["type"] == "mcp_call":
+    if item["type"] in ("mcp_call", "mcp_approval_request"):
         name, call_id = f"{item['server_label']}_{item['name']}", item["id"]
     else:
         name, call_id = item["name"], item["call_id"]

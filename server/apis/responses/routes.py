@@ -19,8 +19,9 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from server.agents.loop import AgentRun, agent_plan
+from server.agents.loop import AgentPlan, AgentRun, agent_plan
 from server.agents.requests import request_context
+from server.apis.responses.approvals import check_answers, settle_approvals
 from server.apis.responses.output import item_id
 from server.apis.responses.runs import (
     ResponseRun,
@@ -57,12 +58,16 @@ async def create() -> Any:
     body = ResponsesRequest.model_validate(await json_body())
     history = state.conversation(body.previous_response_id)
     conversation = history + body.input_messages(history)
+    check_answers(body, conversation)
     response_id = item_id("resp")  # also the engine request id, and a background run's session id
     chat = body.to_chat(conversation, stream=body.stream or body.background)
-    agent = await tool_loop(model, chat, response_id, body.max_tool_calls)
+    plan = await tool_plan(model, chat, body.max_tool_calls)
+    approved = await settle_approvals(body, conversation, plan, app_state().toolbox)
+    chat = body.to_chat(conversation, stream=body.stream or body.background)  # with the approvals' results
+    agent = tool_loop(model, chat, plan, response_id)
     job = await (agent.start() if agent is not None else prepare_chat(model, chat, response_id))
     run = ResponseRun(response_object(model, body, response_id, job), body.background)
-    ctx = RunContext(model, state, job, conversation, body.store, agent)
+    ctx = RunContext(model, state, job, conversation, body.store, agent, approved)
     source = run_events(ctx, run)
     if body.background:  # its session's task starts once this handler gives way: all is in place then
         # Response ids are unique and global (as the stored responses are); the client's cap still counts.
@@ -89,23 +94,28 @@ async def count_input_tokens() -> Any:
     return input_tokens(len(await chat_tokens(current_model(), chat)))
 
 
-async def tool_loop(
-    model: ModelHost, chat: ChatCompletionRequest, response_id: str, max_calls: int | None
-) -> AgentRun | None:
-    """The server-side tool loop of a request with `mcp` tools (None without); every problem with
-    them (a server_label not configured, a server_url that is not its server) is a 400 here."""
+async def tool_plan(model: ModelHost, chat: ChatCompletionRequest, max_calls: int | None) -> AgentPlan | None:
+    """The server-side tool loop's plan of a request with `mcp` tools (None without); every problem
+    with them (a server_label not configured, a server_url not allowed) is a 4xx here. Calls may wait
+    for the client's approval (`require_approval`: mcp_approval_request items)."""
     model.require_ready()
-    manager = app_state().toolbox
-    plan = await agent_plan(manager, model.settings, chat, request_context)
-    if plan is None:
-        return None
-    if max_calls is not None:
+    plan = await agent_plan(app_state().toolbox, model.settings, chat, request_context, approvals=True)
+    if plan is not None and max_calls is not None:
         plan = replace(plan, limits=replace(plan.limits, max_calls=max_calls))
+    return plan
+
+
+def tool_loop(
+    model: ModelHost, chat: ChatCompletionRequest, plan: AgentPlan | None, response_id: str
+) -> AgentRun | None:
+    toolbox = app_state().toolbox
+    if plan is None or toolbox is None:
+        return None
 
     async def prepare(round_body: ChatCompletionRequest, answer_only: bool) -> ChatJob:
         return await prepare_chat(model, round_body, response_id, answer_only)
 
-    return AgentRun(model, chat, plan, manager, prepare)
+    return AgentRun(model, chat, plan, toolbox, prepare)
 
 
 @bp.get("/v1/responses/<response_id>")

@@ -25,6 +25,7 @@ import structlog
 
 from engine.api import TokenEvent
 from server.agents.loop import AgentRun, ToolExecuted
+from server.apis.responses.approvals import Approved
 from server.apis.responses.output import OutputItems, output_messages
 from server.apis.responses.schemas import ResponsesRequest
 from server.apis.responses.store import ResponseStore, StoredResponse
@@ -142,7 +143,11 @@ def response_object(
         "tool_choice": (choice or "auto")
         if choice is None or isinstance(choice, str)
         else choice.model_dump(),
-        "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+        # A request-named MCP server's headers are secrets: never echoed, never stored.
+        "tools": [
+            tool.model_dump(exclude_none=True, exclude={"headers", "authorization"})
+            for tool in body.tools or ()
+        ],
         "top_p": sampling.top_p,
         "truncation": "disabled",
         "usage": None,
@@ -162,6 +167,7 @@ class RunContext:
     conversation: list[dict[str, Any]]
     store: bool
     agent: AgentRun | None = None
+    approved: list[Approved] = field(default_factory=list)  # approved calls that ran before the rounds
 
 
 @dataclass
@@ -176,7 +182,7 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
     """The response's stream events, numbered from 0; the Response object and the store follow them.
     A run stopped before its end (cancel, a client gone) is stored as cancelled."""
     snap = run.snapshot
-    items = OutputItems(ctx.agent.plan.tools if ctx.agent else None)
+    items = OutputItems(ctx.agent.plan.tools, ctx.agent.plan.approval) if ctx.agent else OutputItems()
     try:
         yield run.frame({"type": "response.created", "response": snap})
         snap["status"] = "in_progress"
@@ -184,6 +190,9 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
         end = RunEnd()
         for payload in items.list_tools():
             yield run.frame(payload)
+        for approved in ctx.approved:
+            for payload in items.approved_call(approved.executed, approved.tool, approved.request_id):
+                yield run.frame(payload)
         snap["output"] = items.finished()
         try:
             async with contextlib.aclosing(generation(ctx, end)) as events:

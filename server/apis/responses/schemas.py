@@ -5,7 +5,9 @@ turns the body, after the stored conversation its `previous_response_id` continu
 `ChatCompletionRequest` the one generation path takes: `instructions` as the system message, input
 messages with their text parts, `function_call` items as the assistant's tool calls,
 `function_call_output` items as tool messages, `reasoning` items as the assistant's reasoning,
-`mcp_call` items (an earlier run's MCP calls) as the assistant's calls and their results; flat function
+`mcp_call` items (an earlier run's MCP calls) as the assistant's calls and their results,
+`mcp_approval_request` items as calls waiting for approval (`mcp_approval_response` items are settled by
+server/apis/responses/approvals.py); flat function
 tools, `mcp` tools (configured MCP servers, run by server/agents/loop.py), tool_choice (a function or an MCP
 server's tool), max_output_tokens, `text.format` and `reasoning.effort` onto their chat fields.
 """
@@ -118,14 +120,36 @@ class McpCallItem(Strict):
     output: str | None = None
     error: str | dict[str, Any] | None = None
     status: str | None = None
-    approval_request_id: None = None  # approvals are never asked for here
+    approval_request_id: str | None = None  # a call run once the client approved it
 
     def result(self) -> dict[str, Any]:
-        """The tool message the model read (an error as server/agents/loop.py words it)."""
+        """The tool message the model read (an error as server/agents/loop.py words it); an approved
+        call's result answers its approval request's call."""
+        call_id = self.approval_request_id or self.id
         if self.error is None:
-            return {"role": "tool", "tool_call_id": self.id, "content": self.output or ""}
+            return {"role": "tool", "tool_call_id": call_id, "content": self.output or ""}
         text = f"Error: {error_text(self.error)}"
-        return {"role": "tool", "tool_call_id": self.id, "content": text, "is_error": True}
+        return {"role": "tool", "tool_call_id": call_id, "content": text, "is_error": True}
+
+
+class McpApprovalRequestItem(Strict):
+    """An earlier response's request to approve an MCP call: the assistant's call, not run (yet)."""
+
+    type: Literal["mcp_approval_request"]
+    id: str = Field(min_length=1)
+    server_label: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class McpApprovalResponseItem(Strict):
+    """The client's answer to an approval request: the call runs (approve) or is told it may not."""
+
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str = Field(min_length=1)
+    approve: bool
+    reason: str | None = None
+    id: str | None = None
 
 
 def error_text(error: str | dict[str, Any]) -> str:
@@ -149,7 +173,14 @@ class McpListToolsItem(Strict):
 
 
 InputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | McpCallItem | McpListToolsItem,
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | ReasoningItem
+    | McpCallItem
+    | McpListToolsItem
+    | McpApprovalRequestItem
+    | McpApprovalResponseItem,
     Field(discriminator="type"),
 ]
 
@@ -338,6 +369,11 @@ class ResponsesRequest(BaseModel):
     def mcp_tools(self) -> list[McpServerTool]:
         return [t for t in self.tools or () if isinstance(t, McpServerTool)]
 
+    def approval_responses(self) -> list[tuple[int, McpApprovalResponseItem]]:
+        """The input's answers to approval requests, with their places in `input`."""
+        items = self.input if isinstance(self.input, list) else []
+        return [(i, item) for i, item in enumerate(items) if isinstance(item, McpApprovalResponseItem)]
+
     def to_chat(self, conversation: list[dict[str, Any]], stream: bool) -> ChatCompletionRequest:
         """The chat request of `conversation` (the stored one continued, then this input's messages)."""
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
@@ -373,9 +409,15 @@ class ResponsesRequest(BaseModel):
             messages = [{"role": "user", "content": self.input}] if self.input else []
         else:
             messages = ItemTranslation(known_calls(history)).messages(self.input)
-        if not messages:
+        if not messages and not self.approval_responses():
             raise errors.invalid_request("'input': give the input (a string or a list of items)")
         return messages
+
+
+def approval_call(item: McpApprovalRequestItem) -> dict[str, Any]:
+    """An approval request as the assistant's call (its id the request's: the approval names it)."""
+    function = {"name": f"{item.server_label}_{item.name}", "arguments": item.arguments}
+    return {"id": item.id, "type": "function", "function": function}
 
 
 def known_calls(messages: list[dict[str, Any]]) -> set[str]:
@@ -393,13 +435,16 @@ class ItemTranslation:
 
     def messages(self, items: list[Any]) -> list[dict[str, Any]]:
         for i, item in enumerate(items):
-            if not isinstance(item, McpCallItem | McpListToolsItem):
+            if not isinstance(item, McpCallItem | McpListToolsItem | McpApprovalRequestItem):
                 self.out += self.results
                 self.results = []
             if isinstance(item, McpCallItem):
-                self.mcp_call(item)
-            elif isinstance(item, McpListToolsItem):
-                continue
+                self.mcp_call(item, f"input.{i}")
+            elif isinstance(item, McpApprovalRequestItem):
+                self.assistant().setdefault("tool_calls", []).append(approval_call(item))
+                self.calls.add(item.id)
+            elif isinstance(item, McpListToolsItem | McpApprovalResponseItem):
+                continue  # an approval is settled by the route (server/apis/responses/approvals.py)
             elif isinstance(item, ReasoningItem):
                 self.reasoning.append(item.text())
             elif isinstance(item, FunctionCallItem):
@@ -418,9 +463,17 @@ class ItemTranslation:
             self.assistant()
         return self.out + self.results
 
-    def mcp_call(self, item: McpCallItem) -> None:
+    def mcp_call(self, item: McpCallItem, where: str) -> None:
         """The call on the assistant message (consecutive calls share one, as a run's round made
-        them), its result after that message."""
+        them), its result after that message; an approved call's result answers its approval request."""
+        if item.approval_request_id is not None:
+            if item.approval_request_id not in self.calls:
+                raise errors.invalid_request(
+                    f"'{where}.approval_request_id': {item.approval_request_id!r} is no mcp_approval_request "
+                    "of this input or of the conversation it continues"
+                )
+            self.out.append(item.result())
+            return
         call = {"id": item.id, "type": "function"}
         call["function"] = {"name": f"{item.server_label}_{item.name}", "arguments": item.arguments}
         self.assistant().setdefault("tool_calls", []).append(call)
