@@ -104,7 +104,8 @@ def _install_tools(app: Quart, settings: Settings) -> Toolbox | None:
         return None
     mcp = McpManager(settings.mcp_servers) if settings.mcp_servers else None
     # The built-in tools' defaults: the server's own cwd, and --tools-runtime (checked while parsing).
-    defaults = ToolContext.of(None, settings.tools_runtime, ToolContext(os.getcwd()))
+    here = ToolContext(os.getcwd(), regex_timeout=settings.tools_regex_timeout)
+    defaults = ToolContext.of(None, settings.tools_runtime, here)
     manager = Toolbox(mcp, BuiltinTools(settings.tools, defaults) if settings.tools else None)
     app.register_blueprint(tools.bp)
 

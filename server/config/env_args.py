@@ -38,6 +38,7 @@ LLAMBA_ENV: tuple[LlamaServerFlag, ...] = (
     F(("--tool-max-rounds",), "N", "LLAMA_ARG_TOOL_MAX_ROUNDS", "implemented"),
     F(("--tool-timeout",), "N", "LLAMA_ARG_TOOL_TIMEOUT", "implemented"),
     F(("--tool-max-tokens",), "N", "LLAMA_ARG_TOOL_MAX_TOKENS", "implemented"),
+    F(("--tools-regex-timeout",), "SECONDS", "LLAMA_ARG_TOOLS_REGEX_TIMEOUT", "implemented"),
 )
 
 
