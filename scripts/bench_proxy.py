@@ -9,7 +9,9 @@ measured on a busy machine; `--direct` measures the same load sent to the stub i
 
     .venv/bin/python scripts/bench_proxy.py [--streams 16] [--events 300] [--interval-ms 20]
 
-PROXY_PROFILE=FILE writes a cProfile of the router process.
+PROXY_PROFILE=FILE writes a cProfile of the router process. The router runs on the event loop the
+router picks (uvloop when installed; LLAMBA_EVENT_LOOP=asyncio|uvloop chooses), the stub and the client
+on asyncio's, so a pair of runs compares the router's loops alone.
 """
 
 from __future__ import annotations
@@ -96,6 +98,13 @@ async def router(port: int, child_port: int) -> int:
     return 0
 
 
+def run_router(port: int, child_port: int) -> None:
+    """The router on the event loop a router picks (LLAMBA_EVENT_LOOP; else uvloop when installed)."""
+    from server.http import serving
+
+    serving.run(router(port, child_port), serving.loop_factory(proxy=True))
+
+
 # -- the client ----------------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -128,12 +137,12 @@ def spawn(role: str, *args: str) -> int:
                 prof = cProfile.Profile()
                 prof.enable()
                 try:
-                    asyncio.run(router(int(args[0]), int(args[1])))
+                    run_router(int(args[0]), int(args[1]))
                 finally:
                     prof.disable()
                     prof.dump_stats(os.environ["PROXY_PROFILE"])
             else:
-                asyncio.run(router(int(args[0]), int(args[1])))
+                run_router(int(args[0]), int(args[1]))
         finally:
             os._exit(0)
     return pid
@@ -168,7 +177,8 @@ def main() -> None:
             spent = cpu_seconds(proxy) - before
             print(
                 f"router CPU {1e6 * spent / events:.0f} us per event ({events} events,"
-                f" {args.streams} streams, load {os.getloadavg()[0]:.1f})",
+                f" {args.streams} streams, load {os.getloadavg()[0]:.1f},"
+                f" LLAMBA_EVENT_LOOP={os.environ.get('LLAMBA_EVENT_LOOP', 'auto')})",
                 flush=True,
             )
     finally:

@@ -15,9 +15,10 @@ from quart import Quart
 from engine.cpu import isa
 from engine.model_files import ModelFetchError, resolve
 from server.app import create_app
-from server.config.ignored_flags import NO_EFFECT
+from server.config.ignored_flags import NO_EFFECT, Ignored
 from server.config.parse import parse_settings
-from server.http import logs
+from server.config.settings import Settings
+from server.http import logs, serving
 from server.http.serving import hypercorn_config, served
 from server.state import AppState
 from server.streams.journal import JournalError
@@ -30,9 +31,9 @@ def _log_fetch(message: str) -> None:
     log.info("model.fetch", message=message)
 
 
-async def run(argv: list[str] | None = None) -> int:
-    settings, ignored = parse_settings(argv)
+async def run(settings: Settings, ignored: list[Ignored], argv: list[str] | None = None) -> int:
     logs.configure(settings.log_format, settings.verbose)
+    log.info("server.event_loop", loop=type(asyncio.get_running_loop()).__module__)
     for flag in ignored:
         log.warning("cli.flag_ignored", flag=str(flag), reason=getattr(flag, "reason", NO_EFFECT))
     try:  # the kernels' x86 level, as llama-server prints its `CPU : AVX2 = 1 | ...` line
@@ -110,7 +111,13 @@ async def _shut_down(app: Quart, timeout: float, stop: asyncio.Event, forced: as
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(asyncio.run(run(argv)))
+    settings, ignored = parse_settings(argv)
+    try:  # a router's or a cluster's front proxies; a model server runs the model (and MCP children)
+        factory = serving.loop_factory(proxy=settings.model is None or settings.cluster is not None)
+    except ValueError as exc:
+        print(f"llamba-server: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(serving.run(run(settings, ignored, argv), factory))
 
 
 if __name__ == "__main__":

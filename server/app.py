@@ -106,7 +106,8 @@ def _install_tools(app: Quart, settings: Settings) -> Toolbox | None:
     if settings.mcp_servers or settings.mcp_allow_hosts:
         mcp = McpManager(settings.mcp_servers, policy=HostPolicy.parse(settings.mcp_allow_hosts))
     # The built-in tools' defaults: the server's own cwd, and --tools-runtime (checked while parsing).
-    defaults = ToolContext.of(None, settings.tools_runtime, ToolContext(os.getcwd()))
+    here = ToolContext(os.getcwd(), regex_timeout=settings.tools_regex_timeout)
+    defaults = ToolContext.of(None, settings.tools_runtime, here)
     manager = Toolbox(mcp, BuiltinTools(settings.tools, defaults) if settings.tools else None)
     if settings.mcp_servers or settings.tools:
         app.register_blueprint(tools.bp)

@@ -1,16 +1,20 @@
 """The built-in tools' parts without a server: the working directory's confinement, the runtime's argv
-and its refusals, globs, --tools parsing, and the CORS policy while tools are on (the HTTP behaviour is
+and its refusals, globs, the search tools' file list (git's, else .gitignore's rules) and their regex
+timeout, --tools parsing, and the CORS policy while tools are on (the HTTP behaviour is
 tests/test_builtin_tools_server.py's)."""
 
 from __future__ import annotations
 
+import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from server.app import create_app
 from server.builtin_tools import NAMES, BadContext, Runtime, ToolContext, ToolError, Workdir, parse_tool_names
-from server.builtin_tools.search import glob_regex
+from server.builtin_tools.search import FileGlobSearch, GrepSearch, file_glob_search, glob_regex, grep_search
 from server.config.parse import parse_settings
 from server.config.settings import Settings
 
@@ -102,6 +106,86 @@ def test_glob_matching(pattern: str, path: str, hit: bool) -> None:
     assert bool(glob_regex(pattern).match(path)) is hit
 
 
+# -- the search tools' file list: git's, else .gitignore's rules --------------------------------------
+TREE = {
+    "a.py": "hit\n",
+    "debug.log": "hit\n",  # *.log is ignored
+    "build/out.py": "hit\n",  # build/ is ignored: its folder is not listed either
+    "pkg/b.py": "hit\n",
+    "pkg/keep.log": "hit\n",  # pkg/.gitignore's `!keep.log` wins over the root's *.log
+    "pkg/.gitignore": "!keep.log\nsecret/\n",
+    "pkg/secret/key.py": "hit\n",  # pkg/.gitignore's secret/
+    ".gitignore": "*.log\nbuild/\n",
+}
+VISIBLE = ["a.py", "pkg/b.py", "pkg/keep.log"]
+
+
+def make_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def git(root: Path, *args: str) -> None:
+    who = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", *who, *args], cwd=root, check=True, capture_output=True)
+
+
+def searched(root: Path, **params: Any) -> tuple[list[str], list[str]]:
+    """The files grep_search finds `hit` in, and what file_glob_search lists (files and folders)."""
+    wd = Workdir.open(root)
+    grep = grep_search(GrepSearch(path=".", pattern="hit", **params), wd)["plain_text_response"]
+    found = sorted(line.split(":", 1)[0] for line in grep.splitlines() if line.endswith(":hit"))
+    listed = file_glob_search(FileGlobSearch(path=".", type="all", **params), wd)["entries"]
+    return found, sorted(e["path"] for e in listed)
+
+
+def test_outside_git_the_gitignore_files_rule_the_search(tmp_path: Path) -> None:
+    make_tree(tmp_path, TREE)
+    found, listed = searched(tmp_path)
+    assert found == VISIBLE
+    assert listed == [".gitignore", "a.py", "pkg", "pkg/.gitignore", "pkg/b.py", "pkg/keep.log"]
+    # A search from a subfolder still obeys the .gitignore files above it.
+    assert grep_search(GrepSearch(path="pkg", pattern="hit"), Workdir.open(tmp_path))[
+        "plain_text_response"
+    ] == ("b.py:hit\nkeep.log:hit\n\n---\nTotal matches: 2\n")
+
+
+def test_in_a_git_work_tree_git_lists_the_files(tmp_path: Path) -> None:
+    make_tree(tmp_path, {**TREE, "tracked.log": "hit\n", "node_modules/m.py": "hit\n"})
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-f", "tracked.log")  # tracked despite *.log: git lists it, as it should
+    git(tmp_path, "commit", "-qm", "one tracked file")
+    (tmp_path / ".git" / "info" / "exclude").write_text("a.py\n")  # the repository's own excludes count too
+    found, listed = searched(tmp_path)
+    # untracked and not ignored: listed; node_modules too (git decides, not the walk's junk list)
+    assert found == ["node_modules/m.py", "pkg/b.py", "pkg/keep.log", "tracked.log"]
+    assert listed == [  # folders: those that hold listed files
+        ".gitignore", "node_modules", "node_modules/m.py", "pkg", "pkg/.gitignore", "pkg/b.py",
+        "pkg/keep.log", "tracked.log",
+    ]  # fmt: skip
+    (tmp_path / "tracked.log").unlink()  # deleted but still in the index: not listed
+    assert searched(tmp_path)[0] == ["node_modules/m.py", "pkg/b.py", "pkg/keep.log"]
+
+
+def test_a_catastrophic_pattern_is_a_tool_error_and_frees_its_thread(tmp_path: Path) -> None:
+    (tmp_path / "long.txt").write_text("a" * 20000 + "!\n")
+    outcome: list[BaseException | dict[str, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append(grep_search(GrepSearch(path=".", pattern="(a+)+$"), Workdir.open(tmp_path), 0.5))
+        except ToolError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)  # a liveness bound: with `re` the thread would spin here for good
+    assert not worker.is_alive(), "the search never ended"
+    assert isinstance(outcome[0], ToolError), outcome
+    assert "took longer than 0.5 s (--tools-regex-timeout)" in str(outcome[0])
+
+
 # -- --tools and friends ---------------------------------------------------------------------------
 def test_tool_names_parse_as_llama_server_reads_them() -> None:
     assert parse_tool_names("all") == NAMES
@@ -119,13 +203,17 @@ def test_tool_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert agent.tools == NAMES and agent.ui_mcp_proxy
     from_env, ignored = parse_settings([], {"LLAMA_ARG_TOOLS": "all", "LLAMA_ARG_UI_MCP_PROXY": "1"})
     assert from_env.tools == NAMES and from_env.ui_mcp_proxy and not ignored
-    for argv in (["--tools", "read_file,nope"], ["--tools-runtime", "docker-container:--privileged"]):
+    assert settings.tools_regex_timeout == 5.0
+    assert parse_settings(["--tools-regex-timeout", "0.5"], {})[0].tools_regex_timeout == 0.5
+    bad = (["--tools", "read_file,nope"], ["--tools-runtime", "docker-container:--privileged"],
+           ["--tools-regex-timeout", "0"])  # fmt: skip
+    for argv in bad:
         with pytest.raises(SystemExit) as exited:
             parse_settings(argv, {})
         assert exited.value.code != 0
     err = capsys.readouterr().err
     assert 'unknown tool "nope". available tools: read_file, file_glob_search' in err
-    assert "invalid container id" in err
+    assert "invalid container id" in err and "--tools-regex-timeout must be > 0 seconds, got 0.0" in err
 
 
 # -- CORS while tools are on -----------------------------------------------------------------------

@@ -4,9 +4,13 @@ HTTP server behind the proxy. Each tool's success, each refusal, streaming, no p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,7 +27,7 @@ KEY = "tools-key"
 @pytest.fixture(scope="module")
 def srv() -> Iterator[ServerProcess]:
     # The key by its variable, as a router hands its children theirs: commands must not see it.
-    args = ("-m", "smollm2", "-c", "2048", "--tools", "all", "--ui-mcp-proxy")
+    args = ("-m", "smollm2", "-c", "2048", "--tools", "all", "--ui-mcp-proxy", "--tools-regex-timeout", "1")
     proc = ServerProcess(*args, env={"LLAMA_ARG_API_KEY": KEY})
     yield proc.wait_healthy()
     proc.stop()
@@ -200,6 +204,49 @@ def test_grep_search(client: httpx.Client, tmp_path: Path) -> None:
     assert "Total matches: 1" in literal["plain_text_response"]
     assert failed(client, tmp_path, "grep_search", path=".", pattern="(").startswith("invalid regex")
     assert "does not exist" in failed(client, tmp_path, "grep_search", path="nope", pattern="x")
+
+
+def test_search_skips_git_ignored_files(client: httpx.Client, tmp_path: Path) -> None:
+    files = {".gitignore": "*.log\nbuild/\n", "a.py": "needle\n", "debug.log": "needle\n",
+             "build/gen.py": "needle\n", "sub/b.py": "needle\n"}  # fmt: skip
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)  # a work tree: git lists the files
+    grep = ok(client, tmp_path, "grep_search", path=".", pattern="needle")["plain_text_response"]
+    assert grep == "a.py:needle\nsub/b.py:needle\n\n---\nTotal matches: 2\n"
+    listed = ok(client, tmp_path, "file_glob_search", path=".", type="all")["entries"]
+    assert [e["path"] for e in listed] == ["sub", ".gitignore", "a.py", "sub/b.py"]
+    shutil.rmtree(tmp_path / ".git")  # no work tree now: .gitignore's rules, read by pathspec
+    again = ok(client, tmp_path, "file_glob_search", path=".", type="all")["entries"]
+    assert [e["path"] for e in again] == ["sub", ".gitignore", "a.py", "sub/b.py"]
+
+
+def spinning_threads(pid: int, samples: int = 20) -> set[str]:
+    """The server's threads that are running (or runnable) at every sample over ~1 s: a thread stuck in
+    a pattern would be one; idle threads sleep."""
+    always: set[str] | None = None
+    for _ in range(samples):
+        running = set()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R":
+                    running.add(task.name)
+        always = running if always is None else always & running
+        time.sleep(0.05)
+    return always or set()
+
+
+def test_a_catastrophic_pattern_is_a_tool_error_and_the_server_keeps_serving(
+    srv: ServerProcess, client: httpx.Client, tmp_path: Path
+) -> None:
+    (tmp_path / "long.txt").write_text("a" * 20000 + "!\n")
+    error = failed(client, tmp_path, "grep_search", path=".", pattern="(a+)+$")
+    assert "took longer than 1 s (--tools-regex-timeout)" in error
+    assert not spinning_threads(srv.proc.pid)  # its worker thread is free, not spinning on
+    found = ok(client, tmp_path, "grep_search", path=".", pattern="a!$")["plain_text_response"]
+    assert found.endswith("Total matches: 1\n")
+    assert client.get("/health").status_code == 200
 
 
 # -- the shell -------------------------------------------------------------------------------------

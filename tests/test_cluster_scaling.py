@@ -58,8 +58,8 @@ def test_autoscaling_grows_under_a_queue_and_shrinks_when_idle() -> None:
             assert statuses(proc) == ["ready"]
             assert client.post("/v1/chat/completions", json=chat("Still there?")).status_code == 200
             samples = metrics(client)
-        assert samples['llamba:cluster_scale_decisions_total{model="smollm2",action="up"}'] == 1
-        assert samples['llamba:cluster_scale_decisions_total{model="smollm2",action="down"}'] == 1
+        assert samples['llamba:cluster_scale_decisions_total{action="up",model="smollm2"}'] == 1
+        assert samples['llamba:cluster_scale_decisions_total{action="down",model="smollm2"}'] == 1
         assert samples['llamba:cluster_replicas_current{model="smollm2"}'] == 1
         log = proc.log_path.read_text()
         decisions = [line for line in log.splitlines() if "cluster.scale" in line and "action=" in line]

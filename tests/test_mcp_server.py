@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import pytest
 from server.app import create_app
 from server.config.settings import Settings
 from server.mcp import McpServerConfig
+from tests.conftest import require
 from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 
 FIXTURES = Path(__file__).resolve().parent / "mcp_servers"
@@ -317,11 +319,18 @@ def test_bad_config_exits_non_zero_before_healthy(args: list[str], message: str)
     assert "server.listening" not in log and "Running on" not in log
 
 
-def test_sigterm_is_fast_during_a_slow_call_and_with_a_grandchild(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_sigterm_is_fast_during_a_slow_call_and_with_a_grandchild(tmp_path: Path, loop: str) -> None:
+    """On either event loop (LLAMBA_EVENT_LOOP; uvloop is the default when installed): the MCP children's
+    pipes, the signals and the reaping all go through it."""
+    if loop == "uvloop":
+        require(None if importlib.util.find_spec("uvloop") else "uvloop is missing (the test extra)")
     config = write_config(
         tmp_path / "mcp.json", {"slow": fixture("slow"), "grandchild": fixture("grandchild")}
     )
-    server = ServerProcess("-m", "smollm2", "-c", "512", "--mcp-servers-config", str(config)).wait_healthy()
+    args = ("-m", "smollm2", "-c", "512", "--mcp-servers-config", str(config))
+    server = ServerProcess(*args, env={"LLAMBA_EVENT_LOOP": loop}).wait_healthy()
+    assert f"loop={loop}" in server.log_path.read_text(), server.log()  # the loop it runs on
     try:
         wait_for_tools(server)
         grandchild = int(post_tool(server, "grandchild_grandchild_pid", {}).json()["plain_text_response"])

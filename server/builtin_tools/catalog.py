@@ -31,6 +31,10 @@ async def _on_host(fn: Callable[[Any, Any], dict[str, Any]], p: Params, c: ToolC
     return await anyio.to_thread.run_sync(fn, p, c.host_workdir())  # file work never blocks the loop
 
 
+async def _search(fn: Callable[..., dict[str, Any]], p: Params, c: ToolContext) -> dict[str, Any]:
+    return await anyio.to_thread.run_sync(fn, p, c.host_workdir(), c.regex_timeout)
+
+
 async def _exec(p: shell.ExecShellCommand, c: ToolContext) -> dict[str, Any]:
     return await shell.exec_shell_command(shell.Execution(p, c.cwd, c.runtime))
 
@@ -96,11 +100,11 @@ TOOLS: tuple[BuiltinTool, ...] = (
     ),
     BuiltinTool(
         "file_glob_search", "File search", "List the files (or folders) under a folder that match a glob.",
-        search.FileGlobSearch, partial(_on_host, search.file_glob_search),
+        search.FileGlobSearch, partial(_search, search.file_glob_search),
     ),
     BuiltinTool(
         "grep_search", "Grep search", "Search the lines of a file, or of the files under a folder.",
-        search.GrepSearch, partial(_on_host, search.grep_search),
+        search.GrepSearch, partial(_search, search.grep_search),
     ),
     BuiltinTool(
         "exec_shell_command", "Execute shell command", "Run a shell command; its output and exit code.",

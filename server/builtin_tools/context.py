@@ -1,5 +1,6 @@
 """The context one call of a built-in tool runs in: its working directory and runtime (from the
-x-tool-cwd and x-tool-runtime headers, else the server's defaults) and read_file's x-resp-type."""
+x-tool-cwd and x-tool-runtime headers, else the server's defaults), read_file's x-resp-type, and the
+server's --tools-regex-timeout (the search tools' patterns)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from server.builtin_tools.runtime import Runtime
+from server.builtin_tools.search import REGEX_TIMEOUT_S
 from server.builtin_tools.workdir import BadContext, ToolError, Workdir
 
 
@@ -15,6 +17,7 @@ class ToolContext:
     cwd: str | None  # the host working directory; with a runtime, the folder there (None: its default)
     runtime: Runtime | None = None
     resp_type: str | None = None
+    regex_timeout: float = REGEX_TIMEOUT_S  # seconds one search call's pattern matching may take
 
     @classmethod
     def of(
@@ -25,8 +28,8 @@ class ToolContext:
         if run is not None:  # the host's cwd means nothing in a container: only an explicit one is used
             if cwd and not PurePosixPath(cwd).is_absolute():
                 raise BadContext(f"x-tool-cwd must be an absolute path in a runtime: {cwd}")
-            return cls(cwd or None, run, resp_type)
-        context = cls(cwd or defaults.cwd, None, resp_type)
+            return cls(cwd or None, run, resp_type, defaults.regex_timeout)
+        context = cls(cwd or defaults.cwd, None, resp_type, defaults.regex_timeout)
         context.workdir()  # a missing or relative cwd is the request's fault: refused before any tool
         return context
 

@@ -1,32 +1,30 @@
-"""file_glob_search and grep_search: walking the working directory, matching globs, searching lines.
+"""file_glob_search and grep_search: the files under a folder (server/builtin_tools/listing.py: git's list
+in a work tree, else a walk that honours .gitignore), globs matched, lines searched.
 
-The walk skips the folders that hold no sources worth reading (JUNK), never follows a symlinked folder,
-and stops after a time budget; a file whose real path leaves the working directory (a symlink pointing
-out) is neither listed nor read. Unlike llama-server, Llamba does not ask git for the file list, so
-.gitignore is not honoured.
+The model's patterns (grep's regular expression, and the globs, which become regular expressions) run
+through the `regex` module with a timeout: one call's matching may take `--tools-regex-timeout` seconds
+in all (a `Deadline`); a pattern that takes longer, such as `(a+)+$` on a long line of `a`s, ends the call
+with a tool error and its worker thread is free again (`re` cannot be stopped: the thread would spin
+for good). The regex module counts its timeout on the process's CPU clock, so on a busy machine the
+wall time can be longer.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import re
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import regex
 from pydantic import Field
 
 from server.builtin_tools.files import Params
+from server.builtin_tools.listing import Listing
 from server.builtin_tools.workdir import ToolError, Workdir
 
-JUNK = frozenset(
-    {".git", ".svn", ".hg", "node_modules", "__pycache__", ".venv", "venv", "dist", "build", "target",
-     ".cache", ".idea", ".vscode"}
-)  # fmt: skip
-WALK_BUDGET_S = 15.0
+REGEX_TIMEOUT_S = 5.0  # --tools-regex-timeout's default
 MAX_RESULTS = 100
 MAX_GREP_FILE_BYTES = 8 * 1024 * 1024  # a larger file (a dataset, a binary) is not read into memory
 
@@ -52,7 +50,7 @@ class GrepSearch(Params):
 
 
 @functools.lru_cache(maxsize=256)
-def glob_regex(pattern: str) -> re.Pattern[str]:
+def glob_regex(pattern: str) -> regex.Pattern[str]:
     """A glob as llama-server reads it: without `/` it matches the basename, `**...` and `/...` the whole
     relative path, anything else a path ending in it. `*` and `?` stay within a folder, `**` does not,
     and `**/` also matches no folder at all."""
@@ -78,62 +76,56 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
             body = "^" + body[1:] if body.startswith("!") else body
             out, i = out + "[" + body.replace("\\", "\\\\") + "]", end + 1
         else:
-            out, i = out + re.escape(pattern[i]), i + 1
-    return re.compile(out + r"\Z", re.DOTALL)
-
-
-def matches(rel: str, include: str, exclude: str) -> bool:
-    if not glob_regex(include).match(rel):
-        return False
-    return not (exclude and glob_regex(exclude).match(rel))
+            out, i = out + regex.escape(pattern[i]), i + 1
+    return regex.compile(out + r"\Z", regex.DOTALL)
 
 
 @dataclass
-class Walk:
-    """One walk's entries (relative path, is a folder) and whether it stopped early."""
+class Deadline:
+    """The time one call's pattern matching may take in all; each match gets what is left of it."""
 
-    wd: Workdir
-    base: Path
-    max_depth: int = 0
-    truncated: bool = False
+    seconds: float = REGEX_TIMEOUT_S
+    end: float = field(init=False)
 
-    def entries(self) -> Iterator[tuple[str, bool]]:
-        deadline = time.monotonic() + WALK_BUDGET_S
-        for folder, dirs, files in os.walk(self.base, onerror=self._unreadable):
-            here = Path(folder)
-            depth = len(here.relative_to(self.base).parts) + 1
-            if time.monotonic() > deadline:
-                self.truncated = True
-                return
-            for name in sorted(dirs):
-                yield (here / name).relative_to(self.base).as_posix(), True
-            # Pruned in place: os.walk then skips them (a symlinked folder is never entered anyway).
-            dirs[:] = (
-                [] if self.max_depth and depth >= self.max_depth else sorted(d for d in dirs if d not in JUNK)
-            )
-            for name in sorted(files):
-                if self._inside(here / name):
-                    yield (here / name).relative_to(self.base).as_posix(), False
+    def __post_init__(self) -> None:
+        self.end = time.monotonic() + self.seconds
 
-    def _inside(self, path: Path) -> bool:
-        return not path.is_symlink() or self.wd.contains(path.resolve())
-
-    def _unreadable(self, _: OSError) -> None:
-        self.truncated = True
+    def search(self, pattern: regex.Pattern[str], text: str, anchored: bool = False) -> bool:
+        """Whether `pattern` matches `text` (at its start when `anchored`); a ToolError past the time."""
+        left = self.end - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            found = (pattern.match if anchored else pattern.search)(text, timeout=left)
+        except TimeoutError:
+            raise ToolError(
+                f"the pattern {pattern.pattern!r} took longer than {self.seconds:g} s "
+                "(--tools-regex-timeout); use a simpler one"
+            ) from None
+        return found is not None
 
 
-def file_glob_search(p: FileGlobSearch, wd: Workdir) -> dict[str, Any]:
+def matches(rel: str, include: str, exclude: str, deadline: Deadline) -> bool:
+    if not deadline.search(glob_regex(include), rel, anchored=True):
+        return False
+    return not (exclude and deadline.search(glob_regex(exclude), rel, anchored=True))
+
+
+def file_glob_search(
+    p: FileGlobSearch, wd: Workdir, regex_timeout: float = REGEX_TIMEOUT_S
+) -> dict[str, Any]:
     base = wd.resolve(p.path)
     if not base.is_dir():
         raise ToolError(f"path does not exist or is not a directory: {p.path}")
-    walk = Walk(wd, base, max(p.max_depth, 0))
+    walk = Listing(wd, base, max(p.max_depth, 0))
+    deadline = Deadline(regex_timeout)
     limit = min(p.limit, MAX_RESULTS)
     shown: list[dict[str, str]] = []
     total = 0
     for rel, is_dir in walk.entries():
         if (is_dir and p.type == "file") or (not is_dir and p.type == "dir"):
             continue
-        if not matches(rel, p.include, p.exclude):
+        if not matches(rel, p.include, p.exclude, deadline):
             continue
         total += 1
         if len(shown) < limit:
@@ -150,31 +142,32 @@ def file_glob_search(p: FileGlobSearch, wd: Workdir) -> dict[str, Any]:
     return {"plain_text_response": text, "entries": shown, "base": str(base)}
 
 
-def grep_search(p: GrepSearch, wd: Workdir) -> dict[str, Any]:
-    source = re.escape(p.pattern) if p.literal else p.pattern
+def grep_search(p: GrepSearch, wd: Workdir, regex_timeout: float = REGEX_TIMEOUT_S) -> dict[str, Any]:
+    source = regex.escape(p.pattern) if p.literal else p.pattern
     try:
-        regex = re.compile(source, re.IGNORECASE if p.ignore_case else 0)
-    except re.error as exc:
+        pattern = regex.compile(source, regex.IGNORECASE if p.ignore_case else 0)
+    except regex.error as exc:
         raise ToolError(f"invalid regex: {exc}") from exc
+    deadline = Deadline(regex_timeout)
     target = wd.resolve(p.path)
     if target.is_file():
         files = [(target, p.path)]
     elif target.is_dir():
-        walk = Walk(wd, target)
         files = [
             (target / rel, rel)
-            for rel, is_dir in walk.entries()
-            if not is_dir and matches(rel, p.include, p.exclude)
+            for rel, is_dir in Listing(wd, target).entries()
+            if not is_dir and matches(rel, p.include, p.exclude, deadline)
         ]
     else:
         raise ToolError(f"path does not exist: {p.path}")
-    return {"plain_text_response": Grep(regex, p).run(files)}
+    return {"plain_text_response": Grep(pattern, p, deadline).run(files)}
 
 
 @dataclass
 class Grep:
-    regex: re.Pattern[str]
+    pattern: regex.Pattern[str]
     p: GrepSearch
+    deadline: Deadline
     found: int = 0
     limit_reached: bool = False
 
@@ -200,7 +193,7 @@ class Grep:
         numbered = self.p.return_line_numbers or context > 0
         out: list[str] = []
         for i, line in enumerate(lines):
-            if not self.regex.search(line):
+            if not self.deadline.search(self.pattern, line):
                 continue
             if self.found >= MAX_RESULTS:
                 self.limit_reached = True

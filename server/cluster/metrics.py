@@ -1,17 +1,19 @@
 """The cluster router's `/metrics` (Prometheus text): its own families per model and replica (requests,
 placements by reason, retries, replicas by status, replacements, each replica's load as last polled,
 autoscaling's desired count and decisions), then every live replica's own `/metrics` (`llamacpp:*`)
-labelled `model` and `replica`. The exposition parsing, labels and rendering are the router's
-(`server/router/metrics.py`)."""
+labelled `model` and `replica`. The exposition parsing, labels and rendering (prometheus_client's) are
+the router's (`server/router/metrics.py`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
+from prometheus_client.metrics_core import Metric
+
 from server.cluster.fleet import Fleet
 from server.cluster.placement import Replica
-from server.router.metrics import CONTENT_TYPE, Family, add_exposition, labelled, render, scrape_url
+from server.router.metrics import CONTENT_TYPE, Families, add, add_exposition, family, render, scrape_url
 from server.router.upstream import UpstreamClient
 
 PREFIX = "llamba:cluster_"
@@ -49,44 +51,37 @@ def _desired(fleet: Fleet) -> int:
     return decision.desired if decision is not None else fleet.current
 
 
-def cluster_families(fleets: list[Fleet]) -> dict[str, Family]:
-    families: dict[str, Family] = {}
+def cluster_families(fleets: list[Fleet]) -> Families:
+    families: Families = {}
 
-    def family(suffix: str, kind: str, help_text: str) -> Family:
-        return families.setdefault(PREFIX + suffix, Family(kind, help_text))
+    def new(suffix: str, kind: str, help_text: str) -> Metric:
+        return family(families, PREFIX + suffix, kind, help_text)
 
     for suffix, kind, help_text, per_replica in REPLICA_FAMILIES:
-        f = family(suffix, kind, help_text)
+        f = new(suffix, kind, help_text)
         for fleet in fleets:
             for r in fleet.replicas:
-                f.samples.append(
-                    labelled(f"{PREFIX}{suffix} {per_replica(r)}", fleet.model_id, replica=str(r.index))
-                )
-    status = family(
+                add(f, per_replica(r), fleet.model_id, replica=str(r.index))
+    status = new(
         "replica_status", "gauge", "1 for the replica's status now (starting, ready, draining, down)."
     )
-    placements = family(
+    placements = new(
         "placements_total", "counter", "New requests placed, by reason (prefix hit, least loaded, sticky)."
     )
-    decisions = family(
+    decisions = new(
         "scale_decisions_total", "counter", "Autoscaling decisions that added or drained a replica."
     )
     for fleet in fleets:
         for r in fleet.replicas:
-            status.samples.append(
-                labelled(f"{PREFIX}replica_status 1", fleet.model_id, replica=str(r.index), status=r.status)
-            )
+            add(status, 1, fleet.model_id, replica=str(r.index), status=r.status)
         for reason, count in fleet.routing.placed.items():
-            placements.samples.append(
-                labelled(f"{PREFIX}placements_total {count}", fleet.model_id, reason=reason)
-            )
+            add(placements, count, fleet.model_id, reason=reason)
         for action, count in fleet.scaler.decisions.items():
-            decisions.samples.append(
-                labelled(f"{PREFIX}scale_decisions_total {count}", fleet.model_id, action=action)
-            )
+            add(decisions, count, fleet.model_id, action=action)
     for suffix, kind, help_text, per_fleet in MODEL_FAMILIES:
-        f = family(suffix, kind, help_text)
-        f.samples.extend(labelled(f"{PREFIX}{suffix} {per_fleet(fl)}", fl.model_id) for fl in fleets)
+        f = new(suffix, kind, help_text)
+        for fl in fleets:
+            add(f, per_fleet(fl), fl.model_id)
     return families
 
 

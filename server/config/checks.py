@@ -47,6 +47,8 @@ def check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error(f"--{name} must be >= {low}, got {value}")
     if not args.tool_timeout > 0:
         parser.error(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
+    if not args.tools_regex_timeout > 0:
+        parser.error(f"--tools-regex-timeout must be > 0 seconds, got {args.tools_regex_timeout}")
     if args.ubatch_size < 1 or args.batch_size < 1:
         parser.error("--batch-size and --ubatch-size must be >= 1")
 

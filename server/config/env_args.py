@@ -39,6 +39,7 @@ LLAMBA_ENV: tuple[LlamaServerFlag, ...] = (
     F(("--tool-timeout",), "N", "LLAMA_ARG_TOOL_TIMEOUT", "implemented"),
     F(("--tool-max-tokens",), "N", "LLAMA_ARG_TOOL_MAX_TOKENS", "implemented"),
     F(("--mcp-allow-hosts",), "PATTERNS", "LLAMA_ARG_MCP_ALLOW_HOSTS", "implemented"),
+    F(("--tools-regex-timeout",), "SECONDS", "LLAMA_ARG_TOOLS_REGEX_TIMEOUT", "implemented"),
 )
 
 

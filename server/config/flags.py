@@ -284,6 +284,9 @@ def _tool_flags(p: argparse.ArgumentParser) -> None:
     add("--tools-runtime", default=None, metavar="OPTION",
         help="where exec_shell_command runs by default: docker-container:ID, "
         "podman-container:ID or ssh:TARGET")  # fmt: skip
+    add("--tools-regex-timeout", type=float, default=5.0, metavar="SECONDS",
+        help="seconds the patterns of one grep_search or file_glob_search call may take to match, "
+        "in all; a call past it is a tool error")  # fmt: skip
     add("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy", action="store_true", default=False,
         help="serve /cors-proxy?url= for the web UI's MCP client "
         "(only x-llama-server-proxy-header-* headers are sent)")  # fmt: skip

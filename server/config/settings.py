@@ -120,6 +120,7 @@ class Settings(BaseModel):
     # exec_shell_command runs without a request's x-tool-runtime (None: on this host).
     tools: tuple[str, ...] = ()
     tools_runtime: str | None = None
+    tools_regex_timeout: float = 5.0  # seconds the patterns of one grep/glob search may take in all
     ui_mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy for the web UI's MCP client
     # Stored Responses API responses: how many are kept, and the folder that keeps them across restarts.
     responses_max: int = 1000

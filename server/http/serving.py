@@ -5,17 +5,58 @@ around the app (`-to` timeouts, `--api-prefix`), for the model server, the route
 neither). `--host` may name a unix socket (`*.sock`) or several addresses. `--api-prefix /p`
 (llama-server's): every route is served under /p (/p/v1/chat/completions, /p/health), other paths are
 404, and /p itself redirects to /p/ where the web UI's page is (its requests are relative to it).
+
+The event loop is picked at start (`loop_factory`, `run`): a router's and a cluster's front, which
+proxy streams, run on uvloop when the `uvloop` extra is installed (`pip install 'llamba[uvloop]'`: the
+proxy spends ~8% less CPU per streamed event, scripts/bench_proxy.py); a model server runs on asyncio's
+own loop, because it supervises MCP stdio children through asyncio's pipe transports, which see a child
+close its stdin (a deaf server, stopped and reaped at once), and uvloop's do not (the call then times
+out). `LLAMBA_EVENT_LOOP=asyncio` or `=uvloop` names the loop of every process instead (uvloop asked for
+but missing is an error); a router's children and a cluster's replicas inherit the variable.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from hypercorn.config import Config
 
 from server.config.settings import Settings
 from server.http.io_timeouts import App, IoTimeouts, Receive, Scope, Send
 from server.http.limits import hypercorn_limits
+
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+T = TypeVar("T")
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+
+def loop_factory(proxy: bool, choice: str | None = None) -> LoopFactory | None:
+    """The loop `choice` (else LLAMBA_EVENT_LOOP, else auto) names for a process (`proxy`: a router's or
+    a cluster's front): uvloop's factory, or None for asyncio's own; ValueError for an unknown name, or
+    uvloop asked for and not installed."""
+    choice = os.environ.get("LLAMBA_EVENT_LOOP", "auto") if choice is None else choice
+    if choice not in EVENT_LOOPS:
+        raise ValueError(f"LLAMBA_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, got {choice!r}")
+    if choice == "asyncio" or (choice == "auto" and not proxy):
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError(
+                "LLAMBA_EVENT_LOOP=uvloop: uvloop is not installed (pip install 'llamba[uvloop]')"
+            ) from None
+        return None
+    return uvloop.new_event_loop
+
+
+def run(main: Coroutine[Any, Any, T], factory: LoopFactory | None = None) -> T:
+    """`main` run to its end on a new loop of `factory` (None: asyncio's), as asyncio.run does."""
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 def hypercorn_config(settings: Settings) -> Config:

@@ -10,9 +10,8 @@ counters, which outlive it while the model sleeps.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,37 +32,11 @@ from engine.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, slot_p
 from server.config.settings import Settings
 from server.http import errors
 from server.model.admission import Admission
+from server.model.metrics import Counters, RequestTimer
 
 # The engine answers calls between two steps; this only bounds the wait if it is stopping and never will.
 CALL_TIMEOUT = 60.0
 CONTROL_TIMEOUT = 10.0
-
-
-@dataclass
-class Counters:
-    """What /metrics reports (llama-server's llamacpp:* families)."""
-
-    prompt_tokens_total: int = 0
-    prompt_seconds_total: float = 0.0
-    tokens_predicted_total: int = 0
-    tokens_predicted_seconds_total: float = 0.0
-    prompt_tokens_cached_total: int = 0
-    drafted_total: int = 0  # speculative tokens verified
-    drafted_accepted_total: int = 0
-    requests_total: int = 0
-    started: float = field(default_factory=time.time)
-
-    def record(self, event: TokenEvent) -> None:
-        t = event.timings
-        if t is None:
-            return
-        self.prompt_tokens_total += t.prompt_n
-        self.prompt_seconds_total += t.prompt_ms / 1e3
-        self.tokens_predicted_total += t.predicted_n
-        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
-        self.prompt_tokens_cached_total += t.cache_n
-        self.drafted_total += t.draft_n
-        self.drafted_accepted_total += t.draft_n_accepted
 
 
 @dataclass(frozen=True)
@@ -140,17 +113,22 @@ class EngineClient:
 
     async def events(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """The request's events; if the consumer goes away (client disconnect) the generation is cancelled."""
+        timer = RequestTimer(self.counters.latency)
         handle = self.submit(request)
         try:
             async for event in handle:
                 if event.finish_reason is not None:
                     self.counters.record(event)
+                    timer.finish(event)
+                else:
+                    timer.see(event)
                 yield event
         finally:
             handle.cancel()
 
     async def choice_events(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, TokenEvent]]:
         """Every choice's events as they come, with the choice's index; leaving early cancels them all."""
+        timers = [RequestTimer(self.counters.latency) for _ in requests]
         handles = self.submit_choices(requests)
         queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
 
@@ -165,7 +143,10 @@ class EngineClient:
                 index, event = await queue.get()
                 if event.finish_reason is not None:
                     self.counters.record(event)
+                    timers[index].finish(event)
                     running -= 1
+                else:
+                    timers[index].see(event)
                 yield index, event
         finally:
             for task in tasks:

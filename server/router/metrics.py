@@ -1,22 +1,28 @@
 """The router's `/metrics` (Prometheus text format): its own counters per model, then every running
-child's own `/metrics` (llama-server's `llamacpp:*` families), each sample labelled `model="<id>"`, one
-HELP/TYPE head per family. `/metrics?model=<id>` is proxied to that child instead, as llama-server's
-router does (it has no aggregate)."""
+child's own `/metrics` (llama-server's `llamacpp:*` families and Llamba's latency histograms), parsed with
+prometheus_client's parser, each sample labelled `model="<id>"` (a histogram's `_bucket`, `_sum` and
+`_count` samples alike, so each model keeps its own distribution), merged into one family per name and
+rendered by prometheus_client's exposition (labels in its order: sorted by name). `/metrics?model=<id>`
+is proxied to that child instead, as llama-server's router does (it has no aggregate)."""
 
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+
+import structlog
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from server.router.pool import ModelPool
 from server.router.state import RUNNING, ModelState
 from server.router.upstream import UpstreamClient, UpstreamError
 
+log = structlog.get_logger("router")
+
 CONTENT_TYPE = "text/plain; version=0.0.4"
 SCRAPE_TIMEOUT_S = 5.0  # a child that does not answer in time is left out of this scrape
-METRIC_NAME = re.compile(r"[^{\s]+")
 
 Value = Callable[[ModelState, ModelPool], float]
 ROUTER_FAMILIES: tuple[tuple[str, str, str, Value], ...] = (
@@ -28,60 +34,53 @@ ROUTER_FAMILIES: tuple[tuple[str, str, str, Value], ...] = (
     ("evictions_total", "counter", "Unloads to make room for another model.", lambda s, p: s.evictions),
 )
 
-
-@dataclass
-class Family:
-    kind: str = "untyped"
-    help: str = ""
-    samples: list[str] = field(default_factory=list)
+Families = dict[str, Metric]  # by family name (a counter's without `_total`, as prometheus_client keeps it)
 
 
-def label_value(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def family(families: Families, name: str, kind: str, help_text: str) -> Metric:
+    """The family `name` (a counter's name with its `_total`), made empty on first use."""
+    key = name.removesuffix("_total") if kind == "counter" else name
+    found = families.get(key)
+    if found is None:
+        found = families[key] = Metric(key, help_text, kind)
+    return found
 
 
-def labelled(sample: str, model: str, **extra: str) -> str:
-    """A sample line with `model="<id>"` (then `extra`'s labels, e.g. a cluster's `replica`) first."""
-    name = METRIC_NAME.match(sample)
-    end = name.end() if name else 0
-    label = ",".join(f'{k}="{label_value(v)}"' for k, v in {"model": model, **extra}.items())
-    if sample[end : end + 1] == "{":
-        rest = sample[end + 1 :]
-        return f"{sample[:end]}{{{label}{'' if rest.startswith('}') else ','}{rest}"
-    return f"{sample[:end]}{{{label}}}{sample[end:]}"
+def add(metric: Metric, value: float, model: str, **labels: str) -> None:
+    """One sample of a counter or gauge family, labelled `model` (and `labels`)."""
+    name = metric.name + "_total" if metric.type == "counter" else metric.name
+    metric.add_sample(name, {"model": model, **labels}, value)
 
 
-def add_exposition(families: dict[str, Family], text: str, model: str, **extra: str) -> None:
-    """One child's metrics into `families`, its samples labelled with its model (and `extra`)."""
-    current: Family | None = None
-    for line in text.splitlines():
-        if line.startswith(("# HELP ", "# TYPE ")):
-            _, what, name, *rest = line.split(" ", 3)
-            current = families.setdefault(name, Family())
-            if what == "HELP":
-                current.help = rest[0] if rest else ""
-            else:
-                current.kind = rest[0] if rest else "untyped"
-        elif line.strip() and not line.startswith("#"):
-            if current is None:  # a sample without a head: its own untyped family
-                name = METRIC_NAME.match(line)
-                current = families.setdefault(name[0] if name else "", Family())
-            current.samples.append(labelled(line, model, **extra))
+def add_exposition(families: Families, text: str, model: str, **extra: str) -> None:
+    """One child's metrics into `families`, its samples labelled with its model (and `extra`, e.g. a
+    cluster's `replica`); a page that does not parse is left out of this scrape, and logged."""
+    try:
+        parsed = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        log.warning("metrics.unparsable", model=model, error=str(exc), **extra)
+        return
+    for child in parsed:
+        merged = families.get(child.name)
+        if merged is None:
+            merged = families[child.name] = Metric(child.name, child.documentation, child.type)
+        merged.samples.extend(s._replace(labels={**s.labels, "model": model, **extra}) for s in child.samples)
 
 
-def router_families(pool: ModelPool) -> dict[str, Family]:
-    families: dict[str, Family] = {}
+def router_families(pool: ModelPool) -> Families:
+    families: Families = {}
     for suffix, kind, help_text, value in ROUTER_FAMILIES:
-        family = families.setdefault(f"llamba:router_{suffix}", Family(kind, help_text))
+        f = family(families, f"llamba:router_{suffix}", kind, help_text)
         for state in pool.states.values():
-            family.samples.append(labelled(f"llamba:router_{suffix} {value(state, pool)}", state.id))
-    status = families.setdefault(
-        "llamba:router_model_status", Family("gauge", "1 for the model's status now (unloaded, loading...).")
+            add(f, value(state, pool), state.id)
+    status = family(
+        families,
+        "llamba:router_model_status",
+        "gauge",
+        "1 for the model's status now (unloaded, loading...).",
     )
     for state in pool.states.values():
-        status.samples.append(
-            f'llamba:router_model_status{{model="{label_value(state.id)}",status="{state.status}"}} 1'
-        )
+        add(status, 1, state.id, status=state.status)
     return families
 
 
@@ -106,14 +105,18 @@ async def scrape_url(client: UpstreamClient, secret: str, url: str) -> str | Non
     return body.decode() if answer.status_code == 200 else None
 
 
-def render(families: dict[str, Family]) -> str:
-    lines: list[str] = []
-    for name, family in families.items():
-        if family.help:
-            lines.append(f"# HELP {name} {family.help}")
-        lines.append(f"# TYPE {name} {family.kind}")
-        lines.extend(family.samples)
-    return "\n".join(lines) + "\n"
+class Page:
+    """Families as prometheus_client's exposition collects them."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def render(families: Families) -> str:
+    return generate_latest(Page(families.values())).decode()
 
 
 async def aggregate(pool: ModelPool, client: UpstreamClient, secret: str) -> str:

@@ -40,7 +40,13 @@ R = Route
 ROUTES: tuple[Route, ...] = (
     R("GET", "/health", "llama-server", True, "503 while the model loads; no API key needed"),
     R("GET", "/v1/health", "llama-server", True, "as /health"),
-    R("GET", "/metrics", "llama-server", True, "with --metrics; llama-server's `llamacpp:*` names"),
+    R(
+        "GET",
+        "/metrics",
+        "llama-server",
+        True,
+        "with --metrics; llama-server's `llamacpp:*` names, and vLLM's latency histograms (`llamba:*`)",
+    ),
     R("GET", "/props", "llama-server", True, "also Llamba's reasoning and tool-loop settings"),
     R(
         "POST",
