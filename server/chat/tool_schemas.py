@@ -28,7 +28,7 @@ class FunctionDefinition(BaseModel):
     name: str = Field(pattern=TOOL_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # arguments always follow `parameters` here (the grammar enforces them)
+    strict: bool | None = None  # true: `parameters` means what JSON Schema says (model/llama_schema.py)
 
     @field_validator("parameters")
     @classmethod
@@ -166,6 +166,13 @@ class ConstraintFields(BaseModel):
         if self.json_schema is not None:
             return self.json_schema
         return self.response_format.schema() if self.response_format is not None else None
+
+    def answer_strict(self) -> bool:
+        """OpenAI's `"strict": true` on response_format's json_schema: the schema keeps OpenAI's meaning
+        (server/model/llama_schema.py); every other schema means what it means to llama-server."""
+        fmt = self.response_format
+        strict = fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None
+        return self.json_schema is None and strict and fmt.json_schema.strict is True  # type: ignore[union-attr]
 
 
 class ToolFields(BaseModel):

@@ -118,7 +118,7 @@ class Tool(Cached):
     name: str = Field(pattern=TOOL_NAME)
     description: str | None = None
     input_schema: dict[str, Any]
-    strict: bool | None = None  # inputs always follow input_schema here (the grammar enforces it)
+    strict: bool | None = None  # true: input_schema means what JSON Schema says (model/llama_schema.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -139,9 +139,11 @@ class Tool(Cached):
         return check_schema(v)
 
     def to_chat(self) -> dict[str, Any]:
-        function = {"name": self.name, "parameters": self.input_schema}
+        function: dict[str, Any] = {"name": self.name, "parameters": self.input_schema}
         if self.description is not None:
             function["description"] = self.description
+        if self.strict is not None:
+            function["strict"] = self.strict
         return {"type": "function", "function": function}
 
 
