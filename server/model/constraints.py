@@ -17,6 +17,7 @@ from engine.grammar import GrammarError, GrammarSpec, Trigger
 from engine.text.tool_calls import ToolCallFormat, ToolChoice
 from engine.tool_grammar import tool_grammar_spec
 from server.http import errors
+from server.model.gbnf import gbnf_spec
 from server.model.llama_schema import SchemaError, llama_cpp_schema
 
 
@@ -58,12 +59,16 @@ def plan_tools(
 
 
 def gbnf(grammar: str, triggers: list[dict[str, Any]]) -> GrammarSpec:
-    """A GBNF grammar; with llama-server's `grammar_triggers`, lazy (400 naming a malformed one)."""
+    """A GBNF grammar as llama.cpp reads it (server/model/gbnf.py); with llama-server's
+    `grammar_triggers`, lazy (400 naming a malformed one, or a grammar llama.cpp refuses)."""
     try:
         parsed = [Trigger.from_llama(t) for t in triggers]
     except GrammarError as exc:
         raise errors.invalid_request(f"'grammar_triggers': {exc}") from None
-    return GrammarSpec.gbnf(grammar, parsed)
+    try:
+        return gbnf_spec(grammar, parsed)
+    except GrammarError as exc:
+        raise errors.invalid_request(f"'grammar': {exc}") from None
 
 
 def json_schema(schema: dict[str, Any], field: str, strict: bool = False) -> GrammarSpec:

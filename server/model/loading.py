@@ -21,6 +21,7 @@ from engine.text.tool_calls import detect_format
 from server.config.settings import Settings
 from server.model.admission import Admission
 from server.model.client import Counters, EngineClient, Grammars
+from server.model.gbnf import gbnf_spec
 from server.model.llama_schema import SchemaError, llama_cpp_schema
 from server.model.prompts import PromptBuilder
 
@@ -109,7 +110,10 @@ def _default_grammar(settings: Settings, compiler: GrammarCompiler) -> CompiledG
     if s.grammar is None and s.json_schema is None:
         return None
     if s.grammar is not None:
-        spec, flag = GrammarSpec.gbnf(s.grammar), "--grammar"
+        try:  # llama.cpp's reading of GBNF, as for a request's grammar
+            spec, flag = gbnf_spec(s.grammar), "--grammar"
+        except GrammarError as exc:
+            raise ValueError(f"--grammar: {exc}") from None
     else:
         try:  # llama.cpp's meaning, as for a request's schema (but {} is any value here, as in llama.cpp)
             spec, flag = (
