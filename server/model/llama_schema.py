@@ -40,8 +40,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# llama.cpp's integral part: `[0] | [1-9] [0-9]{0,15}`, so an unbounded side stops at 16 digits.
-INTEGER_LIMIT = 10**16 - 1
+# llama.cpp's integral part: `[0] | [1-9] [0-9]{0,15}`, so an unbounded side stops at 16 digits. llguidance
+# reads bounds as doubles, where 10**16 - 1 rounds to 10**16: the largest double below is the limit.
+INTEGER_LIMIT = 10**16 - 2
 # llama.cpp's STRING_FORMAT_RULES as regexes of the string's content.
 _DATE = r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[1-2][0-9]|3[0-1])"
 _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{3})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
@@ -52,6 +53,10 @@ FORMATS = {
     "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
 }
 _UUID_VERSIONS = {f"uuid{v}" for v in "12345"}
+_LLAMA_FORMATS = {*FORMATS, *_UUID_VERSIONS}
+# Formats llama.cpp reads as any string that llguidance checks (an answer then satisfies both).
+ENFORCED_FORMATS = {"email", "hostname", "ipv4", "ipv6", "duration"}
+_NOT_RUST = re.compile(r"\(\?<?[=!]|\\[1-9]|\\k<|\(\?P=")  # look-around, back-references
 _STRING_KEYS = ("pattern", "minLength", "maxLength")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -150,15 +155,21 @@ class _Reader:
                 return self.all_of(schema["allOf"], f"{path}/allOf")
             if "items" in schema or "prefixItems" in schema:
                 return self.array(schema, path)
-            if any(k in schema for k in _STRING_KEYS) or _format(schema, path) is not None:
+            if any(k in schema for k in _STRING_KEYS) or _format(schema, path) in _LLAMA_FORMATS:
                 return self.string(schema, path)
             return {}
         if kind in ("object", "string") and "allOf" in schema and not (kind == "object" and has_properties):
             return self.all_of(schema["allOf"], f"{path}/allOf")
-        readers = {"object": self.object, "string": self.string, "array": self.array, "integer": _integer}
+        readers = {
+            "object": self.object,
+            "string": self.string,
+            "array": self.array,
+            "integer": _integer,
+            "number": _number,
+        }
         if kind in readers:
             return readers[kind](schema, path)
-        if kind in ("number", "boolean", "null"):
+        if kind in ("boolean", "null"):
             return {"type": kind}
         raise SchemaError(f"at {path}: unrecognized type {kind}")
 
@@ -247,17 +258,23 @@ class _Reader:
         return out
 
     def string(self, schema: dict, path: str) -> dict:
+        """llama.cpp's precedence: a pattern, else a format; the lengths beside them (which llama.cpp
+        drops there) are kept, since llguidance enforces them together."""
         pattern = schema.get("pattern")
         if pattern is not None and not isinstance(pattern, str):
             raise SchemaError(f"at {path}: pattern must be a string")
         form = _format(schema, path)
         low, high = _count(schema, "minLength", path), _count(schema, "maxLength", path)
-        if pattern is not None and pattern != "":
-            regex = pattern_regex(pattern, path)
-            return {"type": "string", "pattern": regex} if regex is not None else {"type": "string"}
-        if form is not None:
-            return {"type": "string", "pattern": f"^{FORMATS[form]}$"}
         out: dict[str, Any] = {"type": "string"}
+        if pattern:
+            regex = pattern_regex(pattern, path)
+            regex = regex if regex is not None else _json_schema_pattern(pattern)
+            if regex is not None:
+                out["pattern"] = regex
+        elif form in FORMATS or form in _UUID_VERSIONS:
+            out["pattern"] = f"^(?:{FORMATS['uuid' if form in _UUID_VERSIONS else form]})$"
+        elif form in ENFORCED_FORMATS:
+            out["format"] = form
         if low:
             out["minLength"] = low
         if high is not None:
@@ -306,15 +323,40 @@ def _count(schema: dict, key: str, path: str) -> int | None:
 
 
 def _format(schema: dict, path: str) -> str | None:
-    """The format llama.cpp writes a grammar for (date, time, date-time, uuid); None for any other."""
     if "format" not in schema:
         return None
     value = schema["format"]
     if not isinstance(value, str):
         raise SchemaError(f"at {path}: format must be a string")
-    if value in _UUID_VERSIONS:
-        return "uuid"
-    return value if value in FORMATS else None
+    return value
+
+
+def _json_schema_pattern(pattern: str) -> str | None:
+    """A pattern llama.cpp reads as any string (unanchored, or \\d and the like), in JSON Schema's
+    reading (a search) where llguidance's regex can have it; None (any string, as in llama.cpp) for
+    look-around, back-references, or no regex at all."""
+    if _NOT_RUST.search(pattern):
+        return None
+    try:
+        re.compile(pattern)
+    except re.error:
+        return None
+    return pattern
+
+
+def _number(schema: dict, path: str) -> dict:
+    """A number: llama.cpp's grammar has no bounds, but its own test marks that a to-do; llguidance
+    enforces numeric bounds and multipleOf, so they are kept (an answer then satisfies both)."""
+    out: dict[str, Any] = {"type": "number"}
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+        value = schema.get(key)
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and (key != "multipleOf" or value > 0)
+        ):
+            out[key] = value
+    return out
 
 
 def _integer(schema: dict, path: str) -> dict:
@@ -342,7 +384,11 @@ def _integer(schema: dict, path: str) -> dict:
         low = min(-INTEGER_LIMIT, high) if high is not None else -INTEGER_LIMIT
     if high is None:
         high = max(INTEGER_LIMIT, low)
-    return {"type": "integer", "minimum": low, "maximum": high}
+    out: dict[str, Any] = {"type": "integer", "minimum": low, "maximum": high}
+    step = schema.get("multipleOf")
+    if isinstance(step, (int, float)) and not isinstance(step, bool) and step > 0:
+        out["multipleOf"] = step  # llama.cpp ignores it; llguidance enforces it
+    return out
 
 
 # -- patterns: llama.cpp's regex subset, as a Rust regex over the string's content -------------------
