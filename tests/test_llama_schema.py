@@ -247,6 +247,24 @@ def test_tool_parameters_with_refs_compile_inside_the_call_object(compiler: Gram
     assert not call_accepted(compiler, tools, {"where": {"city": "Paris", "x": 1}}, choice="auto")
 
 
+def test_strict_tools_with_the_same_defs_names_keep_their_own(compiler: GrammarCompiler) -> None:
+    def with_place(place: dict) -> dict[str, Any]:
+        parameters = {
+            "type": "object",
+            "properties": {"where": {"$ref": "#/$defs/place"}},
+            "required": ["where"],
+        }
+        return {**parameters, "$defs": {"place": place}}
+
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [
+        tool("locate", with_place(city), strict=True),
+        tool("other", with_place({"type": "integer"}), strict=True),
+    ]
+    assert call_accepted(compiler, tools, {"where": {"city": "Paris"}}, choice="auto")
+    assert not call_accepted(compiler, tools, {"where": 3}, choice="auto")
+
+
 def test_grammar_tools_keep_the_prompts_tools_as_sent() -> None:
     weather = tool("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}, strict=True)
     rewritten = grammar_tools([weather])

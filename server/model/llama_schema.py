@@ -77,8 +77,31 @@ def llama_cpp_schema(schema: Any, strict: bool = False, request: bool = True, de
     if request and schema == {}:
         return {"type": "object"}
     if strict:
-        return _closed(schema)
+        return _closed(_prefixed_defs(schema, defs) if defs else schema)
     return _Reader(schema, defs).document()
+
+
+def _prefixed_defs(schema: dict, prefix: str) -> dict:
+    """The root's `$defs`/`definitions` renamed `prefix` + name (as `$defs`), and the references to them."""
+    out = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    names = {}
+    for key in ("$defs", "definitions"):
+        for name, sub in (schema.get(key) or {}).items():
+            names[f"#/{key}/{name}"] = f"#/$defs/{prefix}{name}"
+            out.setdefault("$defs", {})[prefix + name] = sub
+
+    def renamed(node: Any) -> Any:
+        if isinstance(node, list):
+            return [renamed(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            hit = next((old for old in names if ref == old or ref.startswith(old + "/")), None)
+            node = {**node, "$ref": names[hit] + ref[len(hit) :]} if hit else node
+        return {k: renamed(v) for k, v in node.items()}
+
+    return renamed(out)
 
 
 def _closed(schema: Any) -> Any:
