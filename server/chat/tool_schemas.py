@@ -180,7 +180,8 @@ class ToolFields(BaseModel):
 
     tools: list[Tool] | None = None
     tool_choice: ToolChoiceField | None = None
-    parallel_tool_calls: bool = False  # llama-server's default
+    # None: llama-server's default, the template's own (whether it renders parallel calls)
+    parallel_tool_calls: bool | None = None
     # The server-side tool loop's per-request limits (only with `mcp` tools; server/agents/loop.py).
     max_tool_rounds: int | None = Field(default=None, ge=1)
     tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call

@@ -232,8 +232,8 @@ class CountTokensRequest(BaseModel):
         }
         if self.tools:
             fields["tools"] = [tool.to_chat() for tool in self.tools]
-            choice = self.tool_choice
-            fields["parallel_tool_calls"] = not (choice and choice.disable_parallel_tool_use)
+            if self.tool_choice is not None and self.tool_choice.disable_parallel_tool_use:
+                fields["parallel_tool_calls"] = False  # else llama-server's default: the template's
         if self.tool_choice is not None:
             fields["tool_choice"] = self.tool_choice.to_chat()
         if self.thinking is not None:
