@@ -118,7 +118,7 @@ async def schema_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, Any]
     except (json.JSONDecodeError, jsonschema.ValidationError):
         pass
     row["ok"] = bool(row["complete"] and row.get("valid"))
-    return row
+    return row | {"text": choice.message.content}
 
 
 async def required_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, Any]:
@@ -142,7 +142,8 @@ async def required_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, An
             valid = False
     row = {"finish_tool_calls": choice.finish_reason == "tool_calls", "call": bool(calls), "valid": valid}
     row["ok"] = row["finish_tool_calls"] and valid
-    return row | {"tokens": reply.usage.completion_tokens}
+    text = json.dumps([c.model_dump() for c in calls]) if calls else choice.message.content
+    return row | {"tokens": reply.usage.completion_tokens, "text": text}
 
 
 async def anthropic_answer(client: anthropic.AsyncAnthropic, seed: int) -> dict[str, Any]:
@@ -162,7 +163,8 @@ async def anthropic_answer(client: anthropic.AsyncAnthropic, seed: int) -> dict[
         except jsonschema.ValidationError:
             valid = False
     row = {"tool_use": reply.stop_reason == "tool_use", "valid": valid}
-    return row | {"ok": row["tool_use"] and valid, "tokens": reply.usage.output_tokens}
+    text = json.dumps([b.model_dump() for b in reply.content])
+    return row | {"ok": row["tool_use"] and valid, "tokens": reply.usage.output_tokens, "text": text}
 
 
 async def run_scenario(answer: Any, client: Any, answers: int, concurrency: int) -> list[dict[str, Any]]:
@@ -176,7 +178,7 @@ async def run_scenario(answer: Any, client: Any, answers: int, concurrency: int)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = dict.fromkeys(key for row in rows for key in row if key != "tokens")
+    keys = dict.fromkeys(key for row in rows for key in row if key not in ("tokens", "text"))
     counts = {key: sum(bool(r.get(key)) for r in rows) for key in keys}
     return {
         "answers": len(rows),
@@ -222,7 +224,7 @@ class Server:
             self.proc.kill()
 
 
-async def bench_model(server: Server, answers: int, concurrency: int) -> dict[str, Any]:
+async def bench_model(server: Server, answers: int, concurrency: int, show: int) -> dict[str, Any]:
     oai = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", timeout=1200, max_retries=0)
     claude = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", timeout=1200, max_retries=0)
     results = {}
@@ -235,6 +237,8 @@ async def bench_model(server: Server, answers: int, concurrency: int) -> dict[st
         rows = await run_scenario(answer, client, answers, concurrency)
         results[name] = summary(rows) | {"wall_s": round(time.monotonic() - started)}
         print(f"  {name}: {json.dumps(results[name])}", flush=True)
+        for seed, row in [(seed, row) for seed, row in enumerate(rows) if not row["ok"]][:show]:
+            print(f"    not ok, seed {seed} ({row['tokens']} tokens): {row['text']!r}", flush=True)
     return results
 
 
@@ -245,6 +249,7 @@ def main() -> None:
     parser.add_argument("--answers", type=int, default=50)
     parser.add_argument("--parallel", type=int, default=4, help="server slots, and requests in flight")
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
+    parser.add_argument("--show", type=int, default=0, help="print this many answers that are not ok")
     args = parser.parse_args()
     commit = subprocess.run(
         ["git", "-C", str(args.checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -256,7 +261,7 @@ def main() -> None:
         try:
             server.wait()
             print(f"{model}:", flush=True)
-            report["models"][model] = asyncio.run(bench_model(server, args.answers, args.parallel))
+            report["models"][model] = asyncio.run(bench_model(server, args.answers, args.parallel, args.show))
         finally:
             server.stop()
     print(f"load average after: {os.getloadavg()}")
