@@ -10,6 +10,8 @@ the real OpenAI and Anthropic clients, at temperature 1.0 with seeds 0..N-1 (iss
 - `schema`: `response_format` json_schema with nested objects and an array of objects, none of which
   declares `additionalProperties` (max_tokens 200): how many answers are complete (finish_reason
   stop), valid JSON, valid against the schema, free of keys the schema does not declare;
+- `schema_bounded`: the same with `maxItems: 4` on the array, so that an answer cut by max_tokens is
+  not a model writing more and more array items (which any grammar for the schema allows);
 - `required`: `tool_choice: "required"` with two tools whose parameters do not declare it
   (max_tokens 200): how many answers are a call with finish_reason tool_calls and valid arguments;
 - `anthropic_any`: /v1/messages with `tool_choice: {"type": "any"}` and an input schema
@@ -81,6 +83,10 @@ TIME = {
     },
 }
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+BOUNDED = {
+    **PERSON,
+    "properties": {**PERSON["properties"], "skills": {**PERSON["properties"]["skills"], "maxItems": 4}},
+}
 
 
 def undeclared_keys(value: Any, schema: dict[str, Any]) -> bool:
@@ -93,7 +99,9 @@ def undeclared_keys(value: Any, schema: dict[str, Any]) -> bool:
     return False
 
 
-async def schema_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, Any]:
+async def schema_answer(
+    client: openai.AsyncOpenAI, seed: int, schema: dict[str, Any] = PERSON
+) -> dict[str, Any]:
     reply = await client.chat.completions.create(
         model="any",
         messages=[
@@ -102,7 +110,7 @@ async def schema_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, Any]
                 "content": "Describe a fictional software engineer: name, age, address and skills.",
             }
         ],
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
         temperature=1.0,
         max_tokens=200,
         seed=seed,
@@ -112,13 +120,17 @@ async def schema_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, Any]
     try:
         doc = json.loads(choice.message.content or "")
         row["json"] = True
-        jsonschema.validate(doc, PERSON)
+        jsonschema.validate(doc, schema)
         row["valid"] = True
-        row["no_extra_keys"] = not undeclared_keys(doc, PERSON)
+        row["no_extra_keys"] = not undeclared_keys(doc, schema)
     except (json.JSONDecodeError, jsonschema.ValidationError):
         pass
     row["ok"] = bool(row["complete"] and row.get("valid"))
     return row | {"text": choice.message.content}
+
+
+async def bounded_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, Any]:
+    return await schema_answer(client, seed, BOUNDED)
 
 
 async def required_answer(client: openai.AsyncOpenAI, seed: int) -> dict[str, Any]:
@@ -224,15 +236,20 @@ class Server:
             self.proc.kill()
 
 
-async def bench_model(server: Server, answers: int, concurrency: int, show: int) -> dict[str, Any]:
+async def bench_model(
+    server: Server, answers: int, concurrency: int, show: int, scenarios: list[str]
+) -> dict[str, Any]:
     oai = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", timeout=1200, max_retries=0)
     claude = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", timeout=1200, max_retries=0)
     results = {}
     for name, answer, client in (
         ("schema", schema_answer, oai),
+        ("schema_bounded", bounded_answer, oai),
         ("required", required_answer, oai),
         ("anthropic_any", anthropic_answer, claude),
     ):
+        if name not in scenarios:
+            continue
         started = time.monotonic()
         rows = await run_scenario(answer, client, answers, concurrency)
         results[name] = summary(rows) | {"wall_s": round(time.monotonic() - started)}
@@ -250,6 +267,9 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4, help="server slots, and requests in flight")
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
     parser.add_argument("--show", type=int, default=0, help="print this many answers that are not ok")
+    parser.add_argument(
+        "--scenarios", nargs="+", default=["schema", "schema_bounded", "required", "anthropic_any"]
+    )
     args = parser.parse_args()
     commit = subprocess.run(
         ["git", "-C", str(args.checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -261,7 +281,8 @@ def main() -> None:
         try:
             server.wait()
             print(f"{model}:", flush=True)
-            report["models"][model] = asyncio.run(bench_model(server, args.answers, args.parallel, args.show))
+            run = bench_model(server, args.answers, args.parallel, args.show, args.scenarios)
+            report["models"][model] = asyncio.run(run)
         finally:
             server.stop()
     print(f"load average after: {os.getloadavg()}")
