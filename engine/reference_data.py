@@ -24,8 +24,16 @@ SDIST_FILENAME = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 # Where llama.cpp's tree sits inside the sdist.
 LLAMA_CPP_ROOT = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
-# Extracted in one pass on the first fetch; other paths are extracted when asked for.
-EXTRACTED_DIRS = ("models/templates/", "grammars/", "tools/server/tests/unit/")
+# Extracted in one pass on the first fetch; other paths are extracted when asked for. The three C++
+# tests are what scripts/make_llama_cpp_goldens.py reads (tests/golden/llama_cpp_cases.json).
+EXTRACTED_DIRS = (
+    "models/templates/",
+    "grammars/",
+    "tools/server/tests/unit/",
+    "tests/test-grammar-integration.cpp",
+    "tests/test-json-schema-to-grammar.cpp",
+    "tests/test-chat.cpp",
+)
 # llama_cpp_files' folders: (folder below llama.cpp's root, file suffix).
 FOLDERS = {"grammars": ("grammars", ".gbnf"), "templates": ("models/templates", ".jinja")}
 

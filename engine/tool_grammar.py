@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.grammar import JSON_WHITESPACE, GrammarSpec, Trigger, TriggerKind
 from engine.text.tool_calls.syntax import Alt, Json, Lit, Node, Regex, Rep, Seq, Space, ToolGrammar, Until
@@ -87,5 +88,35 @@ def _repeat(low: int, high: int | None) -> str:
 
 
 def _with_json_whitespace(schema: dict) -> dict:
-    """The schema with llama.cpp's bounded JSON whitespace (unless it sets its own x-guidance)."""
+    """The schema with llama.cpp's bounded JSON whitespace (unless it sets its own x-guidance), and the
+    `$defs` of schemas embedded in it (a tool's arguments inside the call object) moved to its root,
+    where their `#/$defs/...` references look (their names are unique: server/model/llama_schema.py)."""
+    defs: dict[str, Any] = {}
+    schema = _hoist_defs(schema, defs, root=True)
+    if defs:
+        schema = {**schema, "$defs": {**defs, **schema.get("$defs", {})}}
     return schema if "x-guidance" in schema else {**schema, "x-guidance": JSON_WHITESPACE}
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("additionalProperties", "items", "not", "contains", "if", "then", "else", "propertyNames")
+
+
+def _hoist_defs(schema: Any, defs: dict[str, Any], root: bool = False) -> Any:
+    """`schema` without the `$defs` of its sub-schemas, which go into `defs`."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if not root and isinstance(out.get("$defs"), dict):
+        defs.update({name: _hoist_defs(sub, defs) for name, sub in out.pop("$defs").items()})
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _hoist_defs(sub, defs) for name, sub in out[key].items()}
+    for key in (*_SCHEMA_LISTS, *_SCHEMA_VALUES):
+        value = out.get(key)
+        if isinstance(value, list):
+            out[key] = [_hoist_defs(sub, defs) for sub in value]
+        elif isinstance(value, dict):
+            out[key] = _hoist_defs(value, defs)
+    return out

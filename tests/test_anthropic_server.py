@@ -126,6 +126,26 @@ def test_a_tool_use_round_trip(api: anthropic.Anthropic) -> None:
     assert [b.type for b in answer.content] == ["text"] and answer.content[0].text.strip()
 
 
+def test_tool_choice_any_calls_once_where_the_template_has_no_parallel_calls(
+    api: anthropic.Anthropic,
+) -> None:
+    """Without disable_parallel_tool_use, parallel calls follow the template (llama-server's default):
+    SmolLM2's renders none, so one call, and the answer ends with tool_use (with an array of calls the
+    model went on repeating them until max_tokens). The input schema does not close its object."""
+    open_weather = {
+        **WEATHER,
+        "input_schema": {k: v for k, v in WEATHER["input_schema"].items() if k != "additionalProperties"},
+    }
+    for seed in (0, 4, 10):  # with parallel calls: 0 and 4 ran to max_tokens, 10 made two calls
+        asked = {"model": "any", "max_tokens": 120, "messages": ASK, "tools": [open_weather]}
+        called = api.messages.create(
+            tool_choice={"type": "any"}, extra_body={"temperature": 1.0, "seed": seed}, **asked
+        )
+        uses = [b for b in called.content if b.type == "tool_use"]
+        assert called.stop_reason == "tool_use" and len(uses) == 1, called
+        assert set(uses[0].input) == {"city"}  # no key the schema does not declare
+
+
 def test_tool_choice_any_calls_and_none_never_does(api: anthropic.Anthropic) -> None:
     asked = {"model": "any", "max_tokens": 300, "messages": ASK, "tools": [WEATHER]}
     # Not seed 0: with it SmolLM2 writes more keys after the call object, which the generic format's

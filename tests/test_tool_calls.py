@@ -1,10 +1,13 @@
 """Tool-call chat formats: detection and rendering on llama.cpp's real templates, parsing (whole and
 streamed at every split point and random chunkings), malformed output, and the grammar descriptions
 checked against the same outputs. Templates come from the llama-cpp-python sdist (engine.reference_data).
+Canned outputs are llama.cpp's own where its test-chat.cpp has one for the template (its parsing cases
+are in tests/golden/llama_cpp_cases.json, and all of them for these formats run here too).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Sequence
@@ -13,12 +16,18 @@ from typing import Any
 
 import pytest
 
-from engine.api import ReasoningTags
+from engine.api import ReasoningSpec, ReasoningTags
 from engine.gguf import GGUFFile
 from engine.grammar import GrammarCompiler
 from engine.reference_data import ReferenceDataError, reference_file
-from engine.text.chat import ChatTemplate
-from engine.text.reasoning import ReasoningSplitter, detect_tags, prompt_opens_block
+from engine.text.chat import ChatTemplate, ChatTemplateError
+from engine.text.reasoning import (
+    ReasoningSplitter,
+    ReasoningState,
+    detect_tags,
+    prompt_opens_block,
+    resolve_spec,
+)
 from engine.text.tokenizer import Tokenizer
 from engine.text.tool_calls import (
     FORMATS,
@@ -33,7 +42,7 @@ from engine.text.tool_calls.generic import SYSTEM_PROMPT
 from engine.text.tool_calls.minimax import NS
 from engine.text.tool_calls.syntax import ToolGrammar
 from engine.tool_grammar import tool_grammar_spec
-from tests.conftest import require
+from tests.conftest import load_golden, require
 from tests.grammar_triggers import grammar_start
 
 
@@ -49,27 +58,6 @@ WEATHER = tool("get_weather", {"city": {"type": "string"}}, ["city"])
 TIME = tool("get_time", {"zone": {"type": "string"}}, ["zone"])
 BRAVE = tool("brave_search", {"query": {"type": "string"}}, ["query"])
 PYTHON = tool("python", {"code": {"type": "string"}}, ["code"])
-SEARCH = tool(
-    "search",
-    {
-        "query": {"type": "string"},
-        "limit": {"type": "integer"},
-        "exact": {"type": "boolean"},
-        "filters": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "year": {"type": "integer"},
-                    "label": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                },
-            },
-        },
-        "window": {"type": "object", "properties": {"from": {"type": "number"}, "to": {"type": "number"}}},
-        "score": {"oneOf": [{"type": "integer"}, {"type": "boolean"}]},
-    },
-    ["query"],
-)
 TOOLS = [WEATHER, TIME]
 PARIS, CET = {"city": "Paris"}, {"zone": "CET"}
 
@@ -122,6 +110,37 @@ class Case:
     # a call object; an end-of-generation marker such as GPT-OSS's <|call|> is a token the grammar
     # leaves to the sampler).
     grammar_output: str | None = None
+    ids_final: tuple[str, ...] | None = None  # the final parse's ids, where they differ from the stream's
+
+
+# llama.cpp's own parsing cases (tests/test-chat.cpp), by template and line.
+LLAMA_CHAT = load_golden("llama_cpp_cases")["chat"]
+_LLAMA_CASES = {(c["template"], c["line"]): c for c in LLAMA_CHAT["cases"]}
+
+
+def golden_tool(tool: str | dict[str, Any]) -> dict[str, Any]:
+    """A tool of llama.cpp's test (named, or given whole) as an OpenAI tool."""
+    spec = LLAMA_CHAT["tools"][tool] if isinstance(tool, str) else tool
+    function = {
+        "name": spec["name"],
+        "description": spec["description"],
+        "parameters": json.loads(spec["parameters"]),
+    }
+    return {"type": "function", "function": function}
+
+
+def from_llama_cpp(case_id: str, template: str, fmt: str, rendered_call: str, line: int, **more: Any) -> Case:
+    """A Case whose output and expected message are llama.cpp's test-chat.cpp case at `line`."""
+    case = _LLAMA_CASES[(f"models/templates/{template}.jinja", line)]
+    expect = case["expect"]
+    calls = tuple((c["name"], json.loads(c["arguments"])) for c in expect["tool_calls"])
+    ids = tuple(c["id"] for c in expect["tool_calls"]) if any(c["id"] for c in expect["tool_calls"]) else None
+    tools = tuple(golden_tool(t) for t in case.get("tools", ()))
+    ids = more.pop("ids", ids)
+    return Case(
+        case_id, template, fmt, rendered_call, case["input"], expect["content"], calls,
+        reasoning=expect["reasoning_content"], tools=tools, ids=ids, **more,
+    )  # fmt: skip
 
 
 R1_WEATHER_CALL = (
@@ -133,36 +152,13 @@ R1_CALLS = (
     '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
     '```json\n{"zone": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
 )
-MINIMAX_CALLS = (
-    f"{NS}<tool_call>\n"
-    f'{NS}<invoke name="search">{NS}<query>llamas & "alpacas" <3{NS}</query>{NS}<limit>5{NS}</limit>'
-    f"{NS}<exact>false{NS}</exact>"
-    f"{NS}<filters>{NS}<item>{NS}<year>2024{NS}</year>{NS}<label>42{NS}</label>{NS}</item>"
-    f"{NS}<item>{NS}<year>2025{NS}</year>{NS}</item>{NS}</filters>"
-    f"{NS}<window>{NS}<from>1.5{NS}</from>{NS}<to>2{NS}</to>{NS}</window>{NS}<score>true{NS}</score>"
-    f"{NS}</invoke>\n"
-    f'{NS}<invoke name="get_weather">{NS}<city>Paris{NS}</city>{NS}</invoke>\n'
-    f"{NS}</tool_call>"
-)
-MINIMAX_SEARCH = {
-    "query": 'llamas & "alpacas" <3',
-    "limit": 5,
-    "exact": False,
-    "filters": [{"year": 2024, "label": "42"}, {"year": 2025}],
-    "window": {"from": 1.5, "to": 2},
-    "score": True,
-}
-
 CASES = [
-    Case(
+    from_llama_cpp(
         "hermes2pro",
         "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
         "Hermes 2 Pro",
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
-        "Let me check.\n",
-        (("get_weather", PARIS), ("get_time", CET)),
+        3340,
     ),
     Case(
         "qwen3",
@@ -175,14 +171,12 @@ CASES = [
         (("get_weather", PARIS),),
         reasoning="The user wants the weather.",
     ),
-    Case(
+    from_llama_cpp(
         "qwen2.5",
         "Qwen-Qwen2.5-7B-Instruct",
         "Hermes 2 Pro",
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-        '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
-        "",
-        (("get_time", CET),),
+        6107,
     ),
     Case(
         "llama3.1-builtin",
@@ -215,31 +209,23 @@ CASES = [
         (("get_time", CET),),
         parallel_history=False,
     ),
-    Case(
+    from_llama_cpp(
         "mistral-nemo",
         "mistralai-Mistral-Nemo-Instruct-2407",
         "Mistral Nemo",
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}',
-        'I will check both.[TOOL_CALLS][{"id": "x1y2z3w4v", "name": "get_weather", '
-        '"arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {"zone": "CET"}, '
-        '"id": "f5g6h7i8j"}]',
-        "I will check both.",
-        (("get_weather", PARIS), ("get_time", CET)),
-        ids=("x1y2z3w4v", "call_0"),  # an id after the name comes too late: the call already has one
-        grammar_output='I will check both.[TOOL_CALLS][{"name": "get_weather", "arguments": '
-        '{"city": "Paris"}, "id": "x1y2z3w4v"}, {"name": "get_time", "arguments": {"zone": "CET"}, '
-        '"id": "f5g6h7i8j"}]',
+        5917,
+        # A stream names a call's id in its first delta; Nemo writes the id after the arguments, so a
+        # stream's id is Llamba's own (the final parse, as llama.cpp's, takes the model's: ids_final).
+        ids=("call_0",),
+        ids_final=("123456789",),
     ),
-    Case(
+    from_llama_cpp(
         "functionary-v3.2",
         "meetkai-functionary-medium-v3.2",
         "Functionary v3.2",
         '>>>get_weather\n{"city": "Paris"}',
-        'all\nLet me look that up.>>>get_weather\n{"city": "Paris"}\n>>>python\nprint("hi")\nx = 1',
-        "Let me look that up.",
-        (("get_weather", PARIS), ("python", {"code": 'print("hi")\nx = 1'})),
-        tools=(WEATHER, PYTHON),
-        grammar_text='get_weather\n{"city": "Paris"}\n>>>python\nprint("hi")\nx = 1',
+        5952,
     ),
     Case(
         "deepseek-r1-distill-qwen",
@@ -251,61 +237,36 @@ CASES = [
         (("get_weather", PARIS), ("get_time", CET)),
         reasoning="The user wants weather and time.",
     ),
-    Case(
+    from_llama_cpp(
         "deepseek-r1-llama-cpp",
         "llama-cpp-deepseek-r1",
         "DeepSeek R1",
         R1_WEATHER_CALL,
-        "Weather first.\n</think>\n\n" + R1_CALLS,
-        "",
-        (("get_weather", PARIS), ("get_time", CET)),
-        reasoning="Weather first.",
+        6029,
     ),
-    Case(
+    from_llama_cpp(
         "command-r7b",
         "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
         "Command R7B",
         '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
         '"parameters": {"city": "Paris"}}',
-        "<|START_THINKING|>I need the weather and the time.<|END_THINKING|><|START_ACTION|>[\n"
-        '    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}},\n'
-        '    {"tool_call_id": "1", "tool_name": "get_time", "parameters": {"zone": "CET"}}\n]<|END_ACTION|>',
-        "",
-        (("get_weather", PARIS), ("get_time", CET)),
-        reasoning="I need the weather and the time.",
-        ids=("0", "1"),
+        2837,
     ),
-    Case(
+    from_llama_cpp(
         "gpt-oss",
         "openai-gpt-oss-120b",
         "GPT-OSS",
         "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
         '{"city": "Paris"}<|call|>',
-        "<|channel|>analysis<|message|>Need the weather tool.<|end|>"
-        "<|start|>assistant<|channel|>commentary<|message|>Checking the weather.<|end|>"
-        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-        '{"city": "Paris"}<|call|>',
-        "Checking the weather.",
-        (("get_weather", PARIS),),
-        reasoning="Need the weather tool.",
+        6494,
         parallel_history=False,
-        grammar_text="<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-        '{"city": "Paris"}',
-        grammar_output="<|channel|>analysis<|message|>Need the weather tool.<|end|>"
-        "<|start|>assistant<|channel|>commentary<|message|>Checking the weather.<|end|>"
-        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-        '{"city": "Paris"}',
     ),
-    Case(
+    from_llama_cpp(
         "minimax-m3",
         "MiniMax-M3",
         "MiniMax-M3",
         f'{NS}<invoke name="get_weather">{NS}<city>Paris{NS}</city>{NS}</invoke>',
-        "<mm:think>Search, then the weather.</mm:think>I'll search." + MINIMAX_CALLS,
-        "I'll search.",
-        (("search", MINIMAX_SEARCH), ("get_weather", PARIS)),
-        reasoning="Search, then the weather.",
-        tools=(SEARCH, WEATHER),
+        5555,
     ),
 ]
 
@@ -453,8 +414,10 @@ def chunkings(text: str, seeds: int = 12) -> list[list[str]]:
     return result
 
 
-def expected_message(case: Case) -> ParsedMessage:
-    ids = case.ids or tuple(f"call_{i}" for i in range(len(case.calls)))
+def expected_message(case: Case, final: bool = False) -> ParsedMessage:
+    ids = (
+        (case.ids_final if final else None) or case.ids or tuple(f"call_{i}" for i in range(len(case.calls)))
+    )
     calls = [
         ToolCall(i, name, json.dumps(args, separators=(",", ":")))
         for i, (name, args) in zip(ids, case.calls, strict=True)
@@ -733,8 +696,137 @@ def test_the_final_parse_gives_the_same_calls_whole_at_the_flush(case: Case) -> 
         message.add(delta)
     tail = splitter.flush().content if splitter else ""
     message.add(parser.push(tail)).add(parser.flush())
-    expected = expected_message(case)
+    expected = expected_message(case, final=True)
     assert (message.content, message.tool_calls) == (expected.content, expected.tool_calls)
+
+
+# -- llama.cpp's own parsing cases (test-chat.cpp's PEG-parser tests, every one for these formats) ---------
+
+# Cases llama.cpp's test runs that are not about Llamba's parsers, or where Llamba parts from them.
+LLAMA_CASE_SKIPS = {
+    "continue_final_message": "llama.cpp's continue_final_message (content/reasoning) reports the prefilled "
+    "message joined with the continuation; Llamba's (a boolean) answers with the continuation alone",
+    6302: "a ```json fence stripped from a json_schema answer: Llamba's grammar admits no fence there",
+    6442: "reasoning_format none on GPT-OSS: Llamba's parser files analysis messages as reasoning still",
+}
+
+
+def llama_case_skip(case: dict[str, Any]) -> str | None:
+    if "continue_final_message" in case:
+        return LLAMA_CASE_SKIPS["continue_final_message"]
+    return LLAMA_CASE_SKIPS.get(case["line"])
+
+
+@functools.cache
+def llama_case_pipeline(template: str, line: int) -> tuple[ToolCallFormat, list[dict], ReasoningSpec | None]:
+    """A case's format, tools and reasoning spec (from its rendered generation prompt), once per case."""
+    case = _LLAMA_CASES[(template, line)]
+    source = reference_template(template.removeprefix("models/templates/").removesuffix(".jinja"))
+    fmt = detect_format(source)
+    assert fmt.name == case["format"]
+    tools = [golden_tool(t) for t in case.get("tools", ())]
+    messages = case.get("messages") or [{"role": "user", "content": "Hey there!"}]
+    context = {**fmt.template_context(tools), "enable_thinking": case.get("enable_thinking", True)}
+    template_ = ChatTemplate(source, "test")
+    text = template_.render(fmt.prepare_messages(messages, tools), tools=tools, with_starts=False, **context)
+    prompt = fmt.finish_prompt(source, text.text, add_generation_prompt=True)
+    spec = resolve_spec(case.get("reasoning_format", "none"), source, prompt, own_tags=fmt.reasoning_tags)
+    return fmt, tools, spec
+
+
+def parse_llama_case(case: dict[str, Any], chunks: Sequence[str], stream_arguments: bool) -> ParsedMessage:
+    """llama.cpp's case through Llamba's pipeline: the reasoning split its request asks for (the
+    template's generation prompt decides whether the block is open), then the format's parser (run
+    here for cases without tools too: a parser case; a request without tools gets no parser)."""
+    fmt, tools, spec = llama_case_pipeline(case["template"], case["line"])
+    reasoning = ReasoningState(spec, lambda text: []) if spec is not None else None
+    parser = fmt.parser(tools, sequential_ids(), stream_arguments)
+    message = ParsedMessage()
+    for chunk in [*chunks, None]:
+        split = (
+            None
+            if reasoning is None
+            else reasoning.push(chunk, False)
+            if chunk is not None
+            else reasoning.flush()
+        )
+        answer = split.content if split is not None else (chunk or "")
+        message.reasoning += split.reasoning if split is not None else ""
+        message.add(parser.push(answer))
+        if chunk is None:
+            message.add(parser.flush())
+    return message
+
+
+def llama_difference(case: dict[str, Any], got: ParsedMessage, check_ids: bool = True) -> str | None:
+    """llama.cpp's comparison (assert_msg_equals): content and reasoning up to surrounding whitespace,
+    each call's name, its arguments as JSON (text that is no JSON yet counts as empty) and its id where
+    llama.cpp expects one (Llamba names every call; llama-server adds ids after its parser)."""
+    expect = case["expect"]
+
+    def json_text(arguments: str) -> str:
+        try:
+            return json.dumps(json.loads(arguments), sort_keys=True)
+        except json.JSONDecodeError:
+            return ""
+
+    if (got.content.strip(), got.reasoning.strip()) != (
+        expect["content"].strip(),
+        expect["reasoning_content"].strip(),
+    ):
+        return f"content/reasoning {got.content!r} / {got.reasoning!r}"
+    if len(got.tool_calls) != len(expect["tool_calls"]):
+        return f"calls {got.tool_calls}"
+    for want, call in zip(expect["tool_calls"], got.tool_calls, strict=True):
+        if want["name"] != call.name or json_text(want["arguments"]) != json_text(call.arguments):
+            return f"call {call}"
+        if check_ids and want["id"] and want["id"] != call.id:
+            return f"call id {call.id!r}"
+    return None
+
+
+def llama_case_id(case: dict[str, Any]) -> str:
+    return f"{case['template'][17:-6]}-line{case['line']}"
+
+
+# llama.cpp's cases Llamba parses as llama.cpp does, and those it knowingly parses otherwise (each with
+# its reason in LLAMA_CASE_SKIPS; docs/compatibility-json-schema.md).
+SAME_CASES = [case for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is None]
+OTHER_CASES = [case for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is not None]
+
+
+@pytest.mark.parametrize("case", OTHER_CASES, ids=llama_case_id)
+def test_the_known_differences_from_llama_cpps_parsing_still_differ(case: dict[str, Any]) -> None:
+    """A case set aside as a known difference must still differ: the day Llamba parses it as llama.cpp
+    does, it moves to the cases that must agree."""
+    try:
+        whole = parse_llama_case(case, [case["input"]], stream_arguments=bool(case.get("is_partial")))
+    except ChatTemplateError as exc:  # the template refuses the prefilled messages (e.g. several calls)
+        assert "failed" in str(exc)
+        return
+    assert llama_difference(case, whole) is not None, f"now parsed as llama.cpp does: {llama_case_skip(case)}"
+
+
+@pytest.mark.parametrize("case", SAME_CASES, ids=llama_case_id)
+def test_llama_cpps_parsing_cases_parse_to_its_messages_whole_and_streamed(case: dict[str, Any]) -> None:
+    """Whole (a non-streamed reply's final parse) and streamed character by character (every chunk
+    boundary) and in random chunks, each must give llama.cpp's expected message."""
+    # llama.cpp's partial parse (an unfinished output) is what a stream shows; a whole reply is final
+    whole = parse_llama_case(case, [case["input"]], stream_arguments=bool(case.get("is_partial")))
+    assert llama_difference(case, whole) is None, llama_difference(case, whole)
+    # A stream announces a call's id with its name: an id written after the arguments (Mistral Nemo)
+    # names the call in the final parse only.
+    late_id = case["format"] == "Mistral Nemo"
+    for chunks in [[case["input"]], list(case["input"]), *chunkings(case["input"], seeds=2)[-2:]]:
+        streamed = parse_llama_case(case, chunks, stream_arguments=True)
+        assert llama_difference(case, streamed, check_ids=not late_id) is None, (chunks, streamed)
+
+
+def test_the_chat_cases_cover_every_implemented_format() -> None:
+    formats = {case["format"] for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is None}
+    assert formats == {f for f in FORMATS if f != "Generic"}  # llama.cpp's test has no generic case now
+    assert LLAMA_CHAT["extracted"] == LLAMA_CHAT["present"]["implemented_formats"] == 91
+    assert sum(llama_case_skip(case) is None for case in LLAMA_CHAT["cases"]) == 68
 
 
 # -- tool choice and the grammar descriptions ------------------------------------------------------------

@@ -31,7 +31,7 @@ def constraint(body: GenerationFields) -> tuple[GrammarSpec, str] | None:
     if schema is None:
         return None
     field = "json_schema" if body.json_schema is not None else "response_format"
-    return constraints.json_schema(schema), field
+    return constraints.json_schema(schema, field, body.answer_strict()), field
 
 
 def tool_plan(

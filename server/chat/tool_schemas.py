@@ -30,7 +30,7 @@ class FunctionDefinition(BaseModel):
     name: str = Field(pattern=TOOL_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # arguments always follow `parameters` here (the grammar enforces them)
+    strict: bool | None = None  # true: `parameters` means what JSON Schema says (model/llama_schema.py)
 
     @field_validator("parameters")
     @classmethod
@@ -254,13 +254,21 @@ class ConstraintFields(BaseModel):
             return self.json_schema
         return self.response_format.schema() if self.response_format is not None else None
 
+    def answer_strict(self) -> bool:
+        """OpenAI's `"strict": true` on response_format's json_schema: the schema keeps OpenAI's meaning
+        (server/model/llama_schema.py); every other schema means what it means to llama-server."""
+        fmt = self.response_format
+        strict = fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None
+        return self.json_schema is None and strict and fmt.json_schema.strict is True  # type: ignore[union-attr]
+
 
 class ToolFields(BaseModel):
     """Chat's tool fields."""
 
     tools: list[Tool] | None = None
     tool_choice: ToolChoiceField | None = None
-    parallel_tool_calls: bool = False  # llama-server's default
+    # None: llama-server's default, the template's own (whether it renders parallel calls)
+    parallel_tool_calls: bool | None = None
     # The server-side tool loop's per-request limits (only with `mcp` tools; server/agents/loop.py).
     max_tool_rounds: int | None = Field(default=None, ge=1)
     tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call

@@ -8,6 +8,7 @@ no engine module.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,8 @@ from engine.grammar import GrammarError, GrammarSpec, Trigger
 from engine.text.tool_calls import ToolCallFormat, ToolChoice
 from engine.tool_grammar import tool_grammar_spec
 from server.http import errors
+from server.model.gbnf import gbnf_spec
+from server.model.llama_schema import SchemaError, llama_cpp_schema
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,8 @@ def plan_tools(
     answer = fmt.answer_grammar() if answer_only else None
     if resolved.mode == "none" or (answer_only and answer is None):
         return None
-    calls = answer if answer_only else fmt.grammar(resolved, parallel)
+    # The grammar reads each tool's parameters as llama.cpp does; the prompt and the parser keep them as sent.
+    calls = answer if answer_only else fmt.grammar(ToolChoice.resolve(choice, grammar_tools(tools)), parallel)
     grammar = tool_grammar_spec(calls, special_tokens) if calls is not None else None
     # A whole reply gets llama-server's final parse (a broken call stays content); a stream its
     # streaming parse (calls announced as they start). An answer-only round holds no call: its answer
@@ -55,13 +59,49 @@ def plan_tools(
 
 
 def gbnf(grammar: str, triggers: list[dict[str, Any]]) -> GrammarSpec:
-    """A GBNF grammar; with llama-server's `grammar_triggers`, lazy (400 naming a malformed one)."""
+    """A GBNF grammar as llama.cpp reads it (server/model/gbnf.py); with llama-server's
+    `grammar_triggers`, lazy (400 naming a malformed one, or a grammar llama.cpp refuses)."""
     try:
         parsed = [Trigger.from_llama(t) for t in triggers]
     except GrammarError as exc:
         raise errors.invalid_request(f"'grammar_triggers': {exc}") from None
-    return GrammarSpec.gbnf(grammar, parsed)
+    try:
+        return gbnf_spec(grammar, parsed)
+    except GrammarError as exc:
+        raise errors.invalid_request(f"'grammar': {exc}") from None
 
 
-def json_schema(schema: dict[str, Any]) -> GrammarSpec:
-    return GrammarSpec.json_schema(schema)
+def json_schema(schema: dict[str, Any], field: str, strict: bool = False) -> GrammarSpec:
+    """A request's answer schema with llama.cpp's meaning (OpenAI's with `strict`); 400 naming `field`
+    for a schema llama.cpp refuses."""
+    try:
+        return GrammarSpec.json_schema(llama_cpp_schema(schema, strict))
+    except SchemaError as exc:
+        raise errors.invalid_request(f"'{field}': invalid JSON schema {exc}") from None
+
+
+def grammar_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools with their parameters as the call grammar reads them (server/model/llama_schema.py):
+    llama.cpp's meaning, or OpenAI's for a `strict` function; 400 for parameters llama.cpp refuses."""
+    rewritten = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        parameters = function.get("parameters")
+        if isinstance(parameters, dict):
+            try:
+                # $defs names unique per tool: the calls' grammar holds every tool's schema
+                schema = llama_cpp_schema(
+                    parameters, function.get("strict") is True, False, _defs_prefix(function)
+                )
+            except SchemaError as exc:
+                raise errors.invalid_request(
+                    f"'tools': {function.get('name')}: invalid JSON schema {exc}"
+                ) from None
+            function = {**function, "parameters": schema}
+            tool = {**tool, "function": function} if "function" in tool else function
+        rewritten.append(tool)
+    return rewritten
+
+
+def _defs_prefix(function: dict[str, Any]) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(function.get("name", ""))) + "."

@@ -21,6 +21,8 @@ from engine.text.tool_calls import detect_format
 from server.config.settings import Settings
 from server.model.admission import Admission
 from server.model.client import Counters, EngineClient, Grammars
+from server.model.gbnf import gbnf_spec
+from server.model.llama_schema import SchemaError, llama_cpp_schema
 from server.model.prompts import PromptBuilder
 
 log = structlog.get_logger("server")
@@ -108,9 +110,18 @@ def _default_grammar(settings: Settings, compiler: GrammarCompiler) -> CompiledG
     if s.grammar is None and s.json_schema is None:
         return None
     if s.grammar is not None:
-        spec, flag = GrammarSpec.gbnf(s.grammar), "--grammar"
+        try:  # llama.cpp's reading of GBNF, as for a request's grammar
+            spec, flag = gbnf_spec(s.grammar), "--grammar"
+        except GrammarError as exc:
+            raise ValueError(f"--grammar: {exc}") from None
     else:
-        spec, flag = GrammarSpec.json_schema(s.json_schema), "--json-schema"
+        try:  # llama.cpp's meaning, as for a request's schema (but {} is any value here, as in llama.cpp)
+            spec, flag = (
+                GrammarSpec.json_schema(llama_cpp_schema(s.json_schema, request=False)),
+                "--json-schema",
+            )
+        except SchemaError as exc:
+            raise ValueError(f"--json-schema: invalid JSON schema {exc}") from None
     try:
         return compiler.compile(spec)
     except GrammarError as exc:

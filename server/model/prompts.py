@@ -165,10 +165,18 @@ class PromptBuilder:
         return resolve_spec(fmt, source, prompt_text, budget, ask.message, ask.controllable, own_tags)
 
     def tool_plan(
-        self, tools: list[dict[str, Any]], choice: Any, parallel: bool, streamed: bool, answer_only: bool
+        self,
+        tools: list[dict[str, Any]],
+        choice: Any,
+        parallel: bool | None,
+        streamed: bool,
+        answer_only: bool,
     ) -> ToolPlan | None:
-        """A chat's tools in this model's format (server/model/constraints.py)."""
+        """A chat's tools in this model's format (server/model/constraints.py); `parallel` None: whether
+        the template renders parallel calls, llama-server's default."""
         fmt, special = self.tool_format, self.special_tokens
+        if parallel is None:
+            parallel = self.template.caps.supports_parallel_tool_calls
         return plan_tools(fmt, special, tools, choice, parallel, streamed, answer_only)
 
     async def infill_prompt(

@@ -8,7 +8,9 @@ The generation prompt ends with `<|start|>assistant`, so the answer starts at it
 analysis channel is reasoning: the reasoning splitter takes the opening one (`reasoning_tags`), and the
 parser puts later ones into `reasoning`. `final` and `commentary` without a recipient (a preamble) are
 content; a recipient `to=functions.NAME`, in the channel or before it, makes the message a call whose
-body is the JSON arguments.
+body is the JSON arguments. A message to any other recipient (a built-in tool such as `container.exec`
+or `python`, which no one here runs) is dropped, and a stray `<|channel|>commentary to=assistant` before
+a header is skipped, as llama.cpp's parser does.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from engine.text.tool_calls.stream import (
     DriverFormat,
     JsonState,
     Marker,
+    ParseFailure,
     PatternState,
     State,
     expect,
@@ -39,9 +42,11 @@ END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 ANALYSIS = ReasoningTags(CHANNEL + "analysis" + MESSAGE, (END,))
 _CONSTRAINT = r"(?: (?:<\|constrain\|>)?[a-zA-Z0-9_-]+)?"
 _RECIPIENT = r" to=functions\.([^<\s]+)"
+_BUILT_IN = r" to=[^<\s]+"  # after the functions.* alternatives: any other recipient
 # A message header up to its <|message|>: the recipient is in the role (before the channel) or in it.
 _HEADER = (
     r"(?:<\|start\|>assistant)?"
+    r"(?:<\|channel\|>commentary to=assistant)?"
     r"(?:"
     + _RECIPIENT
     + r"<\|channel\|>(?:analysis|commentary)"
@@ -52,6 +57,14 @@ _HEADER = (
     + r"|<\|channel\|>(analysis)"
     + r"|<\|channel\|>(final|commentary)"
     + _CONSTRAINT
+    + r"|(?P<built_in>"
+    + _BUILT_IN
+    + r"<\|channel\|>(?:analysis|commentary)"
+    + _CONSTRAINT
+    + r"|<\|channel\|>(?:analysis|commentary)"
+    + _BUILT_IN
+    + _CONSTRAINT
+    + r")"
     + r")"
     + r"<\|message\|>"
 )
@@ -106,13 +119,23 @@ class _NextMessage(State):
         return True
 
 
+class _EndOfOutput(State):
+    """After a call's arguments: the output ends here, or the parse fails."""
+
+    def step(self, d: Driver) -> bool:
+        if d.buf:
+            raise ParseFailure("expected <|call|> or the next message after a call's arguments")
+        return False
+
+
 def _body(d: Driver, match: regex.Match[str]) -> State:
     name = match.group(1) or match.group(2)
     if name:
         d.emit.open_call(name)
-        # <|call|> ends the generation (so is seldom in the text); another message may follow.
+        # <|call|> ends the generation (so is seldom in the text: the output may end after the
+        # arguments); another message may follow.
         after = r"\s*(?:" + re.escape(CALL) + r"|(?=<\|start\|>))"
-        return JsonState(ArgumentsSink(), lambda: expect(after, _message))
+        return JsonState(ArgumentsSink(), lambda: expect(after, _message, otherwise=_EndOfOutput))
     d.commit()
     ends = [Marker(end, _message, tentative=False) for end in (END, RETURN, CALL)]
-    return ContentState(ends, reasoning=match.group(3) is not None)
+    return ContentState(ends, reasoning=match.group(3) is not None, discard=bool(match.group("built_in")))

@@ -69,6 +69,13 @@ class Emitter:
         self._steps.append(_Step(self.next_index, call_id or self.new_id(), name))
         self.next_index += 1
 
+    def name_id(self, index: int, call_id: str) -> None:
+        """The model's id for call `index`, written after its name: taken while the call's opening is
+        still here (a final parse keeps a call until the end); a stream has sent its id already."""
+        for step in self._steps:
+            if step.index == index and step.id is not None:
+                step.id = call_id
+
     def arguments(self, text: str) -> None:
         if not text:
             return
@@ -115,6 +122,11 @@ class Driver:
         self._pending_raw = ""  # the text it came from, given back as content if it fails
         self._incomplete = False  # the tentative stretch has not reached its commit point
         self._stretch_start = 0  # where the current stretch's text starts in _pending_raw
+
+    @property
+    def streaming(self) -> bool:
+        """Calls go out as they are read (else whole, at the end: llama-server's final parse)."""
+        return self._stream_arguments
 
     @property
     def emit(self) -> Emitter:
@@ -210,14 +222,20 @@ class Marker:
 
 class ContentState(State):
     """Content up to the first marker; a suffix that may be a marker's beginning waits for more text.
-    With `reasoning`, the text goes to reasoning instead (GPT-OSS's analysis channel)."""
+    With `reasoning`, the text goes to reasoning instead (GPT-OSS's analysis channel); with `discard`,
+    nowhere (a GPT-OSS message to a built-in tool nobody runs)."""
 
-    def __init__(self, markers: Sequence[Marker] = (), reasoning: bool = False) -> None:
+    def __init__(
+        self, markers: Sequence[Marker] = (), reasoning: bool = False, discard: bool = False
+    ) -> None:
         self.markers = tuple(markers)
         self._texts = tuple(m.text for m in self.markers)
         self._reasoning = reasoning
+        self._discard = discard
 
     def _emit(self, d: Driver, text: str) -> None:
+        if self._discard:
+            return
         if self._reasoning:
             d.emit.reasoning(text)
         else:
@@ -360,8 +378,9 @@ class CallKeys:
 
 class CallObjectSink(Sink):
     """A call as a JSON object at `base`: the call opens (and commits) once its name is known, with the
-    model's id when it came before the name; arguments before the name wait for it. Arguments given as
-    a JSON string are the string's text, as llama.cpp takes them."""
+    model's id when it came before the name (one after it still names the call in a final parse, as in
+    llama.cpp's; a stream sent its id with the name); arguments before the name wait for it. Arguments
+    given as a JSON string are the string's text, as llama.cpp takes them."""
 
     def __init__(self, keys: CallKeys, base: Path = ()) -> None:
         self.keys, self.base = keys, base
@@ -370,6 +389,7 @@ class CallObjectSink(Sink):
         self._opened = False
         self._held: list[str] = []
         self._string_arguments = False
+        self._index = -1  # the call's index, once it is open
 
     def pieces(self, d: Driver, pieces: list[Piece]) -> None:
         for piece in pieces:
@@ -409,6 +429,8 @@ class CallObjectSink(Sink):
             self._strings[role] = self._strings.get(role, "") + piece.raw
         elif piece.kind is Kind.STRING_CLOSE and role == "name":
             self._open(d)
+        elif piece.kind is Kind.STRING_CLOSE and self._opened and not d.streaming:
+            d.emit.name_id(self._index, self._strings.get("id", ""))
         elif piece.kind not in (Kind.STRING_OPEN, Kind.STRING_CLOSE) and role == "name":
             raise ParseFailure("a call's name must be a string")
 
@@ -430,6 +452,7 @@ class CallObjectSink(Sink):
             raise ParseFailure("a call object with two names")
         self._opened = True
         d.commit()
+        self._index = d.emit.next_index
         d.emit.open_call(self._strings.get("name", ""), self._strings.get("id"))
         for text in self._held:
             d.emit.arguments(text)

@@ -154,7 +154,7 @@ class Tool(Cached):
     name: str = Field(pattern=TOOL_NAME)
     description: str | None = None
     input_schema: dict[str, Any]
-    strict: bool | None = None  # inputs always follow input_schema here (the grammar enforces it)
+    strict: bool | None = None  # true: input_schema means what JSON Schema says (model/llama_schema.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -175,9 +175,11 @@ class Tool(Cached):
         return check_schema(v)
 
     def to_chat(self) -> dict[str, Any]:
-        function = {"name": self.name, "parameters": self.input_schema}
+        function: dict[str, Any] = {"name": self.name, "parameters": self.input_schema}
         if self.description is not None:
             function["description"] = self.description
+        if self.strict is not None:
+            function["strict"] = self.strict
         return {"type": "function", "function": function}
 
 
@@ -294,8 +296,8 @@ class CountTokensRequest(BaseModel):
         }
         if self.tools:
             fields["tools"] = [tool.to_chat() for tool in self.tools]
-            choice = self.tool_choice
-            fields["parallel_tool_calls"] = not (choice and choice.disable_parallel_tool_use)
+            if self.tool_choice is not None and self.tool_choice.disable_parallel_tool_use:
+                fields["parallel_tool_calls"] = False  # else llama-server's default: the template's
         if self.tool_choice is not None:
             fields["tool_choice"] = self.tool_choice.to_chat()
         if self.thinking is not None:

@@ -192,7 +192,7 @@ class FunctionTool(Strict):
     name: str = Field(pattern=TOOL_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # arguments always follow `parameters` here (the grammar enforces them)
+    strict: bool | None = None  # true: `parameters` means what JSON Schema says (model/llama_schema.py)
 
     @model_validator(mode="before")
     @classmethod
