@@ -33,14 +33,15 @@ def _log_fetch(message: str) -> None:
 
 async def run(settings: Settings, ignored: list[Ignored], argv: list[str] | None = None) -> int:
     logs.configure(settings.log_format, settings.verbose)
+    try:  # the kernels' x86 level, as llama-server prints its `CPU : AVX2 = 1 | ...` line
+        cpu = isa.current().describe()
+    except isa.UnsupportedTarget as exc:  # one line and nothing else: the start stops here
+        print(f"llamba-server: error: {exc}", file=sys.stderr)
+        return 1
     log.info("server.event_loop", loop=type(asyncio.get_running_loop()).__module__)
     for flag in ignored:
         log.warning("cli.flag_ignored", flag=str(flag), reason=getattr(flag, "reason", NO_EFFECT))
-    try:  # the kernels' x86 level, as llama-server prints its `CPU : AVX2 = 1 | ...` line
-        log.info("system_info", cpu=isa.current().describe())
-    except isa.UnsupportedTarget as exc:
-        print(f"llamba-server: error: {exc}", file=sys.stderr)
-        return 1
+    log.info("system_info", cpu=cpu)
     if settings.model is not None and (settings.models_dir or settings.models_preset):
         log.warning("cli.flag_ignored", flag="--models-dir/--models-preset", reason="-m serves one model")
     if settings.cluster is not None:  # replicas placed by Ray behind one router (Ray imported only here)
