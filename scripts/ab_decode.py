@@ -10,7 +10,7 @@ A and B are `module:function`s with `Backend.pack_weight`'s signature, (data, qt
 weight; both copies run the CPU backend's kernels, which pick theirs by the packed form (the example
 compares Q4_K's field arrays with its records). `--prefill N` times an N-token prompt per round instead
 of `--steps` decode steps at `--depth`. Why one process and rounds: this VM's speed moves by 10-30% from
-one minute to the next (docs/performance.md), so two figures taken apart compare the minutes; a ratio
+one minute to the next (docs/performance-log.md), so two figures taken apart compare the minutes; a ratio
 taken within a round, repeated, compares the code. The order inside a round alternates, so neither side
 always runs first. Two copies of the weights must fit in memory.
 """

@@ -9,7 +9,7 @@ median of 15 passes) and the median per matrix shape, and the machine's parallel
 the same bytes for the ratio. --small-pages keeps numpy's memory (4 KiB pages) instead of the CPU
 backend's huge-page mappings (engine/cpu/huge_pages.py). --against-small-pages builds both and
 alternates them pass by pass in this one process: this VM's bandwidth moves by a third between runs
-minutes apart, so two separate runs cannot tell a 10% difference (docs/performance.md).
+minutes apart, so two separate runs cannot tell a 10% difference (docs/performance-log.md).
 """
 
 from __future__ import annotations

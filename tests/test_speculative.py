@@ -116,7 +116,7 @@ def test_bad_speculative_settings_are_refused(bad: dict) -> None:
 
 
 def cpu_costs(ms_first: float = 4.5, ms_per_token: float = 0.75, sizes: range = range(1, 40)) -> StepCosts:
-    """Step times shaped like this CPU's SmolLM2 steps: T=16 costs ~3.5x T=1 (docs/performance.md)."""
+    """Step times shaped like this CPU's SmolLM2 steps: T=16 costs ~3.5x T=1 (docs/performance-log.md)."""
     costs = StepCosts()
     for t in sizes:
         costs.observe(t, (ms_first + ms_per_token * (t - 1)) / 1e3)

@@ -35,7 +35,7 @@ REFIT_EVERY = 8
 # Drafts are verified only when they promise this much more tokens/s than the step without them. The
 # step-time table is an EWMA of a VM whose speed drifts by ±10% a minute, so a predicted gain of 1% is as
 # likely a loss: Gemma 3 at 16 streams verified 168 draft tokens of a chat (156 accepted) for a predicted
-# gain of at most a few percent and measured 0.91x (docs/performance.md). One stream's gains are 50-200%.
+# gain of at most a few percent and measured 0.91x (docs/performance-log.md). One stream's gains are 50-200%.
 MIN_GAIN = 0.03
 
 
