@@ -64,11 +64,9 @@ class GptOssModel(MoeModelMixin, LlamaModel):
         self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch, kv: KVCache
     ) -> np.ndarray:
         """Llama's attention, then each head's output scaled by its sink's share of the softmax."""
-        hp, be = self.hp, self.backend
-        be.store_kv(k, v, batch.seq_ids, batch.positions, kv.k[il], kv.v[il])
-        out = be.empty(q.shape)
-        window = hp.sliding_window if hp.swa_layers[il] else 0
-        be.attention(q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, window, hp.attn_scale, out)
-        sinks = self.layers[il].sinks
-        be.attention_sinks(q, kv.k[il], batch.seq_ids, batch.positions, window, hp.attn_scale, sinks, out)  # type: ignore[misc]
+        out = self.attend_heads(il, q, k, v, batch, kv)
+        sinks, window = self.layers[il].sinks, self.window(il)
+        self.backend.attention_sinks(  # type: ignore[misc]
+            q, kv.k[il], batch.seq_ids, batch.positions, window, self.hp.attn_scale, sinks, out
+        )
         return out.reshape(q.shape[0], q.shape[1] * q.shape[2])

@@ -23,6 +23,18 @@ from engine.models.hparams import HParams
 from engine.models.rope import Rope, rope_from_gguf
 
 
+def same_type_runs(tensors: list[Tensor]) -> list[tuple[int, int]]:
+    """(start, end) of each run of consecutive tensors of one weight type: what one fused matmul takes."""
+    runs, start = [], 0
+    while start < len(tensors):
+        end = start + 1
+        while end < len(tensors) and tensors[end].ggml_type == tensors[start].ggml_type:
+            end += 1
+        runs.append((start, end))
+        start = end
+    return runs
+
+
 @dataclass(frozen=True)
 class _FusedWeight:
     """One matmul of a Projection: a packed weight (rows of several matrices), its bias, the split."""
@@ -54,13 +66,8 @@ class Projection:
             fused = self._fuse(tensors, biases)
             self.groups.append(_FusedWeight(fused.weight, fused.bias, list(split)))
             return
-        start = 0
-        while start < len(tensors):
-            end = start + 1
-            while end < len(tensors) and tensors[end].ggml_type == tensors[start].ggml_type:
-                end += 1
+        for start, end in same_type_runs(tensors):
             self.groups.append(self._fuse(tensors[start:end], None if biases is None else biases[start:end]))
-            start = end
 
     def _fuse(self, tensors: list[Tensor], biases: list[Tensor] | None) -> _FusedWeight:
         sizes = [t.shape[0] for t in tensors]
@@ -258,12 +265,24 @@ class LlamaModel:
         self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch, kv: KVCache
     ) -> np.ndarray:
         """Store k/v in the cache, attend, and return the heads concatenated: [T, n_head * head_dim]."""
+        out = self.attend_heads(il, q, k, v, batch, kv)
+        return out.reshape(q.shape[0], q.shape[1] * q.shape[2])
+
+    def attend_heads(
+        self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch, kv: KVCache
+    ) -> np.ndarray:
+        """Store k/v in the cache and attend: each head's output, [T, n_head, head_dim]."""
         hp, be = self.hp, self.backend
         be.store_kv(k, v, batch.seq_ids, batch.positions, kv.k[il], kv.v[il])
         out = be.empty(q.shape)
-        window = hp.sliding_window if hp.swa_layers[il] else 0
-        be.attention(q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, window, hp.attn_scale, out)
-        return out.reshape(q.shape[0], q.shape[1] * q.shape[2])
+        be.attention(
+            q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, self.window(il), hp.attn_scale, out
+        )
+        return out
+
+    def window(self, il: int) -> int:
+        """Layer `il`'s sliding window (0: it attends to every cell)."""
+        return self.hp.sliding_window if self.hp.swa_layers[il] else 0
 
     def attention_block(self, il: int, layer: LlamaLayer, x: np.ndarray, batch: Batch, kv: KVCache) -> None:
         (o,) = layer.attn_out(self.attention(il, layer, self.norm(x, layer.attn_norm), batch, kv))

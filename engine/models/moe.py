@@ -26,6 +26,7 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.gguf import GGUFFile, Tensor, UnsupportedModelError
+from engine.models.llama import same_type_runs
 
 # llama.cpp clamps the sum of the chosen weights before dividing by it (the smallest normal f16).
 _MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
@@ -117,13 +118,8 @@ class ExpertMatrices:
         self.packed: list[Any] = []
         # per fused group: (weight per expert, bias per expert or None, output sizes)
         self.groups: list[tuple[list[Any], list[Any] | None, list[int]]] = []
-        start = 0
-        while start < len(tensors):
-            end = start + 1
-            while end < len(tensors) and tensors[end].ggml_type == tensors[start].ggml_type:
-                end += 1
+        for start, end in same_type_runs(tensors):
             self.groups.append(self._fuse(tensors[start:end], None if biases is None else biases[start:end]))
-            start = end
 
     def _fuse(
         self, tensors: list[Tensor], biases: list[Tensor] | None

@@ -37,7 +37,7 @@ from server.http.error_handlers import install_error_handlers
 from server.model.prefixes import block_hashes
 from server.router.catalogue import ModelEntry
 from server.router.conversations import CONVERSATION_HEADER
-from server.router.front_door import as_reply, install_front_door, json_body, retry_later
+from server.router.front_door import as_reply, install_front_door, json_body, read_json, retry_later
 from server.router.proxy import client_response, new_client, open_upstream
 from server.router.upstream import UpstreamClient, UpstreamResponse
 
@@ -152,11 +152,7 @@ class Cluster:
     async def ask(self, owner: Owner, payload: bytes) -> Any:
         lease = owner[0].routing.lease(owner[1])
         try:
-            upstream = await self.forward(lease, "POST", request.path, payload)
-            try:
-                return json.loads(await upstream.aread())
-            finally:
-                await upstream.aclose()
+            return await read_json(await self.forward(lease, "POST", request.path, payload))
         finally:
             lease.release()
 

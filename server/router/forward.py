@@ -11,7 +11,6 @@ answers 400).
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -20,6 +19,7 @@ from quart import Response, request
 
 from server.http import errors
 from server.router.conversations import CONVERSATION_HEADER, Conversations, Parked
+from server.router.front_door import read_json
 from server.router.pool import Lease, ModelPool
 from server.router.proxy import client_response, discard, open_upstream
 from server.router.state import ModelState
@@ -70,11 +70,7 @@ class Forwarder:
         """One JSON call to a running child, as the router (the client's own path), never loading it."""
         lease = await self.pool.acquire(state, autoload=False)
         try:
-            upstream = await self.send(lease, payload)
-            try:
-                return json.loads(await upstream.aread())
-            finally:
-                await upstream.aclose()
+            return await read_json(await self.send(lease, payload))
         finally:
             lease.release()
 

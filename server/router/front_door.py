@@ -123,6 +123,22 @@ def json_body(body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+class Upstream(Protocol):
+    """An upstream's streamed answer as both apps' clients return it."""
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def read_json(upstream: Upstream) -> Any:
+    """An upstream's whole answer as JSON, the connection given back however it ends."""
+    try:
+        return json.loads(await upstream.aread())
+    finally:
+        await upstream.aclose()
+
+
 def conversation_id() -> str:
     conversation = request.args.get("conv_id")
     if not conversation:
