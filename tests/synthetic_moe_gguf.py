@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,7 @@ class MoeCase:
     rope_base: float = 1e6
     n_ctx: int = 256
     n_tokens: int = 32
+    n_vocab: int = N_VOCAB  # a case with a vocabulary of its own (tests/synthetic_harmony_gguf.py)
 
 
 def _float_tensor(name: str) -> bool:
@@ -144,9 +146,9 @@ def _experts(w: _Weights, p: str) -> None:
 def model_tensors(case: MoeCase) -> dict[str, tuple[np.ndarray, str]]:
     """name -> (stored data, type name), in the order they are written."""
     w = _Weights(case)
-    w.matrix("token_embd.weight", N_VOCAB, case.n_embd, std=1.0)
+    w.matrix("token_embd.weight", case.n_vocab, case.n_embd, std=1.0)
     w.vector("output_norm.weight", case.n_embd, 1.0, 0.1)
-    w.matrix("output.weight", N_VOCAB, case.n_embd)
+    w.matrix("output.weight", case.n_vocab, case.n_embd)
     for il in range(case.n_layer):
         _attention(w, f"blk.{il}.")
         _experts(w, f"blk.{il}.")
@@ -176,7 +178,7 @@ def _write_metadata(w: gguf.GGUFWriter, case: MoeCase, used_count: list[int] | N
     if a != "llama":
         w.add_expert_feed_forward_length(c.n_ff_exp)
     else:
-        w.add_vocab_size(N_VOCAB)
+        w.add_vocab_size(c.n_vocab)
         w.add_rope_dimension_count(c.head_dim)
     if c.n_ff_shexp:
         w.add_expert_shared_feed_forward_length(c.n_ff_shexp)
@@ -193,12 +195,17 @@ def write_gguf(
     path: Path,
     tensors: dict[str, tuple[np.ndarray, str]] | None = None,
     used_count: list[int] | None = None,
+    vocabulary: Callable[[gguf.GGUFWriter], None] | None = None,
 ) -> Path:
     """The case's model as a GGUF file at `path` (same case, same bytes); `tensors` replace the case's
-    own (a test's other layouts), `used_count` writes expert_used_count as a per-layer array."""
+    own (a test's other layouts), `used_count` writes expert_used_count as a per-layer array,
+    `vocabulary` writes the tokenizer's metadata (tests/synthetic_gguf.py's 320 tokens otherwise)."""
     w = gguf.GGUFWriter(str(path), case.arch)
     _write_metadata(w, case, used_count)
-    _write_vocabulary(w, "gpt-2")
+    if vocabulary is None:
+        _write_vocabulary(w, "gpt-2")
+    else:
+        vocabulary(w)
     for name, (data, kind) in (model_tensors(case) if tensors is None else tensors).items():
         if kind == "F32":
             w.add_tensor(name, data)

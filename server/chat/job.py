@@ -9,7 +9,7 @@ wire shapes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ async def prepare_chat(
     prompt = await prompts.chat(chat_input(model.settings, body, tools))
     log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
     request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools)
+    if tools is None:  # a format read whatever the request (GPT-OSS), else none
+        request = replace(request, tool_calls=prompts.plain_parsing(body.stream, body.reasoning_format))
     return ChatJob(prompt.text, len(prompt.tokens), request)
 
 

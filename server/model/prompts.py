@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from engine.api import ReasoningSpec, ReasoningTags
+from engine.api import ReasoningSpec, ReasoningTags, ToolCallSpec
 from engine.context_shift import truncate_prompt
 from engine.text.chat import ChatTemplate, ChatTemplateError
 from engine.text.fim import ExtraChunk, InfillLimits, infill_tokens
@@ -128,6 +128,8 @@ class PromptBuilder:
         if tools and fmt is not None:
             messages = fmt.prepare_messages(messages, tools)
             kwargs = fmt.template_context(tools) | kwargs
+        elif (plain := self.plain_format()) is not None:  # GPT-OSS: past reasoning, tools or not
+            messages = plain.prepare_messages(messages, ())
         try:
             text = self.template.render(
                 messages,
@@ -150,7 +152,8 @@ class PromptBuilder:
         text = self.render_chat(chat)
         tokens = await self.tokenize_prompt(text)
         prompt = self.fit_prompt(tokens) if fit else Prompt(tokens)
-        own_tags = chat.tool_format.reasoning_tags if chat.tool_format is not None else None
+        fmt = chat.tool_format or self.plain_format()
+        own_tags = fmt.reasoning_tags if fmt is not None else None
         return replace(prompt, text=text, reasoning=self.reasoning_spec(chat.reasoning, text, own_tags))
 
     def reasoning_spec(
@@ -163,6 +166,20 @@ class PromptBuilder:
         fmt = ask.format or s.reasoning_format
         source = self.template.source
         return resolve_spec(fmt, source, prompt_text, budget, ask.message, ask.controllable, own_tags)
+
+    def plain_format(self) -> ToolCallFormat | None:
+        """The template's format when a chat without tools is read in it too (GPT-OSS's harmony)."""
+        return self.tool_format if self.tool_format.parsed_without_tools else None
+
+    def plain_parsing(self, streamed: bool, reasoning_format: str | None) -> ToolCallSpec | None:
+        """How a chat without tools (or with tool_choice none) is read back: as llama-server reads a
+        GPT-OSS answer whatever the request (reasoning from its analysis channel, content from its final
+        one; common/parsers/gpt-oss.cpp); None (the text is content) for other formats, and under
+        reasoning_format none, where llama-server keeps the analysis in the content."""
+        fmt = self.plain_format()
+        if fmt is None or (reasoning_format or self.settings.reasoning_format) == "none":
+            return None
+        return ToolCallSpec(fmt.name, (), stream_arguments=streamed)
 
     def tool_plan(
         self,

@@ -5,7 +5,9 @@ answer text (after the reasoning split: `format.parser(tools).push(text)`, then 
 a whole reply (by construction the stream's accumulation, for any chunking), `grammar(choice, parallel)`
 for the grammar builder (engine-neutral nodes, see syntax.py), and the prompt-side adjustments llama.cpp
 makes (`prepare_messages`, `template_context`, `finish_prompt`). Parsers run only for requests that have
-tools and a tool_choice other than "none"; otherwise the answer is plain content.
+tools and a tool_choice other than "none"; otherwise the answer is plain content, except in a format
+that is `parsed_without_tools` (GPT-OSS: its harmony messages are read, with no tools, for reasoning and
+content as llama-server reads them).
 
 Modules: common (types), syntax (grammar description), json_stream (incremental JSON), stream (the
 parser machinery), and one module per family: generic, hermes, llama3, mistral, functionary, deepseek,

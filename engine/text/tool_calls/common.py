@@ -124,6 +124,9 @@ class ToolCallFormat:
     extra_stops: tuple[str, ...] = ()
     # How a call id is made when the model's output carries none.
     id_length: int = 32
+    # Whether llama-server reads every answer in this format, tools or not (GPT-OSS: an answer is harmony
+    # messages whatever the request; its analysis channel is reasoning, its final channel the content).
+    parsed_without_tools: bool = False
 
     def parser(
         self,

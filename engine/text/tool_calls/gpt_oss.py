@@ -74,6 +74,19 @@ class GptOss(DriverFormat):
     name = "GPT-OSS"
     reasoning_tags = ANALYSIS
     preserved_tokens = (CHANNEL, CONSTRAIN, MESSAGE, START, END)
+    parsed_without_tools = True  # llama.cpp's common/parsers/gpt-oss.cpp: final_msg | unsolicited
+
+    def prepare_messages(self, messages: list[dict], tools: Sequence[Mapping[str, Any]]) -> list[dict]:
+        """An assistant message's reasoning_content as the template's `thinking` (its analysis message),
+        and a call's content dropped then (the template refuses both), as llama.cpp does, tools or not."""
+        prepared = []
+        for message in messages:
+            if isinstance(message.get("reasoning_content"), str):
+                message = {**message, "thinking": message["reasoning_content"]}
+                if message.get("tool_calls"):
+                    message.pop("content", None)
+            prepared.append(message)
+        return prepared
 
     def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
         return _message()
