@@ -7,7 +7,8 @@ PORT    ?= 8080
 PYTEST_ARGS ?= --durations=20
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/llamba/numba
 
-.PHONY: serve test test-all models reference browser bench cuda-check lint format clean cluster-demo
+.PHONY: serve test test-all models reference browser bench cuda-check lint format clean cluster-demo \
+	llama-server-tests
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +56,12 @@ test: models browser
 
 test-all: models browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# llama.cpp's own server tests (tools/server/tests) against this checkout, scored against the real
+# llama-server's outcomes: scripts/llama_server_tests/README.md. Not part of `make test` (15-30 minutes).
+llama-server-tests: $(STAMP)
+	$(BIN)/llamba-models fetch smollm2 gemma3
+	scripts/llama_server_tests/run.sh
 
 bench: models
 	$(BIN)/llamba-bench -p 512 -n 128 -t 2
