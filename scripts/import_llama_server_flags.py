@@ -83,8 +83,8 @@ NOTES: dict[str, str] = {
     "--api-key": "several keys: a comma-separated list (CSV quoting), or the flag repeated",
     "--api-key-file": "one key per line; lines starting with # are comments",
     "-to": "seconds a request body may take to arrive and each response write may block",
-    "--tools": "confined to the working directory (x-tool-cwd, else the server's cwd); get_info is not"
-    " one of them",
+    "--tools": "without exec_shell_command, the file tools are confined to the working directory"
+    " (x-tool-cwd, else the server's cwd); get_info is not one of them",
     "--tools-runtime": "running containers (docker-container:ID, podman-container:ID) and ssh:TARGET;"
     " only exec_shell_command runs there, the file tools refuse a runtime",
 }

@@ -74,8 +74,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     install_cors(app, settings)
     install_error_handlers(app)
     state.toolbox = _install_tools(app, settings)
-    if settings.ui_mcp_proxy:
-        app.register_blueprint(cors_proxy.bp)
+    app.register_blueprint(cors_proxy.bp if settings.ui_mcp_proxy else cors_proxy.disabled_bp)
     _install_lifespan(app, model, sessions, store, on_load_failure)
     if settings.sleep_idle_seconds > 0:
         _install_sleep(app, model, settings.sleep_idle_seconds)
@@ -105,8 +104,11 @@ def _install_tools(app: Quart, settings: Settings) -> Toolbox | None:
     mcp = None
     if settings.mcp_servers or settings.mcp_allow_hosts:
         mcp = McpManager(settings.mcp_servers, policy=HostPolicy.parse(settings.mcp_allow_hosts))
-    # The built-in tools' defaults: the server's own cwd, and --tools-runtime (checked while parsing).
-    here = ToolContext(os.getcwd(), regex_timeout=settings.tools_regex_timeout)
+    # The built-in tools' defaults: the server's own cwd, and --tools-runtime (checked while parsing). The
+    # file tools are confined to the working directory unless the shell tool, which reaches every path
+    # anyway, is enabled too (server/builtin_tools/workdir.py).
+    confined = "exec_shell_command" not in settings.tools
+    here = ToolContext(os.getcwd(), regex_timeout=settings.tools_regex_timeout, confined=confined)
     defaults = ToolContext.of(None, settings.tools_runtime, here)
     manager = Toolbox(mcp, BuiltinTools(settings.tools, defaults) if settings.tools else None)
     if settings.mcp_servers or settings.tools:

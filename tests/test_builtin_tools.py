@@ -5,6 +5,7 @@ tests/test_builtin_tools_server.py's)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -34,6 +35,25 @@ def test_escaping_paths_are_refused(tmp_path: Path, path: str) -> None:
     (tmp_path / "link").symlink_to("/etc")
     with pytest.raises(ToolError):
         Workdir.open(tmp_path).resolve(path)
+
+
+def test_with_the_shell_tool_paths_are_not_confined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama-server's reading (exec_shell_command reaches every path anyway, server/app.py): relative to
+    # the working directory, absolute anywhere, `~` the home folder.
+    wd, other = tmp_path / "wd", tmp_path / "other"
+    wd.mkdir()
+    other.mkdir()
+    monkeypatch.setenv("HOME", str(other))
+    free = Workdir.open(wd, confined=False)
+    assert free.resolve("a.txt") == wd.resolve() / "a.txt"
+    assert free.resolve(str(other / "x.txt")) == other.resolve() / "x.txt"
+    assert free.resolve("../other") == other.resolve()
+    assert free.resolve("~/x.txt") == other.resolve() / "x.txt"
+    assert free.resolve("~") == other.resolve()
+    with pytest.raises(ToolError):  # `~` is expanded, then confined like any other path
+        Workdir.open(wd).resolve("~/x.txt")
+    assert ToolContext.of(str(wd), None, ToolContext(str(tmp_path), confined=False)).workdir() == free
+    assert ToolContext.of(None, None, ToolContext(str(wd))).workdir().confined
 
 
 @pytest.mark.parametrize("cwd", ["relative/dir", "/no/such/dir", "FILE"])
@@ -166,6 +186,48 @@ def test_in_a_git_work_tree_git_lists_the_files(tmp_path: Path) -> None:
     ]  # fmt: skip
     (tmp_path / "tracked.log").unlink()  # deleted but still in the index: not listed
     assert searched(tmp_path)[0] == ["node_modules/m.py", "pkg/b.py", "pkg/keep.log"]
+
+
+def test_junk_folders_are_listed_but_never_entered(tmp_path: Path) -> None:
+    # llama-server's rule: a page may pick `build` as a working directory, its files are never walked.
+    make_tree(tmp_path, {"build/nested/x.txt": "x", "build/artifact.txt": "x", "src/main.cpp": "x"})
+    (tmp_path / "node_modules").mkdir()
+    wd = Workdir.open(tmp_path)
+
+    def listed(**params: Any) -> list[str]:
+        return [e["path"] for e in file_glob_search(FileGlobSearch(path=".", **params), wd)["entries"]]
+
+    assert listed(type="dir", max_depth=1) == ["build", "node_modules", "src"]
+    assert listed(type="all") == ["build", "node_modules", "src", "src/main.cpp"]
+    assert listed() == ["src/main.cpp"]
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({"type": "bogus"}, 'invalid type: bogus (expected "file", "dir" or "all")'),
+        ({"limit": 0}, "invalid limit: 0 (expected 1 or more)"),
+    ],
+)
+def test_glob_search_type_and_limit_are_the_tools_to_check(
+    tmp_path: Path, params: dict[str, Any], error: str
+) -> None:
+    # The tool's own errors, as llama-server answers them (a 200 `{"error"}` the model reads), not a 400.
+    with pytest.raises(ToolError, match=re.escape(error)):
+        file_glob_search(FileGlobSearch(path=".", **params), Workdir.open(tmp_path))
+
+
+def test_max_depth_and_limit(tmp_path: Path) -> None:
+    make_tree(tmp_path, {"top.txt": "", "a/mid.txt": "", "a/b/deep.txt": ""})
+    wd = Workdir.open(tmp_path)
+
+    def text(**params: Any) -> str:
+        return str(file_glob_search(FileGlobSearch(path=".", **params), wd)["plain_text_response"])
+
+    assert text(max_depth=1).startswith("top.txt\n\n---\nTotal matches: 1")
+    assert "a/mid.txt" in text(max_depth=2) and "deep" not in text(max_depth=2)
+    limited = file_glob_search(FileGlobSearch(path=".", limit=1), wd)
+    assert len(limited["entries"]) == 1 and "Total matches: 3" in limited["plain_text_response"]
 
 
 def test_a_catastrophic_pattern_is_a_tool_error_and_frees_its_thread(tmp_path: Path) -> None:

@@ -39,6 +39,17 @@ def client(srv: ServerProcess) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def files_only() -> Iterator[httpx.Client]:
+    """A server with the file and search tools but not the shell, nor --ui-mcp-proxy: its file tools are
+    confined to the working directory (server/builtin_tools/workdir.py)."""
+    tools = "read_file,file_glob_search,grep_search,write_file,edit_file"
+    proc = ServerProcess("-m", "smollm2", "-c", "512", "--tools", tools).wait_healthy()
+    with httpx.Client(base_url=proc.base_url, timeout=120) as c:
+        yield c
+    proc.stop()
+
+
 def call(client: httpx.Client, cwd: Path, tool: str, **params: Any) -> httpx.Response:
     return client.post("/tools", json={"tool": tool, "params": params}, headers={"x-tool-cwd": str(cwd)})
 
@@ -95,6 +106,12 @@ def test_the_api_key_guards_tools_and_the_proxy(srv: ServerProcess) -> None:
 
 
 def test_cors_allows_only_localhost_pages(client: httpx.Client, tmp_path: Path) -> None:
+    # llama-server's default with tools (--cors-origins localhost); a refused page's preflight is answered
+    # 200 without the Access-Control-Allow-* headers, its request itself is refused.
+    refused = client.options(
+        "/tools", headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+    )
+    assert refused.status_code == 200 and not [h for h in refused.headers if h.startswith("access-control")]
     body = {"tool": "file_glob_search", "params": {"path": "."}, "cwd": str(tmp_path)}
     evil = client.post("/tools", json=body, headers={"Origin": "http://evil.example"})
     assert evil.status_code == 403 and "access-control-allow-origin" not in evil.headers
@@ -107,6 +124,13 @@ def test_cors_allows_only_localhost_pages(client: httpx.Client, tmp_path: Path) 
         headers={"Origin": "http://[::1]:3000", "Access-Control-Request-Method": "POST", "X-Api-Key": ""},
     )
     assert preflight.headers["access-control-allow-origin"] == "http://[::1]:3000"
+    # On the wire in llama-server's case (server/http/header_case.py), as clients that copy headers into a
+    # plain dict look them up.
+    names = {name for name, _ in preflight.headers.raw}
+    assert {b"Access-Control-Allow-Origin", b"Access-Control-Allow-Credentials", b"Content-Type"} <= names
+    own = names - {b"date", b"server"}  # hypercorn adds these two itself, after the app's layers
+    assert own and all(name == name.title() for name in own), own
+    assert {name: value for name, value in preflight.headers.raw}[b"Access-Control-Allow-Headers"] == b"*"
 
 
 # -- files ---------------------------------------------------------------------------------------------
@@ -155,7 +179,40 @@ def test_read_refusals(client: httpx.Client, tmp_path: Path) -> None:
     assert cut == "[output truncated]"
 
 
-def test_paths_outside_the_working_directory_are_refused(client: httpx.Client, tmp_path: Path) -> None:
+def test_with_the_shell_tool_paths_reach_outside_the_working_directory(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    # llama-server's behaviour: relative paths against x-tool-cwd, absolute ones anywhere (the shell
+    # reaches every path anyway, so confining the file tools would protect nothing).
+    wd, other = tmp_path / "wd", tmp_path / "other"
+    wd.mkdir()
+    other.mkdir()
+    (other / "abs.txt").write_text("absolute-content\n")
+    assert (
+        ok(client, wd, "read_file", path=str(other / "abs.txt"))["plain_text_response"]
+        == "absolute-content\n"
+    )
+    assert ok(client, wd, "read_file", path="../other/abs.txt")["plain_text_response"] == "absolute-content\n"
+    ok(client, wd, "write_file", path=str(other / "new.txt"), content="written")
+    assert (other / "new.txt").read_text() == "written"
+    edited = ok(
+        client, wd, "edit_file", path=str(other / "new.txt"), edits=[{"old_text": "wr", "new_text": "rewr"}]
+    )
+    assert edited["edits_applied"] == 1 and (other / "new.txt").read_text() == "rewritten"
+    listed = ok(client, wd, "file_glob_search", path=str(other))
+    assert [e["path"] for e in listed["entries"]] == ["abs.txt", "new.txt"] and listed["base"] == str(
+        other.resolve()
+    )
+    assert (
+        "Total matches: 1"
+        in ok(client, wd, "grep_search", path=str(other), pattern="absolute")["plain_text_response"]
+    )
+
+
+def test_without_the_shell_tool_paths_outside_the_working_directory_are_refused(
+    files_only: httpx.Client, tmp_path: Path
+) -> None:
+    client = files_only
     wd = tmp_path / "wd"
     wd.mkdir()
     (tmp_path / "secret.txt").write_text("secret")
@@ -180,6 +237,8 @@ def test_file_glob_search(client: httpx.Client, tmp_path: Path) -> None:
     found = ok(client, tmp_path, "file_glob_search", path=".", include="*.py")
     assert [e["path"] for e in found["entries"]] == ["a.py", "pkg/b.py", "pkg/deep/c.py"]  # junk skipped
     assert found["base"] == str(tmp_path.resolve()) and "Total matches: 3" in found["plain_text_response"]
+    junk = ok(client, tmp_path, "file_glob_search", path=".", type="dir")  # junk folders: listed, not entered
+    assert [e["path"] for e in junk["entries"]] == [".venv", "node_modules", "pkg", "pkg/deep"]
     shallow = ok(client, tmp_path, "file_glob_search", path=".", include="*.py", max_depth=1)
     assert [e["path"] for e in shallow["entries"]] == ["a.py"]
     dirs = ok(client, tmp_path, "file_glob_search", path="pkg", type="dir")
@@ -305,7 +364,12 @@ def test_bad_requests_are_4xx_naming_the_field(client: httpx.Client, tmp_path: P
     assert "'path'" in error(call(client, tmp_path, "read_file"), 400)
     assert "'path'" in error(call(client, tmp_path, "read_file", path=3), 400)
     assert "'edits" in error(call(client, tmp_path, "edit_file", path="f", edits="x"), 400)
-    assert "'type'" in error(call(client, tmp_path, "file_glob_search", path=".", type="pipe"), 400)
+    # file_glob_search's type and limit are the tool's to check: a 200 error the model reads, as
+    # llama-server answers them.
+    assert failed(client, tmp_path, "file_glob_search", path=".", type="pipe").startswith(
+        "invalid type: pipe"
+    )
+    assert failed(client, tmp_path, "file_glob_search", path=".", limit=0).startswith("invalid limit: 0")
     assert "'stream'" in error(
         client.post("/tools", json={"tool": "read_file", "params": {"path": "x"}, "stream": True}), 400
     )
@@ -424,3 +488,11 @@ def test_the_proxy_forwards_only_explicit_headers(srv: ServerProcess, echo_url: 
 def test_the_proxy_refuses_other_urls(srv: ServerProcess, url: str) -> None:
     reply = httpx.get(srv.base_url + "/cors-proxy", params={"url": url}, headers={"X-Api-Key": KEY})
     assert reply.status_code == 400 and "'url'" in reply.json()["error"]["message"]
+
+
+def test_the_proxy_is_403_without_its_flag(files_only: httpx.Client) -> None:
+    for method in ("GET", "POST"):
+        reply = files_only.request(method, "/cors-proxy?url=http://127.0.0.1:1/")
+        assert reply.status_code == 403, reply.text
+        assert reply.json()["error"]["type"] == "feature_disabled"
+        assert "this feature is disabled" in reply.json()["error"]["message"]

@@ -5,6 +5,7 @@ Only what the page explicitly asks for is forwarded: request headers named
 `x-llama-server-proxy-header-<Name>` are sent as `<Name>`; the page's own cookies, Authorization (this
 server's API key) and every other header are not. The answer comes back streamed, without the target's
 CORS, cookie and hop-by-hop headers, cut after MAX_RESPONSE_BYTES. The API key applies as on any route.
+Without --ui-mcp-proxy, /cors-proxy answers 403 (llama-server's "this feature is disabled").
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from server.http import errors
 log = structlog.get_logger("server")
 
 bp = Blueprint("cors_proxy", __name__)
+# Without --ui-mcp-proxy the route answers 403 "this feature is disabled", as llama-server's does (the web
+# UI reads that to know the proxy is off), rather than a 404.
+disabled_bp = Blueprint("cors_proxy_disabled", __name__)
 
 PREFIX = "x-llama-server-proxy-header-"
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
@@ -73,6 +77,12 @@ async def cors_proxy() -> Any:
     reply = Response(_body(client, upstream), status=upstream.status_code, headers=headers)
     reply.timeout = None
     return reply
+
+
+@disabled_bp.route("/cors-proxy", methods=["GET", "POST"])
+async def cors_proxy_disabled() -> Any:
+    message = "this feature is disabled (start the server with --ui-mcp-proxy)"
+    raise errors.APIError(403, message, "feature_disabled")
 
 
 def _dropped(name: str) -> bool:

@@ -1,4 +1,5 @@
-"""llama-server's built-in tools (`--tools`): files, search and shell, confined to a working directory."""
+"""llama-server's built-in tools (`--tools`): files, search and shell, in a working directory
+(confined to it without the shell tool)."""
 
 from server.builtin_tools.catalog import BUILTIN_LABEL, NAMES, BuiltinTool, BuiltinTools, parse_tool_names
 from server.builtin_tools.context import ToolContext

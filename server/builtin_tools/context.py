@@ -18,6 +18,7 @@ class ToolContext:
     runtime: Runtime | None = None
     resp_type: str | None = None
     regex_timeout: float = REGEX_TIMEOUT_S  # seconds one search call's pattern matching may take
+    confined: bool = True  # the file tools refuse paths outside cwd (server/builtin_tools/workdir.py)
 
     @classmethod
     def of(
@@ -28,15 +29,15 @@ class ToolContext:
         if run is not None:  # the host's cwd means nothing in a container: only an explicit one is used
             if cwd and not PurePosixPath(cwd).is_absolute():
                 raise BadContext(f"x-tool-cwd must be an absolute path in a runtime: {cwd}")
-            return cls(cwd or None, run, resp_type, defaults.regex_timeout)
-        context = cls(cwd or defaults.cwd, None, resp_type, defaults.regex_timeout)
+            return cls(cwd or None, run, resp_type, defaults.regex_timeout, defaults.confined)
+        context = cls(cwd or defaults.cwd, None, resp_type, defaults.regex_timeout, defaults.confined)
         context.workdir()  # a missing or relative cwd is the request's fault: refused before any tool
         return context
 
     def workdir(self) -> Workdir:
         if self.cwd is None:
             raise BadContext("no working directory for the tools")
-        return Workdir.open(self.cwd)
+        return Workdir.open(self.cwd, self.confined)
 
     def host_workdir(self) -> Workdir:
         """The file tools' directory; they act on this host only (a ToolError in a runtime)."""

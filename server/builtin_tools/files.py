@@ -1,4 +1,5 @@
-"""read_file, write_file, edit_file: llama-server's file tools, confined to the working directory."""
+"""read_file, write_file, edit_file: llama-server's file tools, in the working directory
+(server/builtin_tools/workdir.py says when they are confined to it)."""
 
 from __future__ import annotations
 

@@ -2,14 +2,16 @@
 git's own list, `git ls-files --cached --others --exclude-standard` (tracked files, and untracked ones no
 ignore rule covers: every .gitignore, .git/info/exclude, core.excludesFile); outside one, a walk of the
 folder that honours the .gitignore files on its way with git's rules (pathspec's: a deeper file's rule
-wins, `!` re-includes, an ignored folder is not entered) and skips the JUNK folders.
+wins, `!` re-includes, an ignored folder is not entered) and lists the JUNK folders without entering
+them (llama-server's rule: they can be enormous).
 
 Entries come in the walk's order (a folder's folders, its files, then each folder's own), to `max_depth`
 levels when it is set. In git's list a folder is one that holds listed files (git tracks no empty
-folder). Either way a file whose real path leaves the working directory (a symlink pointing out) is
-left out, and the listing stops after WALK_BUDGET_S (`truncated`). git runs with core.fsmonitor off, so
-a repository's config names no command that listing it would run, and without the server's GIT_*
-variables, so the folder's own repository is the one asked.
+folder). Either way, with the tools confined (server/builtin_tools/workdir.py), a file whose real path
+leaves the working directory (a symlink pointing out) is left out; and the listing stops after
+WALK_BUDGET_S (`truncated`). git runs with core.fsmonitor off, so a repository's config names no command
+that listing it would run, and without the server's GIT_* variables, so the folder's own repository is
+the one asked.
 """
 
 from __future__ import annotations
@@ -83,11 +85,13 @@ class Listing:
                 self.truncated = True
                 return
             ignores = rules.pop(here).read(self.wd, here)
-            kept = sorted(d for d in dirs if d not in JUNK and not ignores.ignored(self.wd, here / d, True))
+            kept = sorted(d for d in dirs if not ignores.ignored(self.wd, here / d, True))
             for name in kept:
                 yield (here / name).relative_to(self.base).as_posix(), True
-            # Pruned in place: os.walk then skips them (a symlinked folder is never entered anyway).
-            dirs[:] = [] if self.max_depth and depth >= self.max_depth else kept
+            # Pruned in place: os.walk then skips them (a symlinked folder is never entered anyway). A JUNK
+            # folder is listed (a page may pick it as a working directory) but never entered.
+            walked = [d for d in kept if d not in JUNK]
+            dirs[:] = [] if self.max_depth and depth >= self.max_depth else walked
             rules.update((here / d, ignores) for d in dirs)
             for name in sorted(files):
                 path = here / name
@@ -95,7 +99,7 @@ class Listing:
                     yield path.relative_to(self.base).as_posix(), False
 
     def _inside(self, path: Path) -> bool:
-        return not path.is_symlink() or self.wd.contains(path.resolve())
+        return not path.is_symlink() or self.wd.allows(path.resolve())
 
     def _unreadable(self, _: OSError) -> None:
         self.truncated = True
@@ -120,7 +124,7 @@ class Ignores:
         """These and `folder`'s own .gitignore, if it has one (inside the working directory)."""
         path = folder / ".gitignore"
         try:
-            if not path.is_file() or not wd.contains(path.resolve()):
+            if not path.is_file() or not wd.allows(path.resolve()):
                 return self
             lines = path.read_text(errors="replace").splitlines()
         except OSError:

@@ -15,7 +15,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import regex
 from pydantic import Field
@@ -27,15 +27,21 @@ from server.builtin_tools.workdir import ToolError, Workdir
 REGEX_TIMEOUT_S = 5.0  # --tools-regex-timeout's default
 MAX_RESULTS = 100
 MAX_GREP_FILE_BYTES = 8 * 1024 * 1024  # a larger file (a dataset, a binary) is not read into memory
+TYPES = ("file", "dir", "all")  # file_glob_search's `type`
 
 
 class FileGlobSearch(Params):
     path: str = Field(description="the folder to search in")
     include: str = Field("**", description="glob the relative paths must match (e.g. **/*.py)")
     exclude: str = Field("", description="glob of paths to leave out")
-    type: Literal["file", "dir", "all"] = Field("file", description="what to list")
+    # Checked by the tool, not the schema: another value is the tool's error, as llama-server answers it
+    # (the model reads it and tries again), not a 400.
+    type: str = Field("file", description="what to list", json_schema_extra={"enum": list(TYPES)})
     max_depth: int = Field(0, description="0: any depth; 1: the folder's direct children only")
-    limit: int = Field(MAX_RESULTS, ge=1, description=f"most entries listed (at most {MAX_RESULTS})")
+    limit: int = Field(
+        MAX_RESULTS, description=f"most entries listed, 1 or more (at most {MAX_RESULTS})",
+        json_schema_extra={"minimum": 1},
+    )  # fmt: skip
 
 
 class GrepSearch(Params):
@@ -114,6 +120,10 @@ def matches(rel: str, include: str, exclude: str, deadline: Deadline) -> bool:
 def file_glob_search(
     p: FileGlobSearch, wd: Workdir, regex_timeout: float = REGEX_TIMEOUT_S
 ) -> dict[str, Any]:
+    if p.limit < 1:
+        raise ToolError(f"invalid limit: {p.limit} (expected 1 or more)")
+    if p.type not in TYPES:
+        raise ToolError(f'invalid type: {p.type} (expected "file", "dir" or "all")')
     base = wd.resolve(p.path)
     if not base.is_dir():
         raise ToolError(f"path does not exist or is not a directory: {p.path}")

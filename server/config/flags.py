@@ -276,11 +276,20 @@ def _tool_flags(p: argparse.ArgumentParser) -> None:
         help="the hosts a request's MCP server_url may name (none by default: per-request MCP servers are "
         "off): comma-separated host names, *.domain, *, IP addresses or CIDR networks; a loopback, "
         "private or link-local address only when an address, network or exact name lists it")  # fmt: skip
-    add("--cors-origins", default=None, help="comma-separated allowed origins, or *")
+    add("--cors-origins", default=None,
+        help="comma-separated allowed origins, * (any), or localhost (any page on this machine); "
+        "default *, localhost with --tools or MCP servers")  # fmt: skip
+    add("--cors-methods", default="GET, POST, DELETE, OPTIONS",
+        help="a preflight's Access-Control-Allow-Methods")  # fmt: skip
+    add("--cors-headers", default="*", help="a preflight's Access-Control-Allow-Headers")
+    add("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
+        help="Access-Control-Allow-Credentials: true (default); off: with --cors-origins * any page, "
+        "without credentials")  # fmt: skip
+    add("--no-cors-credentials", dest="cors_credentials", action="store_false")
     add("--tools", default=None, metavar="TOOL1,TOOL2,...",
         help="built-in tools served at /tools: all, or names (read_file, file_glob_search, "
-        "grep_search, exec_shell_command, write_file, edit_file); confined to x-tool-cwd, "
-        "else the server's cwd")  # fmt: skip
+        "grep_search, exec_shell_command, write_file, edit_file); without exec_shell_command the file "
+        "tools are confined to x-tool-cwd, else the server's cwd")  # fmt: skip
     add("--tools-runtime", default=None, metavar="OPTION",
         help="where exec_shell_command runs by default: docker-container:ID, "
         "podman-container:ID or ssh:TARGET")  # fmt: skip

@@ -490,14 +490,14 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     F(("--reuse-port",), "", "LLAMA_ARG_REUSE_PORT", "ignored", "no effect in Llamba"),
     F(("--path",), "PATH", "LLAMA_ARG_STATIC_PATH", "ignored", "no effect in Llamba"),
     F(("--cors-origins",), "ORIGINS", "LLAMA_ARG_CORS_ORIGINS", "implemented", ""),
-    F(("--cors-methods",), "METHODS", "LLAMA_ARG_CORS_METHODS", "ignored", "no effect in Llamba"),
-    F(("--cors-headers",), "HEADERS", "LLAMA_ARG_CORS_HEADERS", "ignored", "no effect in Llamba"),
+    F(("--cors-methods",), "METHODS", "LLAMA_ARG_CORS_METHODS", "implemented", ""),
+    F(("--cors-headers",), "HEADERS", "LLAMA_ARG_CORS_HEADERS", "implemented", ""),
     F(
         ("--cors-credentials", "--no-cors-credentials"),
         "",
         "LLAMA_ARG_CORS_CREDENTIALS",
-        "ignored",
-        "no effect in Llamba",
+        "implemented",
+        "",
     ),
     F(("--api-prefix",), "PREFIX", "LLAMA_ARG_API_PREFIX", "implemented", ""),
     F(("--ui-config", "--webui-config"), "JSON", "LLAMA_ARG_UI_CONFIG", "ignored", "no effect in Llamba"),
@@ -521,8 +521,8 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         "LLAMA_ARG_TOOLS",
         "implemented",
         (
-            "confined to the working directory (x-tool-cwd, else the server's cwd); get_info"
-            " is not one of them"
+            "without exec_shell_command, the file tools are confined to the working directory"
+            " (x-tool-cwd, else the server's cwd); get_info is not one of them"
         ),
     ),
     F(

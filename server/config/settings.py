@@ -77,6 +77,9 @@ class Settings(BaseModel):
     ssl_cert_file: str | None = None
     # None is the default policy: any origin, but only localhost ones when tools run on this host.
     cors_origins: tuple[str, ...] | None = None
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"  # --cors-methods: a preflight's allowed methods
+    cors_headers: str = "*"  # --cors-headers: a preflight's allowed headers
+    cors_credentials: bool = True  # --cors-credentials: pages may send cookies and credentials
     timeout: int = 3600  # -to: seconds a request body may take to arrive, and a response write may block
     shutdown_timeout: float = 0.0  # seconds SIGTERM lets in-flight requests finish (0: cancel them at once)
     slots: bool = True

@@ -1,5 +1,6 @@
 """How every Llamba process listens: hypercorn's config (bind, TLS, header limits) and the ASGI layers
-around the app (`-to` timeouts, `--api-prefix`), for the model server, the router and the cluster.
+around the app (`-to` timeouts, `--api-prefix`, header names' case), for the model server, the router
+and the cluster.
 
 `--ssl-key-file`/`--ssl-cert-file` (llama-server's TLS): hypercorn serves HTTPS with them (both or
 neither). `--host` may name a unix socket (`*.sock`) or several addresses. `--api-prefix /p`
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 from hypercorn.config import Config
 
 from server.config.settings import Settings
+from server.http.header_case import CanonicalHeaderCase
 from server.http.io_timeouts import App, IoTimeouts, Receive, Scope, Send
 from server.http.limits import hypercorn_limits
 
@@ -78,9 +80,10 @@ def binds(host: str, port: int) -> list[str]:
 
 
 def served(app: Any, settings: Settings) -> App:
-    """The app as hypercorn runs it: -to's read/write timeouts, under --api-prefix when one is set."""
+    """The app as hypercorn runs it: -to's read/write timeouts, under --api-prefix when one is set, its
+    header names in llama-server's case on HTTP/1.x (server/http/header_case.py)."""
     timed = IoTimeouts(app, settings.timeout)
-    return ApiPrefix(timed, settings.api_prefix) if settings.api_prefix else timed
+    return CanonicalHeaderCase(ApiPrefix(timed, settings.api_prefix) if settings.api_prefix else timed)
 
 
 class ApiPrefix:
