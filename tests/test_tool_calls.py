@@ -11,19 +11,19 @@ import functools
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
-from engine.api import ReasoningSpec, ReasoningTags
+from engine.api import GenerationRequest, ReasoningTags, ToolCallSpec
 from engine.gguf import GGUFFile
 from engine.grammar import GrammarCompiler
 from engine.reference_data import ReferenceDataError, reference_file
-from engine.text.chat import ChatTemplate, ChatTemplateError
+from engine.text.answer import answer_readers, prefill_message
+from engine.text.chat import ChatTemplate
 from engine.text.reasoning import (
     ReasoningSplitter,
-    ReasoningState,
     detect_tags,
     prompt_opens_block,
     resolve_spec,
@@ -702,24 +702,13 @@ def test_the_final_parse_gives_the_same_calls_whole_at_the_flush(case: Case) -> 
 
 # -- llama.cpp's own parsing cases (test-chat.cpp's PEG-parser tests, every one for these formats) ---------
 
-# Cases llama.cpp's test runs that are not about Llamba's parsers, or where Llamba parts from them.
-LLAMA_CASE_SKIPS = {
-    "continue_final_message": "llama.cpp's continue_final_message (content/reasoning) reports the prefilled "
-    "message joined with the continuation; Llamba's (a boolean) answers with the continuation alone",
-    6302: "a ```json fence stripped from a json_schema answer: Llamba's grammar admits no fence there",
-    6442: "reasoning_format none on GPT-OSS: Llamba's parser files analysis messages as reasoning still",
-}
-
-
-def llama_case_skip(case: dict[str, Any]) -> str | None:
-    if "continue_final_message" in case:
-        return LLAMA_CASE_SKIPS["continue_final_message"]
-    return LLAMA_CASE_SKIPS.get(case["line"])
-
 
 @functools.cache
-def llama_case_pipeline(template: str, line: int) -> tuple[ToolCallFormat, list[dict], ReasoningSpec | None]:
-    """A case's format, tools and reasoning spec (from its rendered generation prompt), once per case."""
+def llama_case_request(template: str, line: int) -> tuple[GenerationRequest, list[dict]]:
+    """A case as Llamba's chat pipeline would run it: the engine request's answer reading (the
+    format's parser, calls only with tools, the reasoning split its request asks for, resolved against
+    the rendered prompt, the ```json fence rule under a schema) and the prefill the prompt continues
+    (llama.cpp's continue_final_message), once per case; and the case's tools."""
     case = _LLAMA_CASES[(template, line)]
     source = reference_template(template.removeprefix("models/templates/").removesuffix(".jinja"))
     fmt = detect_format(source)
@@ -728,33 +717,39 @@ def llama_case_pipeline(template: str, line: int) -> tuple[ToolCallFormat, list[
     messages = case.get("messages") or [{"role": "user", "content": "Hey there!"}]
     context = {**fmt.template_context(tools), "enable_thinking": case.get("enable_thinking", True)}
     template_ = ChatTemplate(source, "test")
-    text = template_.render(fmt.prepare_messages(messages, tools), tools=tools, with_starts=False, **context)
-    prompt = fmt.finish_prompt(source, text.text, add_generation_prompt=True)
-    spec = resolve_spec(case.get("reasoning_format", "none"), source, prompt, own_tags=fmt.reasoning_tags)
-    return fmt, tools, spec
+    part = case.get("continue_final_message", "")  # llama.cpp's test names the part continued
+    asked = {"content": "content", "reasoning": "reasoning_content"}.get(part)
+    tags = fmt.reasoning_tags or detect_tags(source)
+    rendered = template_.render(
+        fmt.prepare_messages(messages, tools),
+        add_generation_prompt=case.get("add_generation_prompt", True),
+        tools=tools,
+        with_starts=False,
+        continue_final_message=asked or False,
+        continuation=lambda prompt, gen, prefill: fmt.continue_prompt(prompt, gen, prefill, tags),
+        **context,
+    )
+    text = rendered.text
+    if not rendered.prefill_text:
+        text = fmt.finish_prompt(source, text, add_generation_prompt=True)
+    before = text[: len(text) - len(rendered.prefill_text)]
+    spec = resolve_spec(case.get("reasoning_format", "none"), source, before, own_tags=fmt.reasoning_tags)
+    calls = bool(tools) and case.get("tool_choice", "auto") != "none"
+    parsing = ToolCallSpec(fmt.name, tuple(tools), True, calls=calls, fenced_json="json_schema" in case)
+    return GenerationRequest([], reasoning=spec, tool_calls=parsing, prefill=rendered.prefill_text), tools
 
 
 def parse_llama_case(case: dict[str, Any], chunks: Sequence[str], stream_arguments: bool) -> ParsedMessage:
-    """llama.cpp's case through Llamba's pipeline: the reasoning split its request asks for (the
-    template's generation prompt decides whether the block is open), then the format's parser (run
-    here for cases without tools too: a parser case; a request without tools gets no parser)."""
-    fmt, tools, spec = llama_case_pipeline(case["template"], case["line"])
-    reasoning = ReasoningState(spec, lambda text: []) if spec is not None else None
-    parser = fmt.parser(tools, sequential_ids(), stream_arguments)
-    message = ParsedMessage()
-    for chunk in [*chunks, None]:
-        split = (
-            None
-            if reasoning is None
-            else reasoning.push(chunk, False)
-            if chunk is not None
-            else reasoning.flush()
-        )
-        answer = split.content if split is not None else (chunk or "")
-        message.reasoning += split.reasoning if split is not None else ""
-        message.add(parser.push(answer))
-        if chunk is None:
-            message.add(parser.flush())
+    """llama.cpp's case through Llamba's engine readers (engine/text/answer.py), as a chat reply
+    reports it: the prefilled message the answer continues, then the answer read chunk by chunk."""
+    request, _ = llama_case_request(case["template"], case["line"])
+    request = replace(request, tool_calls=replace(request.tool_calls, stream_arguments=stream_arguments))
+    prefix = prefill_message(request)
+    message = ParsedMessage(prefix.content, prefix.reasoning)
+    readers = answer_readers(request, lambda text: [], sequential_ids())
+    for chunk in chunks:
+        message.add(readers.read(chunk))
+    message.add(readers.read("", final=True))
     return message
 
 
@@ -789,25 +784,7 @@ def llama_case_id(case: dict[str, Any]) -> str:
     return f"{case['template'][17:-6]}-line{case['line']}"
 
 
-# llama.cpp's cases Llamba parses as llama.cpp does, and those it knowingly parses otherwise (each with
-# its reason in LLAMA_CASE_SKIPS; docs/compatibility-json-schema.md).
-SAME_CASES = [case for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is None]
-OTHER_CASES = [case for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is not None]
-
-
-@pytest.mark.parametrize("case", OTHER_CASES, ids=llama_case_id)
-def test_the_known_differences_from_llama_cpps_parsing_still_differ(case: dict[str, Any]) -> None:
-    """A case set aside as a known difference must still differ: the day Llamba parses it as llama.cpp
-    does, it moves to the cases that must agree."""
-    try:
-        whole = parse_llama_case(case, [case["input"]], stream_arguments=bool(case.get("is_partial")))
-    except ChatTemplateError as exc:  # the template refuses the prefilled messages (e.g. several calls)
-        assert "failed" in str(exc)
-        return
-    assert llama_difference(case, whole) is not None, f"now parsed as llama.cpp does: {llama_case_skip(case)}"
-
-
-@pytest.mark.parametrize("case", SAME_CASES, ids=llama_case_id)
+@pytest.mark.parametrize("case", LLAMA_CHAT["cases"], ids=llama_case_id)
 def test_llama_cpps_parsing_cases_parse_to_its_messages_whole_and_streamed(case: dict[str, Any]) -> None:
     """Whole (a non-streamed reply's final parse) and streamed character by character (every chunk
     boundary) and in random chunks, each must give llama.cpp's expected message."""
@@ -823,10 +800,10 @@ def test_llama_cpps_parsing_cases_parse_to_its_messages_whole_and_streamed(case:
 
 
 def test_the_chat_cases_cover_every_implemented_format() -> None:
-    formats = {case["format"] for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is None}
+    formats = {case["format"] for case in LLAMA_CHAT["cases"]}
     assert formats == {f for f in FORMATS if f != "Generic"}  # llama.cpp's test has no generic case now
     assert LLAMA_CHAT["extracted"] == LLAMA_CHAT["present"]["implemented_formats"] == 91
-    assert sum(llama_case_skip(case) is None for case in LLAMA_CHAT["cases"]) == 68
+    assert len(LLAMA_CHAT["cases"]) == 91  # every one parses as llama.cpp's (no case set aside)
 
 
 # -- tool choice and the grammar descriptions ------------------------------------------------------------
