@@ -32,6 +32,7 @@ from engine.text.tokenizer import Tokenizer
 from engine.text.tool_calls import (
     FORMATS,
     ParsedMessage,
+    Prefill,
     ToolCall,
     ToolCallFormat,
     ToolChoice,
@@ -918,3 +919,90 @@ def test_continue_final_message_refusals() -> None:
     two = [user, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
     with pytest.raises(ValueError, match="2 or more assistant messages"):
         template.render(two, continue_final_message=None)
+
+
+def test_a_prefill_is_resolved_as_llama_cpp_resolves_it() -> None:
+    """continue_final_message true (or the heuristic) continues the reasoning while the message has
+    reasoning and no content; "content" / "reasoning_content" name the part."""
+    thinking = {"role": "assistant", "content": "", "reasoning_content": "I'm"}
+    both = {"role": "assistant", "content": "Hello, ", "reasoning_content": "I'm thinking"}
+    assert Prefill.of(thinking, True) == Prefill("I'm", "", "reasoning")
+    assert Prefill.of(thinking, None) == Prefill("I'm", "", "reasoning")
+    assert Prefill.of(thinking, "content") == Prefill("I'm", "", "content")
+    assert Prefill.of(both, True) == Prefill("I'm thinking", "Hello, ", "content")
+    assert Prefill.of(both, "reasoning_content").mode == "reasoning"
+    template = ChatTemplate.builtin("chatml")
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": parts}]
+    rendered = template.render(messages, continue_final_message=None)
+    assert rendered.text.endswith("<|im_start|>assistant\nWh\n\nill") and rendered.prefill_text == "Wh\n\nill"
+
+
+# -- an answer without tools, and one under a schema -----------------------------------------------------
+
+
+def read_answer(chunks: Sequence[str], spec: ToolCallSpec) -> ParsedMessage:
+    """An answer (without reasoning handling) through the engine's readers, chunk by chunk."""
+    readers = answer_readers(GenerationRequest([], tool_calls=spec), lambda t: [], sequential_ids())
+    message = ParsedMessage()
+    for chunk in chunks:
+        message.add(readers.read(chunk))
+    return message.add(readers.read("", final=True))
+
+
+NO_TOOLS = [
+    # (format, answer, content): llama-server's parser for a request without tools reads the format's
+    # markup and leaves call markup as content (a GPT-OSS call to a tool nobody offered is dropped).
+    (
+        "Hermes 2 Pro",
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+    ),
+    ("Functionary v3.2", "all\nHello there", "Hello there"),
+    ("Functionary v3.2", 'f\n{"a": 1}', 'f\n{"a": 1}'),
+    ("GPT-OSS", "<|channel|>final<|message|>Hi", "Hi"),
+    ("GPT-OSS", '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}<|call|>', ""),
+    ("Command R7B", "<|START_RESPONSE|>Hi<|END_RESPONSE|>", "Hi"),
+    ("Llama 3.x", '{"name": "f", "parameters": {}}', '{"name": "f", "parameters": {}}'),
+]
+
+
+@pytest.mark.parametrize(("fmt", "answer", "content"), NO_TOOLS)
+def test_an_answer_without_tools_is_read_for_its_format_markup_only(
+    fmt: str, answer: str, content: str
+) -> None:
+    spec = ToolCallSpec(fmt, (), True, calls=False)
+    for chunks in chunkings(answer, seeds=2):
+        assert read_answer(chunks, spec) == ParsedMessage(content), chunks
+
+
+def test_a_fenced_call_stays_content_in_hermes_format() -> None:
+    """Qwen2.5-Coder writes its calls in a ```json fence under tool_choice auto. llama.cpp 0c1e570 reads
+    Qwen 2.5's template with its generated parser, which takes calls only inside <tool_call> (test-chat.cpp's
+    Qwen-Qwen2.5-7B-Instruct cases; common/chat-auto-parser-generator.cpp fences only a schema's answer):
+    the fence is content there, and here."""
+    tools = (WEATHER,)
+    spec = ToolCallSpec("Hermes 2 Pro", tools, True)
+    for answer in (
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    ):
+        for chunks in chunkings(answer, seeds=2):
+            assert read_answer(chunks, spec) == ParsedMessage(answer)
+
+
+@pytest.mark.parametrize(
+    ("answer", "content"),
+    [
+        ('```json\n{"a": "x```"}\n```', '{"a": "x```"}'),
+        ('  ```json {"a": 1}```  ', '{"a": 1}'),
+        ('{"a": 1}', '{"a": 1}'),
+        ('``` {"a": 1}', '``` {"a": 1}'),  # not a json fence
+        ('{"a": "```json"}', '{"a": "```json"}'),  # a fence only opens the answer
+    ],
+)
+def test_a_schema_answer_loses_its_json_fence_at_every_chunk_boundary(answer: str, content: str) -> None:
+    for fmt in ("Hermes 2 Pro", "Llama 3.x", "Generic"):
+        spec = ToolCallSpec(fmt, (), True, calls=False, fenced_json=True)
+        for chunks in chunkings(answer, seeds=2):
+            assert read_answer(chunks, spec) == ParsedMessage(content), (fmt, chunks)

@@ -30,6 +30,14 @@ class ChatJob:
     prompt_text: str
     n_prompt: int
     request: GenerationRequest
+    # A prefill the client named (continue_final_message): a stream then leaves the prefilled message
+    # out, as llama-server does unless `echo`; without the field (the prefill heuristic) it is sent.
+    prefill_named: bool = False
+
+
+def continued(body: ChatCompletionRequest) -> bool:
+    """Whether the body names a continuation (continue_final_message true or a part) without `echo`."""
+    return body.continue_final_message not in (None, False) and not body.echo
 
 
 async def prepare_chat(
@@ -42,8 +50,9 @@ async def prepare_chat(
     tools = tool_plan(prompts, body, answer_only)
     prompt = await prompts.chat(chat_input(model.settings, body, tools))
     log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
-    request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools)
-    return ChatJob(prompt.text, len(prompt.tokens), request)
+    reading = prompts.answer_reading(tools, body.answer_schema() is not None, body.stream)
+    request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools, reading)
+    return ChatJob(prompt.text, len(prompt.tokens), request, continued(body))
 
 
 async def chat_tokens(model: ModelHost, body: ChatCompletionRequest) -> list[int]:
