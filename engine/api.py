@@ -109,6 +109,9 @@ class ToolCallSpec:
     stream_arguments: bool = True
     calls: bool = True  # False: no tools (or tool_choice none): only the format's other markup is read
     fenced_json: bool = False  # an answer schema: a ```json fence around the answer is taken off
+    # Special tokens the answer's text shows (the format's markers: llama-server's preserved tokens,
+    # which its detokenizer renders though they are control tokens), by id.
+    preserved: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

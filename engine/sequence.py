@@ -22,7 +22,7 @@ from engine.grammar import GrammarMatcher
 from engine.sampling import DryVocabulary, Sampler
 from engine.speculative import SpecParams
 from engine.speculative.policy import AcceptanceRate
-from engine.text.answer import AnswerReaders, answer_readers
+from engine.text.answer import AnswerReaders, answer_decoder, answer_readers
 from engine.text.reasoning import ReasoningState, Split
 from engine.text.stop import StopMatcher
 from engine.text.tokenizer import IncrementalDecoder, Tokenizer
@@ -288,7 +288,7 @@ def start_sequence(
         emit,
         slot_id,
         sampler,
-        IncrementalDecoder(tokenizer),
+        answer_decoder(tokenizer, request),
         StopMatcher(list(request.stop)),
         tokenizer.eog_ids,
         readers.reasoning,

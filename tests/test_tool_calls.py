@@ -20,7 +20,7 @@ from engine.api import GenerationRequest, ReasoningTags, ToolCallSpec
 from engine.gguf import GGUFFile
 from engine.grammar import GrammarCompiler
 from engine.reference_data import ReferenceDataError, reference_file
-from engine.text.answer import answer_readers, prefill_message
+from engine.text.answer import answer_decoder, answer_readers, prefill_message
 from engine.text.chat import ChatTemplate
 from engine.text.reasoning import (
     ReasoningSplitter,
@@ -1006,3 +1006,20 @@ def test_a_schema_answer_loses_its_json_fence_at_every_chunk_boundary(answer: st
         spec = ToolCallSpec(fmt, (), True, calls=False, fenced_json=True)
         for chunks in chunkings(answer, seeds=2):
             assert read_answer(chunks, spec) == ParsedMessage(content), (fmt, chunks)
+
+
+def test_the_formats_markers_are_rendered_in_the_answer_text(smollm2_gguf: GGUFFile) -> None:
+    """A control token the format reads (llama-server's preserved tokens: a GPT-OSS GGUF's
+    `<|channel|>`) is text in the answer; other control tokens stay hidden. SmolLM2's `<|im_start|>`
+    stands in for one."""
+    tokenizer = Tokenizer.from_gguf(smollm2_gguf)
+    marker = tokenizer.encode("<|im_start|>", False, True)
+    assert len(marker) == 1 and tokenizer.token_to_piece(marker[0], False) == b""  # hidden by default
+    hello = tokenizer.encode("Hi", False, False)
+    spec = ToolCallSpec("GPT-OSS", (), calls=False, preserved=(marker[0],))
+    for request, shown in (
+        (GenerationRequest([], tool_calls=spec), "<|im_start|>Hi"),
+        (GenerationRequest([]), "Hi"),
+    ):
+        decoder = answer_decoder(tokenizer, request)
+        assert "".join(decoder.push(t) for t in [*marker, *hello]) + decoder.flush() == shown

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from engine.api import GenerationRequest
 from engine.text.reasoning import ReasoningState, Split
+from engine.text.tokenizer import IncrementalDecoder, Tokenizer
 from engine.text.tool_calls import FORMATS, AnswerReading, IdFactory, ParseDelta, ToolCallParser
 
 
@@ -40,6 +41,26 @@ class AnswerReaders:
 
     def read(self, text: str, forced: bool = False, final: bool = False) -> ParseDelta:
         return self.parse(self.split(text, forced, final), final)
+
+
+class PreservingDecoder(IncrementalDecoder):
+    """The answer's detokenizer: control tokens stay hidden except the format's markers the parser
+    reads (llama-server renders a request's preserved tokens: a GPT-OSS GGUF's `<|channel|>` is one)."""
+
+    def __init__(self, tokenizer: Tokenizer, preserved: frozenset[int]) -> None:
+        super().__init__(tokenizer)
+        self._preserved = preserved
+
+    def push(self, token: int) -> str:
+        return self._utf8.decode(self._tokenizer.token_to_piece(token, token in self._preserved))
+
+
+def answer_decoder(tokenizer: Tokenizer, request: GenerationRequest) -> IncrementalDecoder:
+    """The detokenizer of `request`'s answer (its format's preserved tokens rendered)."""
+    calls = request.tool_calls
+    if calls is None or not calls.preserved:
+        return IncrementalDecoder(tokenizer)
+    return PreservingDecoder(tokenizer, frozenset(calls.preserved))
 
 
 def answer_readers(

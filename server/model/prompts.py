@@ -25,7 +25,7 @@ from engine.text.tokenizer import Tokenizer
 from engine.text.tool_calls import Prefill, ToolCallFormat
 from server.config.settings import Settings
 from server.http import errors
-from server.model.constraints import ToolPlan, plan_tools
+from server.model.constraints import ToolPlan, plan_tools, preserved_ids
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,9 @@ class PromptBuilder:
         ```json fence around it is taken off."""
         if tools is not None:
             return tools.parsing
-        return ToolCallSpec(self.tool_format.name, (), streamed, calls=False, fenced_json=schema)
+        fmt = self.tool_format
+        preserved = preserved_ids(fmt, self.special_tokens) if fmt.markup_without_calls else ()
+        return ToolCallSpec(fmt.name, (), streamed, calls=False, fenced_json=schema, preserved=preserved)
 
     async def infill_prompt(
         self, prefix: str | list[int], suffix: str | list[int], extra: list[tuple[str, str]], prompt: str

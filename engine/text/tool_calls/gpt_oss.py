@@ -160,7 +160,7 @@ def _body(d: Driver, match: regex.Match[str]) -> State:
         return ContentState(ends, discard=True)
     if match.group(3) is not None and not d.reading.extract_reasoning:
         d.commit()  # reasoning_format none: the analysis message is content, its markup included
-        header = match.group(0)
+        header = match.group(0)  # less the role's <|start|>assistant, as llama.cpp's parser leaves it
         d.emit.content(header[header.index(CHANNEL) :])
         return ContentState([Marker(END, lambda: _Raw(END, _message), tentative=False)])
     if name:
@@ -170,5 +170,4 @@ def _body(d: Driver, match: regex.Match[str]) -> State:
         after = r"\s*(?:" + re.escape(CALL) + r"|(?=<\|start\|>))"
         return JsonState(ArgumentsSink(), lambda: expect(after, _message, otherwise=_EndOfOutput))
     d.commit()
-    ends = [Marker(end, _message, tentative=False) for end in (END, RETURN, CALL)]
     return ContentState(ends, reasoning=match.group(3) is not None, discard=bool(match.group("built_in")))
