@@ -44,8 +44,8 @@ async def build_request(
     """The engine request of a body and its prompt, whole in one pass: sampling, limits, stop strings,
     the prompt's reasoning treatment, speculation, and its grammar (the body's constraint, or its tools'
     calls, which are then also parsed out of the answer; `reading`: how a chat answer is read, over the
-    tools' parsing). A full queue is a 503 here (--max-queue),
-    before any byte of the reply."""
+    tools' parsing; the prompt's prefill). A full queue is a 503 here (--max-queue), before any byte of
+    the reply."""
     client, prompts, s = model.client, model.prompts, model.settings
     client.check_queue(body.n_choices())
     try:

@@ -30,14 +30,13 @@ class ChatJob:
     prompt_text: str
     n_prompt: int
     request: GenerationRequest
-    # A prefill the client named (continue_final_message): a stream then leaves the prefilled message
-    # out, as llama-server does unless `echo`; without the field (the prefill heuristic) it is sent.
-    prefill_named: bool = False
+    # Whether a stream sends the prefilled message first: as llama-server, unless the client named
+    # continue_final_message (true or a part) without `echo` (the prefill heuristic sends it).
+    streams_prefill: bool = True
 
 
-def continued(body: ChatCompletionRequest) -> bool:
-    """Whether the body names a continuation (continue_final_message true or a part) without `echo`."""
-    return body.continue_final_message not in (None, False) and not body.echo
+def streams_prefill(body: ChatCompletionRequest) -> bool:
+    return body.continue_final_message in (None, False) or body.echo
 
 
 async def prepare_chat(
@@ -52,7 +51,7 @@ async def prepare_chat(
     log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
     reading = prompts.answer_reading(tools, body.answer_schema() is not None, body.stream)
     request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools, reading)
-    return ChatJob(prompt.text, len(prompt.tokens), request, continued(body))
+    return ChatJob(prompt.text, len(prompt.tokens), request, streams_prefill(body))
 
 
 async def chat_tokens(model: ModelHost, body: ChatCompletionRequest) -> list[int]:

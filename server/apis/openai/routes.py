@@ -122,7 +122,7 @@ def chat_stream_of(
 ) -> AsyncIterator[bytes]:
     """One chat's stream, its chunks carrying `ids` (fresh, or a journal's when regenerated)."""
     head = base_fields(model, "chat.completion.chunk", ids.reply_id, ids.created)
-    lead = ("", "") if job.prefill_named else prefill_message(job.request)
+    lead = prefill_message(job.request) if job.streams_prefill else ("", "")
     return chat_stream(model, body, job.request, head, job.n_prompt, lead)
 
 
@@ -172,7 +172,7 @@ async def chat_choices(
     if body.stream:
         head = base_fields(model, "chat.completion.chunk", completion_id, created)
         # Not deterministic as bytes: the choices' chunks interleave as they come.
-        lead = ("", "") if job.prefill_named else prefill_message(job.request)
+        lead = prefill_message(job.request) if job.streams_prefill else ("", "")
         stream = chat_choices_stream(model, body, requests, head, job.n_prompt, lead)
         return await streamed(stream, False, ReplyIds(completion_id, created))
     outs = await collect_choices(model.client, requests)
