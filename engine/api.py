@@ -107,6 +107,11 @@ class ToolCallSpec:
     # llama-server's streaming parse (calls announced early, arguments as they come) or its final parse
     # (calls whole at the end; a broken call leaves everything from its marker as content).
     stream_arguments: bool = True
+    calls: bool = True  # False: no tools (or tool_choice none): only the format's other markup is read
+    fenced_json: bool = False  # an answer schema: a ```json fence around the answer is taken off
+    # Special tokens the answer's text shows (the format's markers: llama-server's preserved tokens,
+    # which its detokenizer renders though they are control tokens), by id.
+    preserved: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,9 @@ class GenerationRequest:
     truncated: bool = False  # the prompt was cut to fit the context (context shift)
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
     tool_calls: ToolCallSpec | None = None  # None: no tool-call parsing
+    # The assistant message the answer continues (a prefill), as the prompt ends with it: the reasoning
+    # split and the parser read it before the first token, so the answer is read as its continuation.
+    prefill: str = ""
     grammar: CompiledGrammar | None = None  # constrains the answer (outside reasoning blocks)
     speculative: SpecParams | None = None  # None: no speculative decoding
 

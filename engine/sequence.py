@@ -22,10 +22,11 @@ from engine.grammar import GrammarMatcher
 from engine.sampling import DryVocabulary, Sampler
 from engine.speculative import SpecParams
 from engine.speculative.policy import AcceptanceRate
+from engine.text.answer import AnswerReaders, answer_decoder, answer_readers
 from engine.text.reasoning import ReasoningState, Split
 from engine.text.stop import StopMatcher
 from engine.text.tokenizer import IncrementalDecoder, Tokenizer
-from engine.text.tool_calls import FORMATS, ParseDelta, ToolCallParser
+from engine.text.tool_calls import ParseDelta, ToolCallParser
 
 Emit = Callable[[TokenEvent], None]
 
@@ -205,20 +206,13 @@ class Sequence:
         return None
 
     def _split(self, text: str, forced: bool, final: bool) -> Split:
-        if self.reasoning is None:
-            return Split(content=text)
-        split = self.reasoning.push(text, forced)
-        return split + self.reasoning.flush() if final else split
+        return AnswerReaders(self.reasoning, self.tool_parser).split(text, forced, final)
 
     def _read_answer(self, split: Split, final: bool) -> ParseDelta:
-        """The answer text through the tool-call parser (when the request has tools): content, calls."""
-        if self.tool_parser is None:
-            return ParseDelta(split.content, split.reasoning)
-        parsed = self.tool_parser.push(split.content)
-        if final:
-            parsed += self.tool_parser.flush()
+        """The answer text through the format's parser: content, reasoning, calls."""
+        parsed = AnswerReaders(self.reasoning, self.tool_parser).parse(split, final)
         self.n_tool_calls = max([self.n_tool_calls, *(d.index + 1 for d in parsed.tool_calls)])
-        return ParseDelta(parsed.content, split.reasoning + parsed.reasoning, parsed.tool_calls)
+        return parsed
 
     def _probs(self, logits: np.ndarray, token: int, forced: bool) -> dict:
         """The token's probability and the n_probs best: of the raw logits (log-probabilities), or, with
@@ -288,23 +282,17 @@ def start_sequence(
     sampler = Sampler(params, tokenizer.n_vocab, breakers)
     for token in request.prompt_tokens:
         sampler.accept(token)
-    reasoning = None
-    if request.reasoning is not None:
-        reasoning = ReasoningState(request.reasoning, lambda text: tokenizer.encode(text, False, True))
-    spec = request.tool_calls
-    tool_parser = None
-    if spec is not None:
-        tool_parser = FORMATS[spec.format].parser(spec.tools, stream_arguments=spec.stream_arguments)
+    readers = answer_readers(request, lambda text: tokenizer.encode(text, False, True))
     return Sequence(
         request,
         emit,
         slot_id,
         sampler,
-        IncrementalDecoder(tokenizer),
+        answer_decoder(tokenizer, request),
         StopMatcher(list(request.stop)),
         tokenizer.eog_ids,
-        reasoning,
-        tool_parser,
+        readers.reasoning,
+        readers.parser,
         request.grammar.matcher() if request.grammar is not None else None,
         pending=request.prompt_tokens[n_cached:],
         n_cached=n_cached,

@@ -282,11 +282,13 @@ def test_harmony_answer_parses_into_reasoning_and_content(oss: openai.OpenAI) ->
 
 
 def test_harmony_without_reasoning_format_is_text(oss: openai.OpenAI) -> None:
-    """reasoning_format none: the answer is left as the model wrote it, markers and all."""
+    """reasoning_format none: the analysis message stays in the content as the model wrote it, markers and
+    all, and the final message's header is dropped (llama.cpp's test-chat.cpp case for GPT-OSS)."""
     reply = _chat(oss, extra_body={**HARMONY_ASK, "reasoning_format": "none"})
     message = reply.choices[0].message
     assert message.content.startswith("<|channel|>analysis<|message|>")
-    assert message.content.endswith("<|end|><|start|>assistant<|channel|>final<|message|>Hello!")
+    assert message.content.endswith("<|end|>Hello!")
+    assert "<|channel|>final" not in message.content
     assert not message.model_extra.get("reasoning_content")
 
 

@@ -11,19 +11,19 @@ import functools
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
-from engine.api import ReasoningSpec, ReasoningTags
+from engine.api import GenerationRequest, ReasoningTags, ToolCallSpec
 from engine.gguf import GGUFFile
 from engine.grammar import GrammarCompiler
 from engine.reference_data import ReferenceDataError, reference_file
-from engine.text.chat import ChatTemplate, ChatTemplateError
+from engine.text.answer import answer_decoder, answer_readers, prefill_message
+from engine.text.chat import ChatTemplate
 from engine.text.reasoning import (
     ReasoningSplitter,
-    ReasoningState,
     detect_tags,
     prompt_opens_block,
     resolve_spec,
@@ -32,6 +32,7 @@ from engine.text.tokenizer import Tokenizer
 from engine.text.tool_calls import (
     FORMATS,
     ParsedMessage,
+    Prefill,
     ToolCall,
     ToolCallFormat,
     ToolChoice,
@@ -702,24 +703,13 @@ def test_the_final_parse_gives_the_same_calls_whole_at_the_flush(case: Case) -> 
 
 # -- llama.cpp's own parsing cases (test-chat.cpp's PEG-parser tests, every one for these formats) ---------
 
-# Cases llama.cpp's test runs that are not about Llamba's parsers, or where Llamba parts from them.
-LLAMA_CASE_SKIPS = {
-    "continue_final_message": "llama.cpp's continue_final_message (content/reasoning) reports the prefilled "
-    "message joined with the continuation; Llamba's (a boolean) answers with the continuation alone",
-    6302: "a ```json fence stripped from a json_schema answer: Llamba's grammar admits no fence there",
-    6442: "reasoning_format none on GPT-OSS: Llamba's parser files analysis messages as reasoning still",
-}
-
-
-def llama_case_skip(case: dict[str, Any]) -> str | None:
-    if "continue_final_message" in case:
-        return LLAMA_CASE_SKIPS["continue_final_message"]
-    return LLAMA_CASE_SKIPS.get(case["line"])
-
 
 @functools.cache
-def llama_case_pipeline(template: str, line: int) -> tuple[ToolCallFormat, list[dict], ReasoningSpec | None]:
-    """A case's format, tools and reasoning spec (from its rendered generation prompt), once per case."""
+def llama_case_request(template: str, line: int) -> tuple[GenerationRequest, list[dict]]:
+    """A case as Llamba's chat pipeline would run it: the engine request's answer reading (the
+    format's parser, calls only with tools, the reasoning split its request asks for, resolved against
+    the rendered prompt, the ```json fence rule under a schema) and the prefill the prompt continues
+    (llama.cpp's continue_final_message), once per case; and the case's tools."""
     case = _LLAMA_CASES[(template, line)]
     source = reference_template(template.removeprefix("models/templates/").removesuffix(".jinja"))
     fmt = detect_format(source)
@@ -728,33 +718,39 @@ def llama_case_pipeline(template: str, line: int) -> tuple[ToolCallFormat, list[
     messages = case.get("messages") or [{"role": "user", "content": "Hey there!"}]
     context = {**fmt.template_context(tools), "enable_thinking": case.get("enable_thinking", True)}
     template_ = ChatTemplate(source, "test")
-    text = template_.render(fmt.prepare_messages(messages, tools), tools=tools, with_starts=False, **context)
-    prompt = fmt.finish_prompt(source, text.text, add_generation_prompt=True)
-    spec = resolve_spec(case.get("reasoning_format", "none"), source, prompt, own_tags=fmt.reasoning_tags)
-    return fmt, tools, spec
+    part = case.get("continue_final_message", "")  # llama.cpp's test names the part continued
+    asked = {"content": "content", "reasoning": "reasoning_content"}.get(part)
+    tags = fmt.reasoning_tags or detect_tags(source)
+    rendered = template_.render(
+        fmt.prepare_messages(messages, tools),
+        add_generation_prompt=case.get("add_generation_prompt", True),
+        tools=tools,
+        with_starts=False,
+        continue_final_message=asked or False,
+        continuation=lambda prompt, gen, prefill: fmt.continue_prompt(prompt, gen, prefill, tags),
+        **context,
+    )
+    text = rendered.text
+    if not rendered.prefill_text:
+        text = fmt.finish_prompt(source, text, add_generation_prompt=True)
+    before = text[: len(text) - len(rendered.prefill_text)]
+    spec = resolve_spec(case.get("reasoning_format", "none"), source, before, own_tags=fmt.reasoning_tags)
+    calls = bool(tools) and case.get("tool_choice", "auto") != "none"
+    parsing = ToolCallSpec(fmt.name, tuple(tools), True, calls=calls, fenced_json="json_schema" in case)
+    return GenerationRequest([], reasoning=spec, tool_calls=parsing, prefill=rendered.prefill_text), tools
 
 
 def parse_llama_case(case: dict[str, Any], chunks: Sequence[str], stream_arguments: bool) -> ParsedMessage:
-    """llama.cpp's case through Llamba's pipeline: the reasoning split its request asks for (the
-    template's generation prompt decides whether the block is open), then the format's parser (run
-    here for cases without tools too: a parser case; a request without tools gets no parser)."""
-    fmt, tools, spec = llama_case_pipeline(case["template"], case["line"])
-    reasoning = ReasoningState(spec, lambda text: []) if spec is not None else None
-    parser = fmt.parser(tools, sequential_ids(), stream_arguments)
-    message = ParsedMessage()
-    for chunk in [*chunks, None]:
-        split = (
-            None
-            if reasoning is None
-            else reasoning.push(chunk, False)
-            if chunk is not None
-            else reasoning.flush()
-        )
-        answer = split.content if split is not None else (chunk or "")
-        message.reasoning += split.reasoning if split is not None else ""
-        message.add(parser.push(answer))
-        if chunk is None:
-            message.add(parser.flush())
+    """llama.cpp's case through Llamba's engine readers (engine/text/answer.py), as a chat reply
+    reports it: the prefilled message the answer continues, then the answer read chunk by chunk."""
+    request, _ = llama_case_request(case["template"], case["line"])
+    request = replace(request, tool_calls=replace(request.tool_calls, stream_arguments=stream_arguments))
+    prefix = prefill_message(request)
+    message = ParsedMessage(prefix.content, prefix.reasoning)
+    readers = answer_readers(request, lambda text: [], sequential_ids())
+    for chunk in chunks:
+        message.add(readers.read(chunk))
+    message.add(readers.read("", final=True))
     return message
 
 
@@ -789,25 +785,7 @@ def llama_case_id(case: dict[str, Any]) -> str:
     return f"{case['template'][17:-6]}-line{case['line']}"
 
 
-# llama.cpp's cases Llamba parses as llama.cpp does, and those it knowingly parses otherwise (each with
-# its reason in LLAMA_CASE_SKIPS; docs/compatibility-json-schema.md).
-SAME_CASES = [case for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is None]
-OTHER_CASES = [case for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is not None]
-
-
-@pytest.mark.parametrize("case", OTHER_CASES, ids=llama_case_id)
-def test_the_known_differences_from_llama_cpps_parsing_still_differ(case: dict[str, Any]) -> None:
-    """A case set aside as a known difference must still differ: the day Llamba parses it as llama.cpp
-    does, it moves to the cases that must agree."""
-    try:
-        whole = parse_llama_case(case, [case["input"]], stream_arguments=bool(case.get("is_partial")))
-    except ChatTemplateError as exc:  # the template refuses the prefilled messages (e.g. several calls)
-        assert "failed" in str(exc)
-        return
-    assert llama_difference(case, whole) is not None, f"now parsed as llama.cpp does: {llama_case_skip(case)}"
-
-
-@pytest.mark.parametrize("case", SAME_CASES, ids=llama_case_id)
+@pytest.mark.parametrize("case", LLAMA_CHAT["cases"], ids=llama_case_id)
 def test_llama_cpps_parsing_cases_parse_to_its_messages_whole_and_streamed(case: dict[str, Any]) -> None:
     """Whole (a non-streamed reply's final parse) and streamed character by character (every chunk
     boundary) and in random chunks, each must give llama.cpp's expected message."""
@@ -823,10 +801,10 @@ def test_llama_cpps_parsing_cases_parse_to_its_messages_whole_and_streamed(case:
 
 
 def test_the_chat_cases_cover_every_implemented_format() -> None:
-    formats = {case["format"] for case in LLAMA_CHAT["cases"] if llama_case_skip(case) is None}
+    formats = {case["format"] for case in LLAMA_CHAT["cases"]}
     assert formats == {f for f in FORMATS if f != "Generic"}  # llama.cpp's test has no generic case now
     assert LLAMA_CHAT["extracted"] == LLAMA_CHAT["present"]["implemented_formats"] == 91
-    assert sum(llama_case_skip(case) is None for case in LLAMA_CHAT["cases"]) == 68
+    assert len(LLAMA_CHAT["cases"]) == 91  # every one parses as llama.cpp's (no case set aside)
 
 
 # -- tool choice and the grammar descriptions ------------------------------------------------------------
@@ -941,3 +919,107 @@ def test_continue_final_message_refusals() -> None:
     two = [user, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
     with pytest.raises(ValueError, match="2 or more assistant messages"):
         template.render(two, continue_final_message=None)
+
+
+def test_a_prefill_is_resolved_as_llama_cpp_resolves_it() -> None:
+    """continue_final_message true (or the heuristic) continues the reasoning while the message has
+    reasoning and no content; "content" / "reasoning_content" name the part."""
+    thinking = {"role": "assistant", "content": "", "reasoning_content": "I'm"}
+    both = {"role": "assistant", "content": "Hello, ", "reasoning_content": "I'm thinking"}
+    assert Prefill.of(thinking, True) == Prefill("I'm", "", "reasoning")
+    assert Prefill.of(thinking, None) == Prefill("I'm", "", "reasoning")
+    assert Prefill.of(thinking, "content") == Prefill("I'm", "", "content")
+    assert Prefill.of(both, True) == Prefill("I'm thinking", "Hello, ", "content")
+    assert Prefill.of(both, "reasoning_content").mode == "reasoning"
+    template = ChatTemplate.builtin("chatml")
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": parts}]
+    rendered = template.render(messages, continue_final_message=None)
+    assert rendered.text.endswith("<|im_start|>assistant\nWh\n\nill") and rendered.prefill_text == "Wh\n\nill"
+
+
+# -- an answer without tools, and one under a schema -----------------------------------------------------
+
+
+def read_answer(chunks: Sequence[str], spec: ToolCallSpec) -> ParsedMessage:
+    """An answer (without reasoning handling) through the engine's readers, chunk by chunk."""
+    readers = answer_readers(GenerationRequest([], tool_calls=spec), lambda t: [], sequential_ids())
+    message = ParsedMessage()
+    for chunk in chunks:
+        message.add(readers.read(chunk))
+    return message.add(readers.read("", final=True))
+
+
+NO_TOOLS = [
+    # (format, answer, content): llama-server's parser for a request without tools reads the format's
+    # markup and leaves call markup as content (a GPT-OSS call to a tool nobody offered is dropped).
+    (
+        "Hermes 2 Pro",
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+    ),
+    ("Functionary v3.2", "all\nHello there", "Hello there"),
+    ("Functionary v3.2", 'f\n{"a": 1}', 'f\n{"a": 1}'),
+    ("GPT-OSS", "<|channel|>final<|message|>Hi", "Hi"),
+    ("GPT-OSS", '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}<|call|>', ""),
+    ("Command R7B", "<|START_RESPONSE|>Hi<|END_RESPONSE|>", "Hi"),
+    ("Llama 3.x", '{"name": "f", "parameters": {}}', '{"name": "f", "parameters": {}}'),
+]
+
+
+@pytest.mark.parametrize(("fmt", "answer", "content"), NO_TOOLS)
+def test_an_answer_without_tools_is_read_for_its_format_markup_only(
+    fmt: str, answer: str, content: str
+) -> None:
+    spec = ToolCallSpec(fmt, (), True, calls=False)
+    for chunks in chunkings(answer, seeds=2):
+        assert read_answer(chunks, spec) == ParsedMessage(content), chunks
+
+
+def test_a_fenced_call_stays_content_in_hermes_format() -> None:
+    """Qwen2.5-Coder writes its calls in a ```json fence under tool_choice auto. llama.cpp 0c1e570 reads
+    Qwen 2.5's template with its generated parser, which takes calls only inside <tool_call> (test-chat.cpp's
+    Qwen-Qwen2.5-7B-Instruct cases; common/chat-auto-parser-generator.cpp fences only a schema's answer):
+    the fence is content there, and here."""
+    tools = (WEATHER,)
+    spec = ToolCallSpec("Hermes 2 Pro", tools, True)
+    for answer in (
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    ):
+        for chunks in chunkings(answer, seeds=2):
+            assert read_answer(chunks, spec) == ParsedMessage(answer)
+
+
+@pytest.mark.parametrize(
+    ("answer", "content"),
+    [
+        ('```json\n{"a": "x```"}\n```', '{"a": "x```"}'),
+        ('  ```json {"a": 1}```  ', '{"a": 1}'),
+        ('{"a": 1}', '{"a": 1}'),
+        ('``` {"a": 1}', '``` {"a": 1}'),  # not a json fence
+        ('{"a": "```json"}', '{"a": "```json"}'),  # a fence only opens the answer
+    ],
+)
+def test_a_schema_answer_loses_its_json_fence_at_every_chunk_boundary(answer: str, content: str) -> None:
+    for fmt in ("Hermes 2 Pro", "Llama 3.x", "Generic"):
+        spec = ToolCallSpec(fmt, (), True, calls=False, fenced_json=True)
+        for chunks in chunkings(answer, seeds=2):
+            assert read_answer(chunks, spec) == ParsedMessage(content), (fmt, chunks)
+
+
+def test_the_formats_markers_are_rendered_in_the_answer_text(smollm2_gguf: GGUFFile) -> None:
+    """A control token the format reads (llama-server's preserved tokens: a GPT-OSS GGUF's
+    `<|channel|>`) is text in the answer; other control tokens stay hidden. SmolLM2's `<|im_start|>`
+    stands in for one."""
+    tokenizer = Tokenizer.from_gguf(smollm2_gguf)
+    marker = tokenizer.encode("<|im_start|>", False, True)
+    assert len(marker) == 1 and tokenizer.token_to_piece(marker[0], False) == b""  # hidden by default
+    hello = tokenizer.encode("Hi", False, False)
+    spec = ToolCallSpec("GPT-OSS", (), calls=False, preserved=(marker[0],))
+    for request, shown in (
+        (GenerationRequest([], tool_calls=spec), "<|im_start|>Hi"),
+        (GenerationRequest([]), "Hi"),
+    ):
+        decoder = answer_decoder(tokenizer, request)
+        assert "".join(decoder.push(t) for t in [*marker, *hello]) + decoder.flush() == shown

@@ -14,7 +14,7 @@ removed when the tokenizer adds that token itself, so it is not doubled. What a 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -26,6 +26,11 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.text.template_caps import TemplateCaps, polyfill, probe_caps, tool_call_example
+from engine.text.tool_calls.common import Prefill
+
+# How a prefill is written after the generation prompt: (prompt, generation prompt, prefill) ->
+# (the prompt before the continued message, the message's text). ToolCallFormat.continue_prompt is one.
+Continuation = Callable[[str, str, Prefill], tuple[str, str]]
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -86,6 +91,10 @@ class RenderedPrompt:
     # Character offset in `text` where each message begins (later used for KV checkpoints): for ordinary
     # templates, text before an offset is exactly what the conversation before that message renders to.
     message_starts: list[int]
+    # With a prefill (an assistant message continued): its text at the end of `text`, from which the
+    # answer is read as the message's continuation, and the message's parts.
+    prefill_text: str = ""
+    prefill: Prefill | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +163,8 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         with_starts: bool = True,
-        continue_final_message: bool | None = False,
+        continue_final_message: bool | str | None = False,
+        continuation: Continuation | None = None,
         **extra: Any,
     ) -> RenderedPrompt:
         """Render messages; `extra` (e.g. enable_thinking) becomes template variables too.
@@ -162,7 +172,10 @@ class ChatTemplate:
         `continue_final_message` renders the last (assistant) message as the start of the reply the model
         goes on with, as llama-server does: the conversation before it with the generation prompt, then
         its content, unterminated. None continues exactly when the last message is the assistant's
-        (llama-server's --prefill-assistant). Message starts cost one render per message (O(n^2) for a
+        (llama-server's --prefill-assistant); "content" and "reasoning_content" name the part continued
+        (else its reasoning while it has no content). `continuation` writes the message after the
+        generation prompt (a format's continue_prompt: its reasoning tags, channels); by default the
+        content alone. Message starts cost one render per message (O(n^2) for a
         long chat): `with_starts=False` skips them where only the text is needed. Starts are per message
         as rendered: a system message merged into the next user turn (a template without a system role)
         has none of its own.
@@ -177,15 +190,20 @@ class ChatTemplate:
         if tools:
             context["tools"] = tools  # llama.cpp leaves `tools` undefined when there are none
         text = self._render(normalised, add_generation_prompt, context)
+        prefill, prefill_text = None, ""
         if continued is not None:
-            text += continued["content"]
+            prefill = Prefill.of(_prefill_parts(messages[-1]), continue_final_message)
+            before = self._render(normalised, False, context)
+            generation_prompt = text[_common_prefix_length(before, text) :]
+            text, prefill_text = (continuation or _content_only)(text, generation_prompt, prefill)
+            text += prefill_text
         text = self._strip_special(text)
         starts = self._message_starts(normalised, context, text) if with_starts else []
         if continued is not None and with_starts:
             starts.append(
                 _common_prefix_length(self._strip_special(self._render(normalised, False, context)), text)
             )
-        return RenderedPrompt(text=text, message_starts=starts)
+        return RenderedPrompt(text, starts, prefill_text, prefill)
 
     @cached_property
     def caps(self) -> TemplateCaps:
@@ -253,7 +271,20 @@ class ChatTemplate:
         return starts
 
 
-def _continued_message(messages: list[dict], continue_final_message: bool | None) -> dict | None:
+def _content_only(prompt: str, generation_prompt: str, prefill: Prefill) -> tuple[str, str]:
+    return prompt, prefill.content
+
+
+def _prefill_parts(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The continued message's reasoning and content; text parts joined by a blank line, as llama.cpp
+    renders a continued message (elsewhere parts are joined by a newline)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n\n".join(part["text"] for part in content)
+    return {"reasoning_content": message.get("reasoning_content"), "content": content}
+
+
+def _continued_message(messages: list[dict], continue_final_message: bool | str | None) -> dict | None:
     """The assistant message to continue, or None; refuses what llama-server refuses."""
     last = messages[-1] if messages else None
     if continue_final_message is None:
@@ -286,6 +317,8 @@ def _normalise_message(index: int, message: Mapping[str, Any]) -> dict:
         raise ValueError(f"messages[{index}] needs 'content' or 'tool_calls'")
     normalised = dict(message)
     normalised["content"] = _flatten_content(index, message.get("content"))
+    if normalised.get("tool_calls") == []:  # llama.cpp drops an empty list (some templates refuse one)
+        del normalised["tool_calls"]
     return normalised
 
 

@@ -7,7 +7,15 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.api import GenerationRequest, SpecParams, Timings, TokenEvent, ToolCall, add_tool_call_steps
+from engine.api import (
+    GenerationRequest,
+    SpecParams,
+    Timings,
+    TokenEvent,
+    ToolCall,
+    ToolCallSpec,
+    add_tool_call_steps,
+)
 from server.chat.schemas import CompletionRequest, GenerationFields
 from server.chat.structured import answer_grammar
 from server.config.settings import Settings
@@ -31,11 +39,13 @@ async def build_request(
     n_probs: int,
     request_id: str,
     tools: ToolPlan | None = None,
+    reading: ToolCallSpec | None = None,
 ) -> GenerationRequest:
     """The engine request of a body and its prompt, whole in one pass: sampling, limits, stop strings,
     the prompt's reasoning treatment, speculation, and its grammar (the body's constraint, or its tools'
-    calls, which are then also parsed out of the answer). A full queue is a 503 here (--max-queue),
-    before any byte of the reply."""
+    calls, which are then also parsed out of the answer; `reading`: how a chat answer is read, over the
+    tools' parsing; the prompt's prefill). A full queue is a 503 here (--max-queue), before any byte of
+    the reply."""
     client, prompts, s = model.client, model.prompts, model.settings
     client.check_queue(body.n_choices())
     try:
@@ -55,7 +65,8 @@ async def build_request(
         return_progress=body.return_progress,
         truncated=prompt.truncated,
         reasoning=prompt.reasoning,
-        tool_calls=tools.parsing if tools else None,
+        tool_calls=reading or (tools.parsing if tools else None),
+        prefill=prompt.prefill,
         grammar=await answer_grammar(client, body, tools),
         speculative=spec_params(s, body),
     )

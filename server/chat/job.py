@@ -9,7 +9,7 @@ wire shapes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,13 @@ class ChatJob:
     prompt_text: str
     n_prompt: int
     request: GenerationRequest
+    # Whether a stream sends the prefilled message first: as llama-server, unless the client named
+    # continue_final_message (true or a part) without `echo` (the prefill heuristic sends it).
+    streams_prefill: bool = True
+
+
+def streams_prefill(body: ChatCompletionRequest) -> bool:
+    return body.continue_final_message in (None, False) or body.echo
 
 
 async def prepare_chat(
@@ -42,10 +49,9 @@ async def prepare_chat(
     tools = tool_plan(prompts, body, answer_only)
     prompt = await prompts.chat(chat_input(model.settings, body, tools))
     log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
-    request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools)
-    if tools is None:  # a format read whatever the request (GPT-OSS), else none
-        request = replace(request, tool_calls=prompts.plain_parsing(body.stream, body.reasoning_format))
-    return ChatJob(prompt.text, len(prompt.tokens), request)
+    reading = prompts.answer_reading(tools, body.answer_schema() is not None, body.stream)
+    request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools, reading)
+    return ChatJob(prompt.text, len(prompt.tokens), request, streams_prefill(body))
 
 
 async def chat_tokens(model: ModelHost, body: ChatCompletionRequest) -> list[int]:

@@ -65,7 +65,7 @@ class GenerationFields(ConstraintFields):
     ignore_eos: bool | None = None  # None: the server's --ignore-eos
     timings_per_token: bool = False
     return_progress: bool = False
-    verbose: bool = False
+    verbose: bool | None = None  # `__verbose` in the reply; None: the server's -v (llama-server's rule)
     # llama-server's per-request speculation (keys with dots); None: the server's --spec-* settings.
     speculative_type: str | list[str] | None = Field(default=None, alias="speculative.type")
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max")
@@ -212,9 +212,13 @@ class ChatCompletionRequest(GenerationFields, ToolFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
     # Assistant prefill: continue the last (assistant) message instead of opening a new turn. None: when
-    # the last message is the assistant's, as llama-server does; vLLM's flag, exclusive with the next.
-    continue_final_message: bool | None = None
+    # the last message is the assistant's, as llama-server does; vLLM's flag, exclusive with the next;
+    # llama-server's "content" / "reasoning_content" name the part continued.
+    continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
     add_generation_prompt: bool | None = None
+    # With continue_final_message named, a stream also sends the prefilled message (llama-server's echo;
+    # a whole reply always holds it, joined with the continuation).
+    echo: bool = False
     # Reasoning (llama-server's names; thinking_* are what some clients send). None: the server default.
     reasoning_format: Literal["none", "deepseek", "auto"] | None = None
     # Given to the chat template as `reasoning_effort` (OpenAI's levels and llama-server's); over the
@@ -299,7 +303,8 @@ class ApplyTemplateRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    continue_final_message: bool | None = None  # as on chat: None continues a final assistant message
+    # as on chat: None continues a final assistant message
+    continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
     add_generation_prompt: bool | None = None
     reasoning_effort: ReasoningEffort | None = None
 

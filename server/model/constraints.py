@@ -54,8 +54,16 @@ def plan_tools(
     # A whole reply gets llama-server's final parse (a broken call stays content); a stream its
     # streaming parse (calls announced as they start). An answer-only round holds no call: its answer
     # is read as it streams, so one cut by max_tokens is still the answer's text, not its JSON.
-    parsing = ToolCallSpec(fmt.name, tuple(tools), stream_arguments=streamed or answer_only)
+    parsing = ToolCallSpec(
+        fmt.name, tuple(tools), streamed or answer_only, preserved=preserved_ids(fmt, special_tokens)
+    )
     return ToolPlan(fmt, tools, parsing, grammar)
+
+
+def preserved_ids(fmt: ToolCallFormat, special_tokens: dict[str, int]) -> tuple[int, ...]:
+    """The ids of the format's markers that are special tokens of this vocabulary (rendered as text in
+    the answer so its parser sees them, as llama-server renders its preserved tokens)."""
+    return tuple(special_tokens[t] for t in fmt.preserved_tokens if t in special_tokens)
 
 
 def gbnf(grammar: str, triggers: list[dict[str, Any]]) -> GrammarSpec:

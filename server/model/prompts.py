@@ -9,21 +9,23 @@ rendered prompt. Long texts are tokenized on a worker thread; nothing here reach
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
-from engine.api import ReasoningSpec, ReasoningTags, ToolCallSpec
+from engine.api import GenerationRequest, ReasoningSpec, ReasoningTags, ToolCallSpec
 from engine.context_shift import truncate_prompt
-from engine.text.chat import ChatTemplate, ChatTemplateError
+from engine.text.answer import prefill_message as read_prefill
+from engine.text.chat import ChatTemplate, ChatTemplateError, RenderedPrompt
 from engine.text.fim import ExtraChunk, InfillLimits, infill_tokens
-from engine.text.reasoning import resolve_spec
+from engine.text.reasoning import detect_tags, resolve_spec
 from engine.text.tokenizer import Tokenizer
-from engine.text.tool_calls import ToolCallFormat
+from engine.text.tool_calls import Prefill, ToolCallFormat
 from server.config.settings import Settings
 from server.http import errors
-from server.model.constraints import ToolPlan, plan_tools
+from server.model.constraints import ToolPlan, plan_tools, preserved_ids
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class ChatInput:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     tool_format: ToolCallFormat | None = None  # the tools' format: their messages, variables and fixes
-    continue_final_message: bool | None = False
+    continue_final_message: bool | str | None = False
     add_generation_prompt: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # over --chat-template-kwargs
     reasoning: ReasoningAsk = ReasoningAsk()
@@ -59,6 +61,15 @@ class Prompt:
     truncated: bool = False
     text: str = ""
     reasoning: ReasoningSpec | None = None
+    prefill: str = ""  # the continued assistant message's text at the end of `text` (engine.api)
+
+
+def prefill_message(request: GenerationRequest) -> tuple[str, str]:
+    """(content, reasoning) of the assistant message a chat answer continues, as the answer's own
+    reading reads it (empty without a prefill): llama-server reports the message joined with the
+    continuation."""
+    delta = read_prefill(request)
+    return delta.content, delta.reasoning
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,38 +134,56 @@ class PromptBuilder:
     def render_chat(self, chat: ChatInput) -> str:
         """The chat as the model's prompt; with tools, as their format wants them (its message changes,
         template variables and prompt fixes, llama.cpp's)."""
+        return self.render(chat).text
+
+    def render(self, chat: ChatInput) -> RenderedPrompt:
+        """The chat rendered, with a continued assistant message (a prefill) written as the template's
+        format writes one (its thinking tags, GPT-OSS channels)."""
         kwargs = self.settings.chat_template_kwargs | chat.template_kwargs
         messages, tools, fmt = chat.messages, chat.tools, chat.tool_format
         if tools and fmt is not None:
             messages = fmt.prepare_messages(messages, tools)
             kwargs = fmt.template_context(tools) | kwargs
-        elif (plain := self.plain_format()) is not None:  # GPT-OSS: past reasoning, tools or not
-            messages = plain.prepare_messages(messages, ())
+        elif self.tool_format.prepares_messages_without_tools:  # GPT-OSS: past reasoning, tools or not
+            messages = self.tool_format.prepare_messages(messages, ())
         try:
-            text = self.template.render(
+            rendered = self.template.render(
                 messages,
                 add_generation_prompt=chat.add_generation_prompt,
                 tools=tools,
                 with_starts=False,
                 continue_final_message=chat.continue_final_message,
+                continuation=self._continuation(fmt or self.tool_format),
                 **kwargs,
-            ).text
+            )
         except (ChatTemplateError, ValueError) as exc:
             raise errors.invalid_request(str(exc)) from exc
-        if tools and fmt is not None:
+        if tools and fmt is not None and not rendered.prefill_text:
             thinking = bool(kwargs.get("enable_thinking", True))
-            text = fmt.finish_prompt(self.template.source, text, chat.add_generation_prompt, thinking)
-        return text
+            text = fmt.finish_prompt(
+                self.template.source, rendered.text, chat.add_generation_prompt, thinking
+            )
+            rendered = replace(rendered, text=text)
+        return rendered
+
+    def _continuation(self, fmt: ToolCallFormat) -> Callable[[str, str, Prefill], tuple[str, str]]:
+        tags = fmt.reasoning_tags or detect_tags(self.template.source)
+        return lambda prompt, generation_prompt, prefill: fmt.continue_prompt(
+            prompt, generation_prompt, prefill, tags
+        )
 
     async def chat(self, chat: ChatInput, fit: bool = True) -> Prompt:
         """A chat's prompt in one pass: rendered, tokenized, fitted to the context (`fit` False: as token
-        counting answers, before any fitting), and its reasoning resolved against the rendered text."""
-        text = self.render_chat(chat)
+        counting answers, before any fitting), and its reasoning resolved against the rendered text (with
+        a prefill, the text before it: the answer's reading starts with the prefill's)."""
+        rendered = self.render(chat)
+        text = rendered.text
         tokens = await self.tokenize_prompt(text)
         prompt = self.fit_prompt(tokens) if fit else Prompt(tokens)
-        fmt = chat.tool_format or self.plain_format()
-        own_tags = fmt.reasoning_tags if fmt is not None else None
-        return replace(prompt, text=text, reasoning=self.reasoning_spec(chat.reasoning, text, own_tags))
+        own_tags = (chat.tool_format or self.tool_format).reasoning_tags
+        before = text[: len(text) - len(rendered.prefill_text)]
+        reasoning = self.reasoning_spec(chat.reasoning, before, own_tags)
+        return replace(prompt, text=text, reasoning=reasoning, prefill=rendered.prefill_text)
 
     def reasoning_spec(
         self, ask: ReasoningAsk, prompt_text: str, own_tags: ReasoningTags | None = None
@@ -166,20 +195,6 @@ class PromptBuilder:
         fmt = ask.format or s.reasoning_format
         source = self.template.source
         return resolve_spec(fmt, source, prompt_text, budget, ask.message, ask.controllable, own_tags)
-
-    def plain_format(self) -> ToolCallFormat | None:
-        """The template's format when a chat without tools is read in it too (GPT-OSS's harmony)."""
-        return self.tool_format if self.tool_format.parsed_without_tools else None
-
-    def plain_parsing(self, streamed: bool, reasoning_format: str | None) -> ToolCallSpec | None:
-        """How a chat without tools (or with tool_choice none) is read back: as llama-server reads a
-        GPT-OSS answer whatever the request (reasoning from its analysis channel, content from its final
-        one; common/parsers/gpt-oss.cpp); None (the text is content) for other formats, and under
-        reasoning_format none, where llama-server keeps the analysis in the content."""
-        fmt = self.plain_format()
-        if fmt is None or (reasoning_format or self.settings.reasoning_format) == "none":
-            return None
-        return ToolCallSpec(fmt.name, (), stream_arguments=streamed)
 
     def tool_plan(
         self,
@@ -195,6 +210,17 @@ class PromptBuilder:
         if parallel is None:
             parallel = self.template.caps.supports_parallel_tool_calls
         return plan_tools(fmt, special, tools, choice, parallel, streamed, answer_only)
+
+    def answer_reading(self, tools: ToolPlan | None, schema: bool, streamed: bool) -> ToolCallSpec:
+        """How a chat answer is read: its tools' parsing, or without tools (or with tool_choice none)
+        the template format's other markup only, as llama-server runs its format's parser on every chat
+        answer (GPT-OSS channels, Functionary's header); `schema`: the answer has a JSON schema, and a
+        ```json fence around it is taken off."""
+        if tools is not None:
+            return tools.parsing
+        fmt = self.tool_format
+        preserved = preserved_ids(fmt, self.special_tokens) if fmt.markup_without_calls else ()
+        return ToolCallSpec(fmt.name, (), streamed, calls=False, fenced_json=schema, preserved=preserved)
 
     async def infill_prompt(
         self, prefix: str | list[int], suffix: str | list[int], extra: list[tuple[str, str]], prompt: str

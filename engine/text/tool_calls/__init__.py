@@ -4,10 +4,10 @@
 answer text (after the reasoning split: `format.parser(tools).push(text)`, then `.flush()`), `parse` for
 a whole reply (by construction the stream's accumulation, for any chunking), `grammar(choice, parallel)`
 for the grammar builder (engine-neutral nodes, see syntax.py), and the prompt-side adjustments llama.cpp
-makes (`prepare_messages`, `template_context`, `finish_prompt`). Parsers run only for requests that have
-tools and a tool_choice other than "none"; otherwise the answer is plain content, except in a format
-that is `parsed_without_tools` (GPT-OSS: its harmony messages are read, with no tools, for reasoning and
-content as llama-server reads them).
+makes (`prepare_messages`, `template_context`, `finish_prompt`, `continue_prompt` for a prefill).
+`answer_parser` is the parser of a chat answer: a format with markup besides its calls (GPT-OSS channels,
+Functionary's `all` header, Command R7B's response markers) reads every answer, as llama-server does;
+without tools (or with tool_choice none) call markup stays content.
 
 Modules: common (types), syntax (grammar description), json_stream (incremental JSON), stream (the
 parser machinery), and one module per family: generic, hermes, llama3, mistral, functionary, deepseek,
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from engine.text.tool_calls.command_r import CommandR7B
 from engine.text.tool_calls.common import (
+    AnswerReading,
     IdFactory,
     ParseDelta,
     ParsedMessage,
+    Prefill,
     ToolCall,
     ToolCallDelta,
     ToolCallFormat,
@@ -44,9 +46,11 @@ from engine.text.tool_calls.syntax import ToolGrammar, Trigger
 
 __all__ = [
     "FORMATS",
+    "AnswerReading",
     "IdFactory",
     "ParseDelta",
     "ParsedMessage",
+    "Prefill",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallFormat",

@@ -38,6 +38,7 @@ _KEYS = CallKeys(name=("tool_name",), arguments=("parameters",), id=("tool_call_
 class CommandR7B(DriverFormat):
     name = "Command R7B"
     reasoning_tags = THINKING
+    markup_without_calls = True  # the response markers are taken off every answer
     preserved_tokens = (
         START_ACTION,
         END_ACTION,

@@ -70,6 +70,43 @@ class ToolCallParser(Protocol):
 
 
 @dataclass(frozen=True)
+class Prefill:
+    """The assistant message a reply continues (an assistant prefill, llama-server's
+    continue_final_message): its reasoning and content, and which of them the model goes on with
+    ("content", or "reasoning" while the message has reasoning and no content yet)."""
+
+    reasoning: str = ""
+    content: str = ""
+    mode: Literal["content", "reasoning"] = "content"
+
+    @classmethod
+    def of(cls, message: Mapping[str, Any], asked: bool | str | None) -> Prefill:
+        """llama.cpp's resolution: "content" and "reasoning_content" name the part; otherwise (true, or
+        the prefill heuristic) the reasoning while the message has reasoning and no content."""
+        reasoning = str(message.get("reasoning_content") or "")
+        content = str(message.get("content") or "")
+        if asked == "reasoning_content" or (asked not in ("content",) and reasoning and not content):
+            return cls(reasoning, content, "reasoning")
+        return cls(reasoning, content, "content")
+
+
+@dataclass(frozen=True)
+class AnswerReading:
+    """How one answer is read besides its calls: `calls` (False: the request has no tools, or
+    tool_choice none: call markup stays content, the format's other markup is still read),
+    `extract_reasoning` (False: reasoning_format none, a channel's reasoning stays raw content) and
+    `fenced_json` (the request has an answer schema: a ```json fence around the answer is taken off,
+    as llama.cpp's parser does)."""
+
+    calls: bool = True
+    extract_reasoning: bool = True
+    fenced_json: bool = False
+
+
+READ_ALL = AnswerReading()  # calls and reasoning read, no schema
+
+
+@dataclass(frozen=True)
 class ToolChoice:
     """A request's tool_choice, resolved against its tools: the mode and the tools the model may call."""
 
@@ -124,20 +161,26 @@ class ToolCallFormat:
     extra_stops: tuple[str, ...] = ()
     # How a call id is made when the model's output carries none.
     id_length: int = 32
-    # Whether llama-server reads every answer in this format, tools or not (GPT-OSS: an answer is harmony
-    # messages whatever the request; its analysis channel is reasoning, its final channel the content).
-    parsed_without_tools: bool = False
+    # Whether the format has markup to read in an answer without calls (channels, headers): then its
+    # parser runs on every chat answer, as llama-server's does; otherwise only when calls may come.
+    markup_without_calls: bool = False
+    # Whether an answer under a schema may come in a ```json fence (llama.cpp's generic answer rule).
+    fenced_json_answers: bool = True
+    # Whether `prepare_messages` applies to a chat without tools too (GPT-OSS: past reasoning as `thinking`).
+    prepares_messages_without_tools: bool = False
 
     def parser(
         self,
         tools: Sequence[Mapping[str, Any]] = (),
         new_id: IdFactory | None = None,
         stream_arguments: bool = True,
+        reading: AnswerReading = READ_ALL,
     ) -> ToolCallParser:
         """A streaming parser for one answer. `tools` type MiniMax's XML arguments; `new_id` makes the
         ids the output does not carry; `stream_arguments` chooses llama-server's streaming behaviour
         (calls announced early, arguments as they come) or its final parse (calls whole at the end, and
-        a broken call makes everything from the first marker content): see stream.py."""
+        a broken call makes everything from the first marker content): see stream.py. `reading`: what
+        else the request asks of the reading (AnswerReading)."""
         raise NotImplementedError
 
     def grammar(self, choice: ToolChoice, parallel_tool_calls: bool) -> ToolGrammar | None:
@@ -174,6 +217,33 @@ class ToolCallFormat:
 
     def new_id(self) -> IdFactory:
         return random_id(self.id_length)
+
+    def answer_parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+        reading: AnswerReading = READ_ALL,
+    ) -> ToolCallParser | None:
+        """The parser of one chat answer (None: the text is all content): the format's, when calls may
+        come or the format has markup of its own, behind a ```json fence remover under a schema."""
+        raise NotImplementedError
+
+    def continue_prompt(
+        self, prompt: str, generation_prompt: str, prefill: Prefill, tags: ReasoningTags | None
+    ) -> tuple[str, str]:
+        """The prompt of a reply that continues `prefill`: (what comes before the continued message,
+        the message's text as the model goes on from it); the answer is read from the second part on.
+        llama.cpp's rule for templates it reads by their markers: the generation prompt up to its
+        thinking tag, then the tag, the reasoning, and for content the end tag and the content."""
+        if tags is None:
+            return prompt, prefill.content
+        at = generation_prompt.find(tags.start)
+        base = prompt if at < 0 else prompt[: len(prompt) - len(generation_prompt) + at]
+        text = tags.start + prefill.reasoning
+        if prefill.mode == "content":
+            text += tags.end + prefill.content
+        return base, text
 
     # -- the prompt side --------------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import regex
 
-from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
+from engine.api import ReasoningTags
+from engine.text.tool_calls.common import Prefill, ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     ArgumentsSink,
     Commit,
@@ -42,6 +43,13 @@ _HEADER = r"(?:(all)\n|(python)\n|(\w+)\n(?=\{))"
 class FunctionaryV32(DriverFormat):
     name = "Functionary v3.2"
     preserved_tokens = ("<|end_header_id|>",)
+    markup_without_calls = True  # the `all` header is taken off every answer, as llama-server does
+
+    def continue_prompt(
+        self, prompt: str, generation_prompt: str, prefill: Prefill, tags: ReasoningTags | None
+    ) -> tuple[str, str]:
+        """The generation prompt ends with `>>>`: the continued message is an `all` one."""
+        return prompt, "all\n" + prefill.content
 
     def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
         start = Tentative(

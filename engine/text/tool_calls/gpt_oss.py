@@ -16,13 +16,13 @@ a header is skipped, as llama.cpp's parser does.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import regex
 
 from engine.api import ReasoningTags
-from engine.text.tool_calls.common import ToolChoice, tool_name, tool_parameters
+from engine.text.tool_calls.common import Prefill, ToolChoice, tool_name, tool_parameters
 from engine.text.tool_calls.stream import (
     ArgumentsSink,
     ContentState,
@@ -74,7 +74,19 @@ class GptOss(DriverFormat):
     name = "GPT-OSS"
     reasoning_tags = ANALYSIS
     preserved_tokens = (CHANNEL, CONSTRAIN, MESSAGE, START, END)
-    parsed_without_tools = True  # llama.cpp's common/parsers/gpt-oss.cpp: final_msg | unsolicited
+    markup_without_calls = True  # channels are read on every answer, as llama-server does
+    fenced_json_answers = False  # an answer under a schema is the final channel's JSON
+    prepares_messages_without_tools = True
+
+    def continue_prompt(
+        self, prompt: str, generation_prompt: str, prefill: Prefill, tags: ReasoningTags | None
+    ) -> tuple[str, str]:
+        """The generation prompt opens the message; the continued one is its analysis, then for
+        content a final message (llama.cpp's gpt-oss continuation)."""
+        text = ANALYSIS.start + prefill.reasoning
+        if prefill.mode == "content":
+            text += END + START + "assistant" + CHANNEL + "final" + MESSAGE + prefill.content
+        return prompt, text
 
     def prepare_messages(self, messages: list[dict], tools: Sequence[Mapping[str, Any]]) -> list[dict]:
         """An assistant message's reasoning_content as the template's `thinking` (its analysis message),
@@ -132,6 +144,18 @@ class _NextMessage(State):
         return True
 
 
+class _Raw(State):
+    """Markup that stays in the content (reasoning_format none), then the next state."""
+
+    def __init__(self, text: str, then: Callable[[], State]) -> None:
+        self.text, self.then = text, then
+
+    def step(self, d: Driver) -> bool:
+        d.emit.content(self.text)
+        d.state = self.then()
+        return True
+
+
 class _EndOfOutput(State):
     """After a call's arguments: the output ends here, or the parse fails."""
 
@@ -143,6 +167,15 @@ class _EndOfOutput(State):
 
 def _body(d: Driver, match: regex.Match[str]) -> State:
     name = match.group(1) or match.group(2)
+    ends = [Marker(end, _message, tentative=False) for end in (END, RETURN, CALL)]
+    if name and not d.reading.calls:  # a request without tools: a call is dropped, as llama.cpp's
+        d.commit()  # parser consumes unsolicited calls
+        return ContentState(ends, discard=True)
+    if match.group(3) is not None and not d.reading.extract_reasoning:
+        d.commit()  # reasoning_format none: the analysis message is content, its markup included
+        header = match.group(0)  # less the role's <|start|>assistant, as llama.cpp's parser leaves it
+        d.emit.content(header[header.index(CHANNEL) :])
+        return ContentState([Marker(END, lambda: _Raw(END, _message), tentative=False)])
     if name:
         d.emit.open_call(name)
         # <|call|> ends the generation (so is seldom in the text: the output may end after the
@@ -150,5 +183,4 @@ def _body(d: Driver, match: regex.Match[str]) -> State:
         after = r"\s*(?:" + re.escape(CALL) + r"|(?=<\|start\|>))"
         return JsonState(ArgumentsSink(), lambda: expect(after, _message, otherwise=_EndOfOutput))
     d.commit()
-    ends = [Marker(end, _message, tentative=False) for end in (END, RETURN, CALL)]
     return ContentState(ends, reasoning=match.group(3) is not None, discard=bool(match.group("built_in")))

@@ -64,6 +64,7 @@ Schema = Mapping[str, Any]
 class MiniMaxM3(DriverFormat):
     name = "MiniMax-M3"
     reasoning_tags = THINKING
+    markup_without_calls = True  # a bare </mm:think> opening an answer is taken off every answer
     preserved_tokens = (NS, "<tool_call>", "</tool_call>", THINKING.start, THINKING.end)
 
     def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:

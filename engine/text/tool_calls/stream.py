@@ -26,7 +26,16 @@ from typing import Any
 import regex
 
 from engine.text.reasoning import partial_suffix
-from engine.text.tool_calls.common import IdFactory, ParseDelta, ToolCallDelta, ToolCallFormat
+from engine.text.tool_calls.common import (
+    READ_ALL,
+    AnswerReading,
+    IdFactory,
+    ParseDelta,
+    ToolCallDelta,
+    ToolCallFormat,
+    ToolCallParser,
+)
+from engine.text.tool_calls.fenced import FencedJson
 from engine.text.tool_calls.json_stream import JsonReader, JsonSyntaxError, Kind, Path, Piece
 
 
@@ -48,11 +57,13 @@ class _Step:
 
 
 class Emitter:
-    """Collects one ParseDelta's worth of output."""
+    """Collects one ParseDelta's worth of output. Without `calls` (a request that asked for none) a
+    call's start fails the parse, so its markup is content."""
 
-    def __init__(self, new_id: IdFactory, next_index: int = 0) -> None:
+    def __init__(self, new_id: IdFactory, next_index: int = 0, calls: bool = True) -> None:
         self.new_id = new_id
         self.next_index = next_index  # the index the next call gets
+        self.calls = calls
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._steps: list[_Step] = []
@@ -66,6 +77,8 @@ class Emitter:
             self._reasoning.append(text)
 
     def open_call(self, name: str, call_id: str | None = None) -> None:
+        if not self.calls:
+            raise ParseFailure("a call in an answer that may hold none")
         self._steps.append(_Step(self.next_index, call_id or self.new_id(), name))
         self.next_index += 1
 
@@ -112,12 +125,19 @@ Next = Callable[[], State]
 class Driver:
     """A ToolCallParser: runs a format's states over the pushed text."""
 
-    def __init__(self, start: State, new_id: IdFactory, stream_arguments: bool = True) -> None:
+    def __init__(
+        self,
+        start: State,
+        new_id: IdFactory,
+        stream_arguments: bool = True,
+        reading: AnswerReading = READ_ALL,
+    ) -> None:
         self.buf = ""
         self.final = False
         self.state = start
+        self.reading = reading
         self._stream_arguments = stream_arguments
-        self._out = Emitter(new_id)
+        self._out = Emitter(new_id, calls=reading.calls)
         self._pending: Emitter | None = None  # a tentative call's output
         self._pending_raw = ""  # the text it came from, given back as content if it fails
         self._incomplete = False  # the tentative stretch has not reached its commit point
@@ -151,7 +171,7 @@ class Driver:
     def begin_tentative(self) -> None:
         self._incomplete = True
         if self._pending is None:
-            self._pending = Emitter(self._out.new_id, self._out.next_index)
+            self._pending = Emitter(self._out.new_id, self._out.next_index, self._out.calls)
             self._pending_raw = ""
         self._stretch_start = len(self._pending_raw)
 
@@ -550,8 +570,23 @@ class DriverFormat(ToolCallFormat):
         tools: Sequence[Mapping[str, Any]] = (),
         new_id: IdFactory | None = None,
         stream_arguments: bool = True,
+        reading: AnswerReading = READ_ALL,
     ) -> Driver:
-        return Driver(self.start_state(tools), new_id or self.new_id(), stream_arguments)
+        return Driver(self.start_state(tools), new_id or self.new_id(), stream_arguments, reading)
+
+    def answer_parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] = (),
+        new_id: IdFactory | None = None,
+        stream_arguments: bool = True,
+        reading: AnswerReading = READ_ALL,
+    ) -> ToolCallParser | None:
+        parser = None
+        if reading.calls or self.markup_without_calls:
+            parser = self.parser(tools, new_id, stream_arguments, reading)
+        if reading.fenced_json and self.fenced_json_answers:
+            return FencedJson(parser)
+        return parser
 
     def start_state(self, tools: Sequence[Mapping[str, Any]]) -> State:
         """Where parsing an answer starts (`tools` type MiniMax's XML arguments)."""

@@ -41,12 +41,19 @@ def verbose_fields(job: ChatJob, out: Outcome) -> dict[str, Any]:
 
 
 def chat_choice(
-    model: ModelHost, body: ChatCompletionRequest, out: Outcome, index: int = 0
+    model: ModelHost,
+    body: ChatCompletionRequest,
+    out: Outcome,
+    index: int = 0,
+    prefix: tuple[str, str] = ("", ""),
 ) -> dict[str, Any]:
-    """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended."""
-    message: dict[str, Any] = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
-    if out.reasoning:
-        message["reasoning_content"] = out.reasoning
+    """The one choice of a whole chat reply: the message (content, reasoning, tool calls), why it ended.
+    `prefix`: the (content, reasoning) of a prefilled message the answer continues, which llama-server
+    reports joined with the continuation."""
+    text, reasoning = prefix[0] + out.text, prefix[1] + out.reasoning
+    message: dict[str, Any] = {"role": "assistant", "content": text or (None if out.tool_calls else "")}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if out.tool_calls:
         message["tool_calls"] = [call.to_openai() for call in out.tool_calls]
     choice: dict[str, Any] = {"index": index, "finish_reason": out.finish_reason, "message": message}
@@ -65,6 +72,11 @@ class ChatChunks:
     def chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0, **extra: Any) -> bytes:
         choice = {"index": index, "finish_reason": finish, "delta": delta, **extra}
         return sse.event({**self.head, "choices": [choice], **self.timings})
+
+    def lead(self, content: str, reasoning: str, index: int = 0) -> list[bytes]:
+        """The prefilled message's chunks, before the answer's (reasoning first, as it came)."""
+        deltas = [{"reasoning_content": reasoning}] if reasoning else []
+        return [self.chunk(d, index=index) for d in deltas + ([{"content": content}] if content else [])]
 
     def event(self, event: TokenEvent, index: int = 0) -> list[bytes]:
         """An engine event's chunks (none for an event that carries nothing to show)."""

@@ -42,7 +42,7 @@ from server.chat.schemas import (
 from server.http import errors, sse
 from server.http.request_body import json_body
 from server.model.host import ModelHost, current_model
-from server.model.prompts import Prompt
+from server.model.prompts import Prompt, prefill_message
 from server.state import app_state
 from server.streams.journal import Recipe, ReplyIds
 from server.streams.resumable import resumable, stream_recipe
@@ -95,12 +95,12 @@ async def chat_reply(model: ModelHost, body: ChatCompletionRequest) -> Any:
     out = await collect(model.client, job.request)
     reply: dict[str, Any] = {
         **base_fields(model, "chat.completion", completion_id, created),
-        "choices": [chat_choice(model, body, out)],
+        "choices": [chat_choice(model, body, out, prefix=prefill_message(job.request))],
         "usage": usage(job.n_prompt, out.final),
     }
     if out.timings:
         reply["timings"] = out.timings.as_dict()
-    if body.verbose:
+    if model.settings.verbose if body.verbose is None else body.verbose:
         reply["__verbose"] = verbose_fields(job, out)
     return reply
 
@@ -122,7 +122,8 @@ def chat_stream_of(
 ) -> AsyncIterator[bytes]:
     """One chat's stream, its chunks carrying `ids` (fresh, or a journal's when regenerated)."""
     head = base_fields(model, "chat.completion.chunk", ids.reply_id, ids.created)
-    return chat_stream(model, body, job.request, head, job.n_prompt)
+    lead = prefill_message(job.request) if job.streams_prefill else ("", "")
+    return chat_stream(model, body, job.request, head, job.n_prompt, lead)
 
 
 async def regenerate_chat(model: ModelHost, recipe: Recipe) -> AsyncIterator[bytes]:
@@ -143,9 +144,14 @@ async def chat_stream(
     gen: GenerationRequest,
     head: dict[str, Any],
     n_prompt: int,
+    lead: tuple[str, str] = ("", ""),
 ) -> AsyncIterator[bytes]:
+    """One chat's stream; `lead`: the prefilled message's (content, reasoning), sent first (llama-server
+    sends a prefill the client did not name as continue_final_message, or with `echo`)."""
     chunks = ChatChunks(model, body, head)
     yield chunks.chunk({"role": "assistant", "content": None})
+    for data in chunks.lead(*lead):
+        yield data
     final: TokenEvent | None = None
     async for event in model.client.events(gen):
         raise_if_failed(event)
@@ -166,13 +172,15 @@ async def chat_choices(
     if body.stream:
         head = base_fields(model, "chat.completion.chunk", completion_id, created)
         # Not deterministic as bytes: the choices' chunks interleave as they come.
-        stream = chat_choices_stream(model, body, requests, head, job.n_prompt)
+        lead = prefill_message(job.request) if job.streams_prefill else ("", "")
+        stream = chat_choices_stream(model, body, requests, head, job.n_prompt, lead)
         return await streamed(stream, False, ReplyIds(completion_id, created))
     outs = await collect_choices(model.client, requests)
     finals = [out.final for out in outs]
+    prefix = prefill_message(job.request)
     reply: dict[str, Any] = {
         **base_fields(model, "chat.completion", completion_id, created),
-        "choices": [chat_choice(model, body, out, i) for i, out in enumerate(outs)],
+        "choices": [chat_choice(model, body, out, i, prefix) for i, out in enumerate(outs)],
         "usage": choices_usage(job.n_prompt, finals),
     }
     timings = request_timings(finals)
@@ -187,10 +195,13 @@ async def chat_choices_stream(
     requests: list[GenerationRequest],
     head: dict[str, Any],
     n_prompt: int,
+    lead: tuple[str, str] = ("", ""),
 ) -> AsyncIterator[bytes]:
     chunks = ChatChunks(model, body, head)
     for index in range(len(requests)):
         yield chunks.chunk({"role": "assistant", "content": None}, index=index)
+        for data in chunks.lead(*lead, index=index):
+            yield data
     finals: list[TokenEvent | None] = [None] * len(requests)
     async for index, event in model.client.choice_events(requests):
         raise_if_failed(event)
@@ -237,7 +248,7 @@ async def agent_completion(
     }
     if out.timings:
         reply["timings"] = out.timings.as_dict()
-    if body.verbose:
+    if model.settings.verbose if body.verbose is None else body.verbose:
         reply["__verbose"] = verbose_fields(run.rounds[-1].job, out) | {"rounds": run.verbose()}
     return reply
 
