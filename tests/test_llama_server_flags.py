@@ -133,7 +133,8 @@ def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> N
         named = httpx.post(proc.base_url + "/props", json={"n_ctx": 1}, headers=AUTH)
         assert named.status_code == 400 and "n_ctx" in named.json()["error"]["message"]
         listed = httpx.get(proc.base_url + "/v1/models", headers=AUTH).json()["data"][0]
-        assert (listed["id"], listed["aliases"], listed["tags"]) == ("mini", ["small"], ["fast", "tiny"])
+        named_as = (listed["id"], listed["aliases"], listed["tags"])
+        assert named_as == ("mini", ["mini", "small"], ["fast", "tiny"])  # the id among the aliases
         body = {
             "prompt": "Hello",
             "ignore_eos": True,
