@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from engine import hf_cache
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -172,15 +174,23 @@ def fetch(spec: ModelSpec, progress: Callable[[str], None] | None = None) -> Pat
 
 
 def resolve(model: str | None, progress: Callable[[str], None] | None = None) -> Path:
-    """A model argument (a known name, a path, or None for the default) -> a local GGUF path; `progress`
-    hears each part of a known model that has to be fetched."""
+    """A model argument (a known name, a path, a llama.cpp cache name `org/repo[:quant]`, or None for the
+    default) -> a local GGUF path; `progress` hears each part of a known model that has to be fetched."""
     if model is None:
         return fetch(MODELS[DEFAULT_MODEL], progress)
     spec = lookup(model)
     if spec is not None:
         return fetch(spec, progress)
     path = Path(model).expanduser()
-    if not path.is_file():
-        known = ", ".join(known_names())
-        raise ModelFetchError(f"model file not found: {model} (known model names: {known})")
-    return path
+    if path.is_file():
+        return path
+    if hf_cache.is_cache_name(model):  # llama-server's `org/repo:quant`, from its cache (offline)
+        cached = hf_cache.resolve(model)
+        if cached is None:
+            raise ModelFetchError(
+                f"model {model} is not in the llama.cpp cache {hf_cache.cache_dir()} (LLAMA_CACHE);"
+                " Llamba downloads nothing from a model hub"
+            )
+        return cached
+    known = ", ".join(known_names())
+    raise ModelFetchError(f"model file not found: {model} (known model names: {known})")

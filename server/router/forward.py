@@ -6,11 +6,15 @@ task of its own, parked in `server/router/conversations.py` while the model load
 and reloads does not cancel it (the child gets it once up and generates the whole answer into its
 session), a resume answers 503 with `Retry-After` meanwhile, and a stop cancels the parked request (which
 answers 400).
+
+`LLAMA_SERVER_DEBUG_FAKE_TIMING` (llama-server's test knob, set by its test suite): each request holds its
+model's lease two seconds before it is sent, so a test can see a model busy and the queue behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -26,6 +30,7 @@ from server.router.state import ModelState
 from server.router.upstream import UpstreamClient, UpstreamResponse
 
 STOPPED_WHILE_LOADING = "request cancelled by a stop while the model was loading"
+FAKE_TIMING_S = 2.0 if os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING") else 0.0
 
 
 def request_target() -> str:
@@ -49,6 +54,8 @@ class Forwarder:
     async def send(self, lease: Lease, body: bytes) -> UpstreamResponse:
         """The request, with this body, to the lease's child; its answer's head."""
         lease.state.requests += 1
+        if FAKE_TIMING_S:
+            await asyncio.sleep(FAKE_TIMING_S)  # the model counts as busy meanwhile (llama-server's)
         return await open_upstream(
             self.client, lease, request.method, request_target(), request.headers, body, self.secret
         )

@@ -61,7 +61,7 @@ class ModelState:
         entry = self.entry
         item: dict[str, Any] = {"id": entry.id, "object": "model", "owned_by": "llamba", "created": 0}
         item |= {"aliases": list(entry.aliases), "source": entry.source, "path": entry.model}
-        item["can_remove"] = entry.source == "builtin"  # DELETE /models: only the cache's models
+        item["can_remove"] = entry.source in ("builtin", "cache")  # DELETE /models: only the caches' models
         item |= {"status": self.status_object(), "in_flight": self.in_flight, "loads": self.loads}
         if self.info is not None:
             item["meta"] = self.info

@@ -383,7 +383,7 @@ async def models() -> Any:
     entry = {"id": model.settings.model_alias, "object": "model", "created": int(model.counters.started)}
     entry |= {"owned_by": "llamacpp", "meta": meta}
     settings = model.settings
-    entry |= {"aliases": settings.aliases[1:], "tags": settings.tag_list}
+    entry |= {"aliases": settings.aliases, "tags": settings.tag_list}  # the id among them (llama-server's)
     return {
         "object": "list",
         "data": [entry],
