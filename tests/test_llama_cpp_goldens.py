@@ -24,6 +24,7 @@ import pytest
 from engine.gguf import GGUFFile
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpec
 from engine.text.tokenizer import Tokenizer
+from server.model.constraints import schema_spec
 from server.model.gbnf import gbnf_spec
 from server.model.llama_schema import SchemaError, llama_cpp_schema
 from tests.conftest import load_golden
@@ -41,7 +42,7 @@ def compiler(smollm2_gguf: GGUFFile) -> GrammarCompiler:
 def spec_of(kind: str, source: str) -> GrammarSpec:
     """The spec a request's schema or grammar becomes (a schema as llama.cpp's test converts it)."""
     if kind == "schema":
-        return GrammarSpec.json_schema(llama_cpp_schema(json.loads(source), request=False))
+        return schema_spec(json.loads(source), request=False)
     return gbnf_spec(source)
 
 
