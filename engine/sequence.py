@@ -148,8 +148,9 @@ class Sequence:
             self.t_prompt_done = time.perf_counter()
         constrained = self._in_answer()
         if constrained and self.grammar is not None:
-            self.grammar.apply(logits)  # before sampling and logprobs: they see the allowed tokens only
-        token, forced = self._next_token(logits, draft)
+            token, forced = _rejection_sample(self.grammar, self.sampler, logits, self._next_token, draft)
+        else:
+            token, forced = self._next_token(logits, draft)
         probs = self._probs(logits, token, forced)
         self.sampler.accept(token)
         self.n_generated += 1
@@ -263,6 +264,29 @@ class Sequence:
         result, tokens = self.reasoning.end_now()
         self.forced.extend(tokens)
         return result
+
+
+def _rejection_sample(
+    grammar: GrammarMatcher,
+    sampler: Sampler,
+    logits: np.ndarray,
+    next_token: Callable[[np.ndarray, int | None], tuple[int, bool]],
+    draft: int | None,
+) -> tuple[int, bool]:
+    """llama.cpp's grammar-based rejection sampling (common_sampler_sample, as llama-server calls it):
+    draw from the chain without the grammar and keep the pick if the grammar allows it; else mask the
+    disallowed tokens and draw again (a second random number). An allowed token keeps its
+    unconstrained chance and only the refused mass is redrawn under the mask, so this is not the masked
+    distribution, and a seeded request draws what llama-server draws. `logits` is masked in place (the
+    logprobs see the allowed tokens only). The raw copy costs 6 us a token on SmolLM2's 49k logits, 48 us
+    on Gemma 3's 262k (this machine); the mask is prefetched either way. `next_token`: the sequence's
+    pick (a forced token is kept as it is)."""
+    raw = logits.copy()
+    grammar.apply(logits)
+    token, forced = next_token(raw, draft)
+    if not forced and logits[token] == -np.inf:
+        token = sampler.sample(logits, draft)
+    return token, forced
 
 
 def start_sequence(

@@ -3,9 +3,12 @@
     python scripts/bench_structured.py                       # this checkout's server, SmolLM2 and Gemma 3
     python scripts/bench_structured.py --checkout /tmp/base  # a server started from another checkout
     python scripts/bench_structured.py --models smollm2 --answers 10
+    python scripts/bench_structured.py --llama-server /path/to/llama-server   # llama.cpp's own server
+    python scripts/bench_structured.py --compare a.json b.json                # two --out files, by seed
 
-For each model a real llamba-server is started (from `--checkout`, default this one) and asked through
-the real OpenAI and Anthropic clients, at temperature 1.0 with seeds 0..N-1 (issue #40's acceptance):
+For each model a real llamba-server is started (from `--checkout`, default this one), or with
+`--llama-server` a llama.cpp llama-server binary on the same model file, slots and context, and asked
+through the real OpenAI and Anthropic clients, at temperature 1.0 with seeds 0..N-1 (issue #40's acceptance):
 
 - `schema`: `response_format` json_schema with nested objects and an array of objects, none of which
   declares `additionalProperties` (max_tokens 200): how many answers are complete (finish_reason
@@ -39,6 +42,8 @@ import anthropic
 import httpx
 import jsonschema
 import openai
+
+from engine import model_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PERSON = {
@@ -200,16 +205,21 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class Server:
-    """llamba-server from a checkout, on a free port of 127.0.0.1."""
+    """llamba-server from a checkout (or llama.cpp's llama-server binary), on a free port of 127.0.0.1."""
 
-    def __init__(self, checkout: Path, model: str, parallel: int) -> None:
+    def __init__(
+        self, checkout: Path, model: str, parallel: int, llama_server: Path | None, extra: list[str]
+    ) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-structured-{model}-{self.port}.log"
         env = {**os.environ, "PYTHONPATH": str(checkout)}
-        cmd = [sys.executable, "-m", "server", "-m", model, "--port", str(self.port), "-np", str(parallel)]
-        cmd += ["-c", str(2048 * parallel)]
+        if llama_server is None:
+            cmd = [sys.executable, "-m", "server", "-m", model]
+        else:  # the same file Llamba loads for the name; llama-server's defaults otherwise (jinja on)
+            cmd = [str(llama_server), "-m", str(model_files.resolve(model))]
+        cmd += ["--port", str(self.port), "-np", str(parallel), "-c", str(2048 * parallel), *extra]
         self.proc = subprocess.Popen(
             cmd, cwd=checkout, env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT
         )
@@ -256,12 +266,39 @@ async def bench_model(
         print(f"  {name}: {json.dumps(results[name])}", flush=True)
         for seed, row in [(seed, row) for seed, row in enumerate(rows) if not row["ok"]][:show]:
             print(f"    not ok, seed {seed} ({row['tokens']} tokens): {row['text']!r}", flush=True)
+        results[name]["by_seed"] = rows  # in --out only: to compare two servers answer by answer
     return results
+
+
+def compare(paths: list[Path]) -> None:
+    """Two --out files answer by answer: how many each completed, how many texts are the same, and
+    the seeds one side completed and the other did not."""
+    a, b = (json.loads(p.read_text()) for p in paths)
+    for model in a["models"].keys() & b["models"].keys():
+        for name in a["models"][model].keys() & b["models"][model].keys():
+            rows_a, rows_b = a["models"][model][name]["by_seed"], b["models"][model][name]["by_seed"]
+            same = sum(x["text"] == y["text"] for x, y in zip(rows_a, rows_b, strict=True))
+            only_a = [i for i, (x, y) in enumerate(zip(rows_a, rows_b, strict=True)) if x["ok"] > y["ok"]]
+            only_b = [i for i, (x, y) in enumerate(zip(rows_a, rows_b, strict=True)) if y["ok"] > x["ok"]]
+            ok_a, ok_b = sum(r["ok"] for r in rows_a), sum(r["ok"] for r in rows_b)
+            print(
+                f"{model} {name}: ok {ok_a} / {ok_b}, same text {same} of {len(rows_a)};"
+                f" ok only in the first: seeds {only_a}; only in the second: seeds {only_b}"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose server runs")
+    parser.add_argument(
+        "--llama-server", type=Path, help="run this llama.cpp llama-server binary instead of Llamba"
+    )
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="more flags for the server, one string (e.g. '-t 1': llama.cpp's threads spin-wait for each"
+        " other, which on a loaded machine costs more than the second thread gives)",
+    )
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     parser.add_argument("--answers", type=int, default=50)
     parser.add_argument("--parallel", type=int, default=4, help="server slots, and requests in flight")
@@ -270,14 +307,24 @@ def main() -> None:
     parser.add_argument(
         "--scenarios", nargs="+", default=["schema", "schema_bounded", "required", "anthropic_any"]
     )
+    parser.add_argument("--compare", nargs=2, type=Path, help="compare two --out files and exit")
     args = parser.parse_args()
+    if args.compare:
+        compare(args.compare)
+        return
     commit = subprocess.run(
         ["git", "-C", str(args.checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
     report: dict[str, Any] = {"checkout": str(args.checkout), "commit": commit.stdout.strip(), "models": {}}
-    print(f"checkout {args.checkout} at {report['commit']}; load average {os.getloadavg()}", flush=True)
+    if args.llama_server is not None:
+        version = subprocess.run([args.llama_server, "--version"], capture_output=True, text=True)
+        report["llama_server"] = (version.stdout + version.stderr).strip()
+        print(f"llama-server {args.llama_server}: {report['llama_server']}", flush=True)
+    else:
+        print(f"checkout {args.checkout} at {report['commit']}", flush=True)
+    print(f"load average {os.getloadavg()}", flush=True)
     for model in args.models:
-        server = Server(args.checkout, model, args.parallel)
+        server = Server(args.checkout, model, args.parallel, args.llama_server, args.server_args.split())
         try:
             server.wait()
             print(f"{model}:", flush=True)

@@ -489,3 +489,36 @@ def test_the_mask_kernel_matches_numpy() -> None:
         expected[n_vocab:] = -np.inf
         _apply_bitmask(logits, mask, n_vocab)
         assert np.array_equal(logits, expected)
+
+
+# -- sampling under a grammar: llama.cpp's rejection sampling --------------------------------------
+
+
+def test_a_constrained_pick_is_drawn_without_the_grammar_first(smollm2: GrammarCompiler) -> None:
+    """As llama-server (common_sampler_sample): the first draw ignores the grammar and stands when the
+    grammar allows it; only a refused pick is drawn again under the mask, with the next random number.
+    Masking first would pick differently for some seeds (checked below), so this is what the test is
+    about."""
+    from engine.api import GenerationRequest
+    from engine.sampling import Sampler, SamplingParams
+    from engine.sequence import start_sequence
+
+    a, b, c = (tokens_of(smollm2, s)[0] for s in ("a", "b", "c"))
+    compiled = smollm2.compile(GrammarSpec.regex("a|b"))  # c is refused
+    raw = np.full(smollm2.n_vocab, -np.inf, np.float32)
+    raw[[a, b, c]] = [0.0, -0.7, 0.5]  # chances 0.33 / 0.17 / 0.50 without the grammar
+    masked = raw.copy()
+    masked[c] = -np.inf
+    picks, masked_first = [], []
+    for seed in range(40):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        request = GenerationRequest([1], params, 1, grammar=compiled)
+        sequence = start_sequence(request, lambda event: None, 0, smollm2.tokenizer, 0)
+        picks.append(sequence.advance(raw.copy(), room=True).token)
+        reference = Sampler(params, smollm2.n_vocab)
+        first = reference.sample(raw)
+        expected = first if first != c else reference.sample(masked)
+        assert picks[-1] == expected, seed
+        masked_first.append(Sampler(params, smollm2.n_vocab).sample(masked))
+    assert set(picks) == {a, b} and c not in picks
+    assert picks != masked_first

@@ -24,9 +24,11 @@ import pytest
 from engine.gguf import GGUFFile
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpec
 from engine.text.tokenizer import Tokenizer
+from server.model.constraints import schema_spec
 from server.model.gbnf import gbnf_spec
 from server.model.llama_schema import SchemaError, llama_cpp_schema
 from tests.conftest import load_golden
+from tests.test_grammar import random_walk
 
 GOLDEN = load_golden("llama_cpp_cases")
 INTEGRATION = GOLDEN["grammar_integration"]
@@ -41,7 +43,7 @@ def compiler(smollm2_gguf: GGUFFile) -> GrammarCompiler:
 def spec_of(kind: str, source: str) -> GrammarSpec:
     """The spec a request's schema or grammar becomes (a schema as llama.cpp's test converts it)."""
     if kind == "schema":
-        return GrammarSpec.json_schema(llama_cpp_schema(json.loads(source), request=False))
+        return schema_spec(json.loads(source), request=False)
     return gbnf_spec(source)
 
 
@@ -102,3 +104,96 @@ def test_every_case_in_the_sources_was_extracted() -> None:
     assert not INTEGRATION["not_extracted"] and not SCHEMAS["not_extracted"]
     strings = sum(len(c["accept"]) + len(c["reject"]) for c in INTEGRATION["cases"])
     assert strings > 300 and len(INTEGRATION["refused"]) == 7
+
+
+# -- whitespace and lexemes: Llamba's schema grammar against llama.cpp's own grammar text ------------
+
+SCHEMA_CASES = {c["name"]: c for c in SCHEMAS["cases"] if c["status"] == "success"}
+# Where Llamba means to differ (docs/compatibility-json-schema.md): a pattern is matched over the value
+# and always written as valid JSON (llama.cpp's "^\"$" writes a bare quote, and an unanchored or `\w`
+# pattern is any raw text there), and a property named "" stays a property (llama.cpp's rule for it
+# takes over its root rule).
+MEANT_TO_DIFFER = {
+    "regexp quote",
+    "unanchored regexp",
+    "regexp with unsupported shorthand",
+    "optional props with empty name",
+}
+# A compact document per schema; whitespace is tried at every boundary of it.
+COMPACT = {
+    "required + optional props each in original order": '{"b":"y","a":"x","d":"z"}',
+    "additional props": '{"k":[1,2.5],"j":[]}',
+    "required + optional + additional props": '{"and":1,"also":2,"x":3}',
+    "tuple2": '["s",1.5]',
+    "empty schema (any value)": '{"a":[1,{"b":null}],"c":true}',
+    "anyOf $ref": '{"a":"x","b":true}',
+}
+WHITESPACE = (" ", "\n  ", "\n\n\t")
+
+
+def llama_cpp_and_llamba(compiler: GrammarCompiler, name: str) -> tuple[CompiledGrammar, CompiledGrammar]:
+    """llama.cpp's expected grammar for the case (GBNF, read as llama.cpp reads it), and Llamba's."""
+    case = SCHEMA_CASES[name]
+    return compiler.compile(gbnf_spec(case["grammar"])), compiler.compile(spec_of("schema", case["schema"]))
+
+
+@pytest.mark.parametrize("name", COMPACT)
+def test_whitespace_is_allowed_where_llama_cpps_grammar_allows_it(
+    name: str, compiler: GrammarCompiler
+) -> None:
+    """At every boundary of a compact document outside its strings, each kind of whitespace run gets
+    the verdict of llama.cpp's grammar for the schema (its `space` after { [ , : and before } ], never
+    before a comma or around the document)."""
+    theirs, ours = llama_cpp_and_llamba(compiler, name)
+    doc = COMPACT[name]
+    assert accepts(theirs, tokens_of(compiler, doc)) and accepts(ours, tokens_of(compiler, doc))
+    verdicts, quoted = [], False
+    for i in range(len(doc) + 1):
+        if not quoted:
+            for space in WHITESPACE:
+                text = doc[:i] + space + doc[i:]
+                ids = tokens_of(compiler, text)
+                verdicts.append((text, accepts(theirs, ids), accepts(ours, ids)))
+        quoted ^= i < len(doc) and doc[i] == '"'
+    wrong = [(text, llama_cpp) for text, llama_cpp, llamba in verdicts if llama_cpp != llamba]
+    assert not wrong, wrong
+    assert any(v[1] for v in verdicts) and not all(v[1] for v in verdicts)  # both verdicts occur
+
+
+def test_no_whitespace_before_a_comma_or_around_the_document(compiler: GrammarCompiler) -> None:
+    _, ours = llama_cpp_and_llamba(compiler, "required + optional props each in original order")
+    for text in ('{"b":"y" ,"a":"x"}', '{"b":"y"\n  ,"a":"x"}', ' {"b":"y","a":"x"}', '{"b":"y","a":"x"}\n'):
+        assert not accepts(ours, tokens_of(compiler, text)), text
+    for text in ('{ "b" : "y", "a": "x" }', '{\n  "b": "y",\n  "a": "x"\n}'):
+        assert accepts(ours, tokens_of(compiler, text)), text
+
+
+@pytest.mark.parametrize(
+    ("schema", "accepted", "rejected"),
+    [
+        # llama.cpp's number: integral part and exponent of at most 16 digits, a fraction of 1-16
+        ({"type": "number"}, ["1.1234567890123456", "-1234567890123456e-12"], ["1.12345678901234567"]),
+        ({"type": "number"}, ["9999999999999999"], ["12345678901234567", "1e12345678901234567", "1."]),
+        # const and enum values as their compact JSON text, nothing else
+        ({"enum": [{"a": 1}, [1, 2]]}, ['{"a":1}', "[1,2]"], ['{ "a": 1 }', "[1, 2]", '{"a" :1}']),
+        ({"const": "é"}, ['"é"'], ['"\\u00e9"']),
+        # llama.cpp's string: no `\/` escape
+        ({"type": "string"}, ['"a/b"', '"a\\nb"'], ['"a\\/b"']),
+    ],
+)
+def test_lexemes_are_llama_cpps(
+    schema: dict, accepted: list[str], rejected: list[str], compiler: GrammarCompiler
+) -> None:
+    compiled = compiler.compile(schema_spec(schema, request=False))
+    assert all(accepts(compiled, tokens_of(compiler, text)) for text in accepted)
+    assert not any(accepts(compiled, tokens_of(compiler, text)) for text in rejected)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMA_CASES.keys() - MEANT_TO_DIFFER))
+def test_documents_one_grammar_writes_the_other_accepts(name: str, compiler: GrammarCompiler) -> None:
+    """A random walk (tokens drawn uniformly among the allowed ones) through llama.cpp's grammar for
+    each of its 77 schemas is accepted by Llamba's, and one through Llamba's by llama.cpp's."""
+    theirs, ours = llama_cpp_and_llamba(compiler, name)
+    for walker, judge in ((theirs, ours), (ours, theirs)):
+        text = random_walk(walker, seed=1)
+        assert accepts(judge, tokens_of(compiler, text)), text

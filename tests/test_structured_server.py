@@ -142,7 +142,9 @@ def test_json_object_answers_parse(server: ServerProcess) -> None:
 
     finished = [choice for choice in asyncio.run(answers()) if choice["finish_reason"] == "stop"]
     assert all(isinstance(json.loads(choice["message"]["content"]), dict) for choice in finished)
-    assert len(finished) >= 5  # not vacuous: most answers finish
+    # not vacuous: some answers finish (4 of these 10 since the grammar is llama.cpp's and sampling
+    # draws without it first, as llama-server does; 5 or more before)
+    assert len(finished) >= 3
 
 
 def test_llama_servers_json_schema_field_and_completions(server: ServerProcess) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.api import ToolCallSpec
 from engine.grammar import GrammarError, GrammarSpec, Trigger
+from engine.schema_lark import schema_lark
 from engine.text.tool_calls import ToolCallFormat, ToolChoice
 from engine.tool_grammar import tool_grammar_spec
 from server.http import errors
@@ -83,9 +84,19 @@ def json_schema(schema: dict[str, Any], field: str, strict: bool = False) -> Gra
     """A request's answer schema with llama.cpp's meaning (OpenAI's with `strict`); 400 naming `field`
     for a schema llama.cpp refuses."""
     try:
-        return GrammarSpec.json_schema(llama_cpp_schema(schema, strict))
+        return schema_spec(schema, strict)
     except SchemaError as exc:
         raise errors.invalid_request(f"'{field}': invalid JSON schema {exc}") from None
+
+
+def schema_spec(schema: Any, strict: bool = False, request: bool = True) -> GrammarSpec:
+    """The grammar of a schema: llama.cpp's, written as Lark with llama.cpp's whitespace
+    (engine/schema_lark.py), or with `strict` OpenAI's JSON Schema as llguidance compiles it.
+    `request`: a request's schema (`{}` any object), not `-j`'s (`{}` any value). SchemaError when
+    llama.cpp refuses it."""
+    if strict:
+        return GrammarSpec.json_schema(llama_cpp_schema(schema, strict=True))
+    return GrammarSpec.lark(schema_lark(llama_cpp_schema(schema, request=request)))
 
 
 def grammar_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import structlog
 
 from engine.api import POOLING_TYPES, ModelInfo, Pooling
 from engine.engine import Engine, EngineConfig
-from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpec
+from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from engine.llm import LLM
 from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate
@@ -21,8 +21,9 @@ from engine.text.tool_calls import detect_format
 from server.config.settings import Settings
 from server.model.admission import Admission
 from server.model.client import Counters, EngineClient, Grammars
+from server.model.constraints import schema_spec
 from server.model.gbnf import gbnf_spec
-from server.model.llama_schema import SchemaError, llama_cpp_schema
+from server.model.llama_schema import SchemaError
 from server.model.prompts import PromptBuilder
 
 log = structlog.get_logger("server")
@@ -116,10 +117,7 @@ def _default_grammar(settings: Settings, compiler: GrammarCompiler) -> CompiledG
             raise ValueError(f"--grammar: {exc}") from None
     else:
         try:  # llama.cpp's meaning, as for a request's schema (but {} is any value here, as in llama.cpp)
-            spec, flag = (
-                GrammarSpec.json_schema(llama_cpp_schema(s.json_schema, request=False)),
-                "--json-schema",
-            )
+            spec, flag = schema_spec(s.json_schema, request=False), "--json-schema"
         except SchemaError as exc:
             raise ValueError(f"--json-schema: invalid JSON schema {exc}") from None
     try:
