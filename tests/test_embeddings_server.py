@@ -158,6 +158,33 @@ def test_bad_embedding_input_is_400_naming_it(mean_server: ServerProcess, body: 
     assert field in r.json()["error"]["message"] and r.json()["error"]["type"].endswith("_error")
 
 
+def test_content_parts_embed_as_their_joined_text(mean_server: ServerProcess) -> None:
+    parts = {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}
+    plain, joined = embeddings(mean_server, ["hello world", parts])
+    assert plain == joined
+    assert embeddings(mean_server, parts) == [plain]  # one content object is one input
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ({"content": "string"}, "input"),
+        ({"content": [{"type": "unknown"}]}, '{"type": "text", "text": "..."}'),
+        (
+            {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+            "multimodal",
+        ),
+        (
+            {"content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]},
+            "multimodal",
+        ),
+    ],
+)
+def test_bad_content_parts_are_400(mean_server: ServerProcess, value: dict, field: str) -> None:
+    r = post(mean_server, "/v1/embeddings", {"input": [value]})
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
 def test_without_the_flag_the_routes_answer_501(server: ServerProcess) -> None:
     for path, body in (("/v1/embeddings", {"input": "x"}), ("/rerank", {"query": "q", "documents": ["d"]})):
         r = post(server, path, body)
