@@ -138,5 +138,5 @@ class EmbeddingSequence:
             cache_n=0, prompt_n=len(self.request.prompt_tokens), prompt_ms=ms, predicted_n=0, predicted_ms=0.0
         )
 
-    def finished_early(self, reason: str) -> TokenEvent:
-        return TokenEvent(text="", finish_reason=reason, id_slot=self.slot_id)
+    def finished_early(self, reason: str, error: str | None = None) -> TokenEvent:
+        return TokenEvent(text="", finish_reason=reason, id_slot=self.slot_id, error=error)

@@ -52,6 +52,9 @@ class ForwardFailed(RuntimeError):
 class EngineConfig:
     n_slots: int = 1
     n_ctx: int = 4096  # total; each slot gets n_ctx / n_slots
+    # llama.cpp's unified KV cache: each slot may grow to n_ctx, and the busy slots together hold at most
+    # n_ctx cells (each slot's cells are still its own: n_slots x n_ctx of memory)
+    kv_unified: bool = False
     n_ubatch: int = 512  # tokens per step (prefill chunks + decode tokens)
     slot_similarity: float = 0.1
     cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
@@ -87,7 +90,8 @@ class Engine:
         self.llm = llm
         self.config = config
         types = CacheTypes(cache_type(config.cache_type_k), cache_type(config.cache_type_v))
-        self.kv = llm.new_cache(config.n_slots, max(1, config.n_ctx // config.n_slots), types)
+        n_ctx_slot = config.n_ctx if config.kv_unified else config.n_ctx // config.n_slots
+        self.kv = llm.new_cache(config.n_slots, max(1, n_ctx_slot), types)
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
         self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache)
         shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
@@ -100,6 +104,7 @@ class Engine:
             config.n_keep,
             speculation(drafter),
             llm.model.rank_head,
+            unified_cells=config.n_ctx if config.kv_unified else 0,
         )
         self.identity = ModelIdentity.of(self.kv, llm.tokenizer.n_vocab, llm.path.name)
         self.snapshot = EngineSnapshot(self.pool.snapshot())  # replaced whole by the engine thread

@@ -383,8 +383,8 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"),
         "",
         "LLAMA_ARG_KV_UNIFIED",
-        "ignored",
-        "no effect in Llamba",
+        "implemented",
+        "every slot may use the whole context; together they hold at most --ctx-size cells",
     ),
     F(
         ("--cache-idle-slots", "--no-cache-idle-slots"),
