@@ -55,6 +55,9 @@ class EngineConfig:
     # llama.cpp's unified KV cache: each slot may grow to n_ctx, and the busy slots together hold at most
     # n_ctx cells (each slot's cells are still its own: n_slots x n_ctx of memory)
     kv_unified: bool = False
+    # With kv_unified and a host prompt cache: a starting request moves every idle slot's cells there
+    # and empties the slot (llama-server's --cache-idle-slots)
+    cache_idle_slots: bool = True
     n_ubatch: int = 512  # tokens per step (prefill chunks + decode tokens)
     slot_similarity: float = 0.1
     cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
@@ -94,6 +97,10 @@ class Engine:
         self.kv = llm.new_cache(config.n_slots, max(1, n_ctx_slot), types)
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
         self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache)
+        if config.kv_unified and config.cache_idle_slots and self.pool.prompt_cache is not None:
+            self.pool.clear_idle = True
+            # llama-server's debug line, which its own tests read
+            log.debug("engine.cache_idle_slots", tag="__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
         shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
         drafter = DraftModel(draft, config.n_slots, self.kv.n_ctx) if draft is not None else None
         self.scheduler = Scheduler(

@@ -2,7 +2,7 @@
 arrays, `prompt_string` objects, several prompts answered as a list), `generation_settings` and
 `response_fields` in the reply, `backend_sampling` (accepted: one sampler here), and `--kv-unified`
 (each slot may use the whole context; the busy slots share it, and overflowing it fails them all with
-llama-server's 500)."""
+llama-server's 500; a starting request moves the idle slots' cells to the host prompt cache)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,9 @@ def test_underscored_flag_names_read_as_dashed() -> None:
 
 @pytest.fixture(scope="module")
 def unified() -> Iterator[ServerProcess]:
-    proc = ServerProcess("-m", "smollm2", "-np", "4", "-c", "256", "--kv-unified")
+    proc = ServerProcess(
+        "-m", "smollm2", "-np", "4", "-c", "256", "--kv-unified", "--cache-ram", "100", "--verbose"
+    )
     yield proc.wait_healthy()
     proc.stop()
 
@@ -122,3 +124,16 @@ def test_kv_unified_overflow_fails_the_busy_slots(unified: ServerProcess) -> Non
     for r in replies:  # none is cut short: an answer has all its tokens
         assert r.status_code != 200 or r.json()["timings"]["predicted_n"] == 90
     assert post(unified, {"prompt": "A", "n_predict": 8}).status_code == 200  # the pool serves again
+
+
+LONG = "Once upon a time in a land far away, there lived a brave knight who traveled across mountains " * 2
+
+
+def test_kv_unified_moves_idle_slots_to_the_host_cache(unified: ServerProcess) -> None:
+    assert "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__" in unified.log_path.read_text()
+    first = post(unified, {"prompt": LONG, "id_slot": 0, "n_predict": 2}).json()["timings"]
+    seen = len(unified.log_path.read_text())
+    assert post(unified, {"prompt": "The quick brown fox", "id_slot": 1, "n_predict": 2}).status_code == 200
+    assert "__TEST_TAG_CACHE_IDLE_SLOT__" in unified.log_path.read_text()[seen:]  # slot 0 saved, emptied
+    again = post(unified, {"prompt": LONG, "id_slot": 0, "n_predict": 2}).json()["timings"]
+    assert again["cache_n"] > 0 and again["prompt_n"] < first["prompt_n"]  # from the host cache

@@ -390,8 +390,9 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ("--cache-idle-slots", "--no-cache-idle-slots"),
         "",
         "LLAMA_ARG_CACHE_IDLE_SLOTS",
-        "ignored",
-        "no effect in Llamba",
+        "implemented",
+        "with --kv-unified and --cache-ram; without --kv-unified a slot's cells go to the host cache when a "
+        "request replaces them",
     ),
     F(("--context-shift", "--no-context-shift"), "", "LLAMA_ARG_CONTEXT_SHIFT", "implemented", ""),
     F(("-r", "--reverse-prompt"), "PROMPT", "", "implemented", ""),

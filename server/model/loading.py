@@ -85,6 +85,7 @@ def _engine_config(settings: Settings) -> EngineConfig:
         n_slots=s.parallel,
         n_ctx=s.ctx_size,
         kv_unified=s.kv_unified,
+        cache_idle_slots=s.cache_idle_slots,
         n_ubatch=min(s.ubatch_size, s.batch_size),
         slot_similarity=s.slot_similarity,
         cache_ram_mib=s.cache_ram,
