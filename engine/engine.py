@@ -71,6 +71,14 @@ class EngineConfig:
     # forward passes with these numbers (1 = the first after warm-up) raise as a failing kernel would.
     fail_forward: frozenset[int] = frozenset()
 
+    @property
+    def n_ctx_slot(self) -> int:
+        return max(1, self.n_ctx // (1 if self.kv_unified else self.n_slots))
+
+    @property
+    def clear_idle_slots(self) -> bool:
+        return self.kv_unified and self.cache_idle_slots
+
 
 def end_failed(scheduler: Scheduler, cause: str, in_forward: bool) -> None:
     """After a failed step: the requests in the slots end with finish_reason "error" (their clients get
@@ -93,14 +101,9 @@ class Engine:
         self.llm = llm
         self.config = config
         types = CacheTypes(cache_type(config.cache_type_k), cache_type(config.cache_type_v))
-        n_ctx_slot = config.n_ctx if config.kv_unified else config.n_ctx // config.n_slots
-        self.kv = llm.new_cache(config.n_slots, max(1, n_ctx_slot), types)
+        self.kv = llm.new_cache(config.n_slots, config.n_ctx_slot, types)
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
-        self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache)
-        if config.kv_unified and config.cache_idle_slots and self.pool.prompt_cache is not None:
-            self.pool.clear_idle = True
-            # llama-server's debug line, which its own tests read
-            log.debug("engine.cache_idle_slots", tag="__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
+        self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache, config.clear_idle_slots)
         shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
         drafter = DraftModel(draft, config.n_slots, self.kv.n_ctx) if draft is not None else None
         self.scheduler = Scheduler(

@@ -43,12 +43,17 @@ class Slot:
 
 
 class SlotPool:
-    def __init__(self, kv: KVCache, slot_similarity: float, prompt_cache: PromptCache | None) -> None:
+    def __init__(
+        self, kv: KVCache, slot_similarity: float, prompt_cache: PromptCache | None, clear_idle: bool = False
+    ) -> None:
         self.kv = kv
         self.slot_similarity = slot_similarity
         self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
         self.slots = [Slot(i) for i in range(kv.n_seq)]
-        self.clear_idle = False  # --kv-unified --cache-idle-slots: `claim` moves idle slots to the host cache
+        # --kv-unified --cache-idle-slots (with a host cache): `claim` moves the idle slots there
+        self.clear_idle = clear_idle and self.prompt_cache is not None
+        if self.clear_idle:  # llama-server's debug line, which its own tests read
+            log.debug("engine.cache_idle_slots", tag="__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
         self._next_task = 0
 
     def __getitem__(self, slot_id: int) -> Slot:
