@@ -7,6 +7,7 @@ llama-server's 500; a starting request moves the idle slots' cells to the host p
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -71,6 +72,14 @@ def test_generation_settings_and_response_fields(server: ServerProcess) -> None:
     kept = post(server, {"prompt": "Once", "n_predict": 4, "response_fields": fields}).json()
     assert set(kept) == {"content", "generation_settings/n_predict", "prompt"}
     assert kept["generation_settings/n_predict"] == 4 and kept["prompt"] == "Once"
+
+
+def test_the_last_stream_chunk_has_the_generation_settings(server: ServerProcess) -> None:
+    body = {"prompt": "Once", "n_predict": 3, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.base_url + "/completion", json=body, timeout=120) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "generation_settings" not in chunks[0]
+    assert chunks[-1]["stop"] and chunks[-1]["generation_settings"]["n_predict"] == 3
 
 
 def test_backend_sampling_changes_nothing(server: ServerProcess) -> None:

@@ -233,7 +233,10 @@ async def native_stream(
             chunk |= {"stop": False, "id_slot": event.id_slot}
             yield sse.event(chunk)
         else:
-            yield sse.event(chunk | final_fields(model, event, n_prompt))
+            settings = {
+                "generation_settings": generation_settings(model, body, gen)
+            }  # as llama-server's last chunk
+            yield sse.event(chunk | final_fields(model, event, n_prompt) | settings)
 
 
 # -- tokens and templates --------------------------------------------------------------------------
