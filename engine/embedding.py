@@ -4,7 +4,9 @@ An `EmbeddingRequest` runs as an `EmbeddingSequence` in the continuous batch bes
 sequences: each of its prompt chunks asks for every token's final hidden state (`BatchPart.want_hidden`,
 after the output norm: llama.cpp's `t_embd`), the rows are gathered until the prompt is done, then
 pooled (`pool`) and answered in one event. Pooling rank runs the GGUF's classifier head (`RankHead`) on
-the last token's state (llama.cpp's choice for causal models). Every step of this is per sequence, so
+the last token's state (llama.cpp's choice for causal models); a model without a head scores a document
+with that state's first component, as llama.cpp does (its n_cls_out defaults to 1, and the score is the
+first n_cls_out floats of the pooled state). Every step of this is per sequence, so
 a request's vectors are bitwise the same whatever else shares its batches.
 """
 
@@ -84,7 +86,9 @@ def pool(hidden: np.ndarray, pooling: Pooling, head: RankHead | None = None) -> 
     if pooling == "last":
         return hidden[-1]
     if head is None:
-        raise ValueError("pooling rank needs a classifier head (cls.output) in the model")
+        # llama-server starts and serves `--reranking` on any model: without a classifier the score is
+        # the first component of the last token's normed state (a number, if not a meaningful one).
+        return hidden[-1][:1].astype(np.float32)
     return head(hidden[-1])
 
 
@@ -134,5 +138,5 @@ class EmbeddingSequence:
             cache_n=0, prompt_n=len(self.request.prompt_tokens), prompt_ms=ms, predicted_n=0, predicted_ms=0.0
         )
 
-    def finished_early(self, reason: str) -> TokenEvent:
-        return TokenEvent(text="", finish_reason=reason, id_slot=self.slot_id)
+    def finished_early(self, reason: str, error: str | None = None) -> TokenEvent:
+        return TokenEvent(text="", finish_reason=reason, id_slot=self.slot_id, error=error)

@@ -52,6 +52,12 @@ class ForwardFailed(RuntimeError):
 class EngineConfig:
     n_slots: int = 1
     n_ctx: int = 4096  # total; each slot gets n_ctx / n_slots
+    # llama.cpp's unified KV cache: each slot may grow to n_ctx, and the busy slots together hold at most
+    # n_ctx cells (each slot's cells are still its own: n_slots x n_ctx of memory)
+    kv_unified: bool = False
+    # With kv_unified and a host prompt cache: a starting request moves every idle slot's cells there
+    # and empties the slot (llama-server's --cache-idle-slots)
+    cache_idle_slots: bool = True
     n_ubatch: int = 512  # tokens per step (prefill chunks + decode tokens)
     slot_similarity: float = 0.1
     cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
@@ -64,6 +70,14 @@ class EngineConfig:
     # Fault injection for the error-path tests (LLAMBA_FAIL_FORWARD, read by server/model/loading.py): the
     # forward passes with these numbers (1 = the first after warm-up) raise as a failing kernel would.
     fail_forward: frozenset[int] = frozenset()
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return max(1, self.n_ctx // (1 if self.kv_unified else self.n_slots))
+
+    @property
+    def clear_idle_slots(self) -> bool:
+        return self.kv_unified and self.cache_idle_slots
 
 
 def end_failed(scheduler: Scheduler, cause: str, in_forward: bool) -> None:
@@ -87,9 +101,9 @@ class Engine:
         self.llm = llm
         self.config = config
         types = CacheTypes(cache_type(config.cache_type_k), cache_type(config.cache_type_v))
-        self.kv = llm.new_cache(config.n_slots, max(1, config.n_ctx // config.n_slots), types)
+        self.kv = llm.new_cache(config.n_slots, config.n_ctx_slot, types)
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
-        self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache)
+        self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache, config.clear_idle_slots)
         shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
         drafter = DraftModel(draft, config.n_slots, self.kv.n_ctx) if draft is not None else None
         self.scheduler = Scheduler(
@@ -100,6 +114,7 @@ class Engine:
             config.n_keep,
             speculation(drafter),
             llm.model.rank_head,
+            unified_cells=config.n_ctx if config.kv_unified else 0,
         )
         self.identity = ModelIdentity.of(self.kv, llm.tokenizer.n_vocab, llm.path.name)
         self.snapshot = EngineSnapshot(self.pool.snapshot())  # replaced whole by the engine thread

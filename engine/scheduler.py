@@ -28,6 +28,15 @@ from engine.text.tokenizer import Tokenizer
 
 ShiftKV = Callable[[int, int, int, int], None]
 Request = GenerationRequest | EmbeddingRequest
+CONTEXT_EXCEEDED = "Context size has been exceeded."  # llama-server's words when its KV cache is full
+
+
+def unified_overflow(
+    pool: SlotPool, taken: list[tuple[Sequence | EmbeddingSequence, list[int]]], cells: int
+) -> bool:
+    """Whether the step would make the busy slots hold more than the unified cache's `cells`."""
+    held = sum(len(slot.tokens) for slot in pool.busy())
+    return held + sum(len(chunk) + len(seq.drafts) for seq, chunk in taken) > cells
 
 
 class Scheduler:
@@ -40,6 +49,7 @@ class Scheduler:
         n_keep: int = 0,
         speculation: Speculation | None = None,
         rank_head: RankHead | None = None,
+        unified_cells: int = 0,
     ) -> None:
         self.pool = pool
         self.rank_head = rank_head  # the model's rerank classifier, for pooling rank
@@ -52,6 +62,7 @@ class Scheduler:
         # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
         self.shift_kv = shift_kv
         self.n_keep = n_keep
+        self.unified_cells = unified_cells  # > 0: the busy slots' cells together (--kv-unified)
         self.waiting: deque[tuple[Request, Emit]] = deque()
         self._prefilling: list[Sequence | EmbeddingSequence] = []  # with a prompt chunk in the batch
         # Embedding sequences with a chunk in the batch, and its length, in batch order (their hidden rows).
@@ -98,6 +109,11 @@ class Scheduler:
         self._prefilling = [seq for seq, _ in taken if not seq.generating]
         self._embedding, parts, outputs = [], [], []
         self.drafts.add(taken, budget)
+        if self.unified_cells and unified_overflow(self.pool, taken, self.unified_cells):
+            for slot in self.pool.busy():  # as llama-server: the whole pool fails, nothing was written
+                if slot.seq is not None:
+                    self.cancel(slot.seq.request.request_id, "error", CONTEXT_EXCEEDED)
+            return None
         for seq, chunk in taken:
             slot = self.pool[seq.slot_id]
             if isinstance(seq, EmbeddingSequence):

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import structlog
+
 from engine.api import EmbeddingRequest, GenerationRequest, SlotSnapshot
 from engine.kv import KVCache
 from engine.prompt_cache import PromptCache, common_prefix
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 # discards more is another conversation (or an edit), so the slot's state goes to the host cache first.
 # (A share-of-the-slot rule would never save conversations that share a long system prompt.)
 SAVE_TAIL = 4
+log = structlog.get_logger("engine")
 
 
 @dataclass
@@ -40,11 +43,17 @@ class Slot:
 
 
 class SlotPool:
-    def __init__(self, kv: KVCache, slot_similarity: float, prompt_cache: PromptCache | None) -> None:
+    def __init__(
+        self, kv: KVCache, slot_similarity: float, prompt_cache: PromptCache | None, clear_idle: bool = False
+    ) -> None:
         self.kv = kv
         self.slot_similarity = slot_similarity
         self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
         self.slots = [Slot(i) for i in range(kv.n_seq)]
+        # --kv-unified --cache-idle-slots (with a host cache): `claim` moves the idle slots there
+        self.clear_idle = clear_idle and self.prompt_cache is not None
+        if self.clear_idle:  # llama-server's debug line, which its own tests read
+            log.debug("engine.cache_idle_slots", tag="__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
         self._next_task = 0
 
     def __getitem__(self, slot_id: int) -> Slot:
@@ -97,7 +106,10 @@ class SlotPool:
         if self.prompt_cache is not None:
             self._save_replaced(slot, reuse)
             if request.cache_prompt:
+                log.debug("engine.prompt_cache", slot=slot.id, detail="updating prompt cache")
                 reuse = self._load_cached(slot, prompt, reuse)
+        if self.clear_idle:
+            self._clear_idle(slot)
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
         self.kv.truncate(slot.id, reuse)
         slot.tokens = prompt[:reuse]
@@ -107,6 +119,24 @@ class SlotPool:
     def release(self, slot: Slot) -> None:
         slot.seq = None
         slot.last_used = time.perf_counter()
+
+    def _clear_idle(self, claimed: Slot) -> None:
+        """Every other idle slot's cells to the host cache, and the slot emptied (llama-server's
+        --cache-idle-slots with a unified KV cache: the idle slots' room goes to the busy ones)."""
+        assert self.prompt_cache is not None
+        for slot in self.slots:
+            held = min(len(slot.tokens), int(self.kv.lengths[slot.id]))
+            if slot is claimed or slot.busy or held == 0:
+                continue
+            k, v = self.kv.read_cells(slot.id, held)
+            if self.prompt_cache.save(
+                slot.tokens[:held], k, v
+            ):  # llama-server's debug line, its tests read it
+                log.debug(
+                    "engine.idle_slot_cached", slot=slot.id, n_tokens=held, tag="__TEST_TAG_CACHE_IDLE_SLOT__"
+                )
+            slot.tokens = []
+            self.kv.clear(slot.id)
 
     def _save_replaced(self, slot: Slot, reuse: int) -> None:
         """Keep the slot's state in the host cache when this request discards more than a tail of it."""

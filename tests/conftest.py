@@ -218,12 +218,13 @@ def any_server(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def limited_server():  # type: ignore[no-untyped-def]
-    """SmolLM2 with small request limits (issue #20's tests) and -n 8, so fuzzed generations are short
-    whatever max_tokens they carry (llama-server's clamp)."""
+    """SmolLM2 with small request limits (issue #20's tests), -n 8 and 256-token slots, so fuzzed
+    generations are short whatever max_tokens they carry (a request's own limit wins over -n, as in
+    llama-server, but not over the slot's context)."""
     from tests.server_process import ServerProcess
 
     proc = ServerProcess(
-        "-m", "smollm2", "-np", "2", "-c", "2048", "-n", "8", "--max-body-size", "16384",
+        "-m", "smollm2", "-np", "2", "-c", "512", "-n", "8", "--max-body-size", "16384",
         "--max-json-depth", "16", "--header-timeout", "1", "--max-header-size", "4096",
     ).wait_healthy()  # fmt: skip
     yield proc

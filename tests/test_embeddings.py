@@ -125,6 +125,7 @@ def test_rank_pooling_scores_as_llama_cpp(reranker: Path) -> None:
     np.testing.assert_allclose(ours, theirs, atol=2e-3)
 
 
-def test_rank_pooling_needs_a_classifier_head() -> None:
-    with pytest.raises(ValueError, match="classifier head"):
-        pool(np.ones((3, 4), np.float32), "rank", None)
+def test_rank_pooling_without_a_classifier_head_scores_the_last_state() -> None:
+    """llama.cpp's n_cls_out is 1 without classifier labels: the score is the last state's first float."""
+    hidden = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert pool(hidden, "rank", None).tolist() == [8.0]

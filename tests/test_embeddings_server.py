@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -159,6 +158,33 @@ def test_bad_embedding_input_is_400_naming_it(mean_server: ServerProcess, body: 
     assert field in r.json()["error"]["message"] and r.json()["error"]["type"].endswith("_error")
 
 
+def test_content_parts_embed_as_their_joined_text(mean_server: ServerProcess) -> None:
+    parts = {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}
+    plain, joined = embeddings(mean_server, ["hello world", parts])
+    assert plain == joined
+    assert embeddings(mean_server, parts) == [plain]  # one content object is one input
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ({"content": "string"}, "input"),
+        ({"content": [{"type": "unknown"}]}, '{"type": "text", "text": "..."}'),
+        (
+            {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+            "multimodal",
+        ),
+        (
+            {"content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]},
+            "multimodal",
+        ),
+    ],
+)
+def test_bad_content_parts_are_400(mean_server: ServerProcess, value: dict, field: str) -> None:
+    r = post(mean_server, "/v1/embeddings", {"input": [value]})
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
 def test_without_the_flag_the_routes_answer_501(server: ServerProcess) -> None:
     for path, body in (("/v1/embeddings", {"input": "x"}), ("/rerank", {"query": "q", "documents": ["d"]})):
         r = post(server, path, body)
@@ -200,11 +226,27 @@ def test_bad_rerank_input_is_400_naming_it(rerank_server: ServerProcess, body: d
     assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
-def test_reranking_a_model_without_a_head_does_not_start(tmp_path: Path) -> None:
-    proc = ServerProcess("-m", "smollm2", "--reranking")
-    with pytest.raises(RuntimeError, match="classifier head"):
+# What the real llama-server (0c1e570) answers for SmolLM2 Q4_1 started with --reranking: it has no
+# classifier head, so each score is the first component of the last token's normed state.
+HEADLESS_QUERY = "Machine learning is"
+HEADLESS_DOCS = ["A machine is a physical system", "Learning is the process", "Paris, capitale de la France"]
+HEADLESS_SCORES = {0: 0.0618, 2: -0.4730, 1: -1.5281}
+
+
+def test_reranking_a_model_without_a_head_serves_as_llama_server() -> None:
+    proc = ServerProcess("-m", "smollm2", "--reranking", "-np", "1", "-c", "512")
+    try:
         proc.wait_healthy()
-    proc.stop()
+        body = post(proc, "/rerank", {"query": HEADLESS_QUERY, "documents": HEADLESS_DOCS}).json()
+        assert [r["index"] for r in body["results"]] == list(HEADLESS_SCORES)
+        for result in body["results"]:
+            # Q4_1 activations are quantised differently from llama.cpp's: same ranks, nearby values
+            assert abs(result["relevance_score"] - HEADLESS_SCORES[result["index"]]) < 0.1
+        assert body["usage"]["prompt_tokens"] == 26  # llama-server's count for the same prompts
+        tei = post(proc, "/rerank", {"query": HEADLESS_QUERY, "texts": HEADLESS_DOCS, "top_n": 2}).json()
+        assert [r["index"] for r in tei] == [0, 2]
+    finally:
+        proc.stop()
 
 
 def test_embeddings_and_generation_share_batches_unchanged(mean_server: ServerProcess) -> None:

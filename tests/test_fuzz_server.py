@@ -21,11 +21,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """-n 16 bounds every generation (llama-server's clamp), so thousands of cases take minutes; the
+    """-n 16 and 256-token slots bound every generation (a request's own limit wins over -n, as in
+    llama-server, not over the slot's context), so thousands of cases take minutes; the
     slot-save folder lets the slot actions (and their filenames) be fuzzed too."""
     slots: Path = tmp_path_factory.mktemp("slots")
     proc = ServerProcess(
-        "-m", "smollm2", "-np", "4", "-c", "4096", "-n", "16", "--metrics", "--slot-save-path", str(slots)
+        "-m", "smollm2", "-np", "4", "-c", "1024", "-n", "16", "--metrics", "--slot-save-path", str(slots)
     ).wait_healthy()
     yield proc
     proc.stop()

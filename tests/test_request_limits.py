@@ -84,9 +84,11 @@ def test_body_limits_name_the_field_and_the_flag() -> None:
         assert words in caught.value.message and caught.value.status == 400
 
 
-def test_n_predict_is_clamped_to_the_servers_n_predict_as_llama_server_does() -> None:
-    assert CompletionRequest(max_tokens=100_000).max_new_tokens(64) == 64
+def test_the_requests_n_predict_wins_over_the_servers_as_llama_server_does() -> None:
+    assert CompletionRequest(max_tokens=100_000).max_new_tokens(64) == 100_000
+    assert CompletionRequest(n_predict=80).max_new_tokens(64) == 80
     assert CompletionRequest(n_predict=-1).max_new_tokens(64) == 64
+    assert CompletionRequest().max_new_tokens(64) == 64
     assert CompletionRequest(n_predict=10).max_new_tokens(64) == 10
     assert CompletionRequest(n_predict=10**30).max_new_tokens(-1) == 10**30  # the context ends it
     assert CompletionRequest().max_new_tokens(-1) == -1

@@ -95,17 +95,13 @@ class GenerationFields(ConstraintFields):
         return self.n_cmpl if self.n_cmpl is not None else self.n
 
     def max_new_tokens(self, server_default: int) -> int:
-        """The tokens to generate: the body's, within the server's -n as llama-server clamps it (a
-        request asking for more, or for no limit, gets -n). Beyond the context, generation ends at the
-        context's end (finish_reason "length")."""
+        """The tokens to generate: the body's, else (absent or -1) the server's -n; as llama-server
+        (0c1e570), "the per-request limit takes priority over the global one". Beyond the context,
+        generation ends at the context's end (finish_reason "length")."""
         asked = next(
             (v for v in (self.max_completion_tokens, self.max_tokens, self.n_predict) if v is not None), None
         )
-        if asked is None:
-            return server_default
-        if server_default > 0 and (asked < 0 or asked > server_default):
-            return server_default
-        return asked
+        return server_default if asked is None or asked < 0 else asked
 
     @field_validator("samplers")
     @classmethod

@@ -25,6 +25,9 @@ METADATA = frozenset(
         "prompt_cache_key",
         "stream_options",
         "id",
+        # llama-server's per-request switch to sample on the GPU backend: where sampling runs, not what
+        # it picks (llama.cpp's tests check both give the same tokens); Llamba has one sampler.
+        "backend_sampling",
     }
 )
 

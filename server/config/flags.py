@@ -218,6 +218,10 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--context-shift", dest="context_shift", action="store_true", default=False)
     add("--no-context-shift", dest="context_shift", action="store_false")
     add("--keep", type=int, default=0, help="tokens kept by a context shift (-1: all)")
+    add("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=False)
+    add("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false")
+    add("--cache-idle-slots", dest="cache_idle_slots", action="store_true", default=True)
+    add("--no-cache-idle-slots", dest="cache_idle_slots", action="store_false")
     for short, long in (("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")):
         add(short, long, default="f16", help="KV cell type: f16 or q8_0")
     add("-dev", "--device", default="cpu", choices=["auto", "cpu", "cuda"])

@@ -28,7 +28,7 @@ from server.config.checks import (
 )
 from server.config.env_args import EnvError, env_arguments
 from server.config.flags import build_parser
-from server.config.ignored_flags import Ignored, split_ignored
+from server.config.ignored_flags import ALWAYS_ON, IGNORED_FLAGS, Ignored, split_ignored
 from server.config.settings import Settings
 
 
@@ -38,10 +38,25 @@ def parse_settings(
     """Settings from the command line and `LLAMA_ARG_*` variables (`environ`, else the process's),
     and the ignored flags to warn about. Bad input exits 2 with a one-line reason."""
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = dashed_names(parser, list(sys.argv[1:] if argv is None else argv))
     kept, ignored = _command_line(parser, argv, os.environ if environ is None else environ)
     args = parser.parse_args(kept)
     return Settings(**_settings_values(parser, args)), ignored
+
+
+def dashed_names(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """llama-server reads `_` as `-` in a `--` flag's name (`--backend_sampling` is
+    `--backend-sampling`): such a name is rewritten when only its dashed form is a flag, so a value that
+    merely looks like a flag is never touched."""
+    known = set(parser._option_string_actions) | set(IGNORED_FLAGS) | set(ALWAYS_ON)
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        dashed = name.replace("_", "-")
+        if arg.startswith("--") and name not in known and dashed in known:
+            arg = dashed + eq + value
+        out.append(arg)
+    return out
 
 
 def _settings_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:

@@ -51,6 +51,8 @@ class Settings(BaseModel):
     slot_similarity: float = 0.1
     context_shift: bool = False
     keep: int = 0
+    kv_unified: bool = False  # each slot may use all of --ctx-size, the slots' cells together at most that
+    cache_idle_slots: bool = True  # with kv_unified: a starting request moves idle slots to the host cache
     spec: SpecParams = SpecParams()  # the default speculation of every request (none unless --spec-type)
     model_draft: str | None = None
     # Embeddings (--embedding) and rerank (--reranking: pooling rank): the routes answer only with them;

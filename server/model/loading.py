@@ -53,7 +53,10 @@ def load_model(settings: Settings, admission: Admission, counters: Counters) -> 
     draft = _load_draft(settings, llm)
     pooling = _pooling_of(settings, llm)
     if s.embedding and pooling == "rank" and llm.model.rank_head is None:
-        raise ValueError("pooling rank needs a reranker: the model has no classifier head (cls.output)")
+        # llama-server serves this too (the score is the last token's first hidden component): say so.
+        log.warning(
+            "model.rerank_without_classifier", detail="no cls.output in the model: scores are not trained"
+        )
     engine = Engine(llm, config, draft)
     _log_progress("compile", 0.0)  # the engine's start compiles (or loads) every kernel in a warm-up batch
     engine.start()
@@ -82,6 +85,8 @@ def _engine_config(settings: Settings) -> EngineConfig:
     return EngineConfig(
         n_slots=s.parallel,
         n_ctx=s.ctx_size,
+        kv_unified=s.kv_unified,
+        cache_idle_slots=s.cache_idle_slots,
         n_ubatch=min(s.ubatch_size, s.batch_size),
         slot_similarity=s.slot_similarity,
         cache_ram_mib=s.cache_ram,

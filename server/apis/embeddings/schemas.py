@@ -1,18 +1,44 @@
 """The embedding and rerank bodies (llama-server's and OpenAI's shapes); bad input is a 400 naming the field.
 
 An embedding input is what llama-server's tokenize_input_prompts takes: a string, a list of token ids,
-or a list whose items are strings, token lists or mixed lists of both (one embedding per item).
+or a list whose items are strings, token lists or mixed lists of both (one embedding per item); an item
+may also be OpenAI-style content, `{"content": [{"type": "text", "text": ...}, ...]}`, its texts joined.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 # One prompt: a text, or token ids with texts mixed in (llama-server's mixed prompt).
 Piece = StrictStr | StrictInt
 Prompt = StrictStr | list[Piece]
+MEDIA_PARTS = ("image_url", "input_audio", "input_video")
+
+
+class ContentInput(BaseModel):
+    """One input as content parts (llama-server's tokenize_oai_content_array): the texts, joined, are
+    the prompt. Media parts need a multimodal model, which Llamba does not load: a 400 naming the part."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    content: list[dict[str, Any]]
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for part in parts:
+            kind = part.get("type")
+            if kind in MEDIA_PARTS:
+                raise ValueError(f"a '{kind}' part needs a multimodal model; this model reads text only")
+            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                raise ValueError('each content part must be {"type": "text", "text": "..."}')
+        return parts
+
+    @property
+    def text(self) -> str:
+        return "".join(part["text"] for part in self.content)
 
 
 class EmbeddingsBody(BaseModel):
@@ -20,8 +46,8 @@ class EmbeddingsBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    input: Prompt | list[Prompt] | None = None
-    content: Prompt | list[Prompt] | None = None
+    input: Prompt | ContentInput | list[Prompt | ContentInput] | None = None
+    content: Prompt | ContentInput | list[Prompt | ContentInput] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     embd_normalize: StrictInt | None = Field(default=None, ge=-1)
     model: StrictStr | None = None  # echoed back, as llama-server does
@@ -41,9 +67,14 @@ class EmbeddingsBody(BaseModel):
         assert value is not None
         if isinstance(value, str):
             return [value]
+        if isinstance(value, ContentInput):
+            return [value.text]
         if value and all(isinstance(v, int) for v in value) or not value:
             return [value]  # type: ignore[list-item]
-        return [v if isinstance(v, (str, list)) else [v] for v in value]  # type: ignore[misc]
+        return [
+            v.text if isinstance(v, ContentInput) else v if isinstance(v, (str, list)) else [v]  # type: ignore[misc]
+            for v in value
+        ]
 
 
 class RerankBody(BaseModel):

@@ -11,10 +11,16 @@ from quart import Blueprint
 
 from engine.api import ReasoningTags, SamplingParams, TokenEvent
 from server.agents.toolbox import Toolbox
+from server.apis.native.completion import (
+    NativeCompletionRequest,
+    answer_all,
+    generation_settings,
+    nested_fields,
+    prompt_tokens,
+)
 from server.chat.generation import (
     build_request,
     collect,
-    completion_request,
     new_id,
     openai_logprobs,
     raise_if_failed,
@@ -161,12 +167,16 @@ def final_fields(model: ModelHost, final: TokenEvent | None, n_prompt: int) -> d
 @bp.post("/completions")
 async def completion() -> Any:
     model = current_model()
-    body, prompt = await completion_request(model, await json_body())
+    body = NativeCompletionRequest.model_validate(await json_body())
     if body.n_choices() > 1:
         raise errors.invalid_request(
             "'n': several choices are served on /v1/completions and /v1/chat/completions"
         )
-    return await native_reply(model, body, prompt)
+    builder = model.prompts  # 503 while the model loads
+    prompts = [builder.fit_prompt(await prompt_tokens(builder, p)) for p in body.sub_prompts()]
+    if len(prompts) == 1:
+        return await native_reply(model, body, prompts[0])
+    return await answer_all(body, [native_reply(model, body, p, i) for i, p in enumerate(prompts)])
 
 
 @bp.post("/infill")
@@ -183,17 +193,26 @@ async def infill() -> Any:
     return await native_reply(model, body, prompt)
 
 
-async def native_reply(model: ModelHost, body: CompletionRequest, prompt: Prompt) -> Any:
-    """/completion's and /infill's reply: streamed, or whole."""
+async def native_reply(model: ModelHost, body: CompletionRequest, prompt: Prompt, index: int = 0) -> Any:
+    """/completion's and /infill's reply: streamed, or whole (`response_fields` keeps some of it)."""
     gen = await build_request(model, body, prompt, body.n_probs, new_id("cmpl"))
     n_prompt = len(prompt.tokens)
     if body.stream:
         return sse.response(native_stream(model, body, gen, n_prompt))
     out = await collect(model.client, gen)
-    reply = {"content": out.text, "tokens": out.tokens, **final_fields(model, out.final, n_prompt)}
+    reply = {
+        "index": index,
+        "content": out.text,
+        "tokens": out.tokens,
+        **final_fields(model, out.final, n_prompt),
+        "generation_settings": generation_settings(model, body, gen),
+        "prompt": model.prompts.detokenize(prompt.tokens),
+        "has_new_line": "\n" in out.text,
+    }
     if body.n_probs:
         reply["completion_probabilities"] = openai_logprobs(model.prompts, out.events)
-    return reply
+    paths = getattr(body, "response_fields", None)
+    return nested_fields(paths, reply) if paths else reply
 
 
 async def native_stream(
@@ -214,7 +233,10 @@ async def native_stream(
             chunk |= {"stop": False, "id_slot": event.id_slot}
             yield sse.event(chunk)
         else:
-            yield sse.event(chunk | final_fields(model, event, n_prompt))
+            settings = {
+                "generation_settings": generation_settings(model, body, gen)
+            }  # as llama-server's last chunk
+            yield sse.event(chunk | final_fields(model, event, n_prompt) | settings)
 
 
 # -- tokens and templates --------------------------------------------------------------------------

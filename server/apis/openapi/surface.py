@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from server.apis.native.completion import NativeCompletionRequest
 from server.chat.schemas import (
     ChatCompletionRequest,
-    CompletionRequest,
     InfillRequest,
     OpenAICompletionRequest,
 )
@@ -147,7 +147,7 @@ class Body:
 
 
 BODIES: tuple[Body, ...] = (
-    Body("/completion", "llama-server's README", CompletionRequest, (
+    Body("/completion", "llama-server's README", NativeCompletionRequest, (
         "prompt", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p",
         "n_predict", "n_indent", "n_keep", "n_cmpl", "n_cache_reuse", "stream", "stop", "typical_p",
         "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier",
@@ -180,6 +180,7 @@ FIELD_NOTES: dict[tuple[str, str], str] = {
     ("/v1/completions", "suffix"): "runs as /infill (prompt = prefix); 501 naming the missing FIM tokens "
     "on a model without them (llama-server answers 400 for any `suffix`)",
     ("/v1/completions", "echo"): "the prompt's text before the completion",
+    ("/completion", "prompt"): "a list of prompts is answered as a list of replies (whole, not streamed)",
     ("/completion", "n_cmpl"): "several choices are served on /v1/completions and /v1/chat/completions",
     ("/v1/chat/completions", "tools"): "`mcp` tools run the server-side tool loop",
 }
