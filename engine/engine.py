@@ -110,6 +110,7 @@ class Engine:
         self._ids = itertools.count()
         self._n_steps = 0  # forward passes run
         self._n_tokens = 0  # tokens they processed
+        self._n_busy_slot_steps = 0  # busy slots at each of them, summed
         self.threads = tuner_for(config.n_threads, config.adaptive_threads, llm.backend.name)
 
     @property
@@ -255,6 +256,7 @@ class Engine:
         if planned is None:
             return
         batch, outputs = planned
+        n_busy = len(self.pool.busy())  # before the step releases the slots it finishes
         try:
             if self._n_steps + 1 in self.config.fail_forward:
                 self._n_steps += 1
@@ -269,10 +271,13 @@ class Engine:
             self.scheduler.drafts.policy.costs.observe(batch.n_tokens, time.perf_counter() - start)
         self._n_steps += 1
         self._n_tokens += batch.n_tokens
+        self._n_busy_slot_steps += n_busy
 
     def _publish(self) -> None:
         waiting = len(self.scheduler.waiting)
-        self.snapshot = EngineSnapshot(self.pool.snapshot(), waiting, self._n_steps, self._n_tokens)
+        self.snapshot = EngineSnapshot(
+            self.pool.snapshot(), waiting, self._n_steps, self._n_tokens, self._n_busy_slot_steps
+        )
 
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel with a tiny batch, so no request pays the JIT."""
