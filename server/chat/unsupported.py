@@ -52,7 +52,8 @@ NOT_YET: dict[str, Any] = {
 }
 
 
-# llama-server's own generation fields, which the Anthropic and Responses routes take too (clients send
+# llama-server's own generation fields, which the Anthropic and Responses routes take too (Anthropic's
+# stream has no place for the telemetry: TELEMETRY is refused there) (clients send
 # them as extra body fields, e.g. the SDKs' `extra_body`): they pass through to the chat request, which
 # acts on them or refuses them as it does on /v1/chat/completions.
 LLAMA_EXTRAS = frozenset(
@@ -67,6 +68,9 @@ LLAMA_EXTRAS = frozenset(
         "reasoning_budget_message",
         "samplers",
         "dry_sequence_breakers",
+        # stream telemetry (the Responses stream carries them as llama-server's does)
+        "timings_per_token",
+        "return_progress",
         # per-request speculation
         "speculative.type",
         "speculative.n_max",
@@ -98,3 +102,6 @@ def unsupported(extra: dict[str, Any] | None) -> list[str]:
         elif value is not None and value != NOT_YET[name]:
             problems.append(f"'{name}': not supported (only {NOT_YET[name]!r}, which changes nothing)")
     return problems
+
+
+TELEMETRY = frozenset({"timings_per_token", "return_progress"})

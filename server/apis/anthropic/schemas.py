@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from server.chat.schemas import ChatCompletionRequest
 from server.chat.tool_schemas import TOOL_NAME
-from server.chat.unsupported import llama_extras
+from server.chat.unsupported import TELEMETRY, llama_extras
 from server.config.json_schema import check_schema
 from server.http import errors
 
@@ -82,6 +82,11 @@ class ToolUseBlock(Cached):
     id: str = Field(min_length=1)
     name: str = Field(pattern=TOOL_NAME)
     input: dict[str, Any]
+    # What Anthropic's replies carry (the SDK sends them back with the history): who made the call
+    # (`{"type": "direct"}`, or a code-execution tool's) and the toolset of the tool. History only:
+    # they change nothing the model reads (docs/compatibility.md).
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = None
 
 
 class ToolResultBlock(Cached):
@@ -89,6 +94,7 @@ class ToolResultBlock(Cached):
     tool_use_id: str = Field(min_length=1)
     content: str | list[Annotated[TextBlock | RefusedBlock, Field(discriminator="type")]] | None = None
     is_error: bool = False
+    toolset_name: str | None = None  # as on tool_use: the tool's toolset, nothing the model reads
 
     def text(self) -> str:
         """The result as the tool message's text; an error result says so (chat has no is_error)."""
@@ -284,7 +290,7 @@ class CountTokensRequest(BaseModel):
 
     @model_validator(mode="after")
     def _known_extras(self) -> CountTokensRequest:
-        llama_extras(self.model_extra, THINKING_FIELDS if self.thinking else frozenset())
+        llama_extras(self.model_extra, TELEMETRY | (THINKING_FIELDS if self.thinking else frozenset()))
         return self
 
     def to_chat(self, stream: bool = False) -> ChatCompletionRequest:

@@ -82,6 +82,12 @@ class FunctionCallItem(Strict):
     arguments: str
     id: str | None = None
     status: str | None = None
+    # What OpenAI's output items carry (an SDK's dump of an earlier output sends them back): who made
+    # the call, the tool's namespace, whether it ran asynchronously. History only: the model reads the
+    # call's name and arguments (docs/compatibility.md).
+    caller: dict[str, Any] | None = None
+    namespace: str | None = None
+    async_: bool | None = Field(default=None, alias="async")
 
 
 class FunctionCallOutputItem(Strict):
@@ -90,6 +96,9 @@ class FunctionCallOutputItem(Strict):
     output: str | list[Part]
     id: str | None = None
     status: str | None = None
+    caller: dict[str, Any] | None = None  # as on function_call: history only
+    name: str | None = None
+    namespace: str | None = None
 
 
 class ReasoningText(Strict):
