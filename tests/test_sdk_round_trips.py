@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -120,3 +121,46 @@ def test_openai_responses_refuses_a_field_the_api_does_not_define(oai: openai.Op
     for bogus in ({"async_": True}, {"bogus": 1}):
         with pytest.raises(openai.BadRequestError, match=next(iter(bogus))):
             oai.responses.create(model="any", input=[call | bogus], max_output_tokens=4, store=False)  # type: ignore[list-item]
+
+
+# Request fields of the real APIs (their SDKs' create params) for what this server does not have: a
+# value that changes nothing is taken, one that would be ignored is a 400 naming the field.
+TAKEN = {
+    "/v1/messages": {"speed": "fast", "inference_geo": "us", "user_profile_id": "p", "workspace_id": "w"},
+    "/v1/responses": {"prompt_cache_options": {"mode": "implicit"}, "conversation": None, "prompt": None},
+    "/v1/chat/completions": {"prompt_cache_retention": "24h", "verbosity": "medium", "moderation": None},
+}
+REFUSED = {
+    "/v1/messages": {"container": "container_1", "diagnostics": {"previous_message_id": "msg_1"}},
+    "/v1/responses": {"conversation": "conv_1", "context_management": [{"type": "compaction"}]},
+    "/v1/chat/completions": {"verbosity": "low", "moderation": {"mode": "block"}},
+}
+BODIES = {
+    "/v1/messages": {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": {"max_output_tokens": 2, "input": "hi", "store": False},
+    "/v1/chat/completions": {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+@pytest.mark.parametrize("route", BODIES)
+def test_real_api_request_fields_are_taken_or_refused_by_name(server: ServerProcess, route: str) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        for name, value in TAKEN[route].items():
+            reply = client.post(route, json=BODIES[route] | {name: value})
+            assert reply.status_code == 200, (name, reply.text)
+        for name, value in REFUSED[route].items():
+            reply = client.post(route, json=BODIES[route] | {name: value})
+            assert reply.status_code == 400 and name in reply.json()["error"]["message"], (name, reply.text)
+
+
+def test_anthropic_tool_fields(server: ServerProcess) -> None:
+    """Anthropic's tool fields: taken where they change nothing here, refused where they ask for what
+    this server has not (code execution as the only caller, tool search)."""
+    tool = {"name": "t", "input_schema": {"type": "object"}}
+    taken = {"eager_input_streaming": True, "input_examples": [{}], "allowed_callers": ["direct"]}
+    refused = {"allowed_callers": ["code_execution_20250825"], "defer_loading": True}
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        for fields, status in ((taken, 200), *(({k: v}, 400) for k, v in refused.items())):
+            body = BODIES["/v1/messages"] | {"tools": [tool | fields]}
+            reply = client.post("/v1/messages", json=body)
+            assert reply.status_code == status, (fields, reply.text)

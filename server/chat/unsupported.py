@@ -25,6 +25,9 @@ METADATA = frozenset(
         "prompt_cache_key",
         "stream_options",
         "id",
+        # prompt caching hints: every prompt's prefix is cached here anyway
+        "prompt_cache_retention",
+        "prompt_cache_options",
     }
 )
 
@@ -49,6 +52,8 @@ NOT_YET: dict[str, Any] = {
     "audio": None,
     "prediction": None,
     "web_search_options": None,
+    "verbosity": "medium",  # a local model has no verbosity switch
+    "moderation": None,  # no moderation runs here
 }
 
 

@@ -161,6 +161,19 @@ class Tool(Cached):
     description: str | None = None
     input_schema: dict[str, Any]
     strict: bool | None = None  # true: input_schema means what JSON Schema says (model/llama_schema.py)
+    # Accepted: inputs stream as they are generated anyway; examples are not shown to the model here
+    # (docs/compatibility.md); the model calls tools directly (no code execution tool), all loaded.
+    eager_input_streaming: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+    allowed_callers: list[str] | None = None
+    defer_loading: Literal[False] | None = None  # deferred tools need Anthropic's tool search
+
+    @field_validator("allowed_callers")
+    @classmethod
+    def _called_directly(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and "direct" not in v:
+            raise ValueError('allowed_callers must include "direct": this server runs no code execution tool')
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -329,6 +342,14 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     metadata: Metadata | None = None  # accepted: it changes nothing generated
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here
+    # Accepted, changing nothing generated: where and how fast Anthropic runs it, whom it is for.
+    speed: Literal["standard", "fast"] | None = None
+    inference_geo: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+    # Anthropic's services this server does not have: accepted only as null (a value would be ignored).
+    container: None = None  # code-execution containers
+    diagnostics: None = None  # cache-miss explanations of an earlier message
     # The MCP connector: servers whose tools Llamba runs in a server-side tool loop (server/agents/loop.py).
     mcp_servers: list[McpServer] | None = None
     # Llamba's tool-loop limits, as on chat requests (only with mcp_servers).

@@ -335,6 +335,14 @@ class ResponsesRequest(BaseModel):
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
     stream_options: dict[str, Any] | None = None  # include_obfuscation: no obfuscation is added
+    prompt_cache_options: dict[str, Any] | None = None  # prompts are cached here anyway
+    # OpenAI's services this server does not have: accepted only as null (a value would be ignored).
+    conversation: None = None  # the Conversations API; previous_response_id chains responses here
+    context_management: None = None
+    moderation: None = None
+    prompt: None = None  # saved prompt templates
+    background_options: None = None
+    access_programs: None = None
 
     @field_validator("include")
     @classmethod
