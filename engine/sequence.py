@@ -240,9 +240,7 @@ class Sequence:
 
     # -- other events ----------------------------------------------------------------------------
     def progress(self) -> TokenEvent:
-        """A prompt-progress event (llama-server's `prompt_progress`): when the sequence starts (nothing
-        of the prompt run yet: processed == cache) and after each prompt chunk ran. With
-        timings_per_token it carries the timings so far, as llama-server's do."""
+        """A prompt-progress event (llama-server's): at the start (processed == cache), after each chunk."""
         total = len(self.request.prompt_tokens)
         elapsed_ms = 1e3 * (time.perf_counter() - self.t_start)
         progress = PromptProgress(total, self.n_cached, total - len(self.pending), elapsed_ms)
@@ -255,16 +253,12 @@ class Sequence:
         return TokenEvent(text="", finish_reason=reason, timings=timings, id_slot=self.slot_id, error=error)
 
     def timings(self) -> Timings:
-        """The timings so far: while the prompt runs, the part of it already run and its time."""
-        now = time.perf_counter()
-        done = self.t_prompt_done
-        total = len(self.request.prompt_tokens)
-        prompt_n = total - self.n_cached if done else max(0, total - len(self.pending) - self.n_cached)
-        prompt_end = done or (now if prompt_n else self.t_start)
+        now, done = time.perf_counter(), self.t_prompt_done
+        run = len(self.request.prompt_tokens) - (0 if done else len(self.pending)) - self.n_cached  # so far
         return Timings(
             cache_n=self.n_cached,
-            prompt_n=prompt_n,
-            prompt_ms=1e3 * (prompt_end - self.t_start),
+            prompt_n=max(0, run),
+            prompt_ms=1e3 * ((done or (now if run > 0 else self.t_start)) - self.t_start),
             predicted_n=self.n_generated,
             predicted_ms=1e3 * (now - done) if done else 0.0,
             draft_n=self.drafting.n_drafted if self.drafting else 0,

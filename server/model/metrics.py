@@ -179,69 +179,56 @@ class RequestTimer:
 
 Value = tuple[str, str, str, float]
 
+# llama-server's families, in its order: name (without `llamacpp:`), kind, help.
+LLAMACPP_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "counter", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens"),
+    (
+        "n_decode_total",
+        "counter",
+        "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+    ),
+    ("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated"),
+    (
+        "spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Speculative: Total draft tokens accepted by the target model",
+    ),
+    ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps"),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s"),
+    ("requests_processing", "gauge", "Number of requests processing"),
+    ("requests_deferred", "gauge", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
+)
+
 
 def llamacpp_values(c: Counters, engine: EngineSnapshot) -> list[Value]:
-    """llama-server's families, in its order: (name, kind, help, value), names without `llamacpp:`.
-    Reading them takes the throughput window (see Counters)."""
+    """llama-server's families with their values: (name, kind, help, value). Reading them takes the
+    throughput window (see Counters)."""
     prompt_tps, gen_tps = c.take_rates()
-    counter, gauge = "counter", "gauge"
-    return [
-        (
-            "prompt_tokens_total",
-            counter,
-            "Number of prompt tokens processed, excluding cached tokens",
-            c.prompt.n,
-        ),
-        (
-            "prompt_tokens_cached_total",
-            counter,
-            "Number of prompt tokens reused from the cache",
-            c.prompt_tokens_cached_total,
-        ),
-        ("prompt_seconds_total", counter, "Total time spent processing prompts", c.prompt.seconds),
-        ("tokens_predicted_total", counter, "Number of generation tokens processed", c.predicted.n),
-        (
-            "tokens_predicted_seconds_total",
-            counter,
-            "Total time spent generating tokens",
-            c.predicted.seconds,
-        ),
-        (
-            "n_decode_total",
-            counter,
-            "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
-            engine.n_steps,
-        ),
-        ("n_tokens_max", counter, "Largest observed sequence length (prompt + generation)", c.n_tokens_max),
-        (
-            "spec_decode_num_draft_tokens_total",
-            counter,
-            "Speculative: Total draft tokens generated",
-            c.drafted_total,
-        ),
-        (
-            "spec_decode_num_accepted_tokens_total",
-            counter,
-            "Speculative: Total draft tokens accepted by the target model",
-            c.drafted_accepted_total,
-        ),
-        (
-            "spec_decode_num_drafts_total",
-            counter,
-            "Speculative: Total speculative decoding verification steps",
-            c.draft_steps_total,
-        ),
-        ("prompt_tokens_seconds", gauge, "Average prompt throughput in tokens/s", prompt_tps),
-        ("predicted_tokens_seconds", gauge, "Average generation throughput in tokens/s", gen_tps),
-        ("requests_processing", gauge, "Number of requests processing", engine.n_busy),
-        ("requests_deferred", gauge, "Number of requests deferred", engine.n_waiting),
-        (
-            "n_busy_slots_per_decode",
-            gauge,
-            "Average number of busy slots per llama_decode() call",
-            engine.n_busy_slot_steps / max(engine.n_steps, 1),
-        ),
-    ]
+    values = (
+        c.prompt.n,
+        c.prompt_tokens_cached_total,
+        c.prompt.seconds,
+        c.predicted.n,
+        c.predicted.seconds,
+        engine.n_steps,
+        c.n_tokens_max,
+        c.drafted_total,
+        c.drafted_accepted_total,
+        c.draft_steps_total,
+        prompt_tps,
+        gen_tps,
+        engine.n_busy,
+        engine.n_waiting,
+        engine.n_busy_slot_steps / max(engine.n_steps, 1),
+    )
+    return [(*family, value) for family, value in zip(LLAMACPP_FAMILIES, values, strict=True)]
 
 
 @dataclass(frozen=True)
