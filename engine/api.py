@@ -163,8 +163,16 @@ class Timings:
     predicted_ms: float
     draft_n: int = 0  # speculative tokens verified
     draft_n_accepted: int = 0
+    draft_steps: int = 0  # verification steps of drafts (for /metrics, not in the object)
+
+    @property
+    def predicted_steps(self) -> int:
+        """Decode steps the generation cost: the first token is free, it comes from the logits of the
+        prompt's last batch (llama-server's rates divide by these, not by predicted_n)."""
+        return max(0, self.predicted_n - 1)
 
     def as_dict(self) -> dict[str, float | int]:
+        steps = self.predicted_steps
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
@@ -173,8 +181,8 @@ class Timings:
             "prompt_per_second": 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms else 0.0,
             "predicted_n": self.predicted_n,
             "predicted_ms": self.predicted_ms,
-            "predicted_per_token_ms": self.predicted_ms / self.predicted_n if self.predicted_n else 0.0,
-            "predicted_per_second": 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms else 0.0,
+            "predicted_per_token_ms": self.predicted_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / self.predicted_ms if self.predicted_ms else 0.0,
         } | ({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {})
 
 
@@ -261,6 +269,7 @@ class EngineSnapshot:
     n_waiting: int = 0  # requests not yet in a slot
     n_steps: int = 0  # forward passes run (llama-server's n_decode_total)
     n_tokens_processed: int = 0
+    n_busy_slot_steps: int = 0  # the busy slots of every forward pass, summed (n_busy_slots_per_decode)
 
     @property
     def n_busy(self) -> int:

@@ -123,8 +123,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._ids = itertools.count()
-        self._n_steps = 0  # forward passes run
-        self._n_tokens = 0  # tokens they processed
+        # Forward passes run, the tokens they processed, the busy slots at each (summed).
+        self._n_steps = self._n_tokens = self._n_busy_slot_steps = 0
         self.threads = tuner_for(config.n_threads, config.adaptive_threads, llm.backend.name)
 
     @property
@@ -270,6 +270,7 @@ class Engine:
         if planned is None:
             return
         batch, outputs = planned
+        self._n_busy_slot_steps += len(self.pool.busy())  # before the step releases those it finishes
         try:
             if self._n_steps + 1 in self.config.fail_forward:
                 self._n_steps += 1
@@ -286,8 +287,8 @@ class Engine:
         self._n_tokens += batch.n_tokens
 
     def _publish(self) -> None:
-        waiting = len(self.scheduler.waiting)
-        self.snapshot = EngineSnapshot(self.pool.snapshot(), waiting, self._n_steps, self._n_tokens)
+        counts = self._n_steps, self._n_tokens, self._n_busy_slot_steps
+        self.snapshot = EngineSnapshot(self.pool.snapshot(), len(self.scheduler.waiting), *counts)
 
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel with a tiny batch, so no request pays the JIT."""

@@ -87,6 +87,8 @@ class Scheduler:
                 )
                 continue
             slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse, self.dry)
+            if request.return_progress:  # llama-server's 0% update: the request has started
+                slot.seq.emit(slot.seq.progress())
             if request.request_id in self._end_on_start:
                 self._end_on_start.discard(request.request_id)
                 slot.seq.end_reasoning()

@@ -47,6 +47,7 @@ class Drafting:
     misses: int = 0  # consecutive drafts refused outright
     n_drafted: int = 0
     n_accepted: int = 0
+    n_verified: int = 0  # verification steps (llama-server's spec_decode_num_drafts_total)
     # Its per-token acceptance, which the draft policy prices its next draft with (learnt in
     # engine/speculative/batching.py `StepDrafts.settle`, with the engine-wide rate as prior).
     acceptance: AcceptanceRate = field(default_factory=AcceptanceRate)
@@ -63,6 +64,7 @@ class Drafting:
     def learn(self, n_drafted: int, n_accepted: int) -> None:
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
+        self.n_verified += 1
         if n_accepted == n_drafted:
             self.length, self.misses = min(self.params.n_max, 2 * self.length), 0
         elif n_accepted == 0:
@@ -233,11 +235,12 @@ class Sequence:
 
     # -- other events ----------------------------------------------------------------------------
     def progress(self) -> TokenEvent:
-        """A prompt-progress event (llama-server's `prompt_progress`) after a prompt chunk ran."""
+        """A prompt-progress event (llama-server's): at the start (processed == cache), after each chunk."""
         total = len(self.request.prompt_tokens)
         elapsed_ms = 1e3 * (time.perf_counter() - self.t_start)
         progress = PromptProgress(total, self.n_cached, total - len(self.pending), elapsed_ms)
-        return TokenEvent(text="", progress=progress, n_prompt=total, id_slot=self.slot_id)
+        timings = self.timings() if self.request.timings_per_token else None
+        return TokenEvent(text="", progress=progress, timings=timings, n_prompt=total, id_slot=self.slot_id)
 
     def finished_early(self, reason: str, error: str | None = None) -> TokenEvent:
         """The final event of a sequence ended from outside (cancel, shutdown, a failed step)."""
@@ -245,16 +248,17 @@ class Sequence:
         return TokenEvent(text="", finish_reason=reason, timings=timings, id_slot=self.slot_id, error=error)
 
     def timings(self) -> Timings:
-        now = time.perf_counter()
-        done = self.t_prompt_done
+        now, done = time.perf_counter(), self.t_prompt_done
+        run = len(self.request.prompt_tokens) - (0 if done else len(self.pending)) - self.n_cached  # so far
         return Timings(
             cache_n=self.n_cached,
-            prompt_n=len(self.request.prompt_tokens) - self.n_cached,
-            prompt_ms=1e3 * (done - self.t_start) if done else 0.0,
+            prompt_n=max(0, run),
+            prompt_ms=1e3 * ((done or (now if run > 0 else self.t_start)) - self.t_start),
             predicted_n=self.n_generated,
             predicted_ms=1e3 * (now - done) if done else 0.0,
             draft_n=self.drafting.n_drafted if self.drafting else 0,
             draft_n_accepted=self.drafting.n_accepted if self.drafting else 0,
+            draft_steps=self.drafting.n_verified if self.drafting else 0,
         )
 
     def end_reasoning(self) -> ControlResult:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import pytest
 
 from engine.gguf import GGUFFile
@@ -106,10 +108,45 @@ def test_builtin_llama3_format() -> None:
     assert rendered.message_starts == [0, rendered.text.index("<|start_header_id|>user")]
 
 
+def test_builtin_command_r_format() -> None:
+    """llama.cpp's command-r format (llama-server --chat-template command-r, its test_apply_chat_template)."""
+    rendered = ChatTemplate.builtin("command-r").render(
+        [{"role": "system", "content": "You are a test."}, {"role": "user", "content": " Hi there"}]
+    )
+    assert rendered.text == (
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    )
+
+
 def test_unknown_builtin_lists_the_names() -> None:
-    with pytest.raises(ValueError, match="chatml, gemma, llama3"):
+    with pytest.raises(ValueError, match="chatml, command-r, gemma, llama3"):
         ChatTemplate.builtin("vicuna")
-    assert {"chatml", "gemma", "llama3"} <= set(BUILTIN_TEMPLATES)
+    assert {"chatml", "command-r", "gemma", "llama3"} <= set(BUILTIN_TEMPLATES)
+
+
+def test_today_is_llama_cpps_date_variables() -> None:
+    """llama.cpp gives every template `date_string` (Llama 3.x prints it as Today Date, else its
+    fallback "26 Jul 2024") and `datetime` (firefunction-v2)."""
+    source = (
+        '{% if not date_string is defined %}{% set date_string = "26 Jul 2024" %}{% endif %}'
+        "{{ date_string }}|{{ datetime }}"
+    )
+    text = ChatTemplate(source, "t").render([{"role": "user", "content": "x"}]).text
+    today = datetime.now()
+    assert text in {
+        f"{day.strftime('%d %b %Y')}|{day.strftime('%b %d %Y')}" for day in (today, today - timedelta(days=1))
+    }
+
+
+def test_a_string_plus_null_or_undefined_is_the_string_as_in_llama_cpp() -> None:
+    """firefunction-v2 adds `functions`, which llama.cpp never defines: its jinja reads a string plus
+    null or undefined as the string, where Jinja2 raises; other operands still fail."""
+    source = "{{ 'a' + functions }}|{{ none + 'b' }}|{{ 'c' + 'd' }}|{{ 1 + 2 }}"
+    assert ChatTemplate(source, "t").render([{"role": "user", "content": "x"}]).text == "a|b|cd|3"
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ 1 + functions }}", "t").render([{"role": "user", "content": "x"}])
 
 
 def test_content_parts_are_flattened(smollm2_template: ChatTemplate) -> None:

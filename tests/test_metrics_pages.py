@@ -66,6 +66,50 @@ def test_a_model_page_counts_each_generation() -> None:
     assert not any(name.endswith("_created") for name, _ in samples)
 
 
+def test_llama_server_families_with_its_names_types_and_throughput_window() -> None:
+    """llama-server's llamacpp:* lines as it writes them (n_tokens_max a counter without `_total`), its
+    rates over decode steps (a generation's first token is free), and the gauges' window: each scrape
+    reports what ran since the one before (a second scrape with nothing run reports 0)."""
+    counters = Counters()
+    for n, ms in ((1, 0.01), (16, 300.0)):
+        counters.record(
+            TokenEvent(text="", finish_reason="stop", timings=Timings(3, 8, 40.0, n, ms, 4, 3, 2))
+        )
+    engine = EngineSnapshot(n_steps=10, n_busy_slot_steps=15)
+    first = exposition(counters, engine).decode()
+    lines = first.splitlines()
+    for name, kind, value in (
+        ("prompt_tokens_total", "counter", 16.0),
+        ("prompt_tokens_cached_total", "counter", 6.0),
+        ("tokens_predicted_total", "counter", 17.0),
+        ("n_decode_total", "counter", 10.0),
+        ("n_tokens_max", "counter", 27.0),  # cache_n + prompt_n + predicted_n of the longer one
+        ("spec_decode_num_draft_tokens_total", "counter", 8.0),
+        ("spec_decode_num_accepted_tokens_total", "counter", 6.0),
+        ("spec_decode_num_drafts_total", "counter", 4.0),
+        ("n_busy_slots_per_decode", "gauge", 1.5),
+    ):
+        assert f"# TYPE llamacpp:{name} {kind}" in lines and f"llamacpp:{name} {value}" in lines, name
+        assert any(line.startswith(f"# HELP llamacpp:{name} ") for line in lines)
+    _, samples = parsed(first)
+    assert samples[("llamacpp:predicted_tokens_seconds", frozenset())] == pytest.approx(15 / 0.30001)
+    assert samples[("llamacpp:prompt_tokens_seconds", frozenset())] == pytest.approx(16 / 0.08)
+    _, again = parsed(exposition(counters, engine).decode())
+    assert again[("llamacpp:predicted_tokens_seconds", frozenset())] == 0
+    assert again[("llamacpp:prompt_tokens_seconds", frozenset())] == 0
+    assert again[("llamacpp:tokens_predicted_total", frozenset())] == 17  # the totals stay
+
+
+def test_timings_rates_leave_out_the_first_token() -> None:
+    """llama-server's timings: the first token comes from the prompt's last batch, so the generation
+    rate is over predicted_n - 1 decode steps (0 for a single token)."""
+    one = Timings(0, 8, 10.0, 1, 0.002).as_dict()
+    assert one["predicted_per_second"] == 0.0 and one["predicted_per_token_ms"] == 0.0
+    many = Timings(0, 8, 10.0, 16, 30.0).as_dict()
+    assert many["predicted_per_second"] == pytest.approx(1e3 / 30.0 * 15)
+    assert many["predicted_per_token_ms"] == pytest.approx(30.0 / 15)
+
+
 def test_merged_pages_keep_each_childs_histograms_under_its_labels() -> None:
     pages = {"a": model_page([4, 4]), "b": model_page([1, 2, 3])}
     families: dict = {}

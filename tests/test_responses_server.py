@@ -112,6 +112,23 @@ def test_the_stream_has_the_documented_events_in_order(server: ServerProcess) ->
     ]
 
 
+def test_llama_servers_stream_telemetry(server: ServerProcess) -> None:
+    """llama-server's `return_progress` and `timings_per_token` on a Responses stream: prompt progress
+    as `response.in_progress` events (the first at 0%), `timings` on each delta, and on the last event."""
+    body = {"input": HELLO, "max_output_tokens": 8, "stream": True, "store": False}
+    body |= {"return_progress": True, "timings_per_token": True}
+    raw = httpx.post(server.base_url + "/v1/responses", json=body, timeout=120)
+    assert raw.status_code == 200, raw.text
+    events = sse_events(raw.content)
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    assert progress[0]["prompt_progress"]["processed"] == progress[0]["prompt_progress"]["cache"]
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"] > 0
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
+    assert events[-1]["timings"]["predicted_n"] == events[-1]["response"]["usage"]["output_tokens"]
+
+
 def test_a_function_tool_round_trip_with_previous_response_id(api: openai.OpenAI) -> None:
     asked = {"model": "any", "tools": [WEATHER], "temperature": 0, "parallel_tool_calls": False}
     first = api.responses.create(input=ASK, tool_choice="required", **asked)

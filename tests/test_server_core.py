@@ -9,6 +9,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -473,9 +474,41 @@ def test_progress_and_timings_per_token(server) -> None:  # type: ignore[no-unty
                 chunks.append(json.loads(line[6:]))
     progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
     assert progress and progress[-1]["processed"] == progress[-1]["total"] > 0
+    # llama-server's 0% update first (nothing run: processed == cache), then one per prompt chunk; each
+    # with the timings so far under timings_per_token, the prompt's time never going back.
+    assert len(progress) >= 2 and progress[0]["processed"] == progress[0]["cache"] == 0
+    timings = [c["timings"] for c in chunks if "prompt_progress" in c]
+    assert timings[0]["prompt_n"] == 0 and timings[0]["prompt_ms"] == 0.0 and timings[0]["predicted_n"] == 0
+    assert timings[-1]["prompt_n"] == progress[-1]["processed"] and timings[-1]["prompt_ms"] > 0
+    assert all(a["prompt_ms"] <= b["prompt_ms"] for a, b in zip(timings, timings[1:], strict=False))
     first_content = next(
         i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content")
     )
     assert all("prompt_progress" not in c for c in chunks[first_content:])
     assert all("timings" in c for c in chunks[first_content:] if c["choices"])
     assert chunks[first_content]["timings"]["predicted_n"] == 1
+
+
+def test_timings_ride_on_the_usage_chunk(server) -> None:  # type: ignore[no-untyped-def]
+    """With include_usage the last chunk (usage, no choices) carries the timings, as llama-server's."""
+    body = chat_body("Say something.", max_tokens=4, stream=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=60) as resp:
+        chunks = [json.loads(ln[6:]) for ln in resp.iter_lines() if ln.startswith("data: {")]
+    last = chunks[-1]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == last["timings"]["predicted_n"]
+    assert all("timings" not in c for c in chunks[:-1])
+
+
+def test_metrics_start_time_header_and_rates_over_decode_steps(server) -> None:  # type: ignore[no-untyped-def]
+    """/metrics says when the server started (llama-server's Process-Start-Time-Unix); a generation's
+    rate leaves out its first token, which the prompt's last batch gave (1 token: no rate)."""
+    reply = httpx.get(server.base_url + "/metrics")
+    started = int(reply.headers["Process-Start-Time-Unix"])
+    assert started <= time.time() and started > time.time() - 24 * 3600
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        one = client.post("/completion", json={"prompt": "I believe", "n_predict": 1}).json()["timings"]
+        assert one["predicted_n"] == 1 and one["predicted_per_second"] == 0.0
+        body = {"prompt": "I believe", "n_predict": 16, "ignore_eos": True}
+        many = client.post("/completion", json=body).json()["timings"]
+    assert many["predicted_n"] == 16
+    assert many["predicted_per_second"] == pytest.approx(1e3 / many["predicted_ms"] * 15)

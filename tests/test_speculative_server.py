@@ -42,7 +42,12 @@ def test_the_server_speculates_and_the_reply_is_unchanged(
     assert timings["draft_n"] > 0 and 0 < timings["draft_n_accepted"] <= timings["draft_n"]
     assert "draft_n" not in plain["timings"]
     metrics = httpx.get(spec_server.base_url + "/metrics").text
-    assert "llamacpp:n_drafted_total" in metrics and "llamacpp:n_drafted_accepted_total" in metrics
+    spec = {
+        ln.split()[0]: float(ln.split()[1]) for ln in metrics.splitlines() if ln.startswith("llamacpp:spec_")
+    }
+    assert spec["llamacpp:spec_decode_num_draft_tokens_total"] >= timings["draft_n"]  # llama-server's names
+    assert spec["llamacpp:spec_decode_num_accepted_tokens_total"] >= timings["draft_n_accepted"]
+    assert spec["llamacpp:spec_decode_num_drafts_total"] > 0  # verification steps
     slots = httpx.get(spec_server.base_url + "/slots").json()
     assert all(slot["speculative"] is False for slot in slots)  # idle: nothing drafting
 

@@ -147,6 +147,24 @@ def test_json_object_answers_parse(server: ServerProcess) -> None:
     assert len(finished) >= 3
 
 
+def test_a_draft_7_tuple_schema_is_a_tuple(server: ServerProcess) -> None:
+    """`items` as a list, draft 7's tuple (a schema that names no draft; 2020-12 calls it prefixItems):
+    accepted, and the answer is a one-integer array, as llama-server answers its test_chat_completion's
+    `{"items": [{"type": "integer"}]}`. A list of non-schemas is still refused."""
+    body = {
+        "messages": [{"role": "user", "content": "Write an example"}],
+        "response_format": {"type": "json_object", "schema": {"items": [{"type": "integer", "maximum": 99}]}},
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    reply = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    answer = json.loads(reply.json()["choices"][0]["message"]["content"])
+    assert isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], int)
+    body["response_format"] = {"type": "json_object", "schema": {"items": [{"type": "hiccup"}]}}
+    assert httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 400
+
+
 def test_llama_servers_json_schema_field_and_completions(server: ServerProcess) -> None:
     """llama-server's own `json_schema` field, on /completion and /v1/completions too."""
     schema = {

@@ -78,7 +78,24 @@ _LLAMA3 = (
 {%- endif -%}"""
 ).replace("TRIM", _TRIM)
 
-BUILTIN_TEMPLATES: dict[str, str] = {"chatml": _CHATML, "gemma": _GEMMA, "llama3": _LLAMA3}
+# llama.cpp's command-r format (CohereForAI/c4ai-command-r-plus): roles other than these three are dropped.
+_COMMAND_R = (
+    r"""{%- set tokens = {'system': 'SYSTEM', 'user': 'USER', 'assistant': 'CHATBOT'} -%}
+{%- for message in messages if message.role in tokens -%}
+{{- '<|START_OF_TURN_TOKEN|><|' + tokens[message.role] + '_TOKEN|>' + (message.content | trim(TRIM)) -}}
+{{- '<|END_OF_TURN_TOKEN|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}
+{%- endif -%}"""
+).replace("TRIM", _TRIM)
+
+BUILTIN_TEMPLATES: dict[str, str] = {
+    "chatml": _CHATML,
+    "command-r": _COMMAND_R,
+    "gemma": _GEMMA,
+    "llama3": _LLAMA3,
+}
 
 
 class ChatTemplateError(ValueError):
@@ -186,7 +203,7 @@ class ChatTemplate:
             normalised, add_generation_prompt = normalised[:-1], True
         normalised = polyfill(normalised, tools, self.caps, self.tool_call_example if tools else "")
         # llama.cpp always defines enable_thinking (default true); callers override it via `extra`.
-        context = {"enable_thinking": True, **extra, **self._special_context()}
+        context = {"enable_thinking": True, **_dates(), **extra, **self._special_context()}
         if tools:
             context["tools"] = tools  # llama.cpp leaves `tools` undefined when there are none
         text = self._render(normalised, add_generation_prompt, context)
@@ -346,8 +363,34 @@ def _flatten_content(index: int, content: Any) -> str:
     return "\n".join(texts)
 
 
+class _TemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with llama.cpp's `+`: a string plus null or an undefined variable is the string
+    (firefunction-v2 adds a `functions` that llama.cpp never defines; Jinja2 would raise)."""
+
+    intercepted_binops = frozenset({"+"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "+":
+            if _is_null(left) and isinstance(right, str):
+                return right
+            if _is_null(right) and isinstance(left, str):
+                return left
+        return super().call_binop(context, operator, left, right)
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or isinstance(value, jinja2.Undefined)
+
+
+def _dates() -> dict[str, str]:
+    """llama.cpp's extra template variables: today as Llama 3.x templates (`date_string`) and
+    firefunction-v2 (`datetime`) print it; without them those templates print a fixed fallback date."""
+    now = datetime.now()
+    return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _TemplateEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag]
     )
     env.filters["tojson"] = _tojson

@@ -28,6 +28,9 @@ METADATA = frozenset(
         # llama-server's per-request switch to sample on the GPU backend: where sampling runs, not what
         # it picks (llama.cpp's tests check both give the same tokens); Llamba has one sampler.
         "backend_sampling",
+        # prompt caching hints: every prompt's prefix is cached here anyway
+        "prompt_cache_retention",
+        "prompt_cache_options",
     }
 )
 
@@ -52,10 +55,13 @@ NOT_YET: dict[str, Any] = {
     "audio": None,
     "prediction": None,
     "web_search_options": None,
+    "verbosity": "medium",  # a local model has no verbosity switch
+    "moderation": None,  # no moderation runs here
 }
 
 
-# llama-server's own generation fields, which the Anthropic and Responses routes take too (clients send
+# llama-server's own generation fields, which the Anthropic and Responses routes take too (Anthropic's
+# stream has no place for the telemetry: TELEMETRY is refused there) (clients send
 # them as extra body fields, e.g. the SDKs' `extra_body`): they pass through to the chat request, which
 # acts on them or refuses them as it does on /v1/chat/completions.
 LLAMA_EXTRAS = frozenset(
@@ -70,6 +76,9 @@ LLAMA_EXTRAS = frozenset(
         "reasoning_budget_message",
         "samplers",
         "dry_sequence_breakers",
+        # stream telemetry (the Responses stream carries them as llama-server's does)
+        "timings_per_token",
+        "return_progress",
         # per-request speculation
         "speculative.type",
         "speculative.n_max",
@@ -101,3 +110,6 @@ def unsupported(extra: dict[str, Any] | None) -> list[str]:
         elif value is not None and value != NOT_YET[name]:
             problems.append(f"'{name}': not supported (only {NOT_YET[name]!r}, which changes nothing)")
     return problems
+
+
+TELEMETRY = frozenset({"timings_per_token", "return_progress"})

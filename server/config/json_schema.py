@@ -14,7 +14,8 @@ import jsonschema
 
 
 def check_schema(schema: Any) -> dict[str, Any]:
-    """A JSON schema that is a valid schema (the latest draft's meta-schema), else ValueError."""
+    """A JSON schema that is a valid schema (the latest draft's meta-schema, or draft 7's for a schema
+    that names no draft), else ValueError."""
     if isinstance(schema, bool):
         return {} if schema else {"not": {}}
     if not isinstance(schema, dict):
@@ -32,8 +33,20 @@ def check_schema(schema: Any) -> dict[str, Any]:
 def schema_problem(canonical: str) -> str | None:
     """What is wrong with the schema (its canonical JSON text), or None."""
     schema = json.loads(canonical)
+    problem = _meta_problem(jsonschema.validators.validator_for(schema), schema)
+    if problem is not None and "$schema" not in schema and _meta_problem(DRAFT7, schema) is None:
+        # A schema that names no draft may be an older one's: draft 7's `items: [...]` (a tuple, as
+        # llama.cpp reads it) is no schema under 2020-12, where tuples are `prefixItems`.
+        return None
+    return problem
+
+
+DRAFT7 = jsonschema.Draft7Validator
+
+
+def _meta_problem(validator: Any, schema: dict[str, Any]) -> str | None:
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         return f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}"

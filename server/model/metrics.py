@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 from engine.api import EngineSnapshot, TokenEvent
 
@@ -43,32 +44,69 @@ TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5) if m
 
 
 @dataclass
+class Bucket:
+    """Tokens, decode steps and seconds of a window: llama-server's rates divide steps by time (a
+    generation's first token is free: it comes from the prompt's last batch)."""
+
+    n: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, n: int, steps: int, seconds: float) -> None:
+        self.n, self.steps, self.seconds = self.n + n, self.steps + steps, self.seconds + seconds
+
+    def per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
 class Counters:
     """What /metrics reports: llama-server's llamacpp:* totals, and the latency histograms. Kept by the
     model's host across sleeps."""
 
-    prompt_tokens_total: int = 0
-    prompt_seconds_total: float = 0.0
-    tokens_predicted_total: int = 0
-    tokens_predicted_seconds_total: float = 0.0
+    prompt: Bucket = field(default_factory=Bucket)  # processed prompt tokens (cached ones apart)
+    predicted: Bucket = field(default_factory=Bucket)
+    # The throughput gauges' window: what ran since the last scrape (each scrape empties it, as
+    # llama-server's `reset_bucket`), so a scrape while asleep reports the last work once, then 0.
+    prompt_window: Bucket = field(default_factory=Bucket)
+    predicted_window: Bucket = field(default_factory=Bucket)
     prompt_tokens_cached_total: int = 0
+    n_tokens_max: int = 0  # the longest sequence seen (prompt and generation)
     drafted_total: int = 0  # speculative tokens verified
     drafted_accepted_total: int = 0
+    draft_steps_total: int = 0
     requests_total: int = 0
     started: float = field(default_factory=time.time)
     latency: Latency = field(default_factory=lambda: Latency())
+
+    @property
+    def prompt_tokens_total(self) -> int:
+        return self.prompt.n
+
+    @property
+    def tokens_predicted_total(self) -> int:
+        return self.predicted.n
 
     def record(self, event: TokenEvent) -> None:
         t = event.timings
         if t is None:
             return
-        self.prompt_tokens_total += t.prompt_n
-        self.prompt_seconds_total += t.prompt_ms / 1e3
-        self.tokens_predicted_total += t.predicted_n
-        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
+        prompt_s, predicted_s = t.prompt_ms / 1e3, t.predicted_ms / 1e3
+        for bucket in (self.prompt, self.prompt_window):
+            bucket.add(t.prompt_n, t.prompt_n, prompt_s)
+        for bucket in (self.predicted, self.predicted_window):
+            bucket.add(t.predicted_n, t.predicted_steps, predicted_s)
         self.prompt_tokens_cached_total += t.cache_n
+        self.n_tokens_max = max(self.n_tokens_max, t.cache_n + t.prompt_n + t.predicted_n)
         self.drafted_total += t.draft_n
         self.drafted_accepted_total += t.draft_n_accepted
+        self.draft_steps_total += t.draft_steps
+
+    def take_rates(self) -> tuple[float, float]:
+        """The window's prompt and generation throughput (tokens/s); the window starts again."""
+        rates = (self.prompt_window.per_second(), self.predicted_window.per_second())
+        self.prompt_window, self.predicted_window = Bucket(), Bucket()
+        return rates
 
 
 class Latency:
@@ -141,49 +179,56 @@ class RequestTimer:
 
 Value = tuple[str, str, str, float]
 
+# llama-server's families, in its order: name (without `llamacpp:`), kind, help.
+LLAMACPP_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "counter", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens"),
+    (
+        "n_decode_total",
+        "counter",
+        "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+    ),
+    ("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated"),
+    (
+        "spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Speculative: Total draft tokens accepted by the target model",
+    ),
+    ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps"),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s"),
+    ("requests_processing", "gauge", "Number of requests processing"),
+    ("requests_deferred", "gauge", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
+)
+
 
 def llamacpp_values(c: Counters, engine: EngineSnapshot) -> list[Value]:
-    """llama-server's families: (name, kind, help, value), names without the `llamacpp:` prefix."""
-    prompt_tps = c.prompt_tokens_total / c.prompt_seconds_total if c.prompt_seconds_total else 0.0
-    gen_tps = (
-        c.tokens_predicted_total / c.tokens_predicted_seconds_total
-        if c.tokens_predicted_seconds_total
-        else 0.0
+    """llama-server's families with their values: (name, kind, help, value). Reading them takes the
+    throughput window (see Counters)."""
+    prompt_tps, gen_tps = c.take_rates()
+    values = (
+        c.prompt.n,
+        c.prompt_tokens_cached_total,
+        c.prompt.seconds,
+        c.predicted.n,
+        c.predicted.seconds,
+        engine.n_steps,
+        c.n_tokens_max,
+        c.drafted_total,
+        c.drafted_accepted_total,
+        c.draft_steps_total,
+        prompt_tps,
+        gen_tps,
+        engine.n_busy,
+        engine.n_waiting,
+        engine.n_busy_slot_steps / max(engine.n_steps, 1),
     )
-    return [
-        ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", c.prompt_tokens_total),
-        ("prompt_seconds_total", "counter", "Prompt process time", c.prompt_seconds_total),
-        (
-            "tokens_predicted_total",
-            "counter",
-            "Number of generation tokens processed.",
-            c.tokens_predicted_total,
-        ),
-        (
-            "tokens_predicted_seconds_total",
-            "counter",
-            "Predict process time",
-            c.tokens_predicted_seconds_total,
-        ),
-        (
-            "prompt_tokens_cached_total",
-            "counter",
-            "Number of prompt tokens reused from the cache.",
-            c.prompt_tokens_cached_total,
-        ),
-        ("n_decode_total", "counter", "Total number of llama_decode() calls", engine.n_steps),
-        ("n_drafted_total", "counter", "Number of speculative tokens drafted.", c.drafted_total),
-        (
-            "n_drafted_accepted_total",
-            "counter",
-            "Number of speculative tokens accepted.",
-            c.drafted_accepted_total,
-        ),
-        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_tps),
-        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gen_tps),
-        ("requests_processing", "gauge", "Number of requests processing.", engine.n_busy),
-        ("requests_deferred", "gauge", "Number of requests deferred.", engine.n_waiting),
-    ]
+    return [(*family, value) for family, value in zip(LLAMACPP_FAMILIES, values, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -196,11 +241,18 @@ class Page:
         return self.families
 
 
-def exposition(counters: Counters, engine: EngineSnapshot) -> bytes:
-    """The whole /metrics page: llamacpp:* first (as llama-server orders them), then the histograms."""
-    families: list[Metric] = []
+def llamacpp_text(counters: Counters, engine: EngineSnapshot) -> str:
+    """llama-server's own lines, written as it writes them: every family under its full name, so
+    `n_tokens_max` is a counter without `_total` (prometheus_client's exposition would add one)."""
+    lines = []
     for name, kind, help_text, value in llamacpp_values(counters, engine):
-        family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-        families.append(family(f"llamacpp:{name}", help_text, value=value))
-    families.extend(counters.latency.collect())
-    return generate_latest(Page(families))
+        full = f"llamacpp:{name}"
+        lines += [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}", f"{full} {floatToGoString(value)}"]
+    return "\n".join(lines) + "\n"
+
+
+def exposition(counters: Counters, engine: EngineSnapshot) -> bytes:
+    """The whole /metrics page: llamacpp:* first (as llama-server orders them), then the histograms.
+    A scrape starts the throughput gauges' window again."""
+    histograms = generate_latest(Page(list(counters.latency.collect())))
+    return llamacpp_text(counters, engine).encode() + histograms

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from server.chat.schemas import ChatCompletionRequest
 from server.chat.tool_schemas import TOOL_NAME
-from server.chat.unsupported import llama_extras
+from server.chat.unsupported import TELEMETRY, llama_extras
 from server.config.json_schema import check_schema
 from server.http import errors
 
@@ -82,6 +82,11 @@ class ToolUseBlock(Cached):
     id: str = Field(min_length=1)
     name: str = Field(pattern=TOOL_NAME)
     input: dict[str, Any]
+    # What Anthropic's replies carry (the SDK sends them back with the history): who made the call
+    # (`{"type": "direct"}`, or a code-execution tool's) and the toolset of the tool. History only:
+    # they change nothing the model reads (docs/compatibility.md).
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = None
 
 
 class ToolResultBlock(Cached):
@@ -89,6 +94,7 @@ class ToolResultBlock(Cached):
     tool_use_id: str = Field(min_length=1)
     content: str | list[Annotated[TextBlock | RefusedBlock, Field(discriminator="type")]] | None = None
     is_error: bool = False
+    toolset_name: str | None = None  # as on tool_use: the tool's toolset, nothing the model reads
 
     def text(self) -> str:
         """The result as the tool message's text; an error result says so (chat has no is_error)."""
@@ -155,6 +161,19 @@ class Tool(Cached):
     description: str | None = None
     input_schema: dict[str, Any]
     strict: bool | None = None  # true: input_schema means what JSON Schema says (model/llama_schema.py)
+    # Accepted: inputs stream as they are generated anyway; examples are not shown to the model here
+    # (docs/compatibility.md); the model calls tools directly (no code execution tool), all loaded.
+    eager_input_streaming: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+    allowed_callers: list[str] | None = None
+    defer_loading: Literal[False] | None = None  # deferred tools need Anthropic's tool search
+
+    @field_validator("allowed_callers")
+    @classmethod
+    def _called_directly(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and "direct" not in v:
+            raise ValueError('allowed_callers must include "direct": this server runs no code execution tool')
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -284,7 +303,7 @@ class CountTokensRequest(BaseModel):
 
     @model_validator(mode="after")
     def _known_extras(self) -> CountTokensRequest:
-        llama_extras(self.model_extra, THINKING_FIELDS if self.thinking else frozenset())
+        llama_extras(self.model_extra, TELEMETRY | (THINKING_FIELDS if self.thinking else frozenset()))
         return self
 
     def to_chat(self, stream: bool = False) -> ChatCompletionRequest:
@@ -323,6 +342,14 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     metadata: Metadata | None = None  # accepted: it changes nothing generated
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here
+    # Accepted, changing nothing generated: where and how fast Anthropic runs it, whom it is for.
+    speed: Literal["standard", "fast"] | None = None
+    inference_geo: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+    # Anthropic's services this server does not have: accepted only as null (a value would be ignored).
+    container: None = None  # code-execution containers
+    diagnostics: None = None  # cache-miss explanations of an earlier message
     # The MCP connector: servers whose tools Llamba runs in a server-side tool loop (server/agents/loop.py).
     mcp_servers: list[McpServer] | None = None
     # Llamba's tool-loop limits, as on chat requests (only with mcp_servers).

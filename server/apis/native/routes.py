@@ -221,7 +221,8 @@ async def native_stream(
     async for event in model.client.events(gen):
         raise_if_failed(event)
         if event.progress is not None:
-            yield sse.event({"prompt_progress": event.progress.as_dict()})
+            timings = {} if event.timings is None else {"timings": event.timings.as_dict()}
+            yield sse.event({"prompt_progress": event.progress.as_dict(), **timings})
             continue
         chunk: dict[str, Any] = {
             "content": event.text,
@@ -229,6 +230,8 @@ async def native_stream(
         }
         if body.n_probs:
             chunk["completion_probabilities"] = openai_logprobs(model.prompts, [event])
+        if body.timings_per_token and event.timings is not None:
+            chunk["timings"] = event.timings.as_dict()
         if event.finish_reason is None:
             chunk |= {"stop": False, "id_slot": event.id_slot}
             yield sse.event(chunk)

@@ -81,7 +81,9 @@ class ChatChunks:
     def event(self, event: TokenEvent, index: int = 0) -> list[bytes]:
         """An engine event's chunks (none for an event that carries nothing to show)."""
         if event.progress is not None:
-            return [sse.event({**self.head, "choices": [], "prompt_progress": event.progress.as_dict()})]
+            timings = {} if event.timings is None else {"timings": event.timings.as_dict()}
+            progress = {"prompt_progress": event.progress.as_dict(), **timings}
+            return [sse.event({**self.head, "choices": [], **progress})]
         if event.timings is not None and self.body.timings_per_token:
             self.timings = {"timings": event.timings.as_dict()}
         extra = {}
@@ -93,20 +95,24 @@ class ChatChunks:
             out.append(self.chunk(deltas[-1] if deltas else {}, index=index, **extra))
         return out
 
-    def finish(self, final: TokenEvent | None, index: int = 0) -> bytes:
-        """A choice's finish chunk, with its timings."""
+    def finish(self, final: TokenEvent | None, index: int = 0, timings: bool = True) -> bytes:
+        """A choice's finish chunk, with its timings (unless they go on the usage chunk)."""
         last = {**self.head, "choices": [{"index": index, "finish_reason": final_reason(final), "delta": {}}]}
-        if final is not None and final.timings is not None:
-            last["timings"] = final.timings.as_dict()
-        return sse.event(last)
+        return sse.event(last | (final_timings(final) if timings else {}))
 
     def end(self, final: TokenEvent | None, usage_fields: dict[str, Any], n: int = 1) -> list[bytes]:
-        """The finish chunk (with the timings; `n` choices: theirs came as they finished), the usage
-        chunk if asked for, and [DONE]."""
-        out = [self.finish(final)] if n == 1 else []
-        if (self.body.stream_options or {}).get("include_usage"):
-            out.append(sse.event({**self.head, "choices": [], "usage": usage_fields}))
+        """The finish chunk (`n` choices: theirs came as they finished), the usage chunk if asked for,
+        and [DONE]. The timings ride on the last of them, as llama-server's."""
+        usage = bool((self.body.stream_options or {}).get("include_usage"))
+        out = [self.finish(final, timings=not usage)] if n == 1 else []
+        if usage:
+            timings = final_timings(final) if n == 1 else {}
+            out.append(sse.event({**self.head, "choices": [], "usage": usage_fields, **timings}))
         return [*out, sse.DONE]
+
+
+def final_timings(final: TokenEvent | None) -> dict[str, Any]:
+    return {"timings": final.timings.as_dict()} if final is not None and final.timings is not None else {}
 
 
 def event_deltas(event: TokenEvent) -> list[dict[str, Any]]:

@@ -167,8 +167,9 @@ BODIES: tuple[Body, ...] = (
     )),
     Body("/v1/chat/completions", "OpenAI", ChatCompletionRequest, (
         "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
-        "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "n",
-        "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "reasoning_effort",
+        "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "moderation", "n",
+        "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options",
+        "prompt_cache_retention", "reasoning_effort",
         "response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
         "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
         "verbosity", "web_search_options",

@@ -197,10 +197,7 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
         try:
             async with contextlib.aclosing(generation(ctx, end)) as events:
                 async for event in events:
-                    payloads = (
-                        items.tool_result(event) if isinstance(event, ToolExecuted) else items.feed(event)
-                    )
-                    for payload in payloads:
+                    for payload in event_payloads(ctx, items, snap, event):
                         if payload["type"] == "response.output_item.done":  # what GET shows meanwhile
                             snap["output"] = items.finished()
                         yield run.frame(payload)
@@ -216,10 +213,30 @@ async def run_events(ctx: RunContext, run: ResponseRun) -> AsyncIterator[bytes]:
             yield run.frame(payload)
         finish(ctx, run, items, end, status)
         if status != "cancelled":  # the API has no event for it: the stream just ends
-            yield run.frame({"type": f"response.{status}", "response": snap})
+            timings = end.final.timings if end.final is not None else None
+            telemetry = {"timings": timings.as_dict()} if timings is not None else {}
+            yield run.frame({"type": f"response.{status}", "response": snap, **telemetry})
     finally:
         if not run.done:
             finish(ctx, run, items, RunEnd(), "cancelled")
+
+
+def event_payloads(
+    ctx: RunContext, items: OutputItems, snap: dict[str, Any], event: TokenEvent | ToolExecuted
+) -> list[dict[str, Any]]:
+    """An event's stream payloads. llama-server's telemetry, when the body asks for it: a prompt-progress
+    event is a `response.in_progress` with `prompt_progress` (return_progress), and the last payload of
+    a token event carries its `timings` (timings_per_token)."""
+    if isinstance(event, ToolExecuted):
+        return items.tool_result(event)
+    telemetry = {"timings": event.timings.as_dict()} if event.timings is not None else {}
+    if event.progress is not None:
+        progress = {"prompt_progress": event.progress.as_dict(), **telemetry}
+        return [{"type": "response.in_progress", "response": snap, **progress}]
+    payloads = items.feed(event)
+    if payloads and ctx.job.request.timings_per_token:
+        payloads[-1] = payloads[-1] | telemetry
+    return payloads
 
 
 async def generation(ctx: RunContext, end: RunEnd) -> AsyncIterator[TokenEvent | ToolExecuted]:

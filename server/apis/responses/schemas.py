@@ -82,6 +82,12 @@ class FunctionCallItem(Strict):
     arguments: str
     id: str | None = None
     status: str | None = None
+    # What OpenAI's output items carry (an SDK's dump of an earlier output sends them back): who made
+    # the call, the tool's namespace, whether it ran asynchronously. History only: the model reads the
+    # call's name and arguments (docs/compatibility.md).
+    caller: dict[str, Any] | None = None
+    namespace: str | None = None
+    async_: bool | None = Field(default=None, alias="async")
 
 
 class FunctionCallOutputItem(Strict):
@@ -90,6 +96,9 @@ class FunctionCallOutputItem(Strict):
     output: str | list[Part]
     id: str | None = None
     status: str | None = None
+    caller: dict[str, Any] | None = None  # as on function_call: history only
+    name: str | None = None
+    namespace: str | None = None
 
 
 class ReasoningText(Strict):
@@ -326,6 +335,14 @@ class ResponsesRequest(BaseModel):
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
     stream_options: dict[str, Any] | None = None  # include_obfuscation: no obfuscation is added
+    prompt_cache_options: dict[str, Any] | None = None  # prompts are cached here anyway
+    # OpenAI's services this server does not have: accepted only as null (a value would be ignored).
+    conversation: None = None  # the Conversations API; previous_response_id chains responses here
+    context_management: None = None
+    moderation: None = None
+    prompt: None = None  # saved prompt templates
+    background_options: None = None
+    access_programs: None = None
 
     @field_validator("include")
     @classmethod
