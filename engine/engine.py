@@ -184,9 +184,7 @@ class Engine:
 
     def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run `fn` on the engine thread between two steps; the future holds its result or exception.
-
-        A concurrent future: asyncio callers wrap it (`asyncio.wrap_future`) and never block the loop.
-        """
+        A concurrent future: asyncio callers wrap it (`asyncio.wrap_future`) and never block the loop."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         if self._thread is None or not self._thread.is_alive():
             future.set_exception(EngineStopped("the engine is not running"))
