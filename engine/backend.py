@@ -161,6 +161,10 @@ class Backend:
     # over i of y[rows[t, i]] * weights[t, i], the products added in rank order (llama.cpp's); rows and
     # weights are host arrays.
     pack_experts: Callable[..., tuple[list[Any], list[Any]]] | None = None
+    # experts_matmul(x, whole, rows, runs, out) -> bool: every run (expert, start, end) of x's sorted rows
+    # through its expert of `whole` (pack_experts' one matrix of `rows`-row experts) in one call; False
+    # where the weight's format has no such kernel. None: a matmul per expert.
+    experts_matmul: Callable[..., bool] | None = None
     combine_experts: Callable[..., Any] = _combine_experts
     # The router's matmul (pack_router(data, qtype, shape), router_logits(x, w, out)); None: pack_weight
     # and matmul. Its logits choose the experts: the CPU's are bitwise independent of the batch.
@@ -194,6 +198,7 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
 
     from engine.cpu import matmul, ops
     from engine.cpu.experts import pack_experts_for_cpu, pack_router_for_cpu, router_logits, swiglu_oai
+    from engine.cpu.matmul.experts import experts_matmul
     from engine.cpu.records import pack_weight_for_cpu
     from engine.cpu.sinks import apply_sinks
 
@@ -204,6 +209,7 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         pack_weight=pack_weight_for_cpu,
         **_kernels(matmul, ops),
         pack_experts=pack_experts_for_cpu,
+        experts_matmul=experts_matmul,
         pack_router=pack_router_for_cpu,
         router_logits=router_logits,
         attention_sinks=apply_sinks,
