@@ -327,7 +327,11 @@ def test_one_call_expert_matmul_matches_the_per_expert_matmuls_and_numpy(kind: s
     else:
         data = random_matrix(rng, kind, n_expert * rows, cols, 0.05)
     qtype = QType[kind]
-    whole, each = pack_experts_for_cpu(data.reshape(n_expert, rows, -1), qtype, (n_expert, rows, cols))
+    whole, each, prepare = pack_experts_for_cpu(
+        [data.reshape(n_expert, rows, -1)], qtype, (n_expert, rows, cols)
+    )
+    assert prepare is not None
+    prepare(np.arange(n_expert))
     runs = np.array([[4, 0, 1], [0, 1, 3], [5, 3, 6], [1, 6, 11], [2, 11, 20], [4, 20, 37]], np.int64)
     x = rng.standard_normal((37, cols)).astype(np.float32)
     out = np.full((37, rows), np.nan, np.float32)

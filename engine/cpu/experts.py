@@ -19,12 +19,15 @@ whatever the batch: 16 lane sums over the row, then the lanes added in order.
 from __future__ import annotations
 
 import dataclasses
+import mmap
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numba import njit, prange
 
-from engine.cpu.records import pack_weight_for_cpu
+from engine.cpu.huge_pages import HUGE_PAGE, _huge_page_buffer, _layout
+from engine.cpu.records import pack_weight_for_cpu, repack_for_cpu
 from engine.cpu.vecmath import exp
 from engine.quant import PACKED_FIELDS, ROWS, PackedWeight, dequantize
 
@@ -40,18 +43,67 @@ def expert_view(w: PackedWeight, e: int, rows: int) -> PackedWeight:
 
 
 def pack_experts_for_cpu(
-    data: np.ndarray, qtype: int, shape: tuple[int, int, int]
-) -> tuple[list[Any], list[Any]]:
-    """(the packed weights that hold the experts, one weight per expert) of a 3-D tensor's stored rows
-    `data` (experts, rows, bytes per row). Rows that are not a multiple of 32 would share a row group
-    between two experts: those experts are packed one by one."""
+    parts: list[np.ndarray], qtype: int, shape: tuple[int, int, int]
+) -> tuple[list[Any], list[Any], Callable[[np.ndarray], None] | None]:
+    """(the packed weights that hold the experts, one weight per expert, `prepare`) of a 3-D tensor's
+    stored rows, `parts` (each (experts, rows_i, bytes per row), fused along the rows: gate|up). Experts
+    are packed on first use: prepare(experts) packs those of them not packed yet, and must run before a
+    kernel reads them. Rows that are not a multiple of 32 would share a row group between two experts:
+    those experts are packed one by one, at once (prepare None)."""
     n_expert, rows, cols = shape
     if rows % ROWS:
+        data = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
         each = [pack_weight_for_cpu(data[e], qtype, (rows, cols)) for e in range(n_expert)]
-        return each, each
-    flat = np.asarray(data).reshape(n_expert * rows, *data.shape[2:])
-    whole = pack_weight_for_cpu(flat, qtype, (n_expert * rows, cols))
-    return [whole], [expert_view(whole, e, rows) for e in range(n_expert)]
+        return each, each, None
+    lazy = LazyExperts(parts, qtype, shape)
+    return [lazy.whole], [expert_view(lazy.whole, e, rows) for e in range(n_expert)], lazy.prepare
+
+
+class LazyExperts:
+    """A 3-D expert tensor packed expert by expert as the router first picks each one.
+
+    The packed matrix (every expert's row groups, one after another) is reserved at load in one anonymous
+    mapping (advised huge pages, engine/cpu/huge_pages.py) that nothing touches, so it costs address
+    space only; an expert's rows are read from the file's mapping and packed into their place the first
+    time a batch routes a token to it. The resident set then grows with the experts the prompts use, not
+    with the model (Qwen3-30B-A3B: 17 GB of experts, 8 of 128 per layer and token). Packing an expert
+    costs what packing it at load did (~2 ms for one of Qwen3-30B-A3B's 1.7 MB gate|up experts).
+    """
+
+    def __init__(self, parts: list[np.ndarray], qtype: int, shape: tuple[int, int, int]) -> None:
+        self.parts, self.qtype, self.shape = parts, qtype, shape
+        n_expert, rows, _ = shape
+        first = self._pack(0)
+        fields = {f: a for f in PACKED_FIELDS if (a := getattr(first, f)).nbytes}
+        sizes = [n_expert * a.nbytes for a in fields.values()]
+        offsets, total = _layout(sizes)
+        buf = _huge_page_buffer(total) if total >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE") else None
+        buf = np.zeros(total, np.uint8) if buf is None else buf  # np.zeros: calloc'd, untouched pages
+        whole = {}
+        for (f, a), at, n in zip(fields.items(), offsets, sizes, strict=True):
+            whole[f] = buf[at : at + n].view(a.dtype).reshape(n_expert * a.shape[0], a.shape[1])
+        self.whole = dataclasses.replace(first, n_rows=n_expert * rows, **whole)
+        self.packed = np.zeros(n_expert, np.bool_)
+        self._store(0, first)
+
+    def _pack(self, e: int) -> PackedWeight:
+        _, rows, cols = self.shape
+        data = np.concatenate([p[e] for p in self.parts]) if len(self.parts) > 1 else self.parts[0][e]
+        return repack_for_cpu(data, self.qtype, (rows, cols))
+
+    def _store(self, e: int, w: PackedWeight) -> None:
+        view = expert_view(self.whole, e, self.shape[1])
+        for f in PACKED_FIELDS:
+            if getattr(w, f).nbytes:
+                getattr(view, f)[...] = getattr(w, f)
+        self.packed[e] = True
+
+    def prepare(self, experts: np.ndarray) -> None:
+        """Pack the experts (ids) not packed yet."""
+        if self.packed[experts].all():
+            return
+        for e in np.unique(experts[~self.packed[experts]]).tolist():
+            self._store(e, self._pack(e))
 
 
 def pack_router_for_cpu(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> np.ndarray:

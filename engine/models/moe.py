@@ -121,6 +121,7 @@ class ExpertMatrices:
         # per fused group: (weight per expert, bias per expert or None, output sizes, the one packed
         # matrix that holds every expert or None)
         self.groups: list[tuple[list[Any], list[Any] | None, list[int], Any]] = []
+        self.prepare: list[Any] = []  # per group: the backend's prepare(expert ids) or None
         for start, end in same_type_runs(tensors):
             self.groups.append(self._fuse(tensors[start:end], None if biases is None else biases[start:end]))
 
@@ -129,11 +130,11 @@ class ExpertMatrices:
     ) -> tuple[list[Any], list[Any] | None, list[int], Any]:
         n_expert, _, n_cols = tensors[0].shape
         sizes = [t.shape[1] for t in tensors]
-        data = np.concatenate([t.data for t in tensors], axis=1) if len(tensors) > 1 else tensors[0].data
-        whole, each = self.backend.pack_expert_weights(
-            data, tensors[0].ggml_type, (n_expert, sum(sizes), n_cols)
+        whole, each, prepare = self.backend.pack_expert_weights(
+            [t.data for t in tensors], tensors[0].ggml_type, (n_expert, sum(sizes), n_cols)
         )
         self.packed.extend(whole)
+        self.prepare.append(prepare)
         bias = None
         if biases is not None:
             rows = np.concatenate([np.asarray(b.data, dtype=np.float32) for b in biases], axis=1)
@@ -145,7 +146,9 @@ class ExpertMatrices:
         [n, rows] array per tensor. Every run in one kernel call where the backend has one for the
         format (`Backend.experts_matmul`), else a matmul per run."""
         be, outs = self.backend, []
-        for weights, bias, sizes, whole in self.groups:
+        for (weights, bias, sizes, whole), prepare in zip(self.groups, self.prepare, strict=True):
+            if prepare is not None:
+                prepare(plan.table[:, 0])
             out = be.empty((x.shape[0], sum(sizes)))
             one_call = be.experts_matmul is not None and whole is not None
             if not (one_call and be.experts_matmul(x, whole, sum(sizes), plan.table, out)):

@@ -119,7 +119,9 @@ def experts_matmul(x: np.ndarray, w: PackedWeight, rows: int, runs: np.ndarray, 
     contiguous = x.flags.c_contiguous and out.flags.c_contiguous
     if x.dtype != np.float32 or out.dtype != np.float32 or not contiguous:
         raise ValueError("experts_matmul needs C-contiguous float32 x and out")
-    if rows % ROWS or x.shape[1] != w.n_cols or out.shape != (x.shape[0], rows) or w.n_rows % rows:
+    if rows % ROWS:
+        return False
+    if x.shape[1] != w.n_cols or out.shape != (x.shape[0], rows) or w.n_rows % rows:
         raise ValueError(f"experts_matmul shapes: x {x.shape}, w ({w.n_rows}, {w.n_cols}), rows {rows}")
     kernel(x, w, rows // ROWS, runs, out)
     return True
