@@ -18,6 +18,7 @@ whatever the batch: 16 lane sums over the row, then the lanes added in order.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import mmap
 from collections.abc import Callable
@@ -59,6 +60,21 @@ def pack_experts_for_cpu(
     return [lazy.whole], [expert_view(lazy.whole, e, rows) for e in range(n_expert)], lazy.prepare
 
 
+_PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _unmap_pages(a: np.ndarray) -> None:
+    """MADV_DONTNEED over the pages of a (a read-only file mapping's): they leave this process's resident
+    set and stay in the page cache; a later read faults them back in. Never for anonymous memory, whose
+    pages it would zero."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = a.ctypes.data - a.ctypes.data % _PAGE
+    end = a.ctypes.data + a.nbytes
+    _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
+
+
 class LazyExperts:
     """A 3-D expert tensor packed expert by expert as the router first picks each one.
 
@@ -89,7 +105,13 @@ class LazyExperts:
     def _pack(self, e: int) -> PackedWeight:
         _, rows, cols = self.shape
         data = np.concatenate([p[e] for p in self.parts]) if len(self.parts) > 1 else self.parts[0][e]
-        return repack_for_cpu(data, self.qtype, (rows, cols))
+        w = repack_for_cpu(data, self.qtype, (rows, cols))
+        for p in self.parts:
+            if isinstance(
+                p, np.memmap
+            ):  # the file's pages: a second copy once packed (GGUFFile.release_pages)
+                _unmap_pages(p[e])
+        return w
 
     def _store(self, e: int, w: PackedWeight) -> None:
         view = expert_view(self.whole, e, self.shape[1])
