@@ -346,3 +346,27 @@ def test_one_call_expert_matmul_matches_the_per_expert_matmuls_and_numpy(kind: s
         np.testing.assert_array_equal(out[start:end], alone)
         exact = x[start:end].astype(np.float64) @ dense[expert].astype(np.float64).T
         assert np.abs(out[start:end] - exact).max() < 0.02 * np.abs(exact).max()
+
+
+def test_experts_are_packed_when_first_routed_to(tmp_path: Path) -> None:
+    """engine/cpu/lazy_experts.py: after load only expert 0 of each expert tensor is packed; a forward
+    pass packs exactly the experts its tokens chose (layer by layer), and the logits are those of a
+    model whose experts were all packed before the first token."""
+    case = CASES["qwen3moe-q4_k_m"]
+    model, _ = load(case, tmp_path)
+    layer = model.layers[0].moe
+    lazies = [prepare.__self__ for m in (layer.gate_up, layer.down) for prepare in m.prepare]
+    assert lazies and all(lazy.packed.tolist() == [True] + [False] * (case.n_expert - 1) for lazy in lazies)
+    tokens = prompt_tokens(case)[:3]
+    logits = model.forward(Batch.of([BatchPart(0, 0, tokens, "all")]), model.new_cache(1, 16))
+    chosen = set(layer.last_choice.reshape(-1).tolist()) | {0}
+    assert len(chosen) < case.n_expert
+    for lazy in lazies:
+        assert set(np.flatnonzero(lazy.packed).tolist()) == chosen
+    warm, _ = load(case, tmp_path)
+    for moe in (lyr.moe for lyr in warm.layers):
+        for m in (moe.gate_up, moe.down):
+            for prepare in m.prepare:
+                prepare(np.arange(case.n_expert))
+    again = warm.forward(Batch.of([BatchPart(0, 0, tokens, "all")]), warm.new_cache(1, 16))
+    np.testing.assert_array_equal(again, logits)
