@@ -14,8 +14,8 @@ matmul, its split, SwiGLU, the down matmul), ~2,300 a token on Qwen3-30B-A3B's 4
 matmul a parallel region started and joined. Measured in one process on scripts/make_moe_bench_model.py's
 16-layer model (/tmp A/B script: this kernel and the matmul-per-expert fallback alternated, 6 rounds
 of 4 decode steps and a 64-token prompt, every expert packed first; 2026-12-05 13:39, load 13-15 from
-other work on the 2 cores): decode step 893 -> 1605 ms median without it, one-call / loop 0.55x;
-64-token prompt 4.4 -> 18.2 s, 0.25x (the loop ran ~120 experts of a few rows each, a region apiece).
+other work on the 2 cores): decode step 1605 ms (loop) -> 893 ms (one call) median, 0.55x;
+64-token prompt 18.2 -> 4.4 s, 0.25x (the loop ran ~120 experts of a few rows each, a region apiece).
 
 Formats: Q4_K records, Q6_K row quads and Q8_0 on the byte dot-product kernels (every level but
 portable, engine/cpu/isa.py); other formats and levels keep the loop of per-expert matmuls
