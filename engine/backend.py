@@ -155,12 +155,18 @@ class Backend:
     scatter_cells: Callable[[Any, Any, int], None] = _scatter_cells
     # lock_weights(packed weights) -> engine.mlock.LockResult, or None where they are not in host memory.
     lock_weights: Callable[[list[Any]], Any] = _lock_host_weights
-    # Mixture of experts. pack_experts(data, qtype, (n_expert, rows, cols)) -> (the packed weights that
-    # hold them, one weight per expert); None packs each expert with pack_weight. combine_experts(parts,
+    # Mixture of experts. pack_experts(parts, qtype, (n_expert, rows, cols)) -> (the packed weights that
+    # hold them, one weight per expert, prepare(expert ids) to run before a kernel reads those experts, or
+    # None), parts the stored 3-D tensors fused along their rows (gate|up); None packs each expert with
+    # pack_weight at once. combine_experts(parts,
     # rows[T, k], weights[T, k]) -> out[T, n]: with y the parts' rows one after another, out[t] = the sum
     # over i of y[rows[t, i]] * weights[t, i], the products added in rank order (llama.cpp's); rows and
     # weights are host arrays.
-    pack_experts: Callable[..., tuple[list[Any], list[Any]]] | None = None
+    pack_experts: Callable[..., tuple[list[Any], list[Any], Any]] | None = None
+    # experts_matmul(x, whole, rows, runs, out) -> bool: every run (expert, start, end) of x's sorted rows
+    # through its expert of `whole` (pack_experts' one matrix of `rows`-row experts) in one call; False
+    # where the weight's format has no such kernel. None: a matmul per expert.
+    experts_matmul: Callable[..., bool] | None = None
     combine_experts: Callable[..., Any] = _combine_experts
     # The router's matmul (pack_router(data, qtype, shape), router_logits(x, w, out)); None: pack_weight
     # and matmul. Its logits choose the experts: the CPU's are bitwise independent of the batch.
@@ -180,13 +186,15 @@ class Backend:
         (self.router_logits or self.matmul)(x, w, out)
 
     def pack_expert_weights(
-        self, data: Any, qtype: int, shape: tuple[int, int, int]
-    ) -> tuple[list[Any], list[Any]]:
-        """(the packed weights that hold a 3-D expert tensor's experts, one weight per expert)."""
+        self, parts: list[Any], qtype: int, shape: tuple[int, int, int]
+    ) -> tuple[list[Any], list[Any], Callable[[np.ndarray], None] | None]:
+        """(the packed weights that hold 3-D expert tensors' experts, fused along the rows; one weight per
+        expert; prepare(expert ids) to call before those experts are read, or None)."""
         if self.pack_experts is not None:
-            return self.pack_experts(data, qtype, shape)
+            return self.pack_experts(parts, qtype, shape)
+        data = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
         each = [self.pack_weight(data[e], qtype, shape[1:]) for e in range(shape[0])]
-        return each, each
+        return each, each, None
 
 
 def cpu_backend(n_threads: int | None = None) -> Backend:
@@ -194,6 +202,7 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
 
     from engine.cpu import matmul, ops
     from engine.cpu.experts import pack_experts_for_cpu, pack_router_for_cpu, router_logits, swiglu_oai
+    from engine.cpu.matmul.experts import experts_matmul
     from engine.cpu.records import pack_weight_for_cpu
     from engine.cpu.sinks import apply_sinks
 
@@ -204,6 +213,7 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         pack_weight=pack_weight_for_cpu,
         **_kernels(matmul, ops),
         pack_experts=pack_experts_for_cpu,
+        experts_matmul=experts_matmul,
         pack_router=pack_router_for_cpu,
         router_logits=router_logits,
         attention_sinks=apply_sinks,

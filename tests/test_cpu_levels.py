@@ -31,6 +31,9 @@ FOCUSED = [
     "tests/test_archs.py::test_logits_match_llama_cpp",
     "tests/test_model.py::test_teacher_forced_numerics_match_llama_cpp",
     "tests/test_model.py::test_batched_decode_equals_separate_runs",
+    "tests/test_moe.py::test_one_call_expert_matmul_matches_the_per_expert_matmuls_and_numpy",
+    "tests/test_moe.py::test_logits_match_llama_cpp",
+    "tests/test_moe.py::test_outputs_are_bitwise_independent_of_the_batch",
 ]
 OWN = isa.current()
 HOST = isa.host_features()

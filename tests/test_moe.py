@@ -27,21 +27,26 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
+from gguf import quants as gguf_quants
 
 from engine.backend import cpu_backend
 from engine.batch import Batch, BatchPart
 from engine.cpu import ops
-from engine.cpu.experts import router_logits, swiglu_oai
+from engine.cpu.experts import pack_experts_for_cpu, router_logits, swiglu_oai
+from engine.cpu.matmul import BYTE_DOT, matmul
+from engine.cpu.matmul.experts import experts_matmul
 from engine.cpu.sinks import apply_sinks
 from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.models import LlamaModel, load_model
 from engine.models.mixtral import MixtralModel
 from engine.models.moe import Dispatch, Routing, route
-from engine.quant import QType
+from engine.quant import QType, dequantize
 from tests.conftest import load_golden
 from tests.synthetic_moe_gguf import CASES, MoeCase, model_tensors, prompt_tokens, write_gguf
+from tests.synthetic_quant_gguf import random_matrix
 
 TOLERANCE = 1e-3
 CONFIDENT = 0.1  # llama.cpp's top two this far apart in log-probability: the top token must agree
@@ -306,3 +311,62 @@ def test_clamped_swiglu_is_ggml_s() -> None:
     got = gate.copy()
     swiglu_oai(got, up, 1.702, 7.0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "MXFP4"])
+def test_one_call_expert_matmul_matches_the_per_expert_matmuls_and_numpy(kind: str) -> None:
+    """engine/cpu/matmul/experts.py: runs of 1, 2, 3, 5, 9 and 17 rows (every tile size, spans that
+    start mid-tile) through their experts of one packed 3-D tensor in one call give each row bit for bit
+    what the expert's own matmul gives it, and the dequantized weights' product within int8 activation
+    rounding; formats without such a kernel (MXFP4, or every format on the portable level) say so."""
+    n_expert, rows, cols = 6, 64, 512
+    rng = np.random.default_rng(11)
+    if kind == "MXFP4":
+        normal = rng.standard_normal((n_expert * rows, cols)).astype(np.float32) * 0.05
+        data = gguf_quants.quantize(normal, gguf.GGMLQuantizationType.MXFP4)
+    else:
+        data = random_matrix(rng, kind, n_expert * rows, cols, 0.05)
+    qtype = QType[kind]
+    whole, each, prepare = pack_experts_for_cpu(
+        [data.reshape(n_expert, rows, -1)], qtype, (n_expert, rows, cols)
+    )
+    assert prepare is not None
+    prepare(np.arange(n_expert))
+    runs = np.array([[4, 0, 1], [0, 1, 3], [5, 3, 6], [1, 6, 11], [2, 11, 20], [4, 20, 37]], np.int64)
+    x = rng.standard_normal((37, cols)).astype(np.float32)
+    out = np.full((37, rows), np.nan, np.float32)
+    done = experts_matmul(x, whole[0], rows, runs, out)
+    assert done == (BYTE_DOT and kind != "MXFP4")
+    if not done:
+        return
+    dense = dequantize(data, qtype, (n_expert * rows, cols)).reshape(n_expert, rows, cols)
+    for expert, start, end in runs.tolist():
+        alone = np.empty((end - start, rows), np.float32)
+        matmul(np.ascontiguousarray(x[start:end]), each[expert], alone)
+        np.testing.assert_array_equal(out[start:end], alone)
+        exact = x[start:end].astype(np.float64) @ dense[expert].astype(np.float64).T
+        assert np.abs(out[start:end] - exact).max() < 0.02 * np.abs(exact).max()
+
+
+def test_experts_are_packed_when_first_routed_to(tmp_path: Path) -> None:
+    """engine/cpu/lazy_experts.py: after load only expert 0 of each expert tensor is packed; a forward
+    pass packs exactly the experts its tokens chose (layer by layer), and the logits are those of a
+    model whose experts were all packed before the first token."""
+    case = CASES["qwen3moe-q4_k_m"]
+    model, _ = load(case, tmp_path)
+    layer = model.layers[0].moe
+    lazies = [prepare.__self__ for m in (layer.gate_up, layer.down) for prepare in m.prepare]
+    assert lazies and all(lazy.packed.tolist() == [True] + [False] * (case.n_expert - 1) for lazy in lazies)
+    tokens = prompt_tokens(case)[:3]
+    logits = model.forward(Batch.of([BatchPart(0, 0, tokens, "all")]), model.new_cache(1, 16))
+    chosen = set(layer.last_choice.reshape(-1).tolist()) | {0}
+    assert len(chosen) < case.n_expert
+    for lazy in lazies:
+        assert set(np.flatnonzero(lazy.packed).tolist()) == chosen
+    warm, _ = load(case, tmp_path)
+    for moe in (lyr.moe for lyr in warm.layers):
+        for m in (moe.gate_up, moe.down):
+            for prepare in m.prepare:
+                prepare(np.arange(case.n_expert))
+    again = warm.forward(Batch.of([BatchPart(0, 0, tokens, "all")]), warm.new_cache(1, 16))
+    np.testing.assert_array_equal(again, logits)

@@ -1,12 +1,12 @@
-"""The CPU backend's mixture-of-experts pieces: expert tensors packed once with a view per expert, the
-router's float matmul, bitwise independent of the batch, and gpt-oss's clamped SwiGLU.
+"""The CPU backend's mixture-of-experts pieces: expert tensors packed on first use with a view per
+expert (engine/cpu/lazy_experts.py), the router's float matmul, bitwise independent of the batch, and
+gpt-oss's clamped SwiGLU.
 
-A `*_exps` tensor is 3-D (expert, rows, cols). Packed as one (expert x rows, cols) matrix, expert e's rows
-are row groups e x rows / 32 .. (e + 1) x rows / 32 of every field array (each array is (groups, bytes
-per group), engine/quant.py), so a slice of the groups is a contiguous PackedWeight of its own that the
-existing matmul kernels take as they are. One matrix means one huge-page mapping per tensor
-(engine/cpu/huge_pages.py) instead of one per expert: a Qwen3-30B-A3B layer has 128 experts of about
-1.7 MB each, each of which would round up to a 2 MiB mapping of its own.
+A `*_exps` tensor is 3-D (expert, rows, cols), packed as one (expert x rows, cols) matrix whose expert
+e is a contiguous slice of row groups: one mapping per tensor instead of one per expert (a
+Qwen3-30B-A3B layer has 128 experts of about 1.7 MB each, each of which would round up to a 2 MiB
+huge-page mapping of its own), and one array the one-call expert kernels index
+(engine/cpu/matmul/experts.py).
 
 The router (`ffn_gate_inp`, float32 in every release: llama-quantize leaves it so) is small (n_expert x
 n_embd), but its logits choose the experts and weigh their outputs, so a last-bit difference changes a
@@ -18,40 +18,36 @@ whatever the batch: 16 lane sums over the row, then the lanes added in order.
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numba import njit, prange
 
+from engine.cpu.lazy_experts import LazyExperts, expert_view
 from engine.cpu.records import pack_weight_for_cpu
 from engine.cpu.vecmath import exp
-from engine.quant import PACKED_FIELDS, ROWS, PackedWeight, dequantize
+from engine.quant import ROWS, dequantize
 
 _KERNEL = {"cache": True, "nogil": True, "error_model": "numpy"}
 LANES = 16
 
 
-def expert_view(w: PackedWeight, e: int, rows: int) -> PackedWeight:
-    """Expert e's rows of a matrix packed from (n_expert x rows) rows, rows a multiple of 32."""
-    per = rows // ROWS
-    sliced = {f: getattr(w, f)[e * per : (e + 1) * per] for f in PACKED_FIELDS}
-    return dataclasses.replace(w, n_rows=rows, **sliced)
-
-
 def pack_experts_for_cpu(
-    data: np.ndarray, qtype: int, shape: tuple[int, int, int]
-) -> tuple[list[Any], list[Any]]:
-    """(the packed weights that hold the experts, one weight per expert) of a 3-D tensor's stored rows
-    `data` (experts, rows, bytes per row). Rows that are not a multiple of 32 would share a row group
-    between two experts: those experts are packed one by one."""
+    parts: list[np.ndarray], qtype: int, shape: tuple[int, int, int]
+) -> tuple[list[Any], list[Any], Callable[[np.ndarray], None] | None]:
+    """(the packed weights that hold the experts, one weight per expert, `prepare`) of a 3-D tensor's
+    stored rows, `parts` (each (experts, rows_i, bytes per row), fused along the rows: gate|up). Experts
+    are packed on first use: prepare(experts) packs those of them not packed yet, and must run before a
+    kernel reads them. Rows that are not a multiple of 32 would share a row group between two experts:
+    those experts are packed one by one, at once (prepare None)."""
     n_expert, rows, cols = shape
     if rows % ROWS:
+        data = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
         each = [pack_weight_for_cpu(data[e], qtype, (rows, cols)) for e in range(n_expert)]
-        return each, each
-    flat = np.asarray(data).reshape(n_expert * rows, *data.shape[2:])
-    whole = pack_weight_for_cpu(flat, qtype, (n_expert * rows, cols))
-    return [whole], [expert_view(whole, e, rows) for e in range(n_expert)]
+        return each, each, None
+    lazy = LazyExperts(parts, qtype, shape)
+    return [lazy.whole], [expert_view(lazy.whole, e, rows) for e in range(n_expert)], lazy.prepare
 
 
 def pack_router_for_cpu(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> np.ndarray:

@@ -112,13 +112,18 @@ def q6k_row_quads(w: PackedWeight) -> PackedWeight:
 
 
 def pack_weight_for_cpu(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> PackedWeight:
-    """The CPU backend's pack_weight: engine.quant's, Q4_K as records and Q6_K in row quads where the
-    byte dot-product kernels run (every level but portable, engine/cpu/isa.py), the arrays then moved into
-    huge pages (engine/cpu/huge_pages.py)."""
+    """The CPU backend's pack_weight: `repack_for_cpu`, the arrays then moved into huge pages
+    (engine/cpu/huge_pages.py)."""
+    return move_to_huge_pages(repack_for_cpu(data, qtype, shape))
+
+
+def repack_for_cpu(data: np.ndarray, qtype: int, shape: tuple[int, int]) -> PackedWeight:
+    """engine.quant's pack_weight, Q4_K as records and Q6_K in row quads where the byte dot-product
+    kernels run (every level but portable, engine/cpu/isa.py)."""
     byte_dot = isa.current().level.byte_dot
     w = pack_weight(data, qtype, shape)
     if byte_dot and w.qtype == QType.Q4_K:
         w = q4k_records(w)
     elif byte_dot and w.qtype == QType.Q6_K:
         w = q6k_row_quads(w)
-    return move_to_huge_pages(w)
+    return w

@@ -124,6 +124,11 @@ def _matmul_q4_k(x, qs, d, m, sc, mn, out) -> None:  # type: ignore[no-untyped-d
 
 @njit(inline="always")
 def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    _q4k_record_tile_to(a, g, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q4k_record_tile_to(a, g, go, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     """Q4_K's records (engine/cpu/records.py) on vpdpbusd, a whole block per call, every tile size: the
     same integers as _q4k_tile, the same _k_superblock; `rec16` is the records as uint16 (the d and
     dmin lanes)."""
@@ -141,7 +146,7 @@ def _q4k_record_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         dm = (at + Q4K_D) // 2
         dq, mq = rec16_g[dm : dm + ROWS], rec16_g[dm + ROWS : dm + 2 * ROWS]
         _k_superblock_lanes(acc, blocks, dq, mq, mn[g], sb * 8 * ROWS, ROWS, True, xd, xsum, sb, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, go, t0, n_tok)
 
 
 @njit(parallel=True, **_KERNEL)

@@ -95,6 +95,11 @@ def _q6k_block(blocks, out_at, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok) -> N
 
 @njit(inline="always")
 def _q6k_row_quad_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    _q6k_row_quad_tile_to(a, g, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q6k_row_quad_tile_to(a, g, go, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     """The tile on Q6_K in row quads (engine/cpu/records.py): its qs and qh permuted, sc and d as they are."""
     qs, qh, sc, d, xb, x16, xd, out = a
     acc = stack_tile_f32()
@@ -111,7 +116,7 @@ def _q6k_row_quad_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             else:
                 _q6k_block(flat_blocks, bb * 256, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok)
         _k_superblock(acc, blocks, d, d, d, False, xd, xd, g, sb, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, go, t0, n_tok)
 
 
 @njit(**_KERNEL)

@@ -54,6 +54,11 @@ def _q8_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
 
 @njit(inline="always")
 def _q8_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
+    _q8_tile_vnni_to(a, g, g, t0, n_tok)
+
+
+@njit(inline="always")
+def _q8_tile_vnni_to(a, g, go, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
     qs, d, xp, xb, xs, xd, out = a
     acc = stack_tile_f32()
     sums = carray(_alloca_i32(256), (256,))
@@ -74,7 +79,7 @@ def _q8_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             xdt = xd[t0 + t, b]
             for r in range(ROWS):
                 acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(sums[t * ROWS + r])
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, go, t0, n_tok)
 
 
 @njit(**_KERNEL)
