@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.synthetic_moe_gguf import MoeCase, _write_metadata  # noqa: E402
-from tests.synthetic_quant_gguf import _vocabulary, random_matrix  # noqa: E402
+from tests.synthetic_quant_gguf import random_matrix, write_vocabulary  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "llamba" / "bench"
 N_VOCAB = 151936
@@ -98,15 +98,7 @@ def make(name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
 def write(path: Path, c: MoeCase) -> None:
     w = gguf.GGUFWriter(str(path), c.arch)
     _write_metadata(w, c, None)
-    tokens, scores, types = _vocabulary(N_VOCAB)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    write_vocabulary(w, N_VOCAB)
     specs = tensor_specs(c)
     for name, shape, kind in specs:
         qtype = gguf.GGMLQuantizationType[kind]

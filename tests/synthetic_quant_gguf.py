@@ -78,6 +78,19 @@ def random_matrix(rng: np.random.Generator, type_name: str, rows: int, cols: int
     return raw.reshape(rows, -1)
 
 
+def write_vocabulary(w: GGUFWriter, n_vocab: int) -> None:
+    """The SentencePiece-style test vocabulary (`_vocabulary`) with its special ids: unk 0, bos 1, eos 2."""
+    tokens, scores, types = _vocabulary(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
 def _vocabulary(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     """SentencePiece-style: <unk>, <s>, </s>, the 256 byte tokens, then word pieces."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -100,15 +113,7 @@ def _metadata(w: GGUFWriter, s: SyntheticShape, type_name: str) -> None:
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(s.n_vocab)
-    tokens, scores, types = _vocabulary(s.n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    write_vocabulary(w, s.n_vocab)
 
 
 def _add(w: GGUFWriter, name: str, data: np.ndarray, type_name: str) -> None:

@@ -40,6 +40,7 @@ from tests.server_process import ServerProcess
 from tests.synthetic_harmony_gguf import SPECIAL, TEMPLATE, write_harmony_gguf
 from tests.synthetic_moe_gguf import CASES, prompt_tokens, write_gguf
 from tests.test_moe import logits_of
+from tests.test_tools_server import streamed
 
 CASE = CASES["qwen3moe-q4_k_m"]
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -292,24 +293,6 @@ def test_harmony_without_reasoning_format_is_text(oss: openai.OpenAI) -> None:
     assert not message.model_extra.get("reasoning_content")
 
 
-def _streamed_calls(stream: Any) -> tuple[str, list[tuple[str, str]], str]:
-    """A stream's content, calls (name, arguments text) assembled from their deltas, finish reason."""
-    content, calls, finish = "", {}, ""
-    for chunk in stream:
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        content += choice.delta.content or ""
-        for step in choice.delta.tool_calls or ():
-            name, arguments = calls.get(step.index, ("", ""))
-            calls[step.index] = (
-                name + (step.function.name or ""),
-                arguments + (step.function.arguments or ""),
-            )
-        finish = choice.finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish
-
-
 def test_harmony_tool_call_parses_whole_and_streamed(oss: openai.OpenAI) -> None:
     """tool_choice required: the engine writes a harmony message to functions.get_weather under the
     format's grammar; whole and streamed, it comes back as the same call and no content."""
@@ -325,7 +308,7 @@ def test_harmony_tool_call_parses_whole_and_streamed(oss: openai.OpenAI) -> None
     assert not choice.message.content
     assert choice.finish_reason == "tool_calls"
 
-    content, calls, finish = _streamed_calls(_chat(oss, stream=True, **ask))
+    content, calls, finish = streamed(_chat(oss, stream=True, **ask))
     assert content == "" and finish == "tool_calls"
     ((name, streamed_arguments),) = calls
     assert name == "get_weather" and json.loads(streamed_arguments) == arguments
