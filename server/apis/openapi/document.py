@@ -92,6 +92,7 @@ class Route:
 
 _CONV_ID = Query("conv_id", "the conversation id the stream was started with (X-Conversation-Id)", True)
 _FROM = Query("from", "byte offset to replay from", schema=(("type", "string"), ("pattern", "^[0-9]*$")))
+_PROXY_URL = Query("url", "the MCP server's URL the request is forwarded to", True)
 _SLOT_ACTION = Query("action", "what to do with the slot", True, (("enum", ["save", "restore", "erase"]),))
 
 ROUTES: tuple[Route, ...] = (
@@ -140,6 +141,8 @@ ROUTES: tuple[Route, ...] = (
     Route("post", ("/slots/{id_slot}",), "save, restore or erase a slot's cache", SlotActionRequest,
           query=(_SLOT_ACTION,)),
     Route("get", ("/metrics",), "Prometheus metrics (--metrics)", content="text/plain"),
+    Route("get", ("/cors-proxy",), "the web UI's MCP proxy (--ui-mcp-proxy; else 403)", query=(_PROXY_URL,)),
+    Route("post", ("/cors-proxy",), "the web UI's MCP proxy (--ui-mcp-proxy; else 403)", query=(_PROXY_URL,)),
     Route("get", ("/tools",), "the MCP servers' tools (with MCP servers configured)"),
     Route("post", ("/tools",), "call an MCP tool (with MCP servers configured)", ToolCallRequest),
     Route("get", ("/openapi.json",), "this document"),
