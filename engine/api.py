@@ -126,6 +126,10 @@ class GenerationRequest:
     request_id: str = ""
     timings_per_token: bool = False  # timings on every event, not only the last
     return_progress: bool = False  # an event after every prompt chunk, with `progress`
+    # llama-server's time limit: once this many ms passed since the first token, the next token whose
+    # text holds a newline ends the generation ("length", stop_type limit); <= 0: no limit
+    t_max_predict_ms: int = -1
+    n_discard: int = 0  # tokens a context shift drops after the kept ones; 0: half of the rest
     truncated: bool = False  # the prompt was cut to fit the context (context shift)
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
     tool_calls: ToolCallSpec | None = None  # None: no tool-call parsing

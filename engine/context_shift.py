@@ -26,9 +26,13 @@ def truncate_prompt(tokens: list[int], n_ctx: int, n_keep: int) -> list[int]:
     return tokens[:n_keep] + tokens[n_keep + erased * block :]
 
 
-def discard_count(n_past: int, n_keep: int) -> int:
-    """How many tokens after the kept prefix a shift drops: half of the rest."""
-    return max(1, (n_past - n_keep) // 2)
+def discard_count(n_past: int, n_keep: int, asked: int = 0) -> int:
+    """How many tokens after the kept prefix a shift drops: `asked` (a request's n_discard, at most all
+    but one of the rest), else half of the rest, as llama-server."""
+    left = n_past - n_keep
+    if asked > 0:
+        return max(1, min(asked, left - 1))
+    return max(1, left // 2)
 
 
 def shift_cells(

@@ -183,7 +183,7 @@ class Scheduler:
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
         n_past = len(slot.tokens)
         n_keep = min(self.n_keep, n_past - 2)
-        n_discard = discard_count(n_past, n_keep)
+        n_discard = discard_count(n_past, n_keep, seq.request.n_discard)
         assert self.shift_kv is not None
         self.shift_kv(slot.id, n_keep + n_discard, n_past, -n_discard)
         slot.tokens = slot.tokens[:n_keep] + slot.tokens[n_keep + n_discard :]

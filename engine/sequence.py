@@ -160,6 +160,7 @@ class Sequence:
         is_eog = token in self.eog_ids and not self.request.ignore_eos
         text, stop_word = ("", None) if is_eog else self.stopper.push(self.decoder.push(token))
         finish = self._finish_reason(is_eog or stop_word is not None or grammar_done, room)
+        finish = finish or self._timed_out(text)
         if finish and stop_word is None:
             text += self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()
         answer = self._read_answer(self._split(text, forced, finish is not None), finish is not None)
@@ -207,6 +208,13 @@ class Sequence:
         if 0 <= n_predict <= self.n_generated or not room:
             return "length"
         return None
+
+    def _timed_out(self, text: str) -> str | None:
+        """llama-server's t_max_predict_ms: past the limit, a token whose text holds a newline ends it."""
+        limit = self.request.t_max_predict_ms
+        if limit <= 0 or "\n" not in text:
+            return None
+        return "length" if 1e3 * (time.perf_counter() - self.t_prompt_done) > limit else None
 
     def _split(self, text: str, forced: bool, final: bool) -> Split:
         return AnswerReaders(self.reasoning, self.tool_parser).split(text, forced, final)

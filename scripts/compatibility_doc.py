@@ -94,8 +94,10 @@ def _fields() -> list[str]:
         "## Request fields",
         "",
         "Each field of llama-server's README and OpenAI's reference for these bodies, with what Llamba's",
-        "request schema (`server/chat/schemas.py`, `server/chat/unsupported.py`) does with it: nothing a",
-        "client sends is silently ignored.",
+        "request schema (`server/chat/schemas.py`, `server/chat/unsupported.py`) does with it. A field no",
+        "schema reads is ignored, as llama-server ignores keys it does not read: named once per process in",
+        "the log (`request.unknown_field`, warning) and counted in /metrics (`llamba:unknown_fields_total`,",
+        "by field); `--strict-fields` answers 400 naming it instead.",
     ]
     for body in BODIES:
         lines += [

@@ -25,7 +25,7 @@ from server.apis.responses.runs import ResponsesState
 from server.apis.responses.store import ResponseStore
 from server.builtin_tools import BuiltinTools, ToolContext
 from server.config.settings import Settings
-from server.http import sse
+from server.http import sse, unknown_fields
 from server.http.auth import install_auth
 from server.http.cors import install_cors
 from server.http.error_handlers import install_error_handlers
@@ -73,6 +73,7 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     install_auth(app, settings.api_keys)
     install_cors(app, settings)
     install_error_handlers(app)
+    unknown_fields.install(app, settings.strict_fields)
     state.toolbox = _install_tools(app, settings)
     app.register_blueprint(cors_proxy.bp if settings.ui_mcp_proxy else cors_proxy.disabled_bp)
     _install_lifespan(app, model, sessions, store, on_load_failure)

@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 from quart import Quart
 
-from server.apis.openapi.surface import BODIES, MCP, PROXY, ROUTER, ROUTES, SERVER, field_status
+from server.apis.openapi.surface import (
+    BODIES,
+    MCP,
+    PROXY,
+    ROUTER,
+    ROUTES,
+    SERVER,
+    UNKNOWN_STATUS,
+    field_status,
+)
 from server.app import create_app
 from server.config.parse import parse_settings
 from server.mcp.config import McpServerConfig
@@ -64,6 +73,9 @@ def test_field_statuses_follow_the_schemas() -> None:
     chat = next(b for b in BODIES if b.routes == "/v1/chat/completions")
     assert field_status(chat, "verbosity").startswith("not implemented: accepted only at `'medium'`")
     native = next(b for b in BODIES if b.routes == "/completion")
-    assert field_status(native, "sse_ping_interval") == "not implemented: 400 naming it"
+    assert field_status(native, "sse_ping_interval").startswith("accepted, no effect: no SSE comment pings")
+    assert field_status(native, "return_tokens") == field_status(native, "t_max_predict_ms") == "implemented"
+    assert field_status(chat, "n_probs") == "implemented"
+    assert field_status(chat, "no_such_field") == UNKNOWN_STATUS
     for b in BODIES:
         assert len(b.fields) == len(set(b.fields)), b.routes

@@ -382,7 +382,6 @@ BAD_BODIES = {
         "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]
     },
     "input.0": {"input": [{"type": "computer_call_output", "call_id": "c"}]},
-    "frobnicate": {"frobnicate": 1},
     "input": {"input": []},
     "store": {"background": True, "store": False},
     "reasoning.effort": {"reasoning": {"effort": "high"}},

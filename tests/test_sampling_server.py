@@ -17,7 +17,7 @@ REPEATS = "one two three one two three one two three one two"  # greedy goes on 
 
 
 def complete(server: ServerProcess, **fields: Any) -> dict[str, Any]:
-    body = {"prompt": PROMPT, "n_predict": 6, **fields}
+    body = {"prompt": PROMPT, "n_predict": 6, "return_tokens": True, **fields}
     reply = httpx.post(server.base_url + "/completion", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     return reply.json()
@@ -218,7 +218,13 @@ def test_the_sampling_flags_set_the_defaults() -> None:
         assert params["typical_p"] == 0.9 and params["top_n_sigma"] == 2.0 and params["min_keep"] == 3
         assert params["dynatemp_range"] == 0.4 and params["samplers"] == ["top_k", "top_p", "temperature"]
         assert params["logit_bias"] == [[PARIS, False]]
-        body = {"prompt": PROMPT, "n_predict": 1, "n_probs": 3, "post_sampling_probs": True}
+        body = {
+            "prompt": PROMPT,
+            "n_predict": 1,
+            "n_probs": 3,
+            "post_sampling_probs": True,
+            "return_tokens": True,
+        }
         reply = httpx.post(proc.base_url + "/completion", json=body, timeout=120).json()
         # mirostat 2 at zero surprise keeps only the best token, and the banned " Paris" is not it
         assert reply["tokens"] != [PARIS] and len(reply["completion_probabilities"][0]["top_probs"]) == 1

@@ -92,7 +92,13 @@ def test_prompt_over_the_context_is_rejected_before_any_sse_byte(server) -> None
 def test_native_completion_and_probabilities(server) -> None:  # type: ignore[no-untyped-def]
     reply = httpx.post(
         server.base_url + "/completion",
-        json={"prompt": "The capital of France is", "n_predict": 4, "temperature": 0, "n_probs": 2},
+        json={
+            "prompt": "The capital of France is",
+            "n_predict": 4,
+            "temperature": 0,
+            "n_probs": 2,
+            "return_tokens": True,
+        },
         timeout=60,
     ).json()
     assert reply["content"].startswith(" Paris")

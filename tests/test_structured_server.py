@@ -249,7 +249,14 @@ def test_sampled_generations_follow_every_llama_cpp_grammar(
     async def generate() -> list[dict]:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
             bodies = [
-                {"prompt": PROMPTS[name], "grammar": source, "n_predict": 64, "temperature": 1.0, "seed": s}
+                {
+                    "prompt": PROMPTS[name],
+                    "grammar": source,
+                    "n_predict": 64,
+                    "temperature": 1.0,
+                    "seed": s,
+                    "return_tokens": True,
+                }
                 for s in range(12)
             ]
             return [

@@ -9,6 +9,7 @@ from typing import Any
 
 from engine.api import (
     GenerationRequest,
+    SamplingParams,
     SpecParams,
     Timings,
     TokenEvent,
@@ -52,6 +53,7 @@ async def build_request(
         sampling = body.sampling(s.sampling, prompts.n_vocab, prompts.encode_plain, n_probs)
     except ValueError as exc:
         raise errors.invalid_request(str(exc)) from exc
+    sampling = whole_context_windows(sampling, model.n_ctx_slot)
     return GenerationRequest(
         prompt_tokens=prompt.tokens,
         sampling=sampling,
@@ -63,6 +65,8 @@ async def build_request(
         request_id=request_id,
         timings_per_token=body.timings_per_token,
         return_progress=body.return_progress,
+        t_max_predict_ms=body.t_max_predict_ms,
+        n_discard=body.n_discard,
         truncated=prompt.truncated,
         reasoning=prompt.reasoning,
         tool_calls=reading or (tools.parsing if tools else None),
@@ -70,6 +74,14 @@ async def build_request(
         grammar=await answer_grammar(client, body, tools),
         speculative=spec_params(s, body),
     )
+
+
+def whole_context_windows(sampling: SamplingParams, n_ctx_slot: int) -> SamplingParams:
+    """`repeat_last_n: -1` and `dry_penalty_last_n: -1` mean the slot's context, as llama-server maps
+    them (its generation_settings then show the size); a window past a context shift stays this size."""
+    windows = {"repeat_last_n": sampling.repeat_last_n, "dry_penalty_last_n": sampling.dry_penalty_last_n}
+    mapped = {name: n_ctx_slot for name, n in windows.items() if n == -1}
+    return replace(sampling, **mapped) if mapped else sampling
 
 
 def spec_params(settings: Settings, body: GenerationFields) -> SpecParams | None:

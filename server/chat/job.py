@@ -50,7 +50,7 @@ async def prepare_chat(
     prompt = await prompts.chat(chat_input(model.settings, body, tools))
     log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
     reading = prompts.answer_reading(tools, body.answer_schema() is not None, body.stream)
-    request = await build_request(model, body, prompt, body.n_probs(), completion_id, tools, reading)
+    request = await build_request(model, body, prompt, body.probs_count(), completion_id, tools, reading)
     return ChatJob(prompt.text, len(prompt.tokens), request, streams_prefill(body))
 
 

@@ -1,4 +1,5 @@
-"""Request bodies (pydantic). Every generation field is acted on or refused (server/chat/unsupported.py)."""
+"""Request bodies (pydantic). Every generation field is acted on, refused, or (unknown, as llama-server
+does) ignored and noted: server/chat/unsupported.py says which."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from engine.api import SamplingParams
 from server.chat.tool_schemas import ConstraintFields, ToolFields
@@ -65,6 +74,11 @@ class GenerationFields(ConstraintFields):
     ignore_eos: bool | None = None  # None: the server's --ignore-eos
     timings_per_token: bool = False
     return_progress: bool = False
+    # llama-server's time limit on generation: past this many ms after the first token, the next token
+    # whose text holds a newline ends it (stop_type limit; <= 0: none).
+    t_max_predict_ms: int = -1
+    # tokens a context shift drops after the kept ones (0: half of the rest), as llama-server's n_discard
+    n_discard: int = Field(default=0, ge=0)
     verbose: bool | None = None  # `__verbose` in the reply; None: the server's -v (llama-server's rule)
     # llama-server's per-request speculation (keys with dots); None: the server's --spec-* settings.
     speculative_type: str | list[str] | None = Field(default=None, alias="speculative.type")
@@ -73,7 +87,7 @@ class GenerationFields(ConstraintFields):
     speculative_p_min: float | None = Field(default=None, alias="speculative.p_min")
 
     @model_validator(mode="after")
-    def _nothing_ignored(self) -> GenerationFields:
+    def _extra_fields(self) -> GenerationFields:
         problems = unsupported(self.model_extra)
         if problems:
             raise ValueError("; ".join(problems))
@@ -206,6 +220,9 @@ class ChatCompletionRequest(GenerationFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # llama-server's own name, read when `logprobs` is not set (its OpenAI layer passes the body's other
+    # keys on): the reply's `logprobs` with this many top_logprobs per token
+    n_probs: int | None = Field(default=None, ge=0, le=100)
     chat_template_kwargs: dict[str, Any] | None = None
     # Assistant prefill: continue the last (assistant) message instead of opening a new turn. None: when
     # the last message is the assistant's, as llama-server does; vLLM's flag, exclusive with the next;
@@ -232,8 +249,18 @@ class ChatCompletionRequest(GenerationFields, ToolFields):
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         return self
 
-    def n_probs(self) -> int:
-        return (self.top_logprobs or 1) if self.logprobs else 0
+    @model_validator(mode="after")
+    def _top_logprobs_with_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:  # llama-server's check, its words
+            raise ValueError("top_logprobs requires logprobs to be set to true")
+        return self
+
+    def probs_count(self) -> int:
+        """The top tokens each generated token reports: `logprobs` with `top_logprobs` (OpenAI's), else
+        llama-server's `n_probs`; 0: no logprobs in the reply."""
+        if self.logprobs:
+            return self.top_logprobs or 1
+        return self.n_probs or 0
 
     def reasoning_budget(self, server_default: int) -> int:
         for value in (self.reasoning_budget_tokens, self.thinking_budget_tokens):
@@ -265,6 +292,7 @@ class CompletionRequest(GenerationFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     n_probs: int = Field(default=0, ge=0, le=100)
     echo: bool = False
+    return_tokens: bool = False  # /completion and /infill: the generated token ids in a whole reply
 
     @field_validator("prompt")
     @classmethod
@@ -320,16 +348,16 @@ class InfillRequest(CompletionRequest):
     /completion."""
 
     prompt: str = ""  # type: ignore[assignment]
+    response_fields: list[StrictStr] | None = None  # as /completion's
     input_prefix: str | list[int]
     input_suffix: str | list[int]
     input_extra: list[InfillChunk] = []
 
     @model_validator(mode="after")
-    def _no_openai_only_fields(self) -> InfillRequest:
-        """OpenAI's `echo` and `logprobs` belong to /v1/completions; /infill answers n_probs."""
-        for name in ("echo", "logprobs"):
-            if name in self.model_fields_set:
-                raise ValueError(f"'{name}' is not an /infill field (use n_probs for probabilities)")
+    def _no_echo(self) -> InfillRequest:
+        """OpenAI's `echo` belongs to /v1/completions (`logprobs` is read as n_probs, as llama-server)."""
+        if "echo" in self.model_fields_set:
+            raise ValueError("'echo' is not an /infill field")
         return self
 
 

@@ -1,17 +1,22 @@
-"""Fields a generation request may carry that Llamba does not act on: nothing a client sends is silently
-ignored.
+"""Fields a generation request may carry that Llamba does not act on, and what happens to each.
 
 - Metadata that changes no output (OpenAI's `user`, `metadata`, `store`, ...) is accepted.
+- llama-server's fields that would change nothing here (ACCEPTED, each with why) are accepted; their
+  values are not read.
 - llama-server's and OpenAI's fields that Llamba does not implement yet are accepted only with their
   no-op value (clients such as SillyTavern send a whole sampler set at its defaults); any other value is
-  a 400 naming the field. Implementing one means removing it from NOT_YET.
-- Any other field is a 400 naming it.
+  a 400 naming the field: the client asked for an effect Llamba cannot give. Implementing one means
+  removing it from NOT_YET.
+- Any other field is unknown: accepted and ignored as llama-server ignores keys it does not read, named
+  once in the log and counted in /metrics; with --strict-fields a 400 naming it
+  (server/http/unknown_fields.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from server.http import unknown_fields
 from server.model.sampling import NUMBER_FIELDS
 
 # Accepted and without effect on what is generated.
@@ -34,6 +39,19 @@ METADATA = frozenset(
     }
 )
 
+# llama-server's fields that change nothing here: field -> why. Accepted whatever their value.
+ACCEPTED: dict[str, str] = {
+    "n_cache_reuse": "Llamba reuses every cached prefix a prompt shares with its slot or the host prompt "
+    "cache (no chunk reuse by KV shifting): no minimum chunk size to set",
+    "sse_ping_interval": "no SSE comment pings are sent: a silent stream stays silent (use -to/--timeout "
+    "for idle connections)",
+    "t_max_prompt_ms": "llama-server does not read it either (a TODO there)",
+    "return_tokens": "read by /completion and /infill (a whole reply's `tokens`); the OpenAI and Anthropic "
+    "shapes have no place for token ids",
+    "response_fields": "llama-server applies it to /completion's and /infill's native reply only (both "
+    "implement it here); the OpenAI shapes do not read it",
+}
+
 # field -> the value that leaves generation unchanged (llama.cpp's defaults).
 NOT_YET: dict[str, Any] = {
     # llama-server's adaptive-p sampler (adaptive_decay is only read with it)
@@ -41,7 +59,6 @@ NOT_YET: dict[str, Any] = {
     "adaptive_decay": 0.9,
     "penalize_nl": False,
     "n_indent": 0,
-    "t_max_predict_ms": 0,
     "lora": [],
     "image_data": [],
     "n_keep": 0,
@@ -84,32 +101,43 @@ LLAMA_EXTRAS = frozenset(
         "speculative.n_max",
         "speculative.n_min",
         "speculative.p_min",
+        "t_max_predict_ms",
+        "n_discard",
+        "n_probs",
     }
     | set(NUMBER_FIELDS)
     | NOT_YET.keys()
+    | ACCEPTED.keys()
 )
 
 
-def llama_extras(extra: dict[str, Any] | None, own: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The extra fields of an Anthropic or Responses body that pass through to the chat request
-    (llama-server's, minus those the API has its own name for); ValueError naming any other."""
-    unknown = [name for name in extra or {} if name not in LLAMA_EXTRAS or name in own]
-    if unknown:
-        raise ValueError("; ".join(f"'{name}': unknown field" for name in unknown))
-    return dict(extra or {})
+def passed_extras(extra: dict[str, Any] | None, own: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The extra fields of an Anthropic or Responses body that pass through to the chat request:
+    llama-server's, minus those the API has its own name for."""
+    return {name: v for name, v in (extra or {}).items() if name in LLAMA_EXTRAS and name not in own}
+
+
+def check_extras(extra: dict[str, Any] | None, own: frozenset[str] = frozenset()) -> None:
+    """The Anthropic or Responses body's other extra fields are unknown there: ignored and noted, or
+    with --strict-fields a ValueError naming them."""
+    kept = passed_extras(extra, own)
+    problems = unknown_fields.refused(name for name in extra or {} if name not in kept)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def unsupported(extra: dict[str, Any] | None) -> list[str]:
-    """Why each extra field of a request cannot be accepted (empty when all can)."""
-    problems = []
+    """Why extra fields of a request cannot be accepted (empty when all can): a not-yet-implemented
+    field asked for an effect, or (with --strict-fields) an unknown field. Unknown fields are noted."""
+    problems, unknown = [], []
     for name, value in (extra or {}).items():
-        if name in METADATA:
+        if name in METADATA or name in ACCEPTED:
             continue
         if name not in NOT_YET:
-            problems.append(f"'{name}': unknown field")
+            unknown.append(name)
         elif value is not None and value != NOT_YET[name]:
             problems.append(f"'{name}': not supported (only {NOT_YET[name]!r}, which changes nothing)")
-    return problems
+    return problems + unknown_fields.refused(unknown)
 
 
 TELEMETRY = frozenset({"timings_per_token", "return_progress"})

@@ -365,6 +365,9 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
     add("--header-timeout", type=float, default=d.header_timeout,
         help="seconds a client may take to send its request's headers (idle keep-alive too)")  # fmt: skip
     add("--max-header-size", type=int, default=d.max_header_size, help="bytes of a request line + headers")
+    add("--strict-fields", action="store_true", default=False,
+        help="answer 400 to a request field Llamba does not know (default: ignored and logged once, as "
+        "llama-server ignores keys it does not read)")  # fmt: skip
 
 
 def _version() -> str:

@@ -87,6 +87,7 @@ class Settings(BaseModel):
     slots: bool = True
     metrics: bool = False
     props: bool = False  # --props: POST /props is served
+    strict_fields: bool = False  # --strict-fields: a request field Llamba does not know is a 400
     webui: bool = True
     slot_save_path: Path | None = None  # where POST /slots/<id>?action=save|restore puts slot files
     verbose: bool = False

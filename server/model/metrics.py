@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from engine.api import EngineSnapshot, TokenEvent
+from server.http.unknown_fields import UNKNOWN_FIELDS
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 
@@ -252,7 +253,9 @@ def llamacpp_text(counters: Counters, engine: EngineSnapshot) -> str:
 
 
 def exposition(counters: Counters, engine: EngineSnapshot) -> bytes:
-    """The whole /metrics page: llamacpp:* first (as llama-server orders them), then the histograms.
-    A scrape starts the throughput gauges' window again."""
-    histograms = generate_latest(Page(list(counters.latency.collect())))
+    """The whole /metrics page: llamacpp:* first (as llama-server orders them), then the histograms and
+    the unknown request fields' counter (server/http/unknown_fields.py). A scrape starts the throughput
+    gauges' window again."""
+    families = [*counters.latency.collect(), *UNKNOWN_FIELDS.collect()]
+    histograms = generate_latest(Page(families))
     return llamacpp_text(counters, engine).encode() + histograms

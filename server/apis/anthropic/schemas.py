@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from server.chat.schemas import ChatCompletionRequest
 from server.chat.tool_schemas import TOOL_NAME
-from server.chat.unsupported import TELEMETRY, llama_extras
+from server.chat.unsupported import TELEMETRY, check_extras, passed_extras
 from server.config.json_schema import check_schema
 from server.http import errors
 
@@ -303,13 +303,17 @@ class CountTokensRequest(BaseModel):
 
     @model_validator(mode="after")
     def _known_extras(self) -> CountTokensRequest:
-        llama_extras(self.model_extra, TELEMETRY | (THINKING_FIELDS if self.thinking else frozenset()))
+        check_extras(self.model_extra, self._own_fields())
         return self
+
+    def _own_fields(self) -> frozenset[str]:
+        """llama-server's fields this API has its own way to say (or, telemetry, no place for)."""
+        return TELEMETRY | (THINKING_FIELDS if self.thinking else frozenset())
 
     def to_chat(self, stream: bool = False) -> ChatCompletionRequest:
         """The chat request this body means (400 naming an Anthropic field for what cannot be)."""
         fields: dict[str, Any] = {
-            **(self.model_extra or {}),
+            **passed_extras(self.model_extra, self._own_fields()),
             "messages": chat_messages(self),
             "stream": stream,
         }

@@ -195,7 +195,8 @@ async def infill() -> Any:
 
 async def native_reply(model: ModelHost, body: CompletionRequest, prompt: Prompt, index: int = 0) -> Any:
     """/completion's and /infill's reply: streamed, or whole (`response_fields` keeps some of it)."""
-    gen = await build_request(model, body, prompt, body.n_probs, new_id("cmpl"))
+    n_probs = body.n_probs or body.logprobs or 0  # llama-server reads `logprobs` without `n_probs`
+    gen = await build_request(model, body, prompt, n_probs, new_id("cmpl"))
     n_prompt = len(prompt.tokens)
     if body.stream:
         return sse.response(native_stream(model, body, gen, n_prompt))
@@ -203,13 +204,13 @@ async def native_reply(model: ModelHost, body: CompletionRequest, prompt: Prompt
     reply = {
         "index": index,
         "content": out.text,
-        "tokens": out.tokens,
+        "tokens": out.tokens if body.return_tokens else [],  # llama-server keeps them only when asked
         **final_fields(model, out.final, n_prompt),
         "generation_settings": generation_settings(model, body, gen),
         "prompt": model.prompts.detokenize(prompt.tokens),
         "has_new_line": "\n" in out.text,
     }
-    if body.n_probs:
+    if n_probs:
         reply["completion_probabilities"] = openai_logprobs(model.prompts, out.events)
     paths = getattr(body, "response_fields", None)
     return nested_fields(paths, reply) if paths else reply
@@ -228,7 +229,7 @@ async def native_stream(
             "content": event.text,
             "tokens": [] if event.token is None else [event.token],
         }
-        if body.n_probs:
+        if gen.sampling.n_probs:
             chunk["completion_probabilities"] = openai_logprobs(model.prompts, [event])
         if body.timings_per_token and event.timings is not None:
             chunk["timings"] = event.timings.as_dict()

@@ -57,7 +57,7 @@ def chat_choice(
     if out.tool_calls:
         message["tool_calls"] = [call.to_openai() for call in out.tool_calls]
     choice: dict[str, Any] = {"index": index, "finish_reason": out.finish_reason, "message": message}
-    if body.logprobs:
+    if body.probs_count():  # `logprobs`, or llama-server's `n_probs`
         choice["logprobs"] = {"content": openai_logprobs(model.prompts, out.events)}
     return choice
 
@@ -87,7 +87,7 @@ class ChatChunks:
         if event.timings is not None and self.body.timings_per_token:
             self.timings = {"timings": event.timings.as_dict()}
         extra = {}
-        if self.body.logprobs and has_probs(event):
+        if self.body.probs_count() and has_probs(event):
             extra["logprobs"] = {"content": openai_logprobs(self.model.prompts, [event])}
         deltas = event_deltas(event)
         out = [self.chunk(delta, index=index) for delta in deltas[:-1]]

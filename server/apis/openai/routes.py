@@ -279,7 +279,7 @@ async def completions() -> Any:
     model = current_model()
     body, prompt = await completion_prompt(model, await json_body())
     completion_id = new_id("cmpl")
-    n_probs = body.logprobs or 0
+    n_probs = body.n_probs or body.logprobs or 0  # llama-server reads `logprobs` without `n_probs`
     gen = await build_request(model, body, prompt, n_probs, completion_id)
     requests = choice_requests(model, gen, body.n_choices())
     created = int(time.time())

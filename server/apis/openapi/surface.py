@@ -18,7 +18,7 @@ from server.chat.schemas import (
     InfillRequest,
     OpenAICompletionRequest,
 )
-from server.chat.unsupported import METADATA, NOT_YET
+from server.chat.unsupported import ACCEPTED, METADATA, NOT_YET
 
 # Where a route exists: the one-model server, the router (no -m), the server with tools (built-in or MCP
 # servers), the server with --ui-mcp-proxy.
@@ -174,6 +174,11 @@ BODIES: tuple[Body, ...] = (
         "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
         "verbosity", "web_search_options",
     )),
+    Body("/v1/chat/completions", "llama-server's readers beyond OpenAI's fields", ChatCompletionRequest, (
+        "n_probs", "response_fields", "return_tokens", "t_max_predict_ms", "n_discard", "n_cache_reuse",
+        "sse_ping_interval", "t_max_prompt_ms", "n_keep", "n_indent", "lora", "chat_format", "chat_parser",
+        "generation_prompt", "parse_tool_calls", "grammar_type", "grammar_triggers", "preserved_tokens",
+    )),
 )  # fmt: skip
 
 # What a field's status does not say.
@@ -184,17 +189,37 @@ FIELD_NOTES: dict[tuple[str, str], str] = {
     ("/completion", "prompt"): "a list of prompts is answered as a list of replies (whole, not streamed)",
     ("/completion", "n_cmpl"): "several choices are served on /v1/completions and /v1/chat/completions",
     ("/v1/chat/completions", "tools"): "`mcp` tools run the server-side tool loop",
+    ("/v1/chat/completions", "n_probs"): "read when `logprobs` is not set: the reply's `logprobs` with this "
+    "many `top_logprobs` per token, as llama-server writes them",
+    ("/completion", "t_max_predict_ms"): "once this many ms passed since the first token, the next token "
+    "whose text holds a newline ends the generation (`stop_type` limit), as llama-server",
+    ("/completion", "return_tokens"): "a whole reply's `tokens` (else `[]`); each streamed chunk carries "
+    "its token, as llama-server",
+}
+# llama-server's internal fields: its OpenAI layer sets them from the template; Llamba reads it itself.
+INTERNAL = ("chat_format", "chat_parser", "generation_prompt", "parse_tool_calls", "grammar_type")
+FIELD_NOTES |= {
+    ("/v1/chat/completions", name): "llama-server's internal field (its chat layer sets it from the "
+    "template, which Llamba reads itself)"
+    for name in INTERNAL
 }
 
 
 def field_status(body: Body, name: str) -> str:
-    """What the body's schema does with the field: read it, take only its no-op value, accept it as
-    metadata, or refuse it (a 400 naming it)."""
+    """What the body's schema does with the field: read it, accept it without effect (metadata, or a
+    llama-server field with nothing to change here), take only its no-op value, or ignore it as unknown
+    (logged once; a 400 naming it with --strict-fields)."""
     declared = {f.alias or n for n, f in body.schema.model_fields.items()}
     if name in declared:
         return "implemented"
     if name in METADATA:
         return "accepted: metadata, changes no output"
+    if name in ACCEPTED:
+        return f"accepted, no effect: {ACCEPTED[name]}"
     if name in NOT_YET:
         return f"not implemented: accepted only at `{NOT_YET[name]!r}` (no effect), else 400"
-    return "not implemented: 400 naming it"
+    return UNKNOWN_STATUS
+
+
+# An unknown field (server/http/unknown_fields.py).
+UNKNOWN_STATUS = "unknown: ignored and logged once (400 with --strict-fields)"

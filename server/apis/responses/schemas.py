@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from server.chat.schemas import ChatCompletionRequest
 from server.chat.tool_schemas import TOOL_NAME, McpServerTool
-from server.chat.unsupported import llama_extras
+from server.chat.unsupported import check_extras, passed_extras
 from server.config.json_schema import check_schema
 from server.http import errors
 
@@ -365,7 +365,7 @@ class ResponsesRequest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ResponsesRequest:
-        llama_extras(self.model_extra)
+        check_extras(self.model_extra)
         if self.background and not self.store:
             raise ValueError("background responses must be stored: store cannot be false")
         choice = self.tool_choice
@@ -395,7 +395,7 @@ class ResponsesRequest(BaseModel):
         """The chat request of `conversation` (the stored one continued, then this input's messages)."""
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
         fields: dict[str, Any] = {
-            **(self.model_extra or {}),
+            **passed_extras(self.model_extra),
             "messages": system + conversation,
             "stream": stream,
             "parallel_tool_calls": self.parallel_tool_calls,
