@@ -7,6 +7,7 @@ are read back. All are frozen values, safe to hand from the engine thread to the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -138,6 +139,9 @@ class GenerationRequest:
     prefill: str = ""
     grammar: CompiledGrammar | None = None  # constrains the answer (outside reasoning blocks)
     speculative: SpecParams | None = None  # None: no speculative decoding
+    # What /slots shows as this request's `params` (llama-server's task params, written by the server):
+    # the engine only hands it on in its snapshots, while the request runs and after, until the next.
+    slot_params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,7 @@ class TokenEvent:
     error: str | None = None
     progress: PromptProgress | None = None  # set on prompt-progress events (no token, no text)
     truncated: bool = False  # on the final event: the context was shifted or the prompt cut
+    n_cells: int = 0  # on the final event: tokens the slot's cells hold (llama-server's tokens_cached)
     tool_calls: tuple[ToolCallDelta, ...] = ()  # tool-call steps this event completes (see ToolCallDelta)
     embedding: np.ndarray | None = None  # an EmbeddingRequest's answer (float32), on its final event
 
@@ -244,25 +249,32 @@ class ControlResult:
 
 
 @dataclass(frozen=True)
+class SlotProgress:
+    """Where a slot's request is (llama-server's slot stats): prompt tokens run and reused, tokens
+    generated and the limit left. An idle slot's is the reset one llama-server reports."""
+
+    n_prompt_processed: int = 0  # prompt tokens evaluated so far (not those reused from the cells)
+    n_prompt_cached: int = 0  # prompt tokens whose cells were reused
+    n_decoded: int = 0  # tokens generated
+    n_remain: int = -1  # tokens n_predict still allows; -1: no limit (or idle)
+    has_next_token: bool = False  # the request goes on
+    has_new_line: bool = False  # its text has had a newline
+
+
+@dataclass(frozen=True)
 class SlotSnapshot:
-    """One slot as the engine thread last saw it (llama-server's /slots fields that apply here)."""
+    """One slot as the engine thread last saw it: llama-server's /slots facts. `has_task`: the slot
+    runs a request or ran one (llama-server then reports that task's id, params and progress)."""
 
     id: int
     id_task: int
     n_ctx: int
     is_processing: bool
-    n_cached: int  # tokens whose cells the slot holds
+    n_cached: int  # tokens whose cells the slot holds (llama-server's n_prompt_tokens)
     speculative: bool = False  # its request drafts speculative tokens
-
-    def as_dict(self) -> dict[str, int | bool]:
-        return {
-            "id": self.id,
-            "id_task": self.id_task,
-            "n_ctx": self.n_ctx,
-            "is_processing": self.is_processing,
-            "n_cached": self.n_cached,
-            "speculative": self.speculative,
-        }
+    has_task: bool = False
+    params: Mapping[str, Any] = field(default_factory=dict)  # the request's `slot_params`
+    progress: SlotProgress = SlotProgress()
 
 
 @dataclass(frozen=True)
@@ -296,3 +308,6 @@ class ModelInfo:
     backend: str
     chat_template: str  # the GGUF's own template, "" when it has none
     n_cls_out: int = 0  # scores of the rerank classifier head (cls.output), 0 when the GGUF has none
+    ftype: str = ""  # the file type as llama.cpp names it ("Q4_1", "Q4_K - Medium"; engine/ftype.py)
+    bos_token: str = ""  # the BOS and EOS tokens' text ("" when the vocabulary has none)
+    eos_token: str = ""

@@ -13,6 +13,7 @@ import structlog
 from engine.api import ModelInfo
 from engine.backend import Backend, select_backend
 from engine.batch import Batch, BatchPart
+from engine.ftype import ftype_name
 from engine.gguf import GGUFFile
 from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.model_files import resolve
@@ -96,7 +97,14 @@ class LLM:
             backend=self.backend.name,
             chat_template=str(meta.get("tokenizer.chat_template", "")),
             n_cls_out=self.model.rank_head.n_out if self.model.rank_head is not None else 0,
+            ftype=ftype_name(meta, ((t.name, t.ggml_type) for t in self.gguf.tensors.values())),
+            bos_token=self._token_text(self.tokenizer.bos_id),
+            eos_token=self._token_text(self.tokenizer.eos_id),
         )
+
+    def _token_text(self, token: int) -> str:
+        """A special token's text as llama.cpp shows it (rendered); "" for none (-1)."""
+        return self.tokenizer.decode([token]) if token >= 0 else ""
 
     def new_cache(self, n_seq: int, n_ctx: int, types: CacheTypes = DEFAULT_CACHE_TYPES) -> KVCache:
         return self.model.new_cache(n_seq, n_ctx, types)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -156,6 +157,8 @@ class Scheduler:
         events = seq.verify(rows, room=not full or self.shift_kv is not None)
         self.drafts.settle(slot, seq)
         for event in events:
+            if event.finish_reason is not None:  # what the next request may reuse (the last pick is not fed)
+                event = replace(event, n_cells=len(slot.tokens))
             seq.emit(event)
         if events[-1].finish_reason is not None:
             self._finish(slot)

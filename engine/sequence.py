@@ -91,6 +91,7 @@ class Sequence:
     pending: list[int] = field(default_factory=list)  # to feed next: the prompt's rest, then the last pick
     n_cached: int = 0  # prompt tokens whose cells were reused
     n_generated: int = 0
+    has_new_line: bool = False  # the answer's text has had a newline (/slots' next_token)
     t_start: float = field(default_factory=time.perf_counter)
     t_prompt_done: float = 0.0
     truncated: bool = False  # the prompt was cut or the context shifted
@@ -160,9 +161,10 @@ class Sequence:
         is_eog = token in self.eog_ids and not self.request.ignore_eos
         text, stop_word = ("", None) if is_eog else self.stopper.push(self.decoder.push(token))
         finish = self._finish_reason(is_eog or stop_word is not None or grammar_done, room)
-        finish = finish or self._timed_out(text)
+        finish = finish or _timed_out(self.request, self.t_prompt_done, text)
         if finish and stop_word is None:
             text += self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()
+        self.has_new_line = self.has_new_line or "\n" in text
         answer = self._read_answer(self._split(text, forced, finish is not None), finish is not None)
         if finish == "stop" and self.n_tool_calls:
             finish = "tool_calls"  # as llama-server: an answer that ends with calls asks for their results
@@ -208,13 +210,6 @@ class Sequence:
         if 0 <= n_predict <= self.n_generated or not room:
             return "length"
         return None
-
-    def _timed_out(self, text: str) -> str | None:
-        """llama-server's t_max_predict_ms: past the limit, a token whose text holds a newline ends it."""
-        limit = self.request.t_max_predict_ms
-        if limit <= 0 or "\n" not in text:
-            return None
-        return "length" if 1e3 * (time.perf_counter() - self.t_prompt_done) > limit else None
 
     def _split(self, text: str, forced: bool, final: bool) -> Split:
         return AnswerReaders(self.reasoning, self.tool_parser).split(text, forced, final)
@@ -299,6 +294,14 @@ def _rejection_sample(
     if not forced and logits[token] == -np.inf:
         token = sampler.sample(logits, draft)
     return token, forced
+
+
+def _timed_out(request: GenerationRequest, t_prompt_done: float, text: str) -> str | None:
+    """llama-server's t_max_predict_ms: past the limit, a token whose text holds a newline ends it."""
+    limit = request.t_max_predict_ms
+    if limit <= 0 or "\n" not in text:
+        return None
+    return "length" if 1e3 * (time.perf_counter() - t_prompt_done) > limit else None
 
 
 def start_sequence(

@@ -9,12 +9,13 @@ Llamba's block manager (nano-vllm's name): it decides which cells a sequence sta
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from engine.api import EmbeddingRequest, GenerationRequest, SlotSnapshot
+from engine.api import EmbeddingRequest, GenerationRequest, SlotProgress, SlotSnapshot
 from engine.kv import KVCache
 from engine.prompt_cache import PromptCache, common_prefix
 
@@ -36,6 +37,7 @@ class Slot:
     seq: Sequence | EmbeddingSequence | None = None
     last_used: float = 0.0
     id_task: int = -1
+    params: Mapping[str, Any] = field(default_factory=dict)  # its last request's `slot_params`
 
     @property
     def busy(self) -> bool:
@@ -72,6 +74,9 @@ class SlotPool:
                 s.busy,
                 len(s.tokens),
                 s.seq is not None and s.seq.drafting is not None,
+                s.id_task >= 0,
+                s.params,
+                _progress(s.seq) if s.seq is not None else SlotProgress(),
             )
             for s in self.slots
         )
@@ -114,6 +119,7 @@ class SlotPool:
         self.kv.truncate(slot.id, reuse)
         slot.tokens = prompt[:reuse]
         slot.id_task, self._next_task = self._next_task, self._next_task + 1
+        slot.params = request.slot_params if isinstance(request, GenerationRequest) else {}
         return reuse
 
     def release(self, slot: Slot) -> None:
@@ -154,3 +160,15 @@ class SlotPool:
         self.kv.write_cells(slot.id, hit.entry.k[:, :, :n], hit.entry.v[:, :, :n])
         slot.tokens = list(hit.entry.tokens[:n])
         return n
+
+
+def _progress(seq: Sequence | EmbeddingSequence) -> SlotProgress:
+    """A running request's progress as llama-server counts it: prompt tokens evaluated so far (the
+    chunk in this step's batch included, as llama-server counts at batch time), tokens generated."""
+    n_prompt = len(seq.request.prompt_tokens)
+    processed = n_prompt - seq.n_cached - (0 if seq.generating else len(seq.pending))
+    n_decoded = getattr(seq, "n_generated", 0)  # an embedding generates none
+    n_predict = getattr(seq.request, "n_predict", -1)
+    n_remain = n_predict - n_decoded if n_predict >= 0 else -1
+    new_line = getattr(seq, "has_new_line", False)
+    return SlotProgress(processed, seq.n_cached, n_decoded, n_remain, True, new_line)

@@ -57,7 +57,11 @@ async def run(settings: Settings, ignored: list[Ignored], argv: list[str] | None
     except ModelFetchError as exc:
         print(f"llamba-server: error: {exc}", file=sys.stderr)
         return 1
-    settings = settings.model_copy(update={"model": str(model_path)})
+    # The model's API name without -a is -m as given (a path, or a built-in model's name), as
+    # llama-server makes it the alias; the resolved file is what loads.
+    settings = settings.model_copy(
+        update={"model": str(model_path), "alias": settings.alias or settings.model}
+    )
     stop = asyncio.Event()
     exit_code = 0
 

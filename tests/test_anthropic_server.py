@@ -18,6 +18,7 @@ import httpx
 import jsonschema
 import pytest
 
+from server.apis.anthropic.schemas import CountTokensRequest, chat_messages
 from tests.server_process import ServerProcess
 
 WEATHER = {
@@ -195,7 +196,7 @@ def test_count_tokens_is_the_prompt_a_message_runs_with(
     without_tools = api.messages.count_tokens(**asked, tool_choice={"type": "none"}).input_tokens
     function = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     chat = [
-        {"role": "system", "content": "You are terse.\n\nAnswer in English."},
+        {"role": "system", "content": "You are terse.Answer in English."},  # llama-server joins with ""
         *ASK,
         {
             "role": "assistant",
@@ -206,6 +207,48 @@ def test_count_tokens_is_the_prompt_a_message_runs_with(
     ]
     tokens = httpx.post(server.base_url + "/tokenize", json={"messages": chat}, timeout=60).json()["tokens"]
     assert len(tokens) == without_tools < counted  # the tools are in the prompt too
+
+
+def test_messages_convert_as_llama_servers_convert_anthropic_to_oai(server: ServerProcess) -> None:
+    """llama-server's conversion, byte for byte: system text blocks and a tool_result's text blocks
+    joined with nothing between them, is_error adding nothing, an assistant's text blocks joined by
+    newlines, and a user message's text before its tool results. The prompt count_tokens counts is the
+    one the chat those rules make renders (and not the one Llamba made before: "\n\n", "\n", "Error: ")."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+    parts = [{"type": "text", "text": "sunny"}, {"type": "text", "text": ", 21 degrees"}]
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": parts, "is_error": True}
+    said = [{"type": "text", "text": "Let me check."}, {"type": "text", "text": "One moment."}, use]
+    history = [*ASK, {"role": "assistant", "content": said}]
+    history += [{"role": "user", "content": [result, {"type": "text", "text": "Thanks."}]}]
+    system = [{"type": "text", "text": "You are terse."}, {"type": "text", "text": "Answer in English."}]
+    body = {"model": "any", "messages": history, "system": system, "tools": [WEATHER]}
+    body |= {"tool_choice": {"type": "none"}}  # the tools stay out of the prompt, as on /tokenize
+    function = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    call = {"id": "toolu_1", "type": "function", "function": function}
+    chat = [
+        {"role": "system", "content": "You are terse.Answer in English."},
+        *ASK,
+        {"role": "assistant", "content": "Let me check.\nOne moment.", "tool_calls": [call]},
+        {"role": "user", "content": "Thanks."},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny, 21 degrees"},
+    ]
+    before = [
+        {**chat[0], "content": "You are terse.\n\nAnswer in English."},
+        *ASK,
+        {**chat[2], "content": "Let me check.One moment."},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: sunny\n, 21 degrees"},
+        chat[3],
+    ]
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        counted = http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+        rendered = http.post("/apply-template", json={"messages": chat}).json()["prompt"]
+        old = http.post("/apply-template", json={"messages": before}).json()["prompt"]
+        expected = http.post("/tokenize", json={"content": rendered, "add_special": True}).json()["tokens"]
+        tokens = http.post("/tokenize", json={"messages": chat}).json()["tokens"]
+        old_tokens = http.post("/tokenize", json={"content": old, "add_special": True}).json()["tokens"]
+    assert chat_messages(CountTokensRequest.model_validate(body)) == chat  # the conversion itself
+    assert "You are terse.Answer in English." in rendered and "sunny, 21 degrees" in rendered
+    assert tokens == expected and counted == len(expected) != len(old_tokens)
 
 
 def test_output_config_format_gives_json_that_validates(api: anthropic.Anthropic) -> None:

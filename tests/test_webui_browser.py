@@ -172,7 +172,7 @@ def test_send_streams_the_answer_with_stats_and_screenshots(page: Any, srv: Serv
     assert post["body"]["stream"] is True and post["body"]["reasoning_control"] is True
     assert post["body"]["temperature"] == 0 and post["body"]["max_tokens"] == 120
     conversation = page.evaluate("() => window.llamba.current.id")
-    assert post["headers"]["x-conversation-id"] == f"{conversation}::SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert post["headers"]["x-conversation-id"] == f"{conversation}::smollm2"
     assert final["content"] == reference(srv, post["body"])
     code = answer(page).locator(".code-block").first
     if code.count():  # temperature 0 gives one; the copy button puts the code on the clipboard
@@ -238,7 +238,7 @@ def test_resume_of_an_expired_stream_keeps_the_partial_text(page: Any) -> None:
     page.evaluate(
         """() => {
         const now = Date.now();
-        const stream = {key: "gone::SmolLM2-135M-Instruct.Q4_1.gguf", offset: 321, completionId: null};
+        const stream = {key: "gone::smollm2", offset: 321, completionId: null};
         return window.llamba.store.put({id: "gone", title: "Expired stream", createdAt: now, updatedAt: now,
           messages: [{id: "u1", role: "user", content: "Hi", createdAt: now},
                      {id: "a1", role: "assistant", content: "Half an ans", status: "streaming",

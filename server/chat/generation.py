@@ -19,6 +19,7 @@ from engine.api import (
 )
 from server.chat.schemas import CompletionRequest, GenerationFields
 from server.chat.structured import answer_grammar
+from server.chat.task_params import RunParams, task_params
 from server.config.settings import Settings
 from server.http import errors
 from server.model.client import EngineClient
@@ -54,12 +55,14 @@ async def build_request(
     except ValueError as exc:
         raise errors.invalid_request(str(exc)) from exc
     sampling = whole_context_windows(sampling, model.n_ctx_slot)
+    speculative = spec_params(s, body)
+    run = run_params(s, body, prompt, speculative)
     return GenerationRequest(
         prompt_tokens=prompt.tokens,
         sampling=sampling,
-        n_predict=body.max_new_tokens(s.n_predict),
+        n_predict=run.n_predict,
         stop=(body.stop_list() or s.reverse_prompts) + (tools.format.extra_stops if tools else ()),
-        ignore_eos=s.ignore_eos if body.ignore_eos is None else body.ignore_eos,
+        ignore_eos=run.ignore_eos,
         id_slot=body.id_slot,
         cache_prompt=body.cache_prompt,
         request_id=request_id,
@@ -72,7 +75,25 @@ async def build_request(
         tool_calls=reading or (tools.parsing if tools else None),
         prefill=prompt.prefill,
         grammar=await answer_grammar(client, body, tools),
-        speculative=spec_params(s, body),
+        speculative=speculative,
+        slot_params=task_params(sampling, run),
+    )
+
+
+def run_params(
+    settings: Settings, body: GenerationFields, prompt: Prompt, spec: SpecParams | None
+) -> RunParams:
+    """The request's limits and reading as llama-server's task params name them (/slots)."""
+    return RunParams(
+        n_predict=body.max_new_tokens(settings.n_predict),
+        n_keep=settings.keep,
+        n_discard=body.n_discard,
+        ignore_eos=settings.ignore_eos if body.ignore_eos is None else body.ignore_eos,
+        stream=body.stream,
+        timings_per_token=body.timings_per_token,
+        chat=bool(prompt.text),
+        reasoning_format=getattr(body, "reasoning_format", None) or settings.reasoning_format,
+        spec_types=spec.types if spec is not None else (),
     )
 
 

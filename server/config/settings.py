@@ -168,14 +168,15 @@ class Settings(BaseModel):
     @property
     def aliases(self) -> list[str]:
         """-a/--alias, comma-separated, as llama-server keeps them: a sorted set, whose first is the
-        model's id in the API."""
-        return sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+        model's id in the API; without -a, the model as -m named it (llama-server's alias then)."""
+        given = sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+        return given or ([self.model] if self.model else [])
 
     @property
     def model_alias(self) -> str:
-        if self.aliases:
-            return self.aliases[0]
-        return Path(self.model).name if self.model else "SmolLM2-135M-Instruct.Q4_1.gguf"
+        """The model's name in the API: the first alias, else what -m said (a path as given, or a
+        built-in model's name), as llama-server names it."""
+        return self.aliases[0] if self.aliases else "SmolLM2-135M-Instruct.Q4_1.gguf"
 
     @property
     def tag_list(self) -> list[str]:

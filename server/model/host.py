@@ -25,7 +25,7 @@ from server.http import errors
 from server.model.admission import Admission
 from server.model.client import Counters, EngineClient
 from server.model.loading import Loaded, info_dict, load_model
-from server.model.prompts import PromptBuilder
+from server.model.prompts import PromptBuilder, template_caps
 from server.state import app_state
 
 log = structlog.get_logger("server")
@@ -46,6 +46,7 @@ class Facts:
     n_slots: int
     n_ctx_slot: int
     template_source: str
+    template_caps: dict[str, bool]  # under llama.cpp's names (/props)
     snapshot: EngineSnapshot = EngineSnapshot()
 
 
@@ -72,8 +73,11 @@ class ModelHost:
             self._loaded = loaded = await anyio.to_thread.run_sync(
                 load_model, self.settings, self.admission, self.counters
             )
-            source = loaded.prompts.template.source
-            self._facts = Facts(loaded.info, loaded.client.n_slots, loaded.prompts.n_ctx_slot, source)
+            prompts = loaded.prompts
+            caps = template_caps(prompts.template)
+            self._facts = Facts(
+                loaded.info, loaded.client.n_slots, prompts.n_ctx_slot, prompts.template.source, caps
+            )
         except Exception as exc:
             self.load_error = str(exc)
             log.error("model.load_failed", error=str(exc))
@@ -174,6 +178,9 @@ class ModelHost:
 
     def template_source(self) -> str:
         return self._known().template_source
+
+    def template_caps(self) -> dict[str, bool]:
+        return self._known().template_caps
 
     def reasoning_tags(self) -> ReasoningTags | None:
         """The thinking tags of the chat template, None when it has no thinking block."""

@@ -72,6 +72,26 @@ def prefill_message(request: GenerationRequest) -> tuple[str, str]:
     return delta.content, delta.reasoning
 
 
+def template_caps(template: ChatTemplate) -> dict[str, bool]:
+    """The chat template's capabilities under llama.cpp's names, sorted as it writes them (/props
+    `chat_template_caps`): the system role, tools, calls, parallel calls and object arguments as
+    Llamba's probes found them (minja's way: what a render shows, where llama.cpp's own engine
+    watches what the template reads); content is rendered as text (Llamba flattens content parts),
+    reasoning effort is what the template names; no template here keeps every turn's reasoning."""
+    caps = template.caps
+    return {
+        "supports_object_arguments": caps.requires_object_arguments,
+        "supports_parallel_tool_calls": caps.supports_parallel_tool_calls,
+        "supports_preserve_reasoning": False,
+        "supports_reasoning_effort": "reasoning_effort" in template.source,
+        "supports_string_content": True,
+        "supports_system_role": caps.supports_system_role,
+        "supports_tool_calls": caps.supports_tool_calls,
+        "supports_tools": caps.supports_tools,
+        "supports_typed_content": False,
+    }
+
+
 @dataclass(frozen=True, eq=False)
 class PromptBuilder:
     """One loaded model's prompts: made of what the load left immutable, so any task may use it."""

@@ -97,12 +97,11 @@ class ToolResultBlock(Cached):
     toolset_name: str | None = None  # as on tool_use: the tool's toolset, nothing the model reads
 
     def text(self) -> str:
-        """The result as the tool message's text; an error result says so (chat has no is_error)."""
+        """The result as the tool message's text, as llama-server converts it: its text blocks joined
+        with nothing between them, and is_error dropped (the model reads the content alone)."""
         if isinstance(self.content, list):
-            text = "\n".join(block.text for block in self.content if isinstance(block, TextBlock))
-        else:
-            text = self.content or ""
-        return f"Error: {text}" if self.is_error else text
+            return "".join(block.text for block in self.content if isinstance(block, TextBlock))
+        return self.content or ""
 
 
 class McpToolUseBlock(Strict):
@@ -382,7 +381,8 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     chat: list[dict[str, Any]] = []
     if body.system is not None:
         texts = [body.system] if isinstance(body.system, str) else [b.text for b in body.system]
-        chat.append({"role": "system", "content": "\n\n".join(stable_billing_header(t) for t in texts)})
+        # llama-server joins the blocks with nothing between them
+        chat.append({"role": "system", "content": "".join(stable_billing_header(t) for t in texts)})
     for i, message in enumerate(body.messages):
         if isinstance(message.content, str):
             chat.append({"role": message.role, "content": message.content})
@@ -430,7 +430,7 @@ def assistant_messages(blocks: list[Any], where: str) -> list[dict[str, Any]]:
             current = {"role": "assistant", "content": ""}
             out.append(current)
         if isinstance(block, TextBlock):
-            current["content"] += block.text
+            current["content"] = join_parts(current["content"], block.text)
         elif isinstance(block, ThinkingBlock):
             current["reasoning_content"] = current.get("reasoning_content", "") + block.thinking
         elif isinstance(block, ToolUseBlock | McpToolUseBlock):
@@ -449,23 +449,29 @@ def assistant_messages(blocks: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def user_messages(blocks: list[Any], asked: set[str], where: str) -> list[dict[str, Any]]:
-    """Text blocks as user messages and tool_result blocks as tool messages, in their order."""
-    out: list[dict[str, Any]] = []
+    """Text blocks as one user message, then tool_result blocks as tool messages: llama-server's order
+    (its convert_anthropic_to_oai puts a message's text before its tool results, whatever the blocks'
+    order)."""
+    text: str | None = None
+    results: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         if isinstance(block, TextBlock):
-            if out and out[-1]["role"] == "user":
-                out[-1]["content"] += "\n" + block.text
-            else:
-                out.append({"role": "user", "content": block.text})
+            text = join_parts(text or "", block.text)
         elif isinstance(block, ToolResultBlock):
             if block.tool_use_id not in asked:
                 raise errors.invalid_request(
                     f"'{where}.content.{j}.tool_use_id': {block.tool_use_id!r} answers no tool_use block "
                     "of the previous (assistant) message"
                 )
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
         else:
             raise errors.invalid_request(
                 f"'{where}.content.{j}': {block.type} blocks belong in assistant messages"
             )
-    return out
+    return ([{"role": "user", "content": text}] if text is not None else []) + results
+
+
+def join_parts(text: str, part: str) -> str:
+    """A message's text parts as llama.cpp flattens them for a template: a newline before a part when
+    the text so far is not empty."""
+    return f"{text}\n{part}" if text else part

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import AsyncIterator
-from dataclasses import fields
 from typing import Any
 
 from quart import Blueprint
 
-from engine.api import ReasoningTags, SamplingParams, TokenEvent
+from engine.api import ReasoningTags, TokenEvent
 from server.agents.toolbox import Toolbox
 from server.apis.native.completion import (
     NativeCompletionRequest,
@@ -35,6 +36,7 @@ from server.chat.schemas import (
     InfillRequest,
     TokenizeRequest,
 )
+from server.chat.task_params import RunParams, task_params
 from server.http import errors, sse
 from server.http.request_body import json_body
 from server.model.host import ModelHost, current_model
@@ -42,6 +44,10 @@ from server.model.prompts import ChatInput, Prompt
 from server.state import app_state
 
 bp = Blueprint("native", __name__)
+
+# llama-server's media marker: LLAMA_MEDIA_MARKER, else a random one per process (no multimodal model
+# here uses it, but clients read it from /props).
+MEDIA_MARKER = os.environ.get("LLAMA_MEDIA_MARKER") or f"<__media_{secrets.token_hex(16)}__>"
 
 
 @bp.get("/health")
@@ -73,31 +79,49 @@ async def change_props() -> Any:
 
 @bp.get("/props")
 async def props() -> Any:
+    """llama-server's /props, every key it writes (its get_res_props), then Llamba's own: the backend,
+    the web UI switch, the reasoning settings and the tool loop."""
     model = current_model()
     info = model.model_info()
-    params = model.settings.sampling
+    s = model.settings
     return {
-        "default_generation_settings": {
-            "id": 0,
-            "n_ctx": model.n_ctx_slot,
-            "params": {
-                "n_predict": model.settings.n_predict,
-                **sampling_props(params),
-                "reasoning_format": model.settings.reasoning_format,
-                "reasoning_budget_tokens": model.settings.reasoning_budget,
-            },
-        },
+        "default_generation_settings": {"id": 0, "params": default_params(model), "n_ctx": model.n_ctx_slot},
         "total_slots": model.n_slots,
-        "is_sleeping": model.sleeping,
-        "model_alias": model.settings.model_alias,
+        "model_alias": s.model_alias,
+        "model_ftype": info.ftype,
         "model_path": str(info.path),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "media_marker": MEDIA_MARKER,
+        "endpoint_slots": s.slots,
+        "endpoint_props": s.props,
+        "endpoint_metrics": s.metrics,
+        "ui": s.webui,
+        "ui_settings": {},
         "chat_template": model.template_source(),
-        "modalities": {"vision": False, "audio": False},
+        "chat_template_caps": model.template_caps(),
+        "bos_token": info.bos_token,
+        "eos_token": info.eos_token,
         "build_info": "llamba",
+        "is_sleeping": model.sleeping,
+        "cors_proxy_enabled": s.ui_mcp_proxy,
         "backend": info.backend,
-        "webui": model.settings.webui,
+        "webui": s.webui,
         "reasoning": reasoning_props(model),
         "tool_loop": tool_loop_props(model),
+    }
+
+
+def default_params(model: ModelHost) -> dict[str, Any]:
+    """`default_generation_settings.params`: llama-server's default task params over the server's
+    sampling (as it writes them: n_keep 0, no stream, reasoning_format none, no speculation), with -n as
+    the token limit where llama-server writes -1 whatever -n says (the web UI's max-tokens default);
+    then Llamba's: the DRY breakers, the logit bias (a ban as false) and the reasoning budget."""
+    s = model.settings
+    params = s.sampling
+    return task_params(params, RunParams(n_predict=s.n_predict)) | {
+        "dry_sequence_breakers": list(params.dry_sequence_breakers),
+        "logit_bias": [[t, b if b != float("-inf") else False] for t, b in params.logit_bias.items()],
+        "reasoning_budget_tokens": s.reasoning_budget,
     }
 
 
@@ -118,16 +142,6 @@ def tool_loop_props(model: ModelHost) -> dict[str, Any]:
         "tool_timeout": s.tool_timeout,
         "max_tokens": s.tool_max_tokens,
     }
-
-
-def sampling_props(params: SamplingParams) -> dict[str, Any]:
-    """The server's sampler settings under llama-server's /props names."""
-    names = [f.name for f in fields(params) if f.name not in ("logit_bias", "n_probs", "post_sampling_probs")]
-    props: dict[str, Any] = {name: getattr(params, name) for name in names}
-    props["samplers"] = list(params.samplers)
-    props["dry_sequence_breakers"] = list(params.dry_sequence_breakers)
-    props["logit_bias"] = [[t, b if b != float("-inf") else False] for t, b in params.logit_bias.items()]
-    return props
 
 
 def reasoning_props(model: ModelHost) -> dict[str, Any]:
@@ -156,7 +170,7 @@ def final_fields(model: ModelHost, final: TokenEvent | None, n_prompt: int) -> d
         "stopping_word": (final.stop_word or "") if final else "",
         "tokens_predicted": t.predicted_n if t else 0,
         "tokens_evaluated": n_prompt,
-        "tokens_cached": t.cache_n if t else 0,
+        "tokens_cached": final.n_cells if final else 0,  # the slot's cells, as llama-server counts them
         "truncated": final.truncated if final else False,
         "id_slot": final.id_slot if final else -1,
         "timings": t.as_dict() if t else {},

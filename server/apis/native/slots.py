@@ -1,4 +1,4 @@
-"""/slots: what each slot is doing (llama-server's shape, the fields that apply here),
+"""/slots: what each slot is doing, as llama-server's `server_slot::to_json` writes it,
 /slots/<id>?action=save|restore|erase: a slot's cache to and from files in --slot-save-path, and
 /slots/prefixes (Llamba's): the prompt cache's summary and the load a cluster router places requests by."""
 
@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 from quart import Blueprint, request
 
+from engine.api import SlotSnapshot
 from server.chat.schemas import SlotActionRequest
 from server.http import errors
 from server.http.request_body import json_body
@@ -23,7 +24,42 @@ async def slots() -> Any:
     model = current_model()
     if not model.settings.slots:
         raise errors.not_supported("This server does not support slots endpoint.")
-    return [slot.as_dict() for slot in model.snapshot().slots]
+    slots = model.snapshot().slots
+    if request.args.get("fail_on_no_slot") and all(s.is_processing for s in slots):
+        raise errors.unavailable("no slot available")
+    return [slot_json(slot) for slot in slots]
+
+
+def slot_json(slot: SlotSnapshot) -> dict[str, Any]:
+    """One slot in llama-server's shape: a slot that never ran a request has only its identity; once it
+    has, the request (running, else the last one, whose progress reads as reset) with its params and
+    progress. `n_cached` is Llamba's (its tests and the cluster's read it); `stopping_word`, which
+    llama-server's README shows in next_token, stays "": a slot is released as the word is found."""
+    out: dict[str, Any] = {
+        "id": slot.id,
+        "n_ctx": slot.n_ctx,
+        "speculative": slot.speculative,
+        "is_processing": slot.is_processing,
+        "id_task": slot.id_task,
+        "n_cached": slot.n_cached,
+    }
+    if not slot.has_task:
+        return out
+    p = slot.progress
+    next_token = {
+        "has_next_token": p.has_next_token,
+        "has_new_line": p.has_new_line,
+        "n_remain": p.n_remain,
+        "n_decoded": p.n_decoded,
+        "stopping_word": "",
+    }
+    return out | {
+        "n_prompt_tokens": slot.n_cached,
+        "n_prompt_tokens_processed": p.n_prompt_processed,
+        "n_prompt_tokens_cache": p.n_prompt_cached,
+        "params": dict(slot.params),
+        "next_token": [next_token],
+    }
 
 
 @bp.get("/slots/prefixes")

@@ -375,10 +375,12 @@ async def models() -> Any:
         meta = {
             "vocab_type": info.vocab_type,
             "n_vocab": info.n_vocab,
+            "n_ctx": model.n_ctx_slot,
             "n_ctx_train": info.n_ctx_train,
             "n_embd": info.n_embd,
             "n_params": info.n_params,
             "size": info.size,
+            "ftype": info.ftype,
         }
     entry = {"id": model.settings.model_alias, "object": "model", "created": int(model.counters.started)}
     entry |= {"owned_by": "llamacpp", "meta": meta}
