@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -95,7 +97,37 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 def load_golden(name: str) -> dict[str, Any]:
-    return json.loads((GOLDEN_DIR / f"{name}.json").read_text())
+    """llama.cpp's outputs tests/golden/NAME.json (a module that calls this runs on every level)."""
+    return json.loads(golden_file(f"{name}.json").read_text())
+
+
+def golden_file(name: str) -> Path:
+    """tests/golden/NAME: the one way a test reaches llama.cpp's outputs (see EVERY_LEVEL)."""
+    return GOLDEN_DIR / name
+
+
+# Every test that compares with llama.cpp's outputs runs on every CPU level the machine executes
+# (tests/test_cpu_levels.py runs `-m every_level` once per level, each compiled for its own target): an
+# answer that matches llama.cpp on one level only is a bug (issue 48: Gemma 3's embeddings passed at
+# avx512-vnni and failed at avx2). Nobody has to remember it: a test module that reads tests/golden
+# (through load_golden or golden_file; tests/test_suite_rules.py refuses any other way) has all its tests
+# marked. A module whose answers cannot depend on the level (no kernel runs: tokenizers, templates,
+# parsers) says why in LEVEL_INDEPENDENT and is left out; kernel tests against numpy opt in with
+# `pytestmark = pytest.mark.every_level`.
+EVERY_LEVEL = "every_level"
+READS_GOLDENS = re.compile(r"\b(?:load_golden|golden_file)\(")
+
+
+@functools.cache
+def reads_goldens(path: str) -> bool:
+    return bool(READS_GOLDENS.search(Path(path).read_text()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module and reads_goldens(module.__file__) and not hasattr(module, "LEVEL_INDEPENDENT"):
+            item.add_marker(EVERY_LEVEL)
 
 
 # Every skip says which of two kinds it is, and the run's summary lists both (pytest_terminal_summary):

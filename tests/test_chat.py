@@ -10,6 +10,9 @@ from engine.gguf import GGUFFile
 from engine.text.chat import BUILTIN_TEMPLATES, ChatTemplate, ChatTemplateError, SpecialTokens
 from tests.conftest import load_golden
 
+# tests/conftest.py EVERY_LEVEL: this module reads tests/golden but runs no kernel.
+LEVEL_INDEPENDENT = "chat templates render text (jinja2): no kernel runs"
+
 GEMMA_CHAT = [
     {"role": "system", "content": "  Be brief.\n"},
     {"role": "user", "content": "Hi"},

@@ -16,6 +16,8 @@ from engine.quant import QType
 from tests.test_matmul import run_matmul
 from tests.test_quant import random_blocks
 
+pytestmark = pytest.mark.every_level  # kernels against numpy, on each level (tests/conftest.py)
+
 
 @pytest.mark.parametrize(("n_groups", "n_threads"), [(1, 2), (3, 2), (48, 2), (560, 2), (560, 1), (97, 8)])
 def test_chunks_cover_every_group_once_and_shrink(n_groups: int, n_threads: int) -> None:

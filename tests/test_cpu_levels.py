@@ -1,12 +1,13 @@
 """The kernel and model tests on every x86 level this machine can execute (engine/cpu/isa.py).
 
 This process runs the whole suite on its own level (the best the CPU has, unless LLAMBA_CPU_LEVEL says
-otherwise). Every other level the CPU can execute runs a focused set in a subprocess compiled for that
-level's own target (LLAMBA_CPU_LEVEL sets NUMBA_CPU_NAME and NUMBA_CPU_FEATURES there): every
-quantization type at every tile size against numpy, the byte kernels bitwise against the portable ones,
-every type and architecture against llama.cpp's logits, and two real models end to end (teacher-forced
-logits, batched decoding). A level the CPU cannot execute is skipped, naming the instructions it lacks,
-never reported as passed. The run's summary says which levels were tested (tests/conftest.py).
+otherwise). Every other level the CPU can execute runs the `every_level` tests in a subprocess compiled
+for that level's own target (LLAMBA_CPU_LEVEL sets NUMBA_CPU_NAME and NUMBA_CPU_FEATURES there): every
+test that compares with llama.cpp's outputs (marked by tests/conftest.py, whatever the test) and the
+kernels' tests against numpy. The levels with FMA must also give the same bits: the matmul products and
+the float kernels' and two real models' outputs (tests/level_products.py, tests/level_outputs.py). A
+level the CPU cannot execute is skipped, naming the instructions it lacks, never reported as passed.
+The run's summary says which levels were tested, and with which tests (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -15,26 +16,16 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
 from engine.cpu import isa
-from tests.conftest import LEVELS_TESTED, not_applicable
+from tests.conftest import EVERY_LEVEL, LEVELS_TESTED, not_applicable
 
 ROOT = Path(__file__).parent.parent
-FOCUSED = [
-    "tests/test_matmul.py",
-    "tests/test_records.py",
-    "tests/test_chunks.py",
-    "tests/test_quant_models.py",
-    "tests/test_archs.py::test_logits_match_llama_cpp",
-    "tests/test_model.py::test_teacher_forced_numerics_match_llama_cpp",
-    "tests/test_model.py::test_batched_decode_equals_separate_runs",
-    "tests/test_moe.py::test_one_call_expert_matmul_matches_the_per_expert_matmuls_and_numpy",
-    "tests/test_moe.py::test_logits_match_llama_cpp",
-    "tests/test_moe.py::test_outputs_are_bitwise_independent_of_the_batch",
-]
 OWN = isa.current()
 HOST = isa.host_features()
 
@@ -44,15 +35,17 @@ def run_on_level(level: isa.Level, *args: str) -> subprocess.CompletedProcess[st
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
     env[isa.LEVEL_ENV] = level.name
     return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=2700
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3500
     )
 
 
-# A cold JIT cache compiles the focused set's kernels for the level first: minutes beyond the suite's
-# per-test 600 s (warm, a level's run takes about a minute).
-@pytest.mark.timeout(3000)
+# A cold JIT cache compiles the set's kernels for the level first: minutes beyond the suite's per-test
+# 600 s (warm figures per level: docs/performance.md, "Test suite").
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("name", isa.LEVEL_NAMES)
-def test_kernels_and_models_on_each_level(name: str, request: pytest.FixtureRequest) -> None:
+def test_every_level_tests_pass_on_each_level(
+    name: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     level = isa.level_named(name)
     tested = request.config.stash.setdefault(LEVELS_TESTED, {})
     if level == OWN.level:
@@ -60,33 +53,47 @@ def test_kernels_and_models_on_each_level(name: str, request: pytest.FixtureRequ
         return
     if not level.needs <= HOST:
         not_applicable(f"this CPU cannot execute {name}: it lacks {', '.join(sorted(level.needs - HOST))}")
-    run = run_on_level(level, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *FOCUSED)
+    report = tmp_path / "junit.xml"
+    args = ["-q", "-p", "no:cacheprovider", "-m", f"{EVERY_LEVEL} and not slow", f"--junitxml={report}"]
+    run = run_on_level(level, "-m", "pytest", *args)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, f"{name}: {summary}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) > 0 and "failed" not in summary, summary
     assert f"level {name} " in run.stdout, "the subprocess ran another level"
-    tested[name] = f"a subprocess ({summary})"
+    tested[name] = f"a subprocess ({summary}): {tests_by_file(report)}"
+
+
+def tests_by_file(junit_xml: Path) -> str:
+    """'test_model.py 8, test_ops.py 20, ...': how many tests of each file a junit report holds."""
+    counts = Counter(
+        case.get("classname", "").split(".")[1] + ".py"
+        for case in ElementTree.parse(junit_xml).iter("testcase")
+    )
+    return ", ".join(f"{file} {n}" for file, n in sorted(counts.items()))
 
 
 @pytest.mark.timeout(3000)
-def test_the_levels_with_fma_give_the_same_products_to_the_bit() -> None:
-    """Every level sums the same integers; those that contract the float scaling into FMAs alike (all but
-    portable) must give bitwise the same products of every type at every tile size (tests/level_products.py,
-    run per level in a subprocess so that each compiles for its own target)."""
+@pytest.mark.parametrize("digests", ["tests.level_products", "tests.level_outputs"])
+def test_the_levels_with_fma_give_the_same_bits(digests: str) -> None:
+    """Every level sums the same integers, and every float sum in one order (engine/cpu/lanes.py); the
+    levels that contract multiplies and adds into FMAs alike (all but portable) must give bitwise the
+    same matmul products of every type at every tile size (tests/level_products.py), and the same float
+    kernel outputs and real models' hidden states and logits (tests/level_outputs.py), each run per level
+    in a subprocess so that each compiles for its own target."""
     levels = [level for level in isa.LEVELS if "fma" in level.needs and level.needs <= HOST]
     if len(levels) < 2:
         not_applicable(
             f"one level with FMA here ({', '.join(level.name for level in levels)}): nothing to compare"
         )
-    digests = {}
+    outputs = {}
     for level in levels:
-        run = run_on_level(level, "-m", "tests.level_products")
+        run = run_on_level(level, "-m", digests)
         assert run.returncode == 0, run.stderr[-3000:]
-        digests[level.name] = run.stdout
+        outputs[level.name] = run.stdout
     first = levels[0].name
-    for name, products in digests.items():
-        assert products == digests[first], f"{name} differs from {first}:\n{products}\n{digests[first]}"
+    for name, lines in outputs.items():
+        assert lines == outputs[first], f"{name} differs from {first}:\n{lines}\n{outputs[first]}"
 
 
 PROGRAMS = {

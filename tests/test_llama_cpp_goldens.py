@@ -30,6 +30,9 @@ from server.model.llama_schema import SchemaError, llama_cpp_schema
 from tests.conftest import load_golden
 from tests.test_grammar import random_walk
 
+# tests/conftest.py EVERY_LEVEL: this module reads tests/golden but runs no kernel.
+LEVEL_INDEPENDENT = "grammars and schemas are compiled and matched on text (llguidance): no kernel runs"
+
 GOLDEN = load_golden("llama_cpp_cases")
 INTEGRATION = GOLDEN["grammar_integration"]
 SCHEMAS = GOLDEN["json_schema_to_grammar"]

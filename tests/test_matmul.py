@@ -18,6 +18,8 @@ from engine.quant import QType
 from tests.conftest import applies_only
 from tests.test_quant import random_blocks
 
+pytestmark = pytest.mark.every_level  # kernels against numpy, on each level (tests/conftest.py)
+
 RNG = np.random.default_rng(1)
 # Not a missing prerequisite: a process on the portable level (a CPU without AVX2, or
 # LLAMBA_CPU_LEVEL=portable) has only the int16 / int32 kernels, so there are no byte kernels to check;

@@ -9,6 +9,8 @@ from numba import njit
 from engine.cpu import ops
 from engine.cpu.f16 import float_to_half, half_to_float
 
+pytestmark = pytest.mark.every_level  # kernels against numpy, on each level (tests/conftest.py)
+
 RNG = np.random.default_rng(0)
 
 
@@ -16,12 +18,18 @@ def rand(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def test_rmsnorm() -> None:
-    x, w = rand(5, 64), rand(64)
+@pytest.mark.parametrize("rows", [5, ops.PARALLEL_NORM_ROWS])
+def test_rmsnorm_is_llama_cpps_arithmetic(rows: int) -> None:
+    """Bit for bit as ggml: float32 squares summed in float64 in order, the mean in float32, then
+    (x * (1 / sqrtf(mean + eps))) * weight."""
+    x, w = rand(rows, 576) * 3, rand(576)
     out = np.empty_like(x)
     ops.rmsnorm(x, w, 1e-5, out)
-    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-5) * w
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    total = np.cumsum((x * x).astype(np.float64), axis=1)[:, -1:]  # cumsum adds one after the other
+    scale = np.float32(1) / np.sqrt((total / 576).astype(np.float32) + np.float32(1e-5))
+    np.testing.assert_array_equal(out, x * scale * w)
+    exact = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5)
 
 
 def rope_reference(
@@ -162,10 +170,26 @@ def test_activations() -> None:
     out = np.empty_like(gate)
     ops.silu_mul(gate, up, out)
     np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-6)
+
+
+def gelu_reference(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation in float64."""
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def test_gelu_is_ggmls_float16_table() -> None:
+    """ggml's CPU GELU (GGML_GELU_FP16): the input rounded to float16, GELU of that rounded to float16;
+    0 at or below -10, the input itself at or above 10."""
+    gate = np.concatenate([rand(4, 40) * 4, [[-10.5, -10.0, 10.0, 12.0] * 10]]).astype(np.float32)
+    up = rand(5, 40)
+    out = np.empty_like(gate)
     ops.gelu_mul(gate, up, out)
-    c = np.sqrt(2 / np.pi)
-    ref = 0.5 * gate * (1 + np.tanh(c * (gate + 0.044715 * gate**3))) * up
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    h = gate.astype(np.float16).astype(np.float32)  # ggml evaluates the formula in float32 (tanhf)
+    c, a, half, one = (np.float32(v) for v in (np.sqrt(2 / np.pi), 0.044715, 0.5, 1))
+    table = (half * h * (one + np.tanh(c * h * (one + a * h * h)))).astype(np.float16).astype(np.float32)
+    want = np.where(gate <= -10, 0, np.where(gate >= 10, gate, table)).astype(np.float32) * up
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_allclose(out, gelu_reference(gate) * up, rtol=2e-3, atol=2e-3)  # float16 steps
 
 
 def test_residual_add_and_scale() -> None:

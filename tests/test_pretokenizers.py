@@ -22,6 +22,9 @@ from engine.text.tokenizer import _PRE_TOKENIZERS, Tokenizer
 from tests.conftest import load_golden
 from tests.synthetic_gguf import CASES, write_gguf
 
+# tests/conftest.py EVERY_LEVEL: this module reads tests/golden but runs no kernel.
+LEVEL_INDEPENDENT = "tokenizers are Python: no kernel runs"
+
 VOCAB_DIR = Path(__file__).resolve().parent / "data" / "vocab"
 VOCABS = ("llama-bpe", "tekken", "gpt-4o")
 VARIANTS = {"plain": (False, False), "parse_special": (False, True), "with_bos": (True, True)}

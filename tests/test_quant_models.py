@@ -24,9 +24,10 @@ from engine.backend import select_backend
 from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile
 from engine.models import load_model
+from tests.conftest import golden_file
 from tests.synthetic_quant_gguf import write_llama_gguf
 
-GOLDEN = Path(__file__).parent / "golden" / "quant_logits.npz"
+GOLDEN = golden_file("quant_logits.npz")
 SEED = 0  # scripts/make_quant_goldens.py's
 TYPES = ["Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "BF16", "Q5_1", "IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K"]
 

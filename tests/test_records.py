@@ -21,6 +21,8 @@ from engine.quant import ROWS, QType
 from tests.test_matmul import BYTE_DOT_ONLY, run_matmul
 from tests.test_quant import random_blocks
 
+pytestmark = pytest.mark.every_level  # kernels against numpy, on each level (tests/conftest.py)
+
 SHAPES = [(32, 256), (100, 512), (1792, 1536), (96, 8960)]  # 100: a padded last group; 8960: 35 super-blocks
 
 

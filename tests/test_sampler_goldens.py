@@ -25,6 +25,11 @@ from engine.sampling import Distribution, DryVocabulary, Sampler, SamplingParams
 from engine.text.tokenizer import Tokenizer
 from tests.conftest import load_golden
 
+# tests/conftest.py EVERY_LEVEL: this module reads tests/golden but runs no kernel.
+LEVEL_INDEPENDENT = (
+    "samplers run in numpy (and an integer Numba kernel, DRY's): no float computed for a level"
+)
+
 GOLDEN = load_golden("samplers")
 
 

@@ -182,3 +182,16 @@ def test_every_test_asserts_something() -> None:
             ):
                 silent.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.name}")
     assert silent == [], "\n".join(silent)
+
+
+def test_goldens_are_read_through_the_conftest() -> None:
+    """A test reaches llama.cpp's outputs through load_golden or golden_file only: that is how
+    tests/conftest.py finds the modules whose tests must run on every CPU level (EVERY_LEVEL)."""
+    elsewhere = []
+    for path in sorted(TESTS.glob("*.py")):
+        if path.name in ("conftest.py", Path(__file__).name):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in ("golden", "tests/golden"):
+                elsewhere.append(f"{path.name}:{node.lineno}")
+    assert elsewhere == []

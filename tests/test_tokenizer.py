@@ -19,6 +19,9 @@ from engine.text.tokenizer import (
 )
 from tests.conftest import gpl3_text, load_golden
 
+# tests/conftest.py EVERY_LEVEL: this module reads tests/golden but runs no kernel.
+LEVEL_INDEPENDENT = "tokenizers are Python: no kernel runs"
+
 MODELS = ("smollm2", "gemma3")
 # Rare characters (hieroglyph, Gothic, alchemical) fall back to byte tokens in Gemma's vocabulary too.
 MULTIBYTE_TEXT = "Emoji 😀🎉🚀🇫🇷, CJK 日本語のテキストと中文文本, café naïve, Ελληνικά ∑∫ ☃ 𓀀𐌰🜁ꙮ"

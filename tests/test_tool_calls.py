@@ -46,6 +46,9 @@ from engine.tool_grammar import tool_grammar_spec
 from tests.conftest import load_golden, require
 from tests.grammar_triggers import grammar_start
 
+# tests/conftest.py EVERY_LEVEL: this module reads tests/golden but runs no kernel.
+LEVEL_INDEPENDENT = "tool-call formats are rendered and parsed as text: no kernel runs"
+
 
 def tool(name: str, properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
     parameters = {"type": "object", "properties": properties, "required": list(required)}

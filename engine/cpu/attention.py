@@ -18,9 +18,11 @@ import numpy as np
 from numba import njit, prange
 
 from engine.cpu.kv_cells import add_row1, add_rows4, as_kernel_cells, dot1, dot4, store_row
+from engine.cpu.lanes import ORDERED, exp_and_sum, scale_and_max
 from engine.cpu.vecmath import exp
 
-_KERNEL = {"cache": True, "nogil": True, "fastmath": True, "error_model": "numpy"}
+# ORDERED (engine/cpu/lanes.py): every sum here adds in one order, so each level returns the same bits.
+_KERNEL = {"cache": True, "nogil": True, "fastmath": ORDERED, "error_model": "numpy"}
 F0 = np.float32(0.0)
 KEY_CHUNK = 256
 QUERY_TILE = 8
@@ -248,14 +250,8 @@ def _attend_chunk(
         n_t = max(0, min(n, positions[tt] + 1 - lo))
         for g in range(group):
             s = scores[tt, g]
-            best = np.float32(-np.inf)
-            for j in range(n_t):
-                s[j] *= sc
-                best = max(best, s[j])
-            total = F0
-            for j in range(n_t):
-                s[j] = exp(s[j] - best)
-                total += s[j]
+            best = scale_and_max(s, sc, n_t)
+            total = exp_and_sum(s, best, n_t)
             s[n_t : max(grouped, n)] = F0
             m_out[tt, g] = best
             s_out[tt, g] = total

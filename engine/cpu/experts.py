@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from engine.cpu.lanes import ORDERED
 from engine.cpu.lazy_experts import LazyExperts, expert_view
 from engine.cpu.records import pack_weight_for_cpu
 from engine.cpu.vecmath import exp
@@ -94,7 +95,7 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> 
     _swiglu_oai(gate, up, np.float32(alpha), np.float32(limit))
 
 
-@njit(fastmath=True, **_KERNEL)
+@njit(fastmath=ORDERED, **_KERNEL)  # not fastmath=True: avx2 and avx512-vnni rounded it differently
 def _swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: np.float32, limit: np.float32) -> None:
     one = np.float32(1.0)
     for r in range(gate.shape[0]):

@@ -25,9 +25,10 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from engine.cpu.f16 import float_to_half, half_to_float
+from engine.cpu.lanes import LANES, ORDERED, lane_total, zero_lanes
 from engine.kv_types import Q8_0_BLOCK_BYTES, QK8_0
 
-_FAST = {"fastmath": True, "error_model": "numpy"}
+_FAST = {"fastmath": ORDERED, "error_model": "numpy"}
 _KERNEL = {"cache": True, "nogil": True, **_FAST}
 _EXACT = {"cache": True, "nogil": True, "error_model": "numpy"}
 F0 = np.float32(0.0)
@@ -138,39 +139,47 @@ def _store_row(x, cells, s, h, p):  # type: ignore[no-untyped-def]
     return None
 
 
+@njit(inline="always", **_KERNEL)
+def _add_products4(acc: np.ndarray, lane: int, q: np.ndarray, cells: np.ndarray, c: int, i: int) -> None:
+    """Lane `lane` of four f16 sums: += q[i] * cells[c + k, i] for k = 0..3."""
+    qi = q[i]
+    acc[0, lane] += qi * half_to_float(cells[c, i])
+    acc[1, lane] += qi * half_to_float(cells[c + 1, i])
+    acc[2, lane] += qi * half_to_float(cells[c + 2, i])
+    acc[3, lane] += qi * half_to_float(cells[c + 3, i])
+
+
 @overload(dot4, inline="always", jit_options=_FAST)
 def _dot4(q, cells, c):  # type: ignore[no-untyped-def]
     if _is_f16(cells):
 
         def f16(q, cells, c):  # type: ignore[no-untyped-def]
-            a0, a1, a2, a3 = F0, F0, F0, F0
-            for i in range(q.shape[0]):
-                qi = q[i]
-                a0 += qi * half_to_float(cells[c, i])
-                a1 += qi * half_to_float(cells[c + 1, i])
-                a2 += qi * half_to_float(cells[c + 2, i])
-                a3 += qi * half_to_float(cells[c + 3, i])
-            return a0, a1, a2, a3
+            acc = zero_lanes()
+            dim = q.shape[0]
+            body = dim - dim % LANES
+            for i0 in range(0, body, LANES):
+                for lane in range(LANES):
+                    _add_products4(acc, lane, q, cells, c, i0 + lane)
+            for i in range(body, dim):  # a head_dim that is no multiple of LANES: the rest, one a lane
+                _add_products4(acc, i - body, q, cells, c, i)
+            return lane_total(acc[0]), lane_total(acc[1]), lane_total(acc[2]), lane_total(acc[3])
 
         return f16
     if _is_q8(cells):
 
         def q8(q, cells, c):  # type: ignore[no-untyped-def]
-            a0, a1, a2, a3 = F0, F0, F0, F0
+            acc = zero_lanes()
             for b in range(q.shape[0] // QK8_0):
                 o = b * Q8_0_BLOCK_BYTES
-                s0, s1, s2, s3 = F0, F0, F0, F0
-                for i in range(QK8_0):
-                    qi = q[b * QK8_0 + i]
-                    s0 += qi * np.float32(cells[c, o + 2 + i])
-                    s1 += qi * np.float32(cells[c + 1, o + 2 + i])
-                    s2 += qi * np.float32(cells[c + 2, o + 2 + i])
-                    s3 += qi * np.float32(cells[c + 3, o + 2 + i])
-                a0 += s0 * _q8_scale(cells[c], o)
-                a1 += s1 * _q8_scale(cells[c + 1], o)
-                a2 += s2 * _q8_scale(cells[c + 2], o)
-                a3 += s3 * _q8_scale(cells[c + 3], o)
-            return a0, a1, a2, a3
+                for k in range(4):
+                    d = _q8_scale(cells[c + k], o)
+                    for lane in range(LANES):  # a block's 32 quants: two per lane
+                        i = b * QK8_0 + lane
+                        pair = q[i] * np.float32(cells[c + k, o + 2 + lane]) + q[i + LANES] * np.float32(
+                            cells[c + k, o + 2 + LANES + lane]
+                        )
+                        acc[k, lane] += pair * d
+            return lane_total(acc[0]), lane_total(acc[1]), lane_total(acc[2]), lane_total(acc[3])
 
         return q8
     return None
@@ -181,23 +190,31 @@ def _dot1(q, cells, c):  # type: ignore[no-untyped-def]
     if _is_f16(cells):
 
         def f16(q, cells, c):  # type: ignore[no-untyped-def]
-            acc = F0
-            for i in range(q.shape[0]):
-                acc += q[i] * half_to_float(cells[c, i])
-            return acc
+            acc = zero_lanes()
+            dim = q.shape[0]
+            body = dim - dim % LANES
+            for i0 in range(0, body, LANES):
+                for lane in range(LANES):
+                    acc[0, lane] += q[i0 + lane] * half_to_float(cells[c, i0 + lane])
+            for i in range(body, dim):
+                acc[0, i - body] += q[i] * half_to_float(cells[c, i])
+            return lane_total(acc[0])
 
         return f16
     if _is_q8(cells):
 
         def q8(q, cells, c):  # type: ignore[no-untyped-def]
-            acc = F0
+            acc = zero_lanes()
             for b in range(q.shape[0] // QK8_0):
                 o = b * Q8_0_BLOCK_BYTES
-                s = F0
-                for i in range(QK8_0):
-                    s += q[b * QK8_0 + i] * np.float32(cells[c, o + 2 + i])
-                acc += s * _q8_scale(cells[c], o)
-            return acc
+                d = _q8_scale(cells[c], o)
+                for lane in range(LANES):
+                    i = b * QK8_0 + lane
+                    pair = q[i] * np.float32(cells[c, o + 2 + lane]) + q[i + LANES] * np.float32(
+                        cells[c, o + 2 + LANES + lane]
+                    )
+                    acc[0, lane] += pair * d
+            return lane_total(acc[0])
 
         return q8
     return None

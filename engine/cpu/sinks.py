@@ -17,9 +17,10 @@ import numpy as np
 from numba import njit, prange
 
 from engine.cpu.kv_cells import as_kernel_cells, dot1
-from engine.cpu.vecmath import exp
+from engine.cpu.lanes import ORDERED, exp_and_sum, scale_and_max
 
-_KERNEL = {"cache": True, "nogil": True, "fastmath": True, "error_model": "numpy"}
+# ORDERED (engine/cpu/lanes.py): the same bits on every level.
+_KERNEL = {"cache": True, "nogil": True, "fastmath": ORDERED, "error_model": "numpy"}
 
 
 def apply_sinks(
@@ -51,13 +52,10 @@ def _apply_sinks(q, k_bits, seq_ids, positions, window, scale, sinks, out) -> No
         scores = np.empty(n, np.float32)
         for g in range(group):
             h = kv_h * group + g
-            best = np.float32(-np.inf)
             for j in range(n):
-                scores[j] = dot1(q[t, h], keys, first + j) * sc
-                best = max(best, scores[j])
-            total = np.float32(0.0)
-            for j in range(n):
-                total += exp(scores[j] - best)
+                scores[j] = dot1(q[t, h], keys, first + j)
+            best = scale_and_max(scores, sc, n)
+            total = exp_and_sum(scores, best, n)
             top = max(best, sinks[h])  # as llama.cpp's softmax: the max over scores and sink
             kept = total * np.float32(math.exp(best - top))
             factor = kept / (kept + np.float32(math.exp(sinks[h] - top)))

@@ -205,7 +205,8 @@ def _silu_mul_py(gate, up, out):  # type: ignore[no-untyped-def]
 
 
 def _gelu_mul_py(gate, up, out):  # type: ignore[no-untyped-def]
-    """GELU's tanh approximation, as ggml and the CPU kernel compute it."""
+    """GELU's tanh approximation, as ggml's CUDA backend computes it: the formula (ggml's CPU backend, and
+    so engine/cpu/ops.py, reads a float16 table instead)."""
     dim = gate.shape[1]
     c = float32(math.sqrt(2.0 / math.pi))
     for e in range(cuda.grid(1), gate.shape[0] * dim, cuda.gridsize(1)):
