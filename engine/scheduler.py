@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, TokenEvent
+from engine import slot_log
+from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, Timings, TokenEvent
 from engine.batch import Batch, BatchPart
 from engine.choices import Choices
 from engine.context_shift import discard_count
@@ -82,6 +83,7 @@ class Scheduler:
                 still_waiting.append((request, emit))
                 continue
             reuse = self.pool.claim(slot, request)
+            slot_log.launched(slot, self.pool.kv.n_ctx, self.n_keep, len(request.prompt_tokens), reuse)
             if isinstance(request, EmbeddingRequest):
                 slot.seq = EmbeddingSequence(
                     request, emit, slot.id, self.rank_head, request.prompt_tokens[reuse:]
@@ -117,16 +119,21 @@ class Scheduler:
                 if slot.seq is not None:
                     self.cancel(slot.seq.request.request_id, "error", CONTEXT_EXCEEDED)
             return None
+        n_batch = 0  # the batch's tokens so far (llama-server's batch.n_tokens in its prompt lines)
         for seq, chunk in taken:
             slot = self.pool[seq.slot_id]
+            n_batch += len(chunk) + (0 if isinstance(seq, EmbeddingSequence) else len(seq.drafts))
             if isinstance(seq, EmbeddingSequence):
                 parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none", want_hidden=True))
                 slot.tokens.extend(chunk)
                 self._embedding.append((slot, len(chunk)))
+                slot_log.prompt_chunk(slot, seq, n_batch)
                 continue
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
             parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want))
             slot.tokens.extend(chunk + seq.drafts)
+            if not seq.generating:
+                slot_log.prompt_chunk(slot, seq, n_batch)
             if not seq.pending:
                 outputs.append(slot)
         return (Batch.of(parts), outputs) if parts else None
@@ -161,7 +168,7 @@ class Scheduler:
                 event = replace(event, n_cells=len(slot.tokens))
             seq.emit(event)
         if events[-1].finish_reason is not None:
-            self._finish(slot)
+            self._finish(slot, seq.timings())
         elif full:
             self._shift_context(slot, seq)
 
@@ -175,9 +182,11 @@ class Scheduler:
                 slot.seq.emit(event)
                 self._finish(slot)
 
-    def _finish(self, slot: Slot) -> None:
+    def _finish(self, slot: Slot, timings: Timings | None = None) -> None:
+        """Release the slot (`timings`: a generation that ended by itself, which logs them)."""
         if slot.seq is not None:
             self.drafts.forget(slot.seq.request.request_id)
+            slot_log.finished(slot, slot.seq, timings)
         if isinstance(slot.seq, Sequence) and slot.seq.forks:
             for held in self.choices.drop_held(slot.seq, "cancelled"):
                 self.pool.release(held)

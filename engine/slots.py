@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from engine import slot_log
 from engine.api import EmbeddingRequest, GenerationRequest, SlotProgress, SlotSnapshot
 from engine.kv import KVCache
 from engine.prompt_cache import PromptCache, common_prefix
@@ -90,6 +91,8 @@ class SlotPool:
         """The slot for `request` (its pinned one, the most similar, or the least recently used)."""
         if request.id_slot >= 0:
             slot = self.slots[request.id_slot]
+            if not slot.busy:
+                slot_log.selected_by_id(slot)
             return None if slot.busy else slot
         idle = [s for s in self.slots if not s.busy]
         if not idle:
@@ -101,8 +104,12 @@ class SlotPool:
 
         best = max(idle, key=similarity)
         if request.cache_prompt and similarity(best) > self.slot_similarity:
+            f_sim = common_prefix(best.tokens, prompt) / max(1, len(prompt))  # llama-server's f_sim_best
+            slot_log.selected_by_similarity(best, f_sim, self.slot_similarity, similarity(best))
             return best
-        return min(idle, key=lambda s: s.last_used)
+        lru = min(idle, key=lambda s: s.last_used)
+        slot_log.selected_by_lru(lru)
+        return lru
 
     def claim(self, slot: Slot, request: GenerationRequest | EmbeddingRequest) -> int:
         """Prepare `slot` for `request`: the prompt tokens whose cells it keeps (at least one is left)."""

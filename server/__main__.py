@@ -31,8 +31,19 @@ def _log_fetch(message: str) -> None:
     log.info("model.fetch", message=message)
 
 
+def _log_output(settings: Settings) -> logs.LogOutput:
+    return logs.LogOutput(
+        settings.verbosity,
+        settings.log_file,
+        settings.log_disable,
+        settings.log_colors,
+        settings.log_prefix,
+        settings.log_timestamps,
+    )
+
+
 async def run(settings: Settings, ignored: list[Ignored], argv: list[str] | None = None) -> int:
-    logs.configure(settings.log_format, settings.verbose)
+    logs.configure(settings.log_format, settings.verbose, _log_output(settings))
     try:  # the kernels' x86 level, as llama-server prints its `CPU : AVX2 = 1 | ...` line
         cpu = isa.current().describe()
     except isa.UnsupportedTarget as exc:  # one line and nothing else: the start stops here

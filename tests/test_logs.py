@@ -1,11 +1,21 @@
-"""JSON log lines stay whole while other threads log: a router parses its children's lines."""
+"""The log: JSON lines stay whole while other threads log (a router parses its children's lines); the
+default lines are llama-server's, which its tools (a prompt-cache profiler) read from --log-file."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import httpx
+
+from server.config.parse import parse_settings
+from server.http.llama_log import LlamaRenderer
+from server.http.logs import LogOutput
+from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 
 # The engine thread logs load progress while hypercorn (stdlib logging) announces itself on the same stream.
 RACE = """
@@ -32,3 +42,117 @@ def test_json_lines_stay_whole_while_other_threads_log() -> None:
     events = [json.loads(line) for line in lines if line.startswith("{")]
     assert len(events) == 5000 and all("{" not in line for line in lines if not line.startswith("{"))
     assert [e["value"] for e in events] == list(range(5000))
+
+
+# -- llama-server's lines, as a prompt-cache profiler reads them from --log-file -----------------------
+SLOT = r"slot (?P<fn>[ \w]{12}): id +(?P<slot>\d+) \| task (?P<task>-?\d+) \| "
+RATES = r"+[\d.]+ ms / +(?P<n>\d+) tokens \( +[\d.]+ ms per token, +[\d.]+ tokens per second\)$"
+PROFILER = {
+    "launch": re.compile(SLOT + r"processing task, is_child = 0$"),
+    "new_prompt": re.compile(
+        SLOT + r"new prompt, n_ctx_slot = \d+, n_keep = \d+, task.n_tokens = (?P<n>\d+)$"
+    ),
+    "n_past": re.compile(SLOT + r"n_tokens = (?P<n_past>\d+), memory_seq_rm \[(?P<p0>\d+), end\)$"),
+    "progress": re.compile(
+        SLOT
+        + r"prompt processing progress, n_tokens = (?P<n>\d+), batch.n_tokens = \d+, progress = [01]\.\d{6}$"
+    ),
+    "done": re.compile(SLOT + r"prompt done, n_tokens = (?P<n>\d+), batch.n_tokens = \d+$"),
+    "prompt_eval": re.compile(SLOT + r"prompt eval time = " + RATES),
+    "eval": re.compile(SLOT + r"       eval time = " + RATES),
+    "total": re.compile(SLOT + r"      total time = +[\d.]+ ms / +\d+ tokens$"),
+    "release": re.compile(SLOT + r"stop processing: n_tokens = (?P<n>\d+), truncated = 0$"),
+}
+
+
+def _profile(lines: list[str]) -> list[tuple[str, re.Match[str]]]:
+    return [(name, m) for line in lines for name, rx in PROFILER.items() if (m := rx.match(line))]
+
+
+def _chat(base_url: str, messages: list[dict[str, str]]) -> str:
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "stream": True}
+    text = []
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
+    return "".join(text)
+
+
+def test_log_file_has_llama_servers_slot_lines_for_a_cached_follow_up(tmp_path: Path) -> None:
+    log_file = tmp_path / "llama.log"
+    server = ServerProcess("-m", "smollm2", "-np", "1", "-c", "1024", "--log-file", str(log_file))
+    try:
+        server.wait_healthy()
+        first = [{"role": "user", "content": "Name a colour."}]
+        answer = _chat(server.base_url, first)
+        _chat(
+            server.base_url,
+            [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}],
+        )
+        wait_until(lambda: log_file.read_text().count("stop processing") == 2, LIVENESS_S, "second release")
+    finally:
+        server.stop()
+    seen = _profile(log_file.read_text().splitlines())
+    names = [name for name, _ in seen]
+    one = ["launch", "new_prompt", "n_past", "progress", "done", "prompt_eval", "eval", "total", "release"]
+    assert names == one + one, names
+    assert {m["fn"] for _, m in seen} >= {"launch_slot_", "update_slots", "print_timing", "     release"}
+    tasks = [(int(m["slot"]), int(m["task"])) for _, m in seen]
+    assert tasks == [(0, 0)] * len(one) + [(0, 1)] * len(one)
+    first_past, second_past = (int(m["n_past"]) for name, m in seen if name == "n_past")
+    n_prompts = [int(m["n"]) for name, m in seen if name == "new_prompt"]
+    evaluated = [int(m["n"]) for name, m in seen if name == "prompt_eval"]
+    assert first_past == 0 and evaluated[0] == n_prompts[0]
+    # the follow-up reuses the first turn's cells: only its new tokens are evaluated
+    assert second_past > n_prompts[0] // 2 and evaluated[1] == n_prompts[1] - second_past
+    done = [int(m["n"]) for name, m in seen if name == "done"]
+    assert done == n_prompts
+
+
+def test_log_prefix_timestamps_and_colours() -> None:
+    renderer = LlamaRenderer(prefix=True, timestamps=True, colors=True)
+    event = {
+        "event": "slot.release",
+        "level": "info",
+        "id_slot": 2,
+        "id_task": 7,
+        "n_tokens": 9,
+        "truncated": 1,
+    }
+    line = renderer(None, "", event)
+    assert re.fullmatch(
+        r"\033\[34m\d+\.\d\d\.\d{3}\.\d{3}\033\[0m \033\[32mI \033\[0mslot      release: id  2 \| task 7 \| "
+        r"stop processing: n_tokens = 9, truncated = 1",
+        line,
+    ), line
+    warned = LlamaRenderer(prefix=True)(None, "", {"event": "mcp.down", "level": "warning", "server": "a b"})
+    assert warned == 'W srv  mcp.down: server="a b"'
+    assert LlamaRenderer()(None, "", {"event": "server.ready", "level": "info"}) == "srv  server.ready"
+
+
+def test_log_flags_parse_as_common_arg_reads_them(tmp_path: Path) -> None:
+    settings, _ = parse_settings(
+        [
+            "-m",
+            "x.gguf",
+            "-lv",
+            "2",
+            "--log-file",
+            str(tmp_path / "f"),
+            "--log-colors",
+            "off",
+            "--log-prefix",
+        ],
+        {},
+    )
+    assert (settings.verbosity, settings.log_colors, settings.log_prefix) == (2, "off", True)
+    assert settings.log_file == tmp_path / "f" and settings.log_format == "llama"
+    env = {"LLAMA_ARG_LOG_TIMESTAMPS": "1", "LLAMA_ARG_LOG_COLORS": "enabled"}
+    settings, _ = parse_settings(["-m", "x.gguf"], env)
+    assert settings.log_timestamps and settings.log_colors == "on"
+    assert (
+        LogOutput(verbosity=2).level() == logging.WARNING
+        and LogOutput(disable=True).level() > logging.CRITICAL
+    )

@@ -194,21 +194,29 @@ def wait_respawned(server: ServerProcess, within: float = LIVENESS_S) -> tuple[s
     raise TimeoutError(server.log())
 
 
-def test_crash_respawn_with_cooldown_and_no_defunct_children(mcp_server: ServerProcess) -> None:
+def test_crash_restarts_at_once_then_backs_off_and_no_defunct_children(mcp_server: ServerProcess) -> None:
+    """As llama-server: the call after a crash runs in a restarted server; a server that crashes again
+    at once waits its cooldown (2 s since that restart), then twice as long after the next crash."""
     pids = [post_tool(mcp_server, "crash_pid", {}).json()["plain_text_response"]]
-    for _ in range(3):
-        assert post_tool(mcp_server, "crash_crash", {}).json() == {"plain_text_response": "goodbye"}
-        time.sleep(0.3)
-        pid, back = wait_respawned(mcp_server)
-        pids.append(pid)
-        # It crashes again at once: the next respawn must wait for the cooldown (2 s since this spawn).
-        assert post_tool(mcp_server, "crash_crash", {}).json() == {"plain_text_response": "goodbye"}
-        time.sleep(0.3)
-        refused = post_tool(mcp_server, "crash_pid", {}).json()
-        assert "may be restarted in" in refused["error"]
-        pid, again = wait_respawned(mcp_server)
-        pids.append(pid)
-        assert again - back >= 1.0, "respawned before the cooldown was over"
+    assert post_tool(mcp_server, "crash_crash", {}).json() == {"plain_text_response": "goodbye"}
+    time.sleep(0.3)
+    reply = post_tool(mcp_server, "crash_pid", {}).json()
+    assert "plain_text_response" in reply, reply  # restarted at once, no cooldown
+    pids.append(reply["plain_text_response"])
+    back = time.monotonic()
+    # It crashes again at once: the next restart waits for the cooldown (2 s since that restart).
+    assert post_tool(mcp_server, "crash_crash", {}).json() == {"plain_text_response": "goodbye"}
+    time.sleep(0.3)
+    refused = post_tool(mcp_server, "crash_pid", {}).json()
+    assert "may be restarted in" in refused["error"]
+    pid, again = wait_respawned(mcp_server)
+    pids.append(pid)
+    assert again - back >= 1.0, "respawned before the cooldown was over"
+    assert post_tool(mcp_server, "crash_crash", {}).json() == {"plain_text_response": "goodbye"}
+    time.sleep(0.3)
+    refused = post_tool(mcp_server, "crash_pid", {}).json()["error"]
+    assert float(refused.rsplit(" in ", 1)[1].split()[0]) > 2.0, refused  # the back-off doubled (4 s)
+    pids.append(wait_respawned(mcp_server)[0])
     assert len(set(pids)) == len(pids), "every respawn is a new process"
     zombies = lambda: [k for k in children_of(mcp_server.proc.pid) if process_state(k) == "Z"]  # noqa: E731
     wait_until(lambda: not zombies(), LIVENESS_S, "every crashed child reaped")

@@ -18,6 +18,7 @@ import pytest
 from server.mcp import McpManager, McpServerConfig
 from server.mcp.config import McpConfigError, load_mcp_servers, parse_mcp_servers
 from server.mcp.jsonrpc import LineFramer, RpcError, RpcTimeout, TransportClosed
+from server.mcp.manager import RESTART_WINDOW_S
 from server.mcp.registry import ToolRegistry, result_text
 from server.mcp.transport import SpawnError, StdioTransport
 from tests.conftest import not_applicable, require
@@ -444,25 +445,30 @@ async def test_manager_timeout_then_next_call_succeeds() -> None:
         await manager.stop()
 
 
-async def test_crash_respawn_cooldown_and_no_zombies() -> None:
+async def test_crash_restarts_at_once_then_backs_off_and_no_zombies() -> None:
+    """A crash is restarted at the next call (llama-server's rule); a server that crashes again within
+    RESTART_WINDOW_S of its start waits its cooldown, doubled at each such crash; one that ran longer
+    than the window starts at once again."""
     clock = FakeClock()
     manager = McpManager([fixture("crash", restart_cooldown_ms=5000)], clock=clock)
     manager.start()
     await manager.wait_ready()
     crash, pid_tool = manager.tool("crash_crash"), manager.tool("crash_pid")
     assert crash is not None and pid_tool is not None
-    pids = []
+    pids = [int((await manager.call(pid_tool, {})).text or 0)]
     try:
-        for _ in range(4):
-            pids.append(int((await manager.call(pid_tool, {})).text or 0))
+        # 0: restarted at the next call (the first crash, or one after running past the window)
+        for backoff in (0.0, 5.0, 10.0, 20.0, None):
+            if backoff is None:
+                clock.now += RESTART_WINDOW_S  # it ran a while: its crash is a first one again
             assert (await manager.call(crash, {})).text == "goodbye"
             assert await gone(pids[-1]), "the crashed server was reaped"
-            # Within the cooldown since the last spawn: refused, no respawn.
-            refused = await manager.call(pid_tool, {})
-            assert refused.error is not None and "may be restarted in 5.0 s" in refused.error
-            clock.now += 5.0  # cooldown over: the next call respawns
-        pids.append(int((await manager.call(pid_tool, {})).text or 0))
-        assert len(set(pids)) == 5, "each call after a crash ran in a fresh process"
+            if backoff:  # within the back-off since the last start: refused, no restart
+                refused = await manager.call(pid_tool, {})
+                assert refused.error is not None and f"may be restarted in {backoff:.1f} s" in refused.error
+                clock.now += backoff
+            pids.append(int((await manager.call(pid_tool, {})).text or 0))
+        assert len(set(pids)) == 6, "each call after a crash ran in a fresh process"
         for pid in pids[:-1]:
             assert process_state(pid) is None, f"pid {pid} is {process_state(pid)} (zombie?)"
     finally:

@@ -1,6 +1,7 @@
-"""Tool calls end to end with the `openai` SDK, unmodified, on SmolLM2 and Gemma 3 (both get llama.cpp's
-generic JSON format: their templates have no tool syntax): required and named calls whose arguments
-validate against the tool's parameters, stream equal to whole replies, parallel calls, tool_choice none,
+"""Tool calls end to end with the `openai` SDK, unmodified, on SmolLM2 and Gemma 3 (their templates have
+no tool support: under tool_choice auto the tools are left out, as llama-server leaves them; a demanded
+call gets llama.cpp's generic JSON format): required and named calls whose arguments validate against
+the tool's parameters, stream equal to whole replies, parallel calls, tool_choice none and auto,
 and a whole round trip (call, tool result, answer). On Qwen2.5-Coder, a model with a native format
 (Hermes' `<tool_call>`), the round trip streamed and whole."""
 
@@ -152,6 +153,30 @@ def test_tool_choice_none_never_calls(any_server: ServerProcess) -> None:
             )
             choice = reply.choices[0]
             assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
+
+
+def test_auto_leaves_the_tools_out_of_a_template_without_tool_support(any_server: ServerProcess) -> None:
+    """As llama-server 0c1e570: under tool_choice auto (or none given) a template with no tool support
+    gets no tool prompt, the same prompt tokens as without tools, and the model answers in text; a
+    request that demands a call (`required`) still gets one, valid, under the generic format's grammar."""
+    with httpx.Client(base_url=any_server.base_url, timeout=300) as http:
+        body = {"messages": ASK, "max_tokens": 16, "temperature": 0}
+        plain = http.post("/v1/chat/completions", json=body).json()
+        for choice in ({}, {"tool_choice": "auto"}):
+            reply = http.post("/v1/chat/completions", json={**body, "tools": TOOLS, **choice}).json()
+            assert reply["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"], choice
+            assert (
+                not reply["choices"][0]["message"].get("tool_calls")
+                and reply["choices"][0]["message"]["content"]
+            )
+        required = {**body, "tools": TOOLS, "tool_choice": "required", "max_tokens": 120}
+        forced = http.post("/v1/chat/completions", json=required).json()
+        assert forced["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]  # the generic tool prompt
+        (call,) = forced["choices"][0]["message"]["tool_calls"]
+        name = call["function"]["name"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMETERS[name])
+        rendered = http.post("/apply-template", json={"messages": ASK, "tools": TOOLS}).json()["prompt"]
+        assert "get_weather" not in rendered
 
 
 def test_a_whole_round_trip(any_server: ServerProcess) -> None:

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         _sampling_flags,
         _template_flags,
         _feature_flags,
+        _log_flags,
         _spec_flags,
         _tool_flags,
         _router_flags,
@@ -134,6 +135,40 @@ def _template_flags(p: argparse.ArgumentParser) -> None:
     add("--reasoning-budget-message", default="")
 
 
+def _log_colors(value: str) -> str:
+    """--log-colors as common/arg.cpp reads it: a truthy word is on, a falsey one off, else auto."""
+    word = value.lower()
+    if word in ("on", "enabled", "true", "1"):
+        return "on"
+    if word in ("off", "disabled", "false", "0"):
+        return "off"
+    if word == "auto":
+        return "auto"
+    raise argparse.ArgumentTypeError(f"unknown value for --log-colors: '{value}'")
+
+
+def _log_flags(p: argparse.ArgumentParser) -> None:
+    """The log (common/log.cpp's flags), and Llamba's choice of line format."""
+    add = p.add_argument_group("logging").add_argument
+    add("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",
+        help="log everything (verbosity: infinity); also the default of a request's `verbose`")  # fmt: skip
+    add("-lv", "--verbosity", "--log-verbosity", dest="verbosity", type=int, default=3,
+        help="0 output, 1 error, 2 warning, 3 info, 4 trace, 5 debug: lines above it left out")  # fmt: skip
+    add("--log-file", default=None, help="also write the log to FNAME (truncated at start)")
+    add("--log-disable", action="store_true", help="no log at all")
+    add("--log-colors", type=_log_colors, default="auto", metavar="[on|off|auto]",
+        help="colour the level letters of --log-prefix (auto: when stderr is a terminal)")  # fmt: skip
+    add("--log-prefix", dest="log_prefix", action="store_true", default=False,
+        help="a level letter before each line (I, W, E, D)")  # fmt: skip
+    add("--no-log-prefix", dest="log_prefix", action="store_false")
+    add("--log-timestamps", dest="log_timestamps", action="store_true", default=False,
+        help="with --log-prefix, the time since start (minutes.seconds.ms.us) before each line")  # fmt: skip
+    add("--no-log-timestamps", dest="log_timestamps", action="store_false")
+    add("--log-format", choices=["llama", "text", "json"], default="llama",
+        help="llama: llama-server's lines (its slot and timing lines in its words); text: key=value "
+        "events; json: one JSON object per event, every field (a router reads its children's)")  # fmt: skip
+
+
 def _spec_flags(p: argparse.ArgumentParser) -> None:
     """Speculative decoding (llama-server's names, old and new)."""
     add = p.add_argument_group("speculative decoding").add_argument
@@ -203,8 +238,6 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
     add("--shutdown-timeout", type=float, default=0.0,
         help="on SIGTERM, seconds in-flight requests may take to finish (new ones get 503); 0: cancel "
         "them at once; a second SIGTERM cancels them")  # fmt: skip
-    add("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true")
-    add("--log-format", choices=["text", "json"], default="text")
     add("--log-prompts-dir", default=None)
     add(
         "-cram",

@@ -81,6 +81,7 @@ def _settings_values(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     check_tls(parser, args)
     values["spec"] = flag_values.spec_params(parser, args)
     values["sampling"] = flag_values.sampling_params(parser, args)
+    values["log_file"] = Path(args.log_file) if args.log_file else None
     if args.log_prompts_dir:
         values["log_prompts_dir"] = Path(args.log_prompts_dir)
     values["slot_save_path"] = Path(args.slot_save_path) if args.slot_save_path else None

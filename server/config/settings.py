@@ -91,7 +91,14 @@ class Settings(BaseModel):
     webui: bool = True
     slot_save_path: Path | None = None  # where POST /slots/<id>?action=save|restore puts slot files
     verbose: bool = False
-    log_format: str = "text"
+    # The log (common/log.cpp's flags): llama-server's lines, key=value ("text") or JSON events.
+    log_format: str = "llama"
+    verbosity: int = 3  # -lv: 0 output, 1 error, 2 warning, 3 info, 4 trace, 5 debug (-v: everything)
+    log_file: Path | None = None  # --log-file: the log also written there
+    log_disable: bool = False
+    log_colors: str = "auto"  # on, off, auto (when stderr is a terminal)
+    log_prefix: bool = False  # --log-prefix: the level letter before each line
+    log_timestamps: bool = False  # --log-timestamps: with the prefix, the time since start
     log_prompts_dir: Path | None = None
 
     # -- resumable streams (X-Conversation-Id) --------------------------------------------------------

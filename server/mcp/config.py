@@ -2,8 +2,9 @@
 
 A server is either a process Llamba starts (`command`, `args`, `env`, `cwd`: stdio) or a remote one
 (`url`, `headers`: Streamable HTTP, or HTTP+SSE with `"type": "sse"` or a URL ending in `/sse`).
-Both take `timeout_ms` (each request) and `restart_cooldown_ms` (the least time between two starts or
-connections); a remote one also `connect_timeout_ms` (connecting and the MCP handshake). `${NAME}` in a
+Both take `timeout_ms` (each request) and `restart_cooldown_ms` (the first back-off of a server that keeps
+crashing, doubled at each quick crash after it: server/mcp/manager.py's `restart_delay`; one crash is
+restarted at once); a remote one also `connect_timeout_ms` (connecting and the MCP handshake). `${NAME}` in a
 header value is the environment variable NAME, so a token need not be written into the file.
 """
 

@@ -3,8 +3,11 @@ tool lists kept current, shutdown; and the client-named servers of single reques
 
 A configured server is a stdio process (server/mcp/stdio.py) or a remote server (server/mcp/remote.py);
 the manager treats both alike. A server that crashes, drops its connection or answers garbage fails
-the calls in flight with an error result, and the next call starts (or connects) it again, no sooner
-than its restart cooldown allows. `notifications/tools/list_changed`, and any restart, make the
+the calls in flight with an error result, and the next call starts (or connects) it again at once, as
+llama-server restarts a crashed server. Only a server that keeps crashing waits (`restart_delay`): each
+restart of a server that ran less than RESTART_WINDOW_S since its last start doubles the wait, from its
+restart cooldown (`restart_cooldown_ms`, 5 s for stdio) up to MAX_BACKOFF_S; one that ran longer starts
+again at once. `notifications/tools/list_changed`, and any restart, make the
 manager list the server's tools again.
 
 A client-named server (a request's `server_url`, allowed by `--mcp-allow-hosts`: server/mcp/egress.py)
@@ -44,6 +47,19 @@ class Unavailable(Exception):
     """The server is down and may not be respawned yet (cooldown), or Llamba is shutting down."""
 
 
+# A server that crashes within this many seconds of its start crashed "again": its next restart backs off.
+RESTART_WINDOW_S = 30.0
+MAX_BACKOFF_S = 60.0
+
+
+def restart_delay(quick_restarts: int, cooldown_s: float) -> float:
+    """Seconds a dead server waits after its last start: none after one crash (llama-server restarts it
+    at once), then the cooldown doubling with each restart that came within RESTART_WINDOW_S."""
+    if quick_restarts == 0:
+        return 0.0
+    return min(cooldown_s * 2 ** (quick_restarts - 1), MAX_BACKOFF_S)
+
+
 # What listing or calling a server can fail with, besides HostRefused (a URL the policy refuses).
 MCP_FAILURES = (TransportClosed, RpcTimeout, RpcError, Unavailable, TimeoutError)
 
@@ -65,10 +81,25 @@ class _Server:
     config: McpServerConfig
     session: Session | None = None
     last_spawn: float | None = None
+    quick_restarts: int = 0  # restarts in a row, each within RESTART_WINDOW_S of the start before
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tools: list[Any] = field(default_factory=list)  # its last tools/list
     stale: bool = False  # the tools changed since they were listed
     refresh: asyncio.Task[None] | None = None
+
+
+def count_restart(server: _Server, now: float) -> None:
+    """Count this restart of a dead server, or refuse it (Unavailable) while its back-off lasts."""
+    if server.last_spawn is None:
+        return
+    ran = now - server.last_spawn
+    if ran >= RESTART_WINDOW_S:  # it ran a while: a crash of its own, not a crash loop
+        server.quick_restarts = 0
+    wait = restart_delay(server.quick_restarts, server.config.restart_cooldown_s) - ran
+    if wait > 0:
+        name = server.config.name
+        raise Unavailable(f"MCP server '{name}' is down; it may be restarted in {wait:.1f} s")
+    server.quick_restarts += 1
 
 
 def new_session(config: McpServerConfig, **kwargs: Any) -> Session:
@@ -247,11 +278,8 @@ class McpManager:
             if session is not None and session.alive:
                 return session
             await self._discard(server)
-            name, cooldown = server.config.name, server.config.restart_cooldown_s
-            wait = (server.last_spawn or float("-inf")) + cooldown - self._clock()
-            if wait > 0:
-                raise Unavailable(f"MCP server '{name}' is down; it may be restarted in {wait:.1f} s")
-            log.warning("mcp.server_respawn", server=name)
+            count_restart(server, self._clock())
+            log.warning("mcp.server_respawn", server=server.config.name, quick_restarts=server.quick_restarts)
             try:
                 async with asyncio.timeout(server.config.start_timeout_s):
                     session = await self._spawn(server)

@@ -40,14 +40,21 @@ def plan_tools(
     parallel: bool,
     streamed: bool,
     answer_only: bool,
+    describes_tools: bool = True,
 ) -> ToolPlan | None:
     """How the tools are offered and read back; None when there are none (or tool_choice none: the tools
     are then left out of the prompt too, so nothing invites a call). `answer_only` (the tool loop's last
     round) keeps the tools in the prompt under the format's answer-only grammar, where it has one, and
-    is tool_choice none where it has not."""
+    is tool_choice none where it has not. `describes_tools` False (a template with no tool support:
+    SmolLM2's, Gemma 3's): under tool_choice auto the tools are left out as llama-server 0c1e570 leaves
+    them (its chat params render such a template without them and read the answer as text); a request
+    that demands a call (`required`, a named function) gets llama.cpp's generic JSON format under its
+    grammar, a valid call, which llama-server cannot give."""
     resolved = ToolChoice.resolve(choice, tools)
     answer = fmt.answer_grammar() if answer_only else None
     if resolved.mode == "none" or (answer_only and answer is None):
+        return None
+    if resolved.mode == "auto" and not describes_tools:
         return None
     # The grammar reads each tool's parameters as llama.cpp does; the prompt and the parser keep them as sent.
     calls = answer if answer_only else fmt.grammar(ToolChoice.resolve(choice, grammar_tools(tools)), parallel)

@@ -22,7 +22,7 @@ from engine.text.chat import ChatTemplate, ChatTemplateError, RenderedPrompt
 from engine.text.fim import ExtraChunk, InfillLimits, infill_tokens
 from engine.text.reasoning import detect_tags, resolve_spec
 from engine.text.tokenizer import Tokenizer
-from engine.text.tool_calls import Prefill, ToolCallFormat
+from engine.text.tool_calls import GENERIC, Prefill, ToolCallFormat
 from server.config.settings import Settings
 from server.http import errors
 from server.model.constraints import ToolPlan, plan_tools, preserved_ids
@@ -229,7 +229,14 @@ class PromptBuilder:
         fmt, special = self.tool_format, self.special_tokens
         if parallel is None:
             parallel = self.template.caps.supports_parallel_tool_calls
-        return plan_tools(fmt, special, tools, choice, parallel, streamed, answer_only)
+        return plan_tools(fmt, special, tools, choice, parallel, streamed, answer_only, self.describes_tools)
+
+    @property
+    def describes_tools(self) -> bool:
+        """Whether the template has tool support: a tool-call format of its own, or a generic-format
+        template that renders a `tools` list (minja's probe). Without it, tools under tool_choice auto
+        are left out, as llama-server leaves them (server/model/constraints.py's plan_tools)."""
+        return self.tool_format is not GENERIC or self.template.caps.supports_tools
 
     def answer_reading(self, tools: ToolPlan | None, schema: bool, streamed: bool) -> ToolCallSpec:
         """How a chat answer is read: its tools' parsing, or without tools (or with tool_choice none)

@@ -31,6 +31,9 @@ ROUTER_ONLY_FLAGS = {
     "-a": True,
     "--alias": True,
     "--log-format": True,
+    # One log file per process (children would truncate it); a child's log must reach its router.
+    "--log-file": True,
+    "--log-disable": False,
     "--responses-dir": True,  # one folder per process: children would overwrite each other's files
     "--api-prefix": True,  # the router serves under the prefix and over TLS; children plain, at the root
     "--ssl-key-file": True,

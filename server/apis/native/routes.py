@@ -266,6 +266,8 @@ async def tokenize() -> Any:
     model = current_model()
     raw = await json_body()
     if isinstance(raw, dict) and "messages" in raw:
+        if "content" in raw:  # two answers asked for: which one the client meant is a guess
+            raise errors.invalid_request("'content': give 'content' or 'messages', not both")
         with_pieces = bool(raw.pop("with_pieces", False))
         tokens = await chat_tokens(model, ChatCompletionRequest.model_validate(raw))
     else:
@@ -297,10 +299,11 @@ async def apply_template() -> Any:
     model = current_model()
     body = ApplyTemplateRequest.model_validate(await json_body())
     prompts = model.prompts  # 503 while the model loads
+    tools = body.tools if prompts.describes_tools else None  # tool_choice auto: as a chat renders them
     chat = ChatInput(
         [m.model_dump(exclude_none=True) for m in body.messages],
-        body.tools,
-        prompts.tool_format if body.tools else None,
+        tools,
+        prompts.tool_format if tools else None,
         continue_final_message=body.continue_final_message,
         add_generation_prompt=body.add_generation_prompt is not False,
         template_kwargs=template_kwargs(model.settings, body.reasoning_effort, body.chat_template_kwargs),
