@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cli import quiet_engine_logs
 from engine.batch import Batch, BatchPart
 from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.llm import LLM
@@ -97,6 +98,11 @@ def _estimate(nll: list[np.ndarray]) -> PerplexityResult:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with quiet_engine_logs():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="llamba-perplexity", description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", default=None, help="model name (smollm2, gemma3, qwen) or GGUF path")
     parser.add_argument("-f", "--file", required=True, help="text file to score")

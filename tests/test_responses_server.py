@@ -194,12 +194,18 @@ def test_text_format_json_schema_answers_validate(api: openai.OpenAI) -> None:
         )
         assert reply.status == "completed" and reply.text.format.type == "json_schema"
         jsonschema.validate(json.loads(reply.output_text), PERSON)
-    # Greedy: a sampled json_object answer may run to the token limit (any object is allowed), and a
-    # cut one is `incomplete`, not a failure of the format.
+    # json_object allows any object, which SmolLM2 may keep open to the token limit (greedy too: which
+    # answers finish moves with the last bits of the numerics): a cut one is `incomplete` for that
+    # reason and still an object so far, not a failure of the format.
     loose = api.responses.create(
         model="any", input="Describe a person.", text={"format": {"type": "json_object"}}, temperature=0
     )
-    assert loose.status == "completed" and isinstance(json.loads(loose.output_text), dict)
+    if loose.status == "incomplete":
+        assert loose.incomplete_details is not None
+        assert loose.incomplete_details.reason == "max_output_tokens"
+        assert loose.output_text.lstrip().startswith("{")
+    else:
+        assert loose.status == "completed" and isinstance(json.loads(loose.output_text), dict)
 
 
 class RawResponseStream:

@@ -11,6 +11,7 @@ import functools
 import sys
 import time
 
+from cli import quiet_engine_logs
 from cli.bench.options import parse_args
 from cli.bench.runner import load_llm, run
 from engine.cpu import isa
@@ -19,6 +20,11 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    with quiet_engine_logs():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     started = time.perf_counter()
     params = parse_args(argv)
     try:  # on stderr: -o json and the others keep stdout

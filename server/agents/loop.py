@@ -12,7 +12,8 @@ the function tools the client declared.
   plus the model's calls and the tools' results, so the slot's cached prefix (or the host prompt cache)
   is reused and only the new tail is processed.
 - tool_choice. The client's in the first round; "auto" in the following ones (OpenAI forces a tool only
-  once); in the round after the last allowed one (`--tool-max-rounds`, `max_tool_rounds`) the model may
+  once), with the tools still described as the first round offered them (a template without tool
+  support leaves them out under a client's "auto", not here: the history holds their calls); in the round after the last allowed one (`--tool-max-rounds`, `max_tool_rounds`) the model may
   only answer, so a run always ends in an answer: the tools stay in the prompt (its cached prefix still
   holds) under the format's answer-only grammar (the generic JSON format's `{"response": ...}`), or, for
   formats without one, they are left out as with tool_choice "none".
@@ -327,7 +328,9 @@ class AgentRun:
             added = [ChatMessage.model_validate(m) for m in self.messages]
             update |= {"messages": [*self.body.messages, *added]}
             update |= {"continue_final_message": None, "add_generation_prompt": None}
-        return self.body.model_copy(update=update)
+        body = self.body.model_copy(update=update)
+        body._keep_tools = index > 0  # the first round's offer stands (ToolFields._keep_tools)
+        return body
 
     def round_choice(self, index: int) -> Any:
         asked = self.body.tool_choice

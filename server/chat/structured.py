@@ -41,7 +41,12 @@ def tool_plan(
     None when there are none. `answer_only`: the tool loop's last round. Tools with a constraint of the
     request's own are a 400."""
     plan = prompts.tool_plan(
-        body.tool_dicts(), body.tool_choice_value(), body.parallel_tool_calls, body.stream, answer_only
+        body.tool_dicts(),
+        body.tool_choice_value(),
+        body.parallel_tool_calls,
+        body.stream,
+        answer_only,
+        keep_tools=body._keep_tools,
     )
     if plan is not None and constraint(body) is not None:
         raise errors.invalid_request(

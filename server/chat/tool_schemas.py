@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from server.config.json_schema import check_schema
 
@@ -272,6 +272,10 @@ class ToolFields(BaseModel):
     # The server-side tool loop's per-request limits (only with `mcp` tools; server/agents/loop.py).
     max_tool_rounds: int | None = Field(default=None, ge=1)
     tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call
+    # Set by the tool loop on its later rounds, never read from a body: the tools stay described in the
+    # prompt as the first round offered them, even under tool_choice auto on a template without tool
+    # support, so the history reads as the model wrote it and the cached prefix is reused.
+    _keep_tools: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _choice_matches_tools(self) -> ToolFields:

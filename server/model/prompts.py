@@ -223,13 +223,16 @@ class PromptBuilder:
         parallel: bool | None,
         streamed: bool,
         answer_only: bool,
+        keep_tools: bool = False,
     ) -> ToolPlan | None:
         """A chat's tools in this model's format (server/model/constraints.py); `parallel` None: whether
-        the template renders parallel calls, llama-server's default."""
+        the template renders parallel calls, llama-server's default; `keep_tools`: a tool loop's later
+        round, whose tools stay described as its first round offered them."""
         fmt, special = self.tool_format, self.special_tokens
         if parallel is None:
             parallel = self.template.caps.supports_parallel_tool_calls
-        return plan_tools(fmt, special, tools, choice, parallel, streamed, answer_only, self.describes_tools)
+        describes = self.describes_tools or keep_tools
+        return plan_tools(fmt, special, tools, choice, parallel, streamed, answer_only, describes)
 
     @property
     def describes_tools(self) -> bool:
