@@ -73,13 +73,25 @@ def test_q8_0_kv_cache_keeps_the_fidelity_bars(name: str, request: pytest.Fixtur
     assert abs(final.ppl - expected) / expected <= 0.015, f"PPL {final.ppl:.4f} vs llama.cpp {expected}"
 
 
+# How far below Llamba's own pick llama.cpp's token may be where a greedy decode parts from llama.cpp's
+# (nats): a near-tie, which an ulp elsewhere decides. The portable level (no FMA) parts from llama.cpp
+# (AVX-512) on Gemma 3's sixth token this way: 0.014 nats; avx512-vnni, avx-vnni and avx2 follow it.
+NEAR_TIE = 0.05
+
+
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_greedy_generation_matches_golden_prefix(name: str, request: pytest.FixtureRequest) -> None:
-    """Free-running greedy decode reproduces llama.cpp's first tokens (before any near-tie can diverge)."""
+    """Free-running greedy decode reproduces llama.cpp's first tokens, or parts from them at a near-tie
+    only (the same prefix fed, llama.cpp's token within NEAR_TIE of Llamba's)."""
     llm = request.getfixturevalue(f"{name}_llm")
     case = load_golden(name)["greedy"][0]
     (out,) = llm.generate_greedy([case["prompt_tokens"]], 8)
-    assert out == case["tokens"][:8]
+    want = case["tokens"][:8]
+    if out != want:
+        i = next(i for i, (a, b) in enumerate(zip(out, want, strict=True)) if a != b)
+        tokens = case["prompt_tokens"] + want[:i]
+        logits = llm.model.run(Batch.of([BatchPart(0, 0, tokens, "last")]), llm.new_cache(1, 256)).logits[-1]
+        assert logits[out[i]] - logits[want[i]] <= NEAR_TIE, (i, out, want)
 
 
 def decode_in_shared_batches(

@@ -311,14 +311,22 @@ BAD_BODIES = [
     ({"response_format": {"type": "json_schema"}}, "json_schema.schema"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]}, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"enum": []}}}]}, "'tools': f"),
+    # a schema the grammar refuses: only a call the request demands compiles one on SmolLM2 (its template
+    # has no tool support, so under auto the tools are left out, as llama-server leaves them)
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"enum": []}}}],
+            "tool_choice": "required",
+        },
+        "'tools': f",
+    ),
     ({"tools": {"name": "f"}}, "tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [WEATHER], "json_schema": {"type": "object"}}, "tools"),
     ({"grammar_lazy": True, "grammar": 'root ::= "a"'}, "grammar_triggers"),
     ({"adaptive_target": 0.5}, "adaptive_target"),
-    ({"no_such_field": 1}, "no_such_field"),
+    # (an unknown field is ignored as llama-server ignores it: tests/test_request_fields_server.py)
     ({"functions": [{"name": "f"}]}, "functions"),
 ]
 

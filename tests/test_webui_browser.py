@@ -43,7 +43,9 @@ def open_app(page: Any) -> None:
     from playwright.sync_api import expect
 
     page.goto("/")
-    expect(page.locator("#model-name")).to_contain_text("SmolLM2")
+    expect(page.locator("#model-name")).to_contain_text(
+        "smollm2"
+    )  # the -m name, llama-server's default alias
 
 
 def settings(page: Any, **fields: str) -> None:
@@ -464,7 +466,9 @@ def test_api_key_is_asked_for_and_sent(browser: Any) -> None:  # noqa: F811
         dialog.get_by_label("API key").fill("sekrit")
         dialog.get_by_label("Max tokens").fill("8")
         dialog.get_by_role("button", name="Save").click()
-        expect(page.locator("#model-name")).to_contain_text("SmolLM2")
+        expect(page.locator("#model-name")).to_contain_text(
+            "smollm2"
+        )  # the -m name, llama-server's default alias
         posts = chat_posts(page)
         send(page, "Hi")
         wait_status(page, "done")
@@ -685,7 +689,9 @@ def test_the_page_works_under_an_api_prefix(browser: Any) -> None:  # noqa: F811
         tab = context.new_page()
         errors = PageErrors(tab)
         tab.goto("/llm")  # redirected to /llm/
-        expect(tab.locator("#model-name")).to_contain_text("SmolLM2")
+        expect(tab.locator("#model-name")).to_contain_text(
+            "smollm2"
+        )  # the -m name, llama-server's default alias
         settings(tab, Temperature="0", **{"Max tokens": "16"})  # greedy: a sampled reply may be empty
         send(tab, "Say hi.")
         wait_status(tab, "done")

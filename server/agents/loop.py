@@ -13,10 +13,11 @@ the function tools the client declared.
   is reused and only the new tail is processed.
 - tool_choice. The client's in the first round; "auto" in the following ones (OpenAI forces a tool only
   once), with the tools still described as the first round offered them (a template without tool
-  support leaves them out under a client's "auto", not here: the history holds their calls); in the round after the last allowed one (`--tool-max-rounds`, `max_tool_rounds`) the model may
-  only answer, so a run always ends in an answer: the tools stay in the prompt (its cached prefix still
-  holds) under the format's answer-only grammar (the generic JSON format's `{"response": ...}`), or, for
-  formats without one, they are left out as with tool_choice "none".
+  support leaves them out under a client's "auto", not here: the history holds their calls); in the
+  round after the last allowed one (`--tool-max-rounds`, `max_tool_rounds`) the model may only answer,
+  so a run always ends in an answer: the tools stay in the prompt (its cached prefix still holds) under
+  the format's answer-only grammar (the generic JSON format's `{"response": ...}`), or, for formats
+  without one, they are left out as with tool_choice "none".
 - The end. A round without MCP calls ends the run with its own finish reason. Calls of the client's own
   function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran;
   so are calls that wait for the client's approval (`AgentPlan.approval`: the Responses API's

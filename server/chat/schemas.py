@@ -324,13 +324,24 @@ class DetokenizeRequest(BaseModel):
 
 class ApplyTemplateRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None  # as on chat: which tools a template without tool support still shows
     chat_template_kwargs: dict[str, Any] | None = None
     # as on chat: None continues a final assistant message
     continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
     add_generation_prompt: bool | None = None
     reasoning_effort: ReasoningEffort | None = None
+
+    def shown_tools(self, describes_tools: bool) -> list[dict[str, Any]] | None:
+        """The tools the prompt shows, as a chat's would: none under tool_choice none; under auto only
+        where the template has tool support (server/model/constraints.py's plan_tools)."""
+        choice = self.tool_choice
+        demanded = choice == "required" or isinstance(choice, dict)
+        if choice == "none" or not (describes_tools or demanded):
+            return None
+        return self.tools
 
 
 class InfillChunk(BaseModel):

@@ -40,19 +40,19 @@ def tool_plan(
     """How the request's tools are offered and read back (server/model/constraints.py's plan_tools);
     None when there are none. `answer_only`: the tool loop's last round. Tools with a constraint of the
     request's own are a 400."""
-    plan = prompts.tool_plan(
+    choice = body.tool_choice_value()
+    if body.tool_dicts() and choice != "none" and constraint(body) is not None:
+        raise errors.invalid_request(
+            "'tools' cannot be combined with grammar, json_schema or response_format"
+        )
+    return prompts.tool_plan(
         body.tool_dicts(),
-        body.tool_choice_value(),
+        choice,
         body.parallel_tool_calls,
         body.stream,
         answer_only,
         keep_tools=body._keep_tools,
     )
-    if plan is not None and constraint(body) is not None:
-        raise errors.invalid_request(
-            "'tools' cannot be combined with grammar, json_schema or response_format"
-        )
-    return plan
 
 
 async def answer_grammar(

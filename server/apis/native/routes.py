@@ -299,7 +299,7 @@ async def apply_template() -> Any:
     model = current_model()
     body = ApplyTemplateRequest.model_validate(await json_body())
     prompts = model.prompts  # 503 while the model loads
-    tools = body.tools if prompts.describes_tools else None  # tool_choice auto: as a chat renders them
+    tools = body.shown_tools(prompts.describes_tools)
     chat = ChatInput(
         [m.model_dump(exclude_none=True) for m in body.messages],
         tools,
