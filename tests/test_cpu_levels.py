@@ -61,10 +61,10 @@ def test_every_level_tests_pass_on_each_level(
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) > 0 and "failed" not in summary, summary
     assert f"level {name} " in run.stdout, "the subprocess ran another level"
-    tested[name] = f"a subprocess ({summary}): {tests_by_file(report)}"
+    tested[name] = f"a subprocess ({summary}): {count_by_file(report)}"
 
 
-def tests_by_file(junit_xml: Path) -> str:
+def count_by_file(junit_xml: Path) -> str:
     """'test_model.py 8, test_ops.py 20, ...': how many tests of each file a junit report holds."""
     counts = Counter(
         case.get("classname", "").split(".")[1] + ".py"
