@@ -12,8 +12,9 @@ the function tools the client declared.
   plus the model's calls and the tools' results, so the slot's cached prefix (or the host prompt cache)
   is reused and only the new tail is processed.
 - tool_choice. The client's in the first round; "auto" in the following ones (OpenAI forces a tool only
-  once), with the tools still described as the first round offered them (a template without tool
-  support leaves them out under a client's "auto", not here: the history holds their calls); in the
+  once). The tools are described in every round, also under "auto" on a template without tool support
+  (where a client's own loop gets them left out, as llama-server leaves them): this loop is bounded and
+  its last round only answers, so it cannot run on until the context fills; in the
   round after the last allowed one (`--tool-max-rounds`, `max_tool_rounds`) the model may only answer,
   so a run always ends in an answer: the tools stay in the prompt (its cached prefix still holds) under
   the format's answer-only grammar (the generic JSON format's `{"response": ...}`), or, for formats
@@ -330,7 +331,7 @@ class AgentRun:
             update |= {"messages": [*self.body.messages, *added]}
             update |= {"continue_final_message": None, "add_generation_prompt": None}
         body = self.body.model_copy(update=update)
-        body._keep_tools = index > 0  # the first round's offer stands (ToolFields._keep_tools)
+        body._keep_tools = True  # described in every round (ToolFields._keep_tools): see the docstring
         return body
 
     def round_choice(self, index: int) -> Any:

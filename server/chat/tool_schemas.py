@@ -272,9 +272,8 @@ class ToolFields(BaseModel):
     # The server-side tool loop's per-request limits (only with `mcp` tools; server/agents/loop.py).
     max_tool_rounds: int | None = Field(default=None, ge=1)
     tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call
-    # Set by the tool loop on its later rounds, never read from a body: the tools stay described in the
-    # prompt as the first round offered them, even under tool_choice auto on a template without tool
-    # support, so the history reads as the model wrote it and the cached prefix is reused.
+    # Set by Llamba's own tool loop, never read from a body: its tools stay described in the prompt, even
+    # under tool_choice auto on a template without tool support (server/agents/loop.py says why).
     _keep_tools: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
