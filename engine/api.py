@@ -131,6 +131,12 @@ class GenerationRequest:
     # text holds a newline ends the generation ("length", stop_type limit); <= 0: no limit
     t_max_predict_ms: int = -1
     n_discard: int = 0  # tokens a context shift drops after the kept ones; 0: half of the rest
+    # tokens of the prompt a context shift keeps (-1: all of them; one more where the model adds BOS, as
+    # llama-server counts); None: the engine's n_keep (--keep)
+    n_keep: int | None = None
+    # llama-server's n_indent (> 0): a generated line, after the first, indented by fewer spaces and tabs
+    # ends the generation ("length", stop_type limit), the text cut where its indentation ends
+    n_indent: int = 0
     truncated: bool = False  # the prompt was cut to fit the context (context shift)
     reasoning: ReasoningSpec | None = None  # None: the text is left alone (no split, budget or control)
     tool_calls: ToolCallSpec | None = None  # None: no tool-call parsing

@@ -19,11 +19,20 @@ Rotate = Callable[[Any, Any], None]
 
 
 def truncate_prompt(tokens: list[int], n_ctx: int, n_keep: int) -> list[int]:
-    """llama-server's rule for a prompt that does not fit: keep n_keep, erase whole blocks after it."""
-    n_keep = min(max(n_keep, 0), n_ctx - 4)
+    """llama-server's rule for a prompt that does not fit: keep n_keep (-1: all the prompt, as far as the
+    context less 4 allows), erase whole blocks after it."""
+    n_keep = max(0, min(len(tokens) if n_keep < 0 else n_keep, n_ctx - 4))
     block = max(1, (n_ctx - n_keep) // 2)
     erased = (len(tokens) - n_keep - block) // block
     return tokens[:n_keep] + tokens[n_keep + erased * block :]
+
+
+def keep_count(n_keep: int, n_prompt: int, add_bos: bool, n_ctx: int) -> int:
+    """The tokens a context shift keeps at the start, as llama-server counts them: the request's n_keep
+    (-1: the whole prompt's `n_prompt`), one more where the model adds BOS, at most the slot's context
+    `n_ctx` less 4."""
+    kept = (n_prompt if n_keep < 0 else n_keep) + int(add_bos)
+    return max(0, min(n_ctx - 4, kept))
 
 
 def discard_count(n_past: int, n_keep: int, asked: int = 0) -> int:

@@ -17,7 +17,7 @@ from engine import slot_log
 from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, Timings, TokenEvent
 from engine.batch import Batch, BatchPart
 from engine.choices import Choices
-from engine.context_shift import discard_count
+from engine.context_shift import discard_count, keep_count
 from engine.embedding import EmbeddingSequence, RankHead
 from engine.grammar import prefetch_masks
 from engine.sampling import DryVocabulary
@@ -63,7 +63,7 @@ class Scheduler:
         self.n_ubatch = n_ubatch
         # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
         self.shift_kv = shift_kv
-        self.n_keep = n_keep
+        self.n_keep = n_keep  # a request's n_keep when it has none (--keep; -1: all its prompt)
         self.unified_cells = unified_cells  # > 0: the busy slots' cells together (--kv-unified)
         self.waiting: deque[tuple[Request, Emit]] = deque()
         self._prefilling: list[Sequence | EmbeddingSequence] = []  # with a prompt chunk in the batch
@@ -83,7 +83,8 @@ class Scheduler:
                 still_waiting.append((request, emit))
                 continue
             reuse = self.pool.claim(slot, request)
-            slot_log.launched(slot, self.pool.kv.n_ctx, self.n_keep, len(request.prompt_tokens), reuse)
+            n_keep = self._keep_asked(request)
+            slot_log.launched(slot, self.pool.kv.n_ctx, n_keep, len(request.prompt_tokens), reuse)
             if isinstance(request, EmbeddingRequest):
                 slot.seq = EmbeddingSequence(
                     request, emit, slot.id, self.rank_head, request.prompt_tokens[reuse:]
@@ -192,9 +193,18 @@ class Scheduler:
                 self.pool.release(held)
         self.pool.release(slot)
 
+    def _keep_asked(self, request: Request) -> int:
+        """The request's n_keep as it asked (llama-server's task param), else the engine's."""
+        asked = request.n_keep if isinstance(request, GenerationRequest) else None
+        return self.n_keep if asked is None else asked
+
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
         n_past = len(slot.tokens)
-        n_keep = min(self.n_keep, n_past - 2)
+        request = seq.request
+        n_keep = keep_count(
+            self._keep_asked(request), len(request.prompt_tokens), self.tokenizer.add_bos, self.pool.kv.n_ctx
+        )
+        n_keep = min(n_keep, n_past - 2)
         n_discard = discard_count(n_past, n_keep, seq.request.n_discard)
         assert self.shift_kv is not None
         self.shift_kv(slot.id, n_keep + n_discard, n_past, -n_discard)

@@ -98,6 +98,7 @@ class Sequence:
     # Tokens to feed instead of sampling (a reasoning block's forced end), taken one per step.
     forced: deque[int] = field(default_factory=deque)
     drafting: Drafting | None = None  # speculative decoding, when the request asks for it
+    indent: IndentLimit | None = None  # the request's n_indent rule, when it sets one
     drafts: list[int] = field(default_factory=list)  # draft tokens in the batch in flight
     drafts_accepted: int = 0  # of the last verified drafts
     # `n` choices (engine/choices.py): the slots of the other choices, which wait for this prompt (held).
@@ -164,6 +165,10 @@ class Sequence:
         finish = finish or _timed_out(self.request, self.t_prompt_done, text)
         if finish and stop_word is None:
             text += self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()
+        if self.indent is not None:
+            text, cut = self.indent.push(text, finish is not None)
+            if cut and not is_eog:  # llama-server: the limit, unless the token is an end of generation
+                finish, stop_word = "length", None
         self.has_new_line = self.has_new_line or "\n" in text
         answer = self._read_answer(self._split(text, forced, finish is not None), finish is not None)
         if finish == "stop" and self.n_tool_calls:
@@ -304,6 +309,68 @@ def _timed_out(request: GenerationRequest, t_prompt_done: float, text: str) -> s
     return "length" if 1e3 * (time.perf_counter() - t_prompt_done) > limit else None
 
 
+def indent_check(text: str, line: int, n_indent: int) -> tuple[int | None, int]:
+    """llama-server's n_indent rule, run at each token once the generated text has had a newline: the
+    line under check (from `line`, llama-server's last_nl_pos; 0: none yet, and the first line is never
+    checked) ends the generation when a character other than a space or a tab (a newline too: an empty
+    line) follows fewer than n_indent of them. Returns where the text is then cut (after the line's
+    indentation; None: generation goes on) and the next line to check: the one after the first newline
+    from `line`, one line a token, as llama-server."""
+    cut = None
+    if line > 0:
+        pos = line
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        if pos < len(text) and pos - line < n_indent:
+            cut, text = pos, text[:pos]
+    nl = text.find("\n", line)
+    return cut, line if nl < 0 else nl + 1
+
+
+def indent_settled(text: str, line: int, n_indent: int) -> int:
+    """How much of the generated text `indent_check` can no longer cut: up to the end of the indentation
+    of the first line, from the one under check (`line`; 0: the one after the first newline), indented
+    by fewer than n_indent spaces and tabs so far; all of it when there is none."""
+    start = line or text.find("\n") + 1
+    while start > 0:
+        pos = start
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        if pos - start < n_indent:
+            return pos
+        start = text.find("\n", pos) + 1
+    return len(text)
+
+
+@dataclass
+class IndentLimit:
+    """A request's n_indent over its generated text (after stop strings, before the reasoning split):
+    the rule runs at each token as llama-server runs it, and the text it may still cut is held back, so
+    a streamed reply is the whole reply's text (llama-server's stream has already sent it)."""
+
+    n_indent: int
+    text: str = ""  # the generated text so far
+    sent: int = 0  # how much of it was handed on
+    line: int = 0  # the line under check (llama-server's last_nl_pos)
+    new_line: bool = False  # a token's text held a newline (has_new_line): the rule runs from the next
+
+    def push(self, text: str, final: bool) -> tuple[str, bool]:
+        """A token's text in: what may be handed on, and whether the rule ends the generation (the text
+        cut). `final`: the generation ends anyway, so what is not cut goes out."""
+        self.text += text
+        cut = None
+        if self.new_line:
+            cut, self.line = indent_check(self.text, self.line, self.n_indent)
+        self.new_line = self.new_line or "\n" in text
+        if cut is not None:
+            self.text = self.text[:cut]
+        end = len(self.text)
+        if not final and cut is None:
+            end = indent_settled(self.text, self.line, self.n_indent)
+        out, self.sent = self.text[self.sent : end], max(self.sent, end)
+        return out, cut is not None
+
+
 def start_sequence(
     request: GenerationRequest,
     emit: Emit,
@@ -337,4 +404,5 @@ def start_sequence(
         n_cached=n_cached,
         truncated=request.truncated,
         drafting=Drafting(request.speculative) if request.speculative is not None else None,
+        indent=IndentLimit(request.n_indent) if request.n_indent > 0 else None,
     )

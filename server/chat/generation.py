@@ -70,6 +70,8 @@ async def build_request(
         return_progress=body.return_progress,
         t_max_predict_ms=body.t_max_predict_ms,
         n_discard=body.n_discard,
+        n_keep=run.n_keep,
+        n_indent=body.n_indent,
         truncated=prompt.truncated,
         reasoning=prompt.reasoning,
         tool_calls=reading or (tools.parsing if tools else None),
@@ -86,7 +88,7 @@ def run_params(
     """The request's limits and reading as llama-server's task params name them (/slots)."""
     return RunParams(
         n_predict=body.max_new_tokens(settings.n_predict),
-        n_keep=settings.keep,
+        n_keep=settings.keep if body.n_keep is None else body.n_keep,
         n_discard=body.n_discard,
         ignore_eos=settings.ignore_eos if body.ignore_eos is None else body.ignore_eos,
         stream=body.stream,
@@ -139,7 +141,7 @@ async def completion_request(model: ModelHost, raw: Any) -> tuple[CompletionRequ
     """A validated completion body and its prompt tokens fitted to the context."""
     body = CompletionRequest.model_validate(raw)
     prompts = model.prompts  # 503 while the model loads
-    return body, prompts.fit_prompt(await prompts.tokenize_prompt(body.prompt))
+    return body, prompts.fit_prompt(await prompts.tokenize_prompt(body.prompt), body.n_keep)
 
 
 @dataclass

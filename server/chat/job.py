@@ -47,7 +47,7 @@ async def prepare_chat(
     (server/chat/structured.py's tool_plan)."""
     prompts = model.prompts  # 503 while the model loads
     tools = tool_plan(prompts, body, answer_only)
-    prompt = await prompts.chat(chat_input(model.settings, body, tools))
+    prompt = await prompts.chat(chat_input(model.settings, body, tools), n_keep=body.n_keep)
     log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
     reading = prompts.answer_reading(tools, body.answer_schema() is not None, body.stream)
     request = await build_request(model, body, prompt, body.probs_count(), completion_id, tools, reading)

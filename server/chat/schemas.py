@@ -79,6 +79,12 @@ class GenerationFields(ConstraintFields):
     t_max_predict_ms: int = -1
     # tokens a context shift drops after the kept ones (0: half of the rest), as llama-server's n_discard
     n_discard: int = Field(default=0, ge=0)
+    # tokens of the prompt a context shift keeps (-1: all; llama-server adds one where the model adds
+    # BOS); None: the server's --keep
+    n_keep: int | None = Field(default=None, ge=-1)
+    # llama-server's n_indent: a generated line after the first indented by fewer spaces and tabs ends
+    # the generation (stop_type limit), its text cut where the indentation ends; 0: no rule
+    n_indent: int = Field(default=0, ge=0)
     verbose: bool | None = None  # `__verbose` in the reply; None: the server's -v (llama-server's rule)
     # llama-server's per-request speculation (keys with dots); None: the server's --spec-* settings.
     speculative_type: str | list[str] | None = Field(default=None, alias="speculative.type")

@@ -58,10 +58,8 @@ NOT_YET: dict[str, Any] = {
     "adaptive_target": -1.0,
     "adaptive_decay": 0.9,
     "penalize_nl": False,
-    "n_indent": 0,
     "lora": [],
     "image_data": [],
-    "n_keep": 0,
     "preserved_tokens": [],
     "suffix": None,  # /v1/completions' insertion point (llama-server's /infill)
     "best_of": 1,
@@ -103,6 +101,8 @@ LLAMA_EXTRAS = frozenset(
         "speculative.p_min",
         "t_max_predict_ms",
         "n_discard",
+        "n_keep",
+        "n_indent",
         "n_probs",
     }
     | set(NUMBER_FIELDS)

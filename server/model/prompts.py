@@ -140,8 +140,9 @@ class PromptBuilder:
             tokens = [tok.bos_id, *tokens]
         return tokens
 
-    def fit_prompt(self, tokens: list[int]) -> Prompt:
-        """The prompt as it will run: too long is 400, or cut with context shift."""
+    def fit_prompt(self, tokens: list[int], n_keep: int | None = None) -> Prompt:
+        """The prompt as it will run: too long is 400, or cut with context shift, keeping the request's
+        first `n_keep` tokens (None: the server's --keep)."""
         n_ctx = self.n_ctx_slot
         if not tokens:
             raise errors.invalid_request("the prompt is empty")
@@ -149,7 +150,8 @@ class PromptBuilder:
             return Prompt(tokens)
         if not self.settings.context_shift:
             raise errors.exceed_context(len(tokens), n_ctx)
-        return Prompt(truncate_prompt(tokens, n_ctx, self.settings.keep), truncated=True)
+        keep = self.settings.keep if n_keep is None else n_keep
+        return Prompt(truncate_prompt(tokens, n_ctx, keep), truncated=True)
 
     def render_chat(self, chat: ChatInput) -> str:
         """The chat as the model's prompt; with tools, as their format wants them (its message changes,
@@ -192,14 +194,15 @@ class PromptBuilder:
             prompt, generation_prompt, prefill, tags
         )
 
-    async def chat(self, chat: ChatInput, fit: bool = True) -> Prompt:
+    async def chat(self, chat: ChatInput, fit: bool = True, n_keep: int | None = None) -> Prompt:
         """A chat's prompt in one pass: rendered, tokenized, fitted to the context (`fit` False: as token
-        counting answers, before any fitting), and its reasoning resolved against the rendered text (with
-        a prefill, the text before it: the answer's reading starts with the prefill's)."""
+        counting answers, before any fitting; `n_keep`: the request's, for a prompt cut to fit), and its
+        reasoning resolved against the rendered text (with a prefill, the text before it: the answer's
+        reading starts with the prefill's)."""
         rendered = self.render(chat)
         text = rendered.text
         tokens = await self.tokenize_prompt(text)
-        prompt = self.fit_prompt(tokens) if fit else Prompt(tokens)
+        prompt = self.fit_prompt(tokens, n_keep) if fit else Prompt(tokens)
         own_tags = (chat.tool_format or self.tool_format).reasoning_tags
         before = text[: len(text) - len(rendered.prefill_text)]
         reasoning = self.reasoning_spec(chat.reasoning, before, own_tags)

@@ -187,7 +187,7 @@ async def completion() -> Any:
             "'n': several choices are served on /v1/completions and /v1/chat/completions"
         )
     builder = model.prompts  # 503 while the model loads
-    prompts = [builder.fit_prompt(await prompt_tokens(builder, p)) for p in body.sub_prompts()]
+    prompts = [builder.fit_prompt(await prompt_tokens(builder, p), body.n_keep) for p in body.sub_prompts()]
     if len(prompts) == 1:
         return await native_reply(model, body, prompts[0])
     return await answer_all(body, [native_reply(model, body, p, i) for i, p in enumerate(prompts)])
@@ -201,7 +201,7 @@ async def infill() -> Any:
     prompts = model.prompts  # 503 while the model loads
     extra = [(chunk.filename, chunk.text) for chunk in body.input_extra]
     tokens = await prompts.infill_prompt(body.input_prefix, body.input_suffix, extra, body.prompt)
-    prompt = prompts.fit_prompt(tokens)
+    prompt = prompts.fit_prompt(tokens, body.n_keep)
     if body.n_choices() > 1:
         raise errors.invalid_request("'n': several choices are served on /v1/completions")
     return await native_reply(model, body, prompt)

@@ -317,12 +317,12 @@ async def completion_prompt(model: ModelHost, raw: Any) -> tuple[OpenAICompletio
     body = OpenAICompletionRequest.model_validate(raw)
     prompts = model.prompts  # 503 while the model loads
     if body.suffix is None:
-        return body, prompts.fit_prompt(await prompts.tokenize_prompt(body.prompt))
+        return body, prompts.fit_prompt(await prompts.tokenize_prompt(body.prompt), body.n_keep)
     try:
         tokens = await prompts.infill_prompt(body.prompt, body.suffix, [], "")
     except errors.APIError as exc:
         raise errors.APIError(exc.status, f"'suffix': {exc.message}", exc.error_type) from exc
-    return body, prompts.fit_prompt(tokens)
+    return body, prompts.fit_prompt(tokens, body.n_keep)
 
 
 async def completion_stream(

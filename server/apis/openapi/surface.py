@@ -181,6 +181,14 @@ BODIES: tuple[Body, ...] = (
     )),
 )  # fmt: skip
 
+KEEP_NOTE = (
+    "the prompt's first tokens a context shift keeps (-1: all the prompt; one more where the model adds "
+    "BOS) and a too-long prompt's cut keeps, as llama-server; absent: --keep"
+)
+INDENT_NOTE = (
+    "a generated line after the first whose indentation (spaces, tabs) is shorter ends the generation "
+    "(`stop_type` limit), the text cut where that indentation ends, as llama-server"
+)
 # What a field's status does not say.
 FIELD_NOTES: dict[tuple[str, str], str] = {
     ("/v1/completions", "suffix"): "runs as /infill (prompt = prefix); 501 naming the missing FIM tokens "
@@ -193,6 +201,10 @@ FIELD_NOTES: dict[tuple[str, str], str] = {
     "many `top_logprobs` per token, as llama-server writes them",
     ("/completion", "t_max_predict_ms"): "once this many ms passed since the first token, the next token "
     "whose text holds a newline ends the generation (`stop_type` limit), as llama-server",
+    ("/completion", "n_keep"): KEEP_NOTE,
+    ("/v1/chat/completions", "n_keep"): KEEP_NOTE,
+    ("/completion", "n_indent"): INDENT_NOTE,
+    ("/v1/chat/completions", "n_indent"): INDENT_NOTE,
     ("/completion", "return_tokens"): "a whole reply's `tokens` (else `[]`); each streamed chunk carries "
     "its token, as llama-server",
 }
