@@ -90,7 +90,7 @@ class SlotPool:
     def choose(self, request: GenerationRequest | EmbeddingRequest) -> Slot | None:
         """The slot for `request` (its pinned one, the most similar, or the least recently used)."""
         if request.id_slot >= 0:
-            slot = self.slots[request.id_slot]
+            slot = self.slots[request.id_slot % len(self.slots)]  # llama-server wraps a slot id around
             if not slot.busy:
                 slot_log.selected_by_id(slot)
             return None if slot.busy else slot
