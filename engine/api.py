@@ -7,7 +7,7 @@ are read back. All are frozen values, safe to hand from the engine thread to the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -281,6 +281,10 @@ class SlotSnapshot:
     has_task: bool = False
     params: Mapping[str, Any] = field(default_factory=dict)  # the request's `slot_params`
     progress: SlotProgress = SlotProgress()
+    # The request's prompt tokens and generated text pieces: live references (the engine thread appends
+    # to `text`), no copies per step; /slots reads them only under LLAMA_SERVER_SLOTS_DEBUG.
+    prompt: Sequence[int] = ()
+    text: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

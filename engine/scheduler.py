@@ -91,6 +91,7 @@ class Scheduler:
                 )
                 continue
             slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse, self.dry)
+            slot.text = slot.seq.text_pieces
             if request.return_progress:  # llama-server's 0% update: the request has started
                 slot.seq.emit(slot.seq.progress())
             if request.request_id in self._end_on_start:

@@ -99,6 +99,9 @@ class Sequence:
     forced: deque[int] = field(default_factory=deque)
     drafting: Drafting | None = None  # speculative decoding, when the request asks for it
     indent: IndentLimit | None = None  # the request's n_indent rule, when it sets one
+    # The generated text, a piece a token (llama-server's generated_text: after stop strings, before the
+    # reasoning split), which /slots shows under LLAMA_SERVER_SLOTS_DEBUG.
+    text_pieces: list[str] = field(default_factory=list)
     drafts: list[int] = field(default_factory=list)  # draft tokens in the batch in flight
     drafts_accepted: int = 0  # of the last verified drafts
     # `n` choices (engine/choices.py): the slots of the other choices, which wait for this prompt (held).
@@ -170,6 +173,7 @@ class Sequence:
             if cut and not is_eog:  # llama-server: the limit, unless the token is an end of generation
                 finish, stop_word = "length", None
         self.has_new_line = self.has_new_line or "\n" in text
+        self.text_pieces.append(text)
         answer = self._read_answer(self._split(text, forced, finish is not None), finish is not None)
         if finish == "stop" and self.n_tool_calls:
             finish = "tool_calls"  # as llama-server: an answer that ends with calls asks for their results

@@ -9,7 +9,7 @@ Llamba's block manager (nano-vllm's name): it decides which cells a sequence sta
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,9 @@ class Slot:
     last_used: float = 0.0
     id_task: int = -1
     params: Mapping[str, Any] = field(default_factory=dict)  # its last request's `slot_params`
+    # its last request's prompt and generated text pieces (references, read by /slots' debug view)
+    prompt: Sequence[int] = ()
+    text: list[str] = field(default_factory=list)
 
     @property
     def busy(self) -> bool:
@@ -78,6 +81,8 @@ class SlotPool:
                 s.id_task >= 0,
                 s.params,
                 _progress(s.seq) if s.seq is not None else SlotProgress(),
+                s.prompt,
+                s.text,
             )
             for s in self.slots
         )
@@ -127,6 +132,7 @@ class SlotPool:
         slot.tokens = prompt[:reuse]
         slot.id_task, self._next_task = self._next_task, self._next_task + 1
         slot.params = request.slot_params if isinstance(request, GenerationRequest) else {}
+        slot.prompt, slot.text = prompt, []
         return reuse
 
     def release(self, slot: Slot) -> None:

@@ -152,3 +152,32 @@ def test_props_and_models_as_llama_server_writes_them(small_batches: ServerProce
     [model] = httpx.get(url + "/v1/models", timeout=30).json()["data"]
     assert (model["id"], model["aliases"]) == ("smollm2", ["smollm2"])
     assert model["meta"]["ftype"] == "Q4_1" and model["meta"]["n_ctx"] == 2048
+
+
+def test_slots_debug_adds_the_prompt_and_the_generated_text() -> None:
+    """LLAMA_SERVER_SLOTS_DEBUG=1, as llama-server: each slot that ran a request shows its prompt
+    (special tokens rendered) and its generated text, while it runs and after."""
+    proc = ServerProcess("-m", "smollm2", "-np", "1", "-c", "512", env={"LLAMA_SERVER_SLOTS_DEBUG": "1"})
+    try:
+        url = proc.wait_healthy().base_url
+        assert "prompt" not in httpx.get(url + "/slots", timeout=30).json()[0]  # no request yet
+        body = {
+            "messages": [{"role": "user", "content": "Count to five."}],
+            "max_tokens": 12,
+            "temperature": 0,
+        }
+        reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+        [slot] = httpx.get(url + "/slots", timeout=30).json()
+        assert (
+            slot["prompt"].startswith("<|im_start|>system") and "Count to five.<|im_end|>" in slot["prompt"]
+        )
+        assert slot["generated"] == reply["choices"][0]["message"]["content"] != ""
+    finally:
+        proc.stop()
+
+
+def test_slots_without_debug_leave_the_text_out(small_batches: ServerProcess) -> None:
+    httpx.post(small_batches.base_url + "/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=120)
+    assert not {"prompt", "generated"} & {
+        k for s in httpx.get(small_batches.base_url + "/slots").json() for k in s
+    }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,7 +42,14 @@ def parse_settings(
     argv = dashed_names(parser, list(sys.argv[1:] if argv is None else argv))
     kept, ignored = _command_line(parser, argv, os.environ if environ is None else environ)
     args = parser.parse_args(kept)
-    return Settings(**_settings_values(parser, args)), ignored
+    debug = (os.environ if environ is None else environ).get("LLAMA_SERVER_SLOTS_DEBUG", "")
+    return Settings(**_settings_values(parser, args), slots_debug=_atoi(debug) != 0), ignored
+
+
+def _atoi(text: str) -> int:
+    """C's atoi, as llama-server reads its LLAMA_SERVER_* variables: the leading integer, else 0."""
+    match = re.match(r"\s*[-+]?\d+", text)
+    return int(match.group()) if match else 0
 
 
 def dashed_names(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

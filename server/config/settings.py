@@ -85,6 +85,9 @@ class Settings(BaseModel):
     timeout: int = 3600  # -to: seconds a request body may take to arrive, and a response write may block
     shutdown_timeout: float = 0.0  # seconds SIGTERM lets in-flight requests finish (0: cancel them at once)
     slots: bool = True
+    # LLAMA_SERVER_SLOTS_DEBUG (an environment variable, as llama-server): /slots adds each slot's
+    # prompt and generated text
+    slots_debug: bool = False
     metrics: bool = False
     props: bool = False  # --props: POST /props is served
     strict_fields: bool = False  # --strict-fields: a request field Llamba does not know is a 400

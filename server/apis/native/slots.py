@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -27,14 +28,17 @@ async def slots() -> Any:
     slots = model.snapshot().slots
     if request.args.get("fail_on_no_slot") and all(s.is_processing for s in slots):
         raise errors.unavailable("no slot available")
-    return [slot_json(slot) for slot in slots]
+    detokenize = model.prompts.tokenizer.decode if model.settings.slots_debug else None
+    return [slot_json(slot, detokenize) for slot in slots]
 
 
-def slot_json(slot: SlotSnapshot) -> dict[str, Any]:
+def slot_json(slot: SlotSnapshot, debug: Callable[[Sequence[int]], str] | None = None) -> dict[str, Any]:
     """One slot in llama-server's shape: a slot that never ran a request has only its identity; once it
     has, the request (running, else the last one, whose progress reads as reset) with its params and
     progress. `n_cached` is Llamba's (its tests and the cluster's read it); `stopping_word`, which
-    llama-server's README shows in next_token, stays "": a slot is released as the word is found."""
+    llama-server's README shows in next_token, stays "": a slot is released as the word is found.
+    `debug` (LLAMA_SERVER_SLOTS_DEBUG; detokenizes with special tokens) adds the request's `prompt` and
+    `generated` text, as llama-server's slots_debug does."""
     out: dict[str, Any] = {
         "id": slot.id,
         "n_ctx": slot.n_ctx,
@@ -53,13 +57,16 @@ def slot_json(slot: SlotSnapshot) -> dict[str, Any]:
         "n_decoded": p.n_decoded,
         "stopping_word": "",
     }
-    return out | {
+    out |= {
         "n_prompt_tokens": slot.n_cached,
         "n_prompt_tokens_processed": p.n_prompt_processed,
         "n_prompt_tokens_cache": p.n_prompt_cached,
         "params": dict(slot.params),
         "next_token": [next_token],
     }
+    if debug is not None:
+        out |= {"prompt": debug(list(slot.prompt)), "generated": "".join(list(slot.text))}
+    return out
 
 
 @bp.get("/slots/prefixes")
