@@ -39,6 +39,7 @@ def _log_output(settings: Settings) -> logs.LogOutput:
         settings.log_colors,
         settings.log_prefix,
         settings.log_timestamps,
+        settings.log_jsonl,
     )
 
 

@@ -156,3 +156,29 @@ def test_log_flags_parse_as_common_arg_reads_them(tmp_path: Path) -> None:
         LogOutput(verbosity=2).level() == logging.WARNING
         and LogOutput(disable=True).level() > logging.CRITICAL
     )
+
+
+def test_log_jsonl_writes_common_logs_json_objects_to_stdout() -> None:
+    """--log-jsonl: each line one JSON object (type, time in us since start, level, msg with its
+    newline), no colours, on stdout, as common/log.cpp writes it; the slot lines keep their words."""
+    proc = ServerProcess("-m", "smollm2", "-np", "1", "-c", "512", "--log-jsonl", "--log-colors", "on")
+    try:
+        url = proc.wait_healthy().base_url
+        httpx.post(url + "/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=120)
+        proc.stop()
+        lines = [
+            json.loads(line) for line in proc.log_path.read_text().splitlines() if line.startswith('{"type"')
+        ]
+    finally:
+        proc.stop()
+    assert lines and all(set(entry) == {"type", "time", "level", "msg"} for entry in lines)
+    assert all(entry["type"] == "log" and entry["msg"].endswith("\n") for entry in lines)
+    assert all("\033[" not in entry["msg"] for entry in lines)
+    release = [e for e in lines if "stop processing: n_tokens" in e["msg"]]
+    assert (
+        release and release[0]["level"] == "info" and release[0]["msg"].startswith("slot      release: id  0")
+    )
+    times = [entry["time"] for entry in lines]
+    assert times == sorted(times) and times[-1] > 0
+    settings, _ = parse_settings(["-m", "x.gguf"], {"LLAMA_ARG_LOG_JSONL": "1"})
+    assert settings.log_jsonl

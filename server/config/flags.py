@@ -164,6 +164,9 @@ def _log_flags(p: argparse.ArgumentParser) -> None:
     add("--log-timestamps", dest="log_timestamps", action="store_true", default=False,
         help="with --log-prefix, the time since start (minutes.seconds.ms.us) before each line")  # fmt: skip
     add("--no-log-timestamps", dest="log_timestamps", action="store_false")
+    add("--log-jsonl", dest="log_jsonl", action="store_true", default=False,
+        help="each line a JSON object on stdout (type, time, level, msg), no colours")  # fmt: skip
+    add("--no-log-jsonl", dest="log_jsonl", action="store_false")
     add("--log-format", choices=["llama", "text", "json"], default="llama",
         help="llama: llama-server's lines (its slot and timing lines in its words); text: key=value "
         "events; json: one JSON object per event, every field (a router reads its children's)")  # fmt: skip

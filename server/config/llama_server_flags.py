@@ -279,7 +279,7 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     F(("-hft", "--hf-token"), "TOKEN", "", "ignored", "no effect in Llamba"),
     F(("--log-disable",), "", "", "implemented", ""),
     F(("--log-file",), "FNAME", "LLAMA_ARG_LOG_FILE", "implemented", ""),
-    F(("--log-jsonl", "--no-log-jsonl"), "", "LLAMA_ARG_LOG_JSONL", "ignored", "no effect in Llamba"),
+    F(("--log-jsonl", "--no-log-jsonl"), "", "LLAMA_ARG_LOG_JSONL", "implemented", ""),
     F(("--log-colors",), "[on|off|auto]", "LLAMA_ARG_LOG_COLORS", "implemented", ""),
     F(("-v", "--verbose", "--log-verbose"), "", "", "implemented", ""),
     F(("--offline",), "", "LLAMA_ARG_OFFLINE", "ignored", "no effect in Llamba"),

@@ -102,6 +102,7 @@ class Settings(BaseModel):
     log_colors: str = "auto"  # on, off, auto (when stderr is a terminal)
     log_prefix: bool = False  # --log-prefix: the level letter before each line
     log_timestamps: bool = False  # --log-timestamps: with the prefix, the time since start
+    log_jsonl: bool = False  # --log-jsonl: each line a JSON object on stdout
     log_prompts_dir: Path | None = None
 
     # -- resumable streams (X-Conversation-Id) --------------------------------------------------------

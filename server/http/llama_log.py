@@ -13,6 +13,7 @@ coloured by --log-colors.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ _RESET, _BLUE = "\033[0m", "\033[34m"
 # to the end of its line.
 _LETTERS = {"info": ("I", "\033[32m"), "warning": ("W", "\033[35m"), "error": ("E", "\033[31m")}
 _LETTERS |= {"critical": ("E", "\033[31m"), "debug": ("D", "\033[33m")}
+_JSONL_LEVELS = {"warning": "warn", "error": "error", "critical": "error", "debug": "debug"}
 
 
 def _selected(f: Fields) -> list[Line]:
@@ -90,6 +92,7 @@ class LlamaRenderer:
     prefix: bool = False
     timestamps: bool = False
     colors: bool = False
+    jsonl: bool = False  # each line as common/log.cpp's {"type": "log", "time", "level", "msg"}
     t_start: float = field(default_factory=time.time)
     _logfmt: structlog.processors.LogfmtRenderer = field(default_factory=structlog.processors.LogfmtRenderer)
 
@@ -105,7 +108,15 @@ class LlamaRenderer:
             fields = self._logfmt(None, "", rest)
             body = [f"srv  {event.get('event')}" + (f": {fields}" if fields else "")]
         level = str(event.get("level", "info"))
+        if self.jsonl:
+            return "\n".join(self._json_line(level, line) for line in body)
         return "\n".join(self._prefixed(level, line) for line in body)
+
+    def _json_line(self, level: str, line: str) -> str:
+        """common/log.cpp's JSONL entry: the message with its newline, the time in us since start."""
+        us = int((time.time() - self.t_start) * 1e6)
+        name = _JSONL_LEVELS.get(level, "info")
+        return json.dumps({"type": "log", "time": us, "level": name, "msg": line + "\n"}, ensure_ascii=False)
 
     def _prefixed(self, level: str, line: str) -> str:
         if not self.prefix:

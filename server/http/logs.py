@@ -36,6 +36,7 @@ class LogOutput:
     colors: str = "auto"  # --log-colors on|off|auto
     prefix: bool = False  # --log-prefix
     timestamps: bool = False  # --log-timestamps
+    jsonl: bool = False  # --log-jsonl: common/log.cpp's JSON object a line, on stdout
 
     def level(self) -> int:
         if self.disable:
@@ -43,25 +44,27 @@ class LogOutput:
         return logging.DEBUG if self.verbosity >= 5 else _LEVELS.get(max(0, self.verbosity), logging.INFO)
 
     def use_colors(self) -> bool:
-        return self.colors == "on" or (self.colors == "auto" and sys.stderr.isatty())
+        on = self.colors == "on" or (self.colors == "auto" and sys.stderr.isatty())
+        return on and not self.jsonl
 
 
 class LogStreams:
     """stderr and the --log-file: each line written to both in one write each (colours only on stderr)."""
 
-    def __init__(self, file: Path | None) -> None:
+    def __init__(self, file: Path | None, stdout: bool = False) -> None:
         self.file: IO[str] | None = (
             file.open("w", encoding="utf-8", buffering=1) if file is not None else None
         )
+        self.stdout = stdout  # --log-jsonl writes to stdout, as llama-server
 
     def write(self, text: str) -> int:
-        sys.stderr.write(text)
+        (sys.stdout if self.stdout else sys.stderr).write(text)
         if self.file is not None:
             self.file.write(_ANSI.sub("", text))
         return len(text)
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        (sys.stdout if self.stdout else sys.stderr).flush()
         if self.file is not None:
             self.file.flush()
 
@@ -71,13 +74,15 @@ def _renderer(log_format: str, out: LogOutput) -> Any:
         return structlog.processors.JSONRenderer()
     if log_format == "text":
         return structlog.processors.LogfmtRenderer()
-    return LlamaRenderer(prefix=out.prefix, timestamps=out.timestamps, colors=out.use_colors())
+    return LlamaRenderer(
+        prefix=out.prefix, timestamps=out.timestamps, colors=out.use_colors(), jsonl=out.jsonl
+    )
 
 
 def configure(log_format: str = "text", verbose: bool = False, out: LogOutput | None = None) -> None:
     out = out or LogOutput()
     level = logging.DEBUG if verbose and not out.disable else out.level()
-    streams = LogStreams(out.file)
+    streams = LogStreams(out.file, stdout=out.jsonl)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
