@@ -3,13 +3,14 @@
 Runs under a Python that has llama-cpp-python 0.3.36 (llama.cpp's C API through ctypes), not the
 project's venv:
 
-    /work/llcpp-venv/bin/python scripts/make_sampler_goldens.py [--out tests/golden/samplers.json]
+    /tmp/llcpp-avx2/bin/python scripts/make_sampler_goldens.py [--out tests/golden/samplers.json]
 
 Each case names Llamba's sampling fields (`params`, `samplers` giving the stage order), a logit vector,
 a token history accepted before (penalties, DRY), and what llama.cpp did: for a chain applied once, the
 candidates it kept in its order with their logits after the chain (`kept`, or only the changed ones,
 `changed`, for stages that truncate nothing); for seeded runs, the token it picked at each step and the
-candidates left at that pick (`picks`, `kept_ids`). Every stage is built from the same `params` the
+candidates left at that pick (`picks`, `kept_ids`), and for chains ending in adaptive-p the first
+candidates' logits after its transform (`heads`). Every stage is built from the same `params` the
 test hands to Llamba, so the two are configured alike by construction. DRY's sequence breakers need a
 vocabulary: SmolLM2's is loaded (vocab_only), and its tokenizations of the histories are recorded.
 """
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = Path.home() / ".cache" / "llamba" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_BREAKERS = ["\n", ":", '"', "*"]
 KEEP_LISTED = 300  # kept lists longer than this are stored as their head, a count and a checksum
+HEAD = 12  # candidates whose logits after adaptive-p's transform are kept per step
 # llama.cpp's defaults for every field a case leaves out (common/common.h).
 DEFAULTS: dict[str, Any] = {
     "temperature": 0.8,
@@ -54,6 +56,8 @@ DEFAULTS: dict[str, Any] = {
     "mirostat": 0,
     "mirostat_tau": 5.0,
     "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
     "seed": 0,
     "logit_bias": {},
 }
@@ -168,7 +172,7 @@ def stage(name: str, p: dict[str, Any], n_vocab: int, vocab: Vocab | None) -> An
 
 def chain(p: dict[str, Any], n_vocab: int, vocab: Vocab | None, draw: bool) -> Any:
     """common_sampler_init's chain: logit bias, then the samplers in order (or temperature + mirostat),
-    then dist when the case draws."""
+    then, when the case draws, adaptive-p if the samplers name it (wherever), else dist."""
     c = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
     bias = p["logit_bias"]
     if bias:
@@ -187,8 +191,12 @@ def chain(p: dict[str, Any], n_vocab: int, vocab: Vocab | None, draw: bool) -> A
         L.llama_sampler_chain_add(c, miro)
         return c
     for name in p["samplers"]:
-        L.llama_sampler_chain_add(c, stage(name, p, n_vocab, vocab))
-    if draw:
+        if name != "adaptive_p":
+            L.llama_sampler_chain_add(c, stage(name, p, n_vocab, vocab))
+    if draw and "adaptive_p" in p["samplers"]:
+        adaptive = L.llama_sampler_init_adaptive_p(p["adaptive_target"], p["adaptive_decay"], p["seed"])
+        L.llama_sampler_chain_add(c, adaptive)
+    elif draw:
         L.llama_sampler_chain_add(c, L.llama_sampler_init_dist(p["seed"]))
     return c
 
@@ -439,7 +447,7 @@ def draw_runs() -> list[dict[str, Any]]:
         "greedy": {"samplers": ["top_k", "top_p", "min_p", "temperature"], "temperature": 0.0, "seed": 8},
     }
     history = [5, 17, 42, 5, 17, 42, 5, 17, 900, 901, 5, 17]
-    return [
+    out = [
         {
             "name": f"run {name}",
             "cycle": cycle,
@@ -449,6 +457,114 @@ def draw_runs() -> list[dict[str, Any]]:
             "vocab": "smollm2",
         }
         for name, params in runs.items()
+    ]
+    for name, params, steps, vectors_used in adaptive_runs():
+        out.append(
+            {
+                "name": f"run adaptive_p {name}",
+                "cycle": vectors_used or cycle,
+                "params": params,
+                "history": [5, 17, 42, 5, 17, 42, 5, 17, 200, 201, 5, 17],
+                "steps": steps,
+                "vocab": "smollm2",
+            }
+        )
+    return out
+
+
+def adaptive_runs() -> list[tuple[str, dict[str, Any], int, list[str] | None]]:
+    """Seeded runs ending in adaptive-p: (name, params, steps, cycle or None for the default one). Long
+    enough for the moving average to move the target; -inf candidates; the general and fast paths."""
+    return [
+        (
+            "0.5 after min-p",
+            {"samplers": ["min_p", "adaptive_p"], "min_p": 0.05, "adaptive_target": 0.5, "seed": 21},
+            60,
+            None,
+        ),
+        (
+            "0.2 decay 0.5, top-k min-p temperature",
+            {
+                "samplers": ["top_k", "min_p", "temperature", "adaptive_p"],
+                "top_k": 40,
+                "min_p": 0.02,
+                "temperature": 1.1,
+                "adaptive_target": 0.2,
+                "adaptive_decay": 0.5,
+                "seed": 22,
+            },
+            60,
+            None,
+        ),
+        (
+            "0.1 decay 0 whole vocabulary",
+            {"samplers": ["adaptive_p"], "adaptive_target": 0.1, "adaptive_decay": 0.0, "seed": 23},
+            40,
+            None,
+        ),
+        (
+            "0.9 decay clamped from 1.5, top-p",
+            {
+                "samplers": ["top_p", "adaptive_p"],
+                "top_p": 0.9,
+                "adaptive_target": 0.9,
+                "adaptive_decay": 1.5,
+                "seed": 24,
+            },
+            60,
+            None,
+        ),
+        (
+            "0.7 penalties min-p",
+            {
+                "samplers": ["penalties", "min_p", "adaptive_p"],
+                "repeat_penalty": 1.3,
+                "presence_penalty": 0.2,
+                "min_p": 0.01,
+                "adaptive_target": 0.7,
+                "adaptive_decay": 0.95,
+                "seed": 25,
+            },
+            80,
+            None,
+        ),
+        (
+            "0.3 masked, first in the order, top-n-sigma, bias",
+            {
+                "samplers": ["adaptive_p", "top_n_sigma"],
+                "top_n_sigma": 1.5,
+                "logit_bias": {"3": "-inf", "11": 1.5},
+                "adaptive_target": 0.3,
+                "seed": 26,
+            },
+            40,
+            ["masked256", "smooth256"],
+        ),
+        (
+            "1.4 target above 1, typical xtc",
+            {
+                "samplers": ["typ_p", "xtc", "adaptive_p"],
+                "typical_p": 0.9,
+                "xtc_probability": 0.5,
+                "xtc_threshold": 0.1,
+                "adaptive_target": 1.4,
+                "seed": 27,
+            },
+            40,
+            None,
+        ),
+        (
+            "off (target -1), top-k",
+            {"samplers": ["top_k", "adaptive_p"], "top_k": 30, "seed": 28},
+            40,
+            None,
+        ),
+        (
+            "greedy",
+            {"samplers": ["top_k", "temperature", "adaptive_p"], "temperature": 0.0, "adaptive_target": 0.4},
+            20,
+            None,
+        ),
     ]
 
 
@@ -495,7 +611,7 @@ def run_draws(c: dict[str, Any], vecs: dict[str, Any], vocab: Vocab) -> None:
     smpl = chain(p, cycle[0].size, vocab, draw=True)
     for token in c["history"]:
         L.llama_sampler_accept(smpl, token)
-    picks, kept_ids = [], []
+    picks, kept_ids, heads = [], [], []
     for step in range(c["steps"]):
         cand = Candidates(cycle[step % len(cycle)])
         cand.apply(smpl)
@@ -506,8 +622,11 @@ def run_draws(c: dict[str, Any], vecs: dict[str, Any], vocab: Vocab) -> None:
         kept = [(i, q) for (i, _), q in zip(cand.kept(), probs(cand.kept()), strict=True) if q > 0]
         best = [i for i, _ in sorted(kept, key=lambda t: -t[1])]
         kept_ids.append({"size": len(best), "top": best[:8]})
+        heads.append([[i, _f32(v)] for i, v in cand.kept()[:HEAD]])
     c["picks"] = picks
     c["kept"] = kept_ids
+    if "adaptive_p" in p.get("samplers", []):
+        c["heads"] = heads
     L.llama_sampler_free(smpl)
 
 

@@ -10,7 +10,9 @@ be drawn and llama-server never reports them); logits after the chain within
 1e-5 relative (dynamic temperature computes its temperature in float32 like llama.cpp, but numpy's
 exp/log may differ from glibc's by an ulp); probabilities (softmax of those logits) within 1e-6. Seeded
 runs must pick llama.cpp's token at every step: Llamba draws llama.cpp's random numbers
-(engine/sampling/rng.py) in llama.cpp's candidate order.
+(engine/sampling/rng.py) in llama.cpp's candidate order. Runs ending in adaptive-p also compare the
+first candidates' logits after its transform at each step (within 1e-5: they follow the moving
+average, so a drifting average shows there before it flips a pick).
 """
 
 from __future__ import annotations
@@ -119,12 +121,20 @@ DRAWS = GOLDEN["draws"]
 def test_seeded_runs_pick_what_llama_cpp_picks(case: dict[str, Any], smollm2_dry: DryVocabulary) -> None:
     cycle = [logits_of(name) for name in case["cycle"]]
     sampler = sampler_for(case, cycle[0].size, smollm2_dry)
-    picks, kept = [], []
+    picks, kept, heads = [], [], []
     for step in range(case["steps"]):
         token = sampler.sample(cycle[step % len(cycle)])
         sampler.accept(token)
         picks.append(token)
         top = sampler.last.top(cycle[0].size) if sampler.last is not None else []
         kept.append({"size": len(top), "top": [t for t, _ in top[:8]]})
+        if sampler.last is not None:
+            n = len(case.get("heads", [[]])[0])
+            heads.append((ids_of(sampler.last)[:n].tolist(), sampler.last.logits[:n]))
     assert picks == case["picks"]
     assert kept == case["kept"]
+    if "heads" in case and not sampler.params.greedy:  # greedy: Llamba keeps the best token alone
+        for step, ((ids, logits), expected) in enumerate(zip(heads, case["heads"], strict=True)):
+            assert ids == [i for i, _ in expected], step
+            want = np.array([float(v) for _, v in expected], dtype=np.float32)
+            np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")

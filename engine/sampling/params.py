@@ -5,7 +5,9 @@ The chain is the logit bias, then the `samplers` stages in their order (llama-se
 below), then a seeded draw; with mirostat 1 or 2 it is the logit bias, plain temperature and mirostat
 instead, whatever `samplers` says (as in llama.cpp, where mirostat also leaves out the penalties).
 A stage named in `samplers` but switched off by its value does nothing, and a stage left out of
-`samplers` is not applied whatever its value.
+`samplers` is not applied whatever its value. `adaptive_p` in `samplers`, wherever it stands, is not a
+stage of the order: it replaces the final draw (adaptive_target < 0: a plain draw, by llama.cpp's
+std::discrete_distribution rather than its dist sampler), as in common_sampler_init.
 """
 
 from __future__ import annotations
@@ -64,14 +66,13 @@ SAMPLER_LETTERS = {
     "m": "min_p",
     "x": "xtc",
     "t": "temperature",
+    "a": "adaptive_p",
 }
+ADAPTIVE_P = "adaptive_p"  # ends the chain instead of the draw (see above); not in the default order
 # llama.cpp also knows these; Llamba refuses them by name rather than leaving them out silently.
 NOT_BUILT = {
     "infill": "infill",
     "i": "infill",
-    "adaptive_p": "adaptive_p",
-    "adaptive-p": "adaptive_p",
-    "a": "adaptive_p",
 }
 DEFAULT_BREAKERS = ("\n", ":", '"', "*")
 _RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED
@@ -79,8 +80,9 @@ _RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED
 
 def _aliases() -> dict[str, str]:
     """Every spelling llama.cpp accepts: canonical, kebab-case, without underscores, and a few more."""
-    names = {name: name for name in DEFAULT_SAMPLERS}
-    for name in DEFAULT_SAMPLERS:
+    canonical = (*DEFAULT_SAMPLERS, ADAPTIVE_P)
+    names = {name: name for name in canonical}
+    for name in canonical:
         if "_" in name:
             names[name.replace("_", "-")] = name
             names[name.replace("_", "")] = name
@@ -131,6 +133,9 @@ class SamplingParams:
     mirostat: int = 0  # 1 or 2: Mirostat (the samplers chain is not used)
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    # adaptive-p (with `adaptive_p` in samplers): draw tokens whose probability averages this target
+    adaptive_target: float = -1.0  # < 0: off (a plain draw); llama-server clamps a request's to <= 1
+    adaptive_decay: float = 0.9  # the average's decay (memory ~ 1/(1 - decay) tokens), used within [0, 0.99]
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     logit_bias: dict[int, float] = field(default_factory=dict)  # -inf bans a token
     seed: int = -1  # < 0 (or 0xFFFFFFFF, llama.cpp's -1 as uint32): random
@@ -167,6 +172,11 @@ class SamplingParams:
             self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
         )
 
+    @property
+    def adaptive_p(self) -> bool:
+        """The chain ends in adaptive-p instead of the draw: `adaptive_p` in samplers, no mirostat."""
+        return not self.mirostat and ADAPTIVE_P in self.samplers
+
     def active(self, stage: str) -> bool:
         """Whether a stage of the chain changes anything at these settings."""
         return {
@@ -182,8 +192,11 @@ class SamplingParams:
         }[stage]
 
     def chain(self) -> tuple[str, ...]:
-        """The stages that act, in order (empty with mirostat, whose chain is fixed)."""
-        return () if self.mirostat else tuple(s for s in self.samplers if self.active(s))
+        """The stages that act, in order (empty with mirostat, whose chain is fixed; adaptive-p, which
+        ends the chain, is not one of them)."""
+        if self.mirostat:
+            return ()
+        return tuple(s for s in self.samplers if s != ADAPTIVE_P and self.active(s))
 
 
 def _range_problems(p: SamplingParams) -> list[str]:
@@ -206,5 +219,7 @@ def _range_problems(p: SamplingParams) -> list[str]:
         ("mirostat", p.mirostat in (0, 1, 2), "0, 1 or 2"),
         ("mirostat_tau", 0 <= p.mirostat_tau < math.inf, "a finite number >= 0"),
         ("mirostat_eta", 0 <= p.mirostat_eta < math.inf, "a finite number >= 0"),
+        ("adaptive_target", math.isfinite(p.adaptive_target), "finite"),
+        ("adaptive_decay", math.isfinite(p.adaptive_decay), "finite"),
     ]
     return [f"{name} must be {rule}, got {getattr(p, name)!r}" for name, ok, rule in checks if not ok]

@@ -2,8 +2,9 @@
 
 The default chain's stages in their default order take a vectorised fast path (engine/sampling/
 default_chain.py); any other chain runs stage by stage (engine/sampling/stages.py), and mirostat has its
-own (engine/sampling/mirostat.py). The random numbers are llama.cpp's (engine/sampling/rng.py), drawn
-in llama.cpp's candidate order, so a seeded request picks the tokens llama.cpp would from the same
+own (engine/sampling/mirostat.py). Adaptive-p, when `samplers` names it, replaces the draw at the end of
+either path (engine/sampling/adaptive_p.py). The random numbers are llama.cpp's (engine/sampling/rng.py),
+drawn in llama.cpp's candidate order, so a seeded request picks the tokens llama.cpp would from the same
 logits (floating-point rounding aside).
 """
 
@@ -16,7 +17,8 @@ from functools import partial
 import numpy as np
 
 from engine.sampling import default_chain, stages
-from engine.sampling.arrays import logsumexp, top_ids
+from engine.sampling.adaptive_p import AdaptiveP
+from engine.sampling.arrays import logsumexp, scaled, top_ids
 from engine.sampling.distribution import Distribution
 from engine.sampling.dry import Breakers, Dry
 from engine.sampling.mirostat import Mirostat
@@ -29,8 +31,9 @@ Stage = Callable[[Candidates], None]
 
 
 class Sampler:
-    """One per sequence: owns its random generators, penalty and DRY histories and mirostat's state.
-    Not thread-safe (one engine thread). `breakers` (engine/sampling/dry.py) is needed when DRY is on."""
+    """One per sequence: owns its random generators, penalty and DRY histories, mirostat's and
+    adaptive-p's state. Not thread-safe (one engine thread). `breakers` (engine/sampling/dry.py) is
+    needed when DRY is on."""
 
     def __init__(self, params: SamplingParams, n_vocab: int, breakers: Breakers | None = None) -> None:
         self.params = params
@@ -54,15 +57,20 @@ class Sampler:
         self._mirostat: Mirostat | None = None
         if params.mirostat:
             self._mirostat = Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, n_vocab)
+        self._adaptive: AdaptiveP | None = None
+        if params.adaptive_p:
+            self._adaptive = AdaptiveP(params.adaptive_target, params.adaptive_decay)
         self._stages = [self._stage(name) for name in chain]
         self.last: Distribution | None = None  # what the last sample() drew from
 
     def accept(self, token: int) -> None:
         """Record a prompt or generated token in the penalty and DRY windows (the caller accepts the
-        sampled one)."""
+        sampled one); adaptive-p learns from the token it drew when that one is accepted."""
         self._penalties.accept(token)
         if self._dry is not None:
             self._dry.accept(token)
+        if self._adaptive is not None:
+            self._adaptive.accept(token)
 
     def sample(self, logits: np.ndarray, draft: int | None = None) -> int:
         """Pick the next token; `logits` (float32 [n_vocab]) is not modified.
@@ -79,6 +87,9 @@ class Sampler:
             self._mirostat.learn(dist, token)
         elif self._fast_greedy:
             token = dist.token(0)
+        elif self._adaptive is not None:
+            token = dist.draw_discrete(self._rng)  # llama_sample_dist: std::discrete_distribution
+            self._adaptive.drawn(token)
         else:
             token = dist.draw(self._rng)
         self.last = dist
@@ -94,13 +105,18 @@ class Sampler:
             # All-banned logits (max -inf) have no distribution; the lowest id is a defined answer.
             return Distribution.single(best, float(work[best]))
         if self._fast:
-            return self._fast_distribution(work)
+            ids, values, temperature = self._fast_candidates(work)
+            if self._adaptive is not None:
+                return self._adaptive.distribution(ids, scaled(values, temperature))
+            return Distribution.of(ids, values, temperature)
         c = Candidates(None, work)
         if self._mirostat is not None:
             stages.plain_temperature(c, self.params.temperature)
             return self._mirostat.distribution(c)
         for stage in self._stages:
             stage(c)
+        if self._adaptive is not None:
+            return self._adaptive.distribution(c.ids, c.logits)
         return Distribution.of(c.ids, c.logits)
 
     def post_sampling_probs(self, logits: np.ndarray, k: int) -> list[tuple[int, float]]:
@@ -149,7 +165,8 @@ class Sampler:
             work[self._bias_ids] += self._bias_values
         return work
 
-    def _fast_distribution(self, work: np.ndarray) -> Distribution:
+    def _fast_candidates(self, work: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, float]:
+        """The fast path's candidates (ids, logits before the temperature) and the temperature."""
         p, chain = self.params, self._chain
         ids, values = default_chain.candidates(
             work,
@@ -157,7 +174,7 @@ class Sampler:
             p.top_p if "top_p" in chain else 1.0,
             p.min_p if "min_p" in chain else 0.0,
         )
-        return Distribution.of(ids, values, p.temperature if "temperature" in chain else 1.0)
+        return ids, values, p.temperature if "temperature" in chain else 1.0
 
     def _stage(self, name: str) -> Stage:
         p = self.params

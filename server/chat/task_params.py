@@ -3,8 +3,8 @@ writes for `/slots` (each slot's `params`) and `/props` (`default_generation_set
 sampling, the limits and how the answer is read, under llama-server's names, types and order.
 
 Dashboards written for llama-server read these keys, so each is present with llama-server's type, also
-where Llamba has no such feature: `adaptive_*` (no adaptive-p sampler: llama.cpp's "off" values),
-`backend_sampling` (never), `lora` (no adapters), `generation_prompt` (not tracked: "").
+where Llamba has no such feature: `backend_sampling` (never), `lora` (no adapters), `generation_prompt`
+(not tracked: "").
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import Any
 
 from engine.api import SamplingParams
 
-# llama.cpp's common_params_sampling defaults for the sampler Llamba lacks (a negative target: off).
-ADAPTIVE_OFF = {"adaptive_target": -1.0, "adaptive_decay": 0.9}
 UINT32 = 0xFFFFFFFF  # llama.cpp keeps the seed as uint32: -1 (random) reads 4294967295
 
 
@@ -60,7 +58,8 @@ def task_params(sampling: SamplingParams, run: RunParams) -> dict[str, Any]:
         "mirostat": p.mirostat,
         "mirostat_tau": p.mirostat_tau,
         "mirostat_eta": p.mirostat_eta,
-        **ADAPTIVE_OFF,
+        "adaptive_target": p.adaptive_target,
+        "adaptive_decay": p.adaptive_decay,
         "max_tokens": run.n_predict,
         "n_predict": run.n_predict,
         "n_keep": run.n_keep,
