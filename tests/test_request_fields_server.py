@@ -117,3 +117,22 @@ def test_n_discard_sets_what_a_context_shift_drops() -> None:
     assert discard_count(100, 4) == 48  # half of the rest by default
     assert discard_count(100, 4, 10) == 10
     assert discard_count(100, 4, 500) == 95  # never all of the rest
+
+
+def test_adaptive_p_acts_where_samplers_name_it(server: ServerProcess) -> None:
+    """adaptive_target/adaptive_decay drive the adaptive-p sampler when `samplers` names it (seeded: the
+    same answer twice), and change nothing otherwise, as in llama-server (engine/sampling/adaptive_p.py;
+    its tokens against llama.cpp's are tests/test_sampler_goldens.py's)."""
+    base = {"prompt": "Once upon a time", "n_predict": 16, "seed": 7, "temperature": 1.0, "ignore_eos": True}
+    chain = {**base, "samplers": ["top_k", "adaptive_p"], "top_k": 40}
+
+    def content(body: dict) -> str:
+        reply = post(server, "/completion", body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["content"]
+
+    adaptive = content({**chain, "adaptive_target": 0.2, "adaptive_decay": 0.5})
+    assert adaptive == content({**chain, "adaptive_target": 0.2, "adaptive_decay": 0.5})
+    assert adaptive != content(chain)  # a negative target (the default): the plain draw
+    assert content({**base, "adaptive_target": 0.2}) == content(base)  # not named in samplers: no effect
+    assert post(server, "/completion", {**chain, "adaptive_decay": 1.5}).status_code == 400

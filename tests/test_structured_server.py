@@ -325,7 +325,7 @@ BAD_BODIES = [
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [WEATHER], "json_schema": {"type": "object"}}, "tools"),
     ({"grammar_lazy": True, "grammar": 'root ::= "a"'}, "grammar_triggers"),
-    ({"adaptive_target": 0.5}, "adaptive_target"),
+    ({"adaptive_decay": 1.5}, "adaptive_decay"),
     # (an unknown field is ignored as llama-server ignores it: tests/test_request_fields_server.py)
     ({"functions": [{"name": "f"}]}, "functions"),
 ]

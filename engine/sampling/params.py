@@ -41,6 +41,8 @@ NUMBER_FIELDS = (
     "mirostat",
     "mirostat_tau",
     "mirostat_eta",
+    "adaptive_target",
+    "adaptive_decay",
     "seed",
 )
 

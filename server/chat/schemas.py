@@ -64,6 +64,9 @@ class GenerationFields(ConstraintFields):
     mirostat: int | None = Field(default=None, ge=0, le=2)
     mirostat_tau: float | None = Field(default=None, ge=0.0)
     mirostat_eta: float | None = Field(default=None, ge=0.0)
+    # the adaptive-p sampler (only where `samplers` names adaptive_p); a negative target: off
+    adaptive_target: float | None = None
+    adaptive_decay: float | None = Field(default=None, ge=0.0, le=0.99)
     samplers: list[str] | str | None = None
     post_sampling_probs: bool = False
     stop: str | list[str] | None = None

@@ -54,9 +54,6 @@ ACCEPTED: dict[str, str] = {
 
 # field -> the value that leaves generation unchanged (llama.cpp's defaults).
 NOT_YET: dict[str, Any] = {
-    # llama-server's adaptive-p sampler (adaptive_decay is only read with it)
-    "adaptive_target": -1.0,
-    "adaptive_decay": 0.9,
     "penalize_nl": False,
     "lora": [],
     "image_data": [],

@@ -333,26 +333,8 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     F(("--dry-allowed-length",), "N", "", "implemented", ""),
     F(("--dry-penalty-last-n",), "N", "", "implemented", ""),
     F(("--dry-sequence-breaker",), "STRING", "", "implemented", ""),
-    F(
-        ("--adaptive-target",),
-        "N",
-        "",
-        "ignored",
-        (
-            "not applied: Llamba does not implement it, so outputs differ from llama-server's"
-            " with it (the adaptive-p sampler)"
-        ),
-    ),
-    F(
-        ("--adaptive-decay",),
-        "N",
-        "",
-        "ignored",
-        (
-            "not applied: Llamba does not implement it, so outputs differ from llama-server's"
-            " with it (the adaptive-p sampler)"
-        ),
-    ),
+    F(("--adaptive-target",), "N", "", "implemented", ""),
+    F(("--adaptive-decay",), "N", "", "implemented", ""),
     F(("--dynatemp-range",), "N", "", "implemented", ""),
     F(("--dynatemp-exp",), "N", "", "implemented", ""),
     F(("--mirostat",), "N", "", "implemented", ""),
