@@ -45,7 +45,9 @@ def test_json_lines_stay_whole_while_other_threads_log() -> None:
 
 
 # -- llama-server's lines, as a prompt-cache profiler reads them from --log-file -----------------------
-SLOT = r"slot (?P<fn>[ \w]{12}): id +(?P<slot>\d+) \| task (?P<task>-?\d+) \| "
+# llama-server's default prefix (time since start, level letter), as kvprof 0.2.0 matches it
+PREFIX = r"(\d+)\.(\d\d)\.(\d{3})\.(\d{3}) ([IWE]) "
+SLOT = PREFIX + r"slot (?P<fn>[ \w]{12}): id +(?P<slot>\d+) \| task (?P<task>-?\d+) \| "
 RATES = r"+[\d.]+ ms / +(?P<n>\d+) tokens \( +[\d.]+ ms per token, +[\d.]+ tokens per second\)$"
 PROFILER = {
     "launch": re.compile(SLOT + r"processing task, is_child = 0$"),

@@ -161,10 +161,11 @@ def _log_flags(p: argparse.ArgumentParser) -> None:
     add("--log-disable", action="store_true", help="no log at all")
     add("--log-colors", type=_log_colors, default="auto", metavar="[on|off|auto]",
         help="colour the level letters of --log-prefix (auto: when stderr is a terminal)")  # fmt: skip
-    add("--log-prefix", dest="log_prefix", action="store_true", default=False,
+    # on by default, as llama-server (its common_init() turns both on before reading the flags)
+    add("--log-prefix", dest="log_prefix", action="store_true", default=True,
         help="a level letter before each line (I, W, E, D)")  # fmt: skip
     add("--no-log-prefix", dest="log_prefix", action="store_false")
-    add("--log-timestamps", dest="log_timestamps", action="store_true", default=False,
+    add("--log-timestamps", dest="log_timestamps", action="store_true", default=True,
         help="with --log-prefix, the time since start (minutes.seconds.ms.us) before each line")  # fmt: skip
     add("--no-log-timestamps", dest="log_timestamps", action="store_false")
     add("--log-jsonl", dest="log_jsonl", action="store_true", default=False,

@@ -100,8 +100,8 @@ class Settings(BaseModel):
     log_file: Path | None = None  # --log-file: the log also written there
     log_disable: bool = False
     log_colors: str = "auto"  # on, off, auto (when stderr is a terminal)
-    log_prefix: bool = False  # --log-prefix: the level letter before each line
-    log_timestamps: bool = False  # --log-timestamps: with the prefix, the time since start
+    log_prefix: bool = True  # --log-prefix: the level letter before each line (llama-server: on)
+    log_timestamps: bool = True  # --log-timestamps: with the prefix, the time since start (on)
     log_jsonl: bool = False  # --log-jsonl: each line a JSON object on stdout
     log_prompts_dir: Path | None = None
 
