@@ -2,7 +2,8 @@
 no tool support: under tool_choice auto the tools are left out, as llama-server leaves them; a demanded
 call gets llama.cpp's generic JSON format): required and named calls whose arguments validate against
 the tool's parameters, stream equal to whole replies, parallel calls, tool_choice none and auto,
-and a whole round trip (call, tool result, answer). On Qwen2.5-Coder, a model with a native format
+and a whole round trip (call, tool result, answer), the history given to the template as llama-server
+gives it (the call and the result as they are, not as JSON). On Qwen2.5-Coder, a model with a native format
 (Hermes' `<tool_call>`), the round trip streamed and whole."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
+import pytest
 
 from tests.server_process import ServerProcess
 
@@ -202,8 +204,84 @@ def test_a_whole_round_trip(any_server: ServerProcess) -> None:
         choice = answer.choices[0]
         assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
         assert choice.message.content and choice.message.content.strip()
-    prompt = httpx.post(any_server.base_url + "/apply-template", json={"messages": history}).json()["prompt"]
-    assert "sunny" in prompt and "get_weather" in prompt  # the call and its result reach the model
+    # As llama-server gives the history to a template without tool support: the result reaches the
+    # model as a `tool` turn; the call, which these templates do not show, leaves an empty turn.
+    with httpx.Client(base_url=any_server.base_url, timeout=60) as http:
+        prompt = http.post("/apply-template", json={"messages": history}).json()["prompt"]
+        no_call = [*ASK, {"role": "assistant", "content": ""}, history[2]]
+        assert prompt == http.post("/apply-template", json={"messages": no_call}).json()["prompt"]
+    assert '{"sky": "sunny", "celsius": 21}' in prompt and "get_weather" not in prompt
+
+
+# llama-server 0c1e570's /apply-template of ROUND_TRIP (SmolLM2's own template; for Gemma 3, llama.cpp's
+# built-in gemma format, which `--chat-template gemma` names: llama-server --no-jinja), and its
+# /v1/messages/count_tokens of ANTHROPIC_ROUND_TRIP. Llamba rendered the call and the result as
+# llama.cpp's generic-format JSON before (129 and 119 tokens).
+ROUND_TRIP = [
+    {"role": "user", "content": "What is 2+2?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+]
+ANTHROPIC_ROUND_TRIP = [
+    {"role": "user", "content": "What is 2+2?"},
+    {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}],
+    },
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}]},
+]
+LLAMA_SERVER_ROUND_TRIP = {
+    "smollm2": (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+        "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n",
+        50,
+    ),
+    "gemma3": (
+        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n<end_of_turn>\n"
+        "<start_of_turn>tool\nsunny<end_of_turn>\n<start_of_turn>model\n",
+        27,
+    ),
+}
+
+
+def test_a_tool_round_trip_renders_as_llama_server_gives_it_to_the_template(
+    any_server: ServerProcess, request: pytest.FixtureRequest
+) -> None:
+    """A template without tool support is given the assistant's calls and the tool results as they are
+    (llama-server 0c1e570 has no polyfills): /apply-template, /tokenize with messages and Anthropic's
+    count_tokens are llama-server's, with the tools under tool_choice auto or none (left out) as without
+    them. A request that demands a call (`required`) gets the tools described in llama.cpp's generic
+    JSON format, and the history in the JSON it is asked to write."""
+    expected, count = LLAMA_SERVER_ROUND_TRIP[request.node.callspec.params["any_server"]]
+    anthropic_tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    with httpx.Client(base_url=any_server.base_url, timeout=60) as http:
+        for shown in ({}, {"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "none"}):
+            body = {"messages": ROUND_TRIP, **shown}
+            assert http.post("/apply-template", json=body).json()["prompt"] == expected, shown
+            tokens = http.post("/tokenize", json=body).json()["tokens"]
+            text = {"content": expected, "add_special": True, "parse_special": True}
+            assert tokens == http.post("/tokenize", json=text).json()["tokens"] and len(tokens) == count
+        for shown in (
+            {},
+            {"tools": [anthropic_tool]},
+            {"tools": [anthropic_tool], "tool_choice": {"type": "none"}},
+        ):
+            body = {"model": "any", "messages": ANTHROPIC_ROUND_TRIP, **shown}
+            assert http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"] == count, shown
+        required = {"messages": ROUND_TRIP, "tools": TOOLS, "tool_choice": "required"}
+        generic = http.post("/apply-template", json=required).json()["prompt"]
+    assert '"tool_calls": [' in generic and '"tool_response": {' in generic
 
 
 def test_an_assistant_prefill_is_continued(server: ServerProcess) -> None:

@@ -9,8 +9,11 @@ rendered prompt. Long texts are tokenized on a worker thread; nothing here reach
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import anyio
@@ -92,6 +95,33 @@ def template_caps(template: ChatTemplate) -> dict[str, bool]:
     }
 
 
+def _as_llama_server_gives(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as llama-server 0c1e570 hands it to a template (common/chat.cpp's common_chat_msg
+    to_json_oaicompat): null content is "" (ChatTemplate's normalising does that), each earlier call is
+    its type, its function's name and arguments, and its id, the arguments as JSON text (an object
+    sent by the client is dumped compactly, as nlohmann's dump())."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [_call_as_given(call) for call in calls]}
+
+
+def _call_as_given(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return call  # ChatTemplate's normalising reports what is wrong with it
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    given: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": function.get("name"), "arguments": arguments},
+    }
+    if call.get("id"):
+        given["id"] = call["id"]
+    return given
+
+
 @dataclass(frozen=True, eq=False)
 class PromptBuilder:
     """One loaded model's prompts: made of what the load left immutable, so any task may use it."""
@@ -163,13 +193,16 @@ class PromptBuilder:
         format writes one (its thinking tags, GPT-OSS channels)."""
         kwargs = self.settings.chat_template_kwargs | chat.template_kwargs
         messages, tools, fmt = chat.messages, chat.tools, chat.tool_format
+        template = self.template
         if tools and fmt is not None:
             messages = fmt.prepare_messages(messages, tools)
             kwargs = fmt.template_context(tools) | kwargs
+        elif not self.describes_tools:  # tools left out: the history as llama-server gives it
+            messages, template = [_as_llama_server_gives(m) for m in messages], self._history_as_given
         elif self.tool_format.prepares_messages_without_tools:  # GPT-OSS: past reasoning, tools or not
             messages = self.tool_format.prepare_messages(messages, ())
         try:
-            rendered = self.template.render(
+            rendered = template.render(
                 messages,
                 add_generation_prompt=chat.add_generation_prompt,
                 tools=tools,
@@ -187,6 +220,21 @@ class PromptBuilder:
             )
             rendered = replace(rendered, text=text)
         return rendered
+
+    @cached_property
+    def _history_as_given(self) -> ChatTemplate:
+        """The template with the conversation's tool calls and tool results rendered as they come, for a
+        template without tool support whose chat leaves the tools out (tool_choice auto or none): as
+        llama-server 0c1e570, which has no polyfills, hands them to such a template (SmolLM2's shows an
+        empty assistant turn and a `tool` turn with the result). Where Llamba describes the tools itself
+        (llama.cpp's generic JSON format: `required`, a named function, the tool loop's rounds) the
+        template's own view polyfills them, so the model sees earlier calls as the JSON it is asked to
+        write (engine/text/template_caps.py). Only the tool-history polyfills are off: object arguments
+        and a system turn merged into the next are as the template's probe found."""
+        view = copy.copy(self.template)
+        caps = replace(self.template.caps, supports_tool_calls=True, supports_tool_responses=True)
+        view.__dict__["caps"] = caps  # over the template's cached probe (a cached_property)
+        return view
 
     def _continuation(self, fmt: ToolCallFormat) -> Callable[[str, str, Prefill], tuple[str, str]]:
         tags = fmt.reasoning_tags or detect_tags(self.template.source)
