@@ -149,7 +149,10 @@ def rest_of(journaled: list[bytes], fresh: list[bytes]) -> list[bytes]:
 
 ROLE = chunk({"id": "x", "choices": [{"delta": {"role": "assistant"}}]})
 A, B, C = (chunk({"id": "x", "choices": [{"delta": {"content": t}}]}) for t in "abc")
-PROGRESS = chunk({"id": "x", "choices": [], "prompt_progress": {"total": 9, "processed": 3}})
+# A chat prompt-progress chunk: llama-server's role delta with prompt_progress (journals written before
+# it had no choices: those are progress events too).
+PROGRESS = chunk({"id": "x", "choices": [{"delta": {"role": "assistant"}}], "prompt_progress": {"total": 9}})
+OLD_PROGRESS = chunk({"id": "x", "choices": [], "prompt_progress": {"total": 9, "processed": 3}})
 
 
 def test_the_regenerated_stream_goes_on_after_the_journaled_chunks() -> None:
@@ -162,6 +165,7 @@ def test_progress_events_are_aligned_loosely() -> None:
     assert rest_of([PROGRESS, PROGRESS, ROLE], [PROGRESS, ROLE, A]) == [A]
     assert rest_of([PROGRESS, ROLE, A], [PROGRESS, PROGRESS, PROGRESS, ROLE, A, B]) == [B]
     assert rest_of([PROGRESS], [PROGRESS, PROGRESS, ROLE]) == [PROGRESS, ROLE]
+    assert rest_of([OLD_PROGRESS, ROLE], [PROGRESS, PROGRESS, ROLE, A]) == [A]
 
 
 def test_only_measurements_may_differ() -> None:
@@ -173,6 +177,15 @@ def test_only_measurements_may_differ() -> None:
     warm = chunk({"choices": [], "usage": usage | {"prompt_tokens_details": {"cached_tokens": 19}}})
     assert same_event(cold, warm)
     assert not same_event(cold, chunk({"choices": [], "usage": usage | {"completion_tokens": 9}}))
+
+    # Anthropic's message_start holds the prompt cache's share in its message's usage
+    def start(message_id: str, **counts: int) -> bytes:
+        message = {"id": message_id, "usage": {"output_tokens": 0, **counts}}
+        return b"event: message_start\n" + chunk({"type": "message_start", "message": message})
+
+    warm_start = start("m", cache_read_input_tokens=19, input_tokens=1)
+    assert same_event(warm_start, start("m", cache_read_input_tokens=0, input_tokens=20))
+    assert not same_event(warm_start, start("other", cache_read_input_tokens=19, input_tokens=1))
     assert not same_event(A, B)
     ping = b"event: ping\ndata: {}\n\n"
     assert same_event(ping, ping) and not same_event(b"data: [DONE]\n\n", b"data: [DONE]\n")

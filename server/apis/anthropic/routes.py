@@ -90,11 +90,33 @@ def message_object(model: ModelHost, message_id: str, content: list[dict[str, An
         "id": message_id,
         "type": "message",
         "role": "assistant",
-        "model": model.settings.model_alias,
         "content": content,
+        "model": model.settings.model_alias,
         "stop_reason": None,
         "stop_sequence": None,
     }
+
+
+def message_start(model: ModelHost, message_id: str, n_prompt: int, first: TokenEvent) -> StreamEvent:
+    """The stream's message_start, sent with the engine's first event (as llama-server sends it with the
+    first token, the prompt cache's share known): its usage is llama-server's, the prompt's tokens the
+    cache held apart from those that run."""
+    if first.progress is not None:
+        cached = first.progress.cache
+    else:
+        cached = first.timings.cache_n if first.timings else 0
+    usage = {"cache_read_input_tokens": cached, "input_tokens": n_prompt - cached, "output_tokens": 0}
+    return "message_start", {
+        "type": "message_start",
+        "message": message_object(model, message_id, []) | {"usage": usage},
+    }
+
+
+def message_delta(end: dict[str, Any]) -> StreamEvent:
+    """The stream's message_delta: why it ended, and (as llama-server's) the output tokens alone."""
+    delta = {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]}
+    usage = {"output_tokens": end["usage"]["output_tokens"]}
+    return "message_delta", {"type": "message_delta", "delta": delta, "usage": usage}
 
 
 def ending(body: MessagesRequest, blocks: ContentBlocks, final: TokenEvent, n_prompt: int) -> dict[str, Any]:
@@ -120,16 +142,16 @@ def ending(body: MessagesRequest, blocks: ContentBlocks, final: TokenEvent, n_pr
 async def message_stream(
     model: ModelHost, body: MessagesRequest, job: ChatJob, message_id: str
 ) -> AsyncIterator[bytes]:
-    """Anthropic's event stream; a ping after message_start and on every prompt chunk processed, so a
-    long prompt does not look like a stalled connection."""
-    start = message_object(model, message_id, []) | {
-        "usage": {"input_tokens": job.n_prompt, "output_tokens": 0}
-    }
-    yield send(("message_start", {"type": "message_start", "message": start}))
-    yield send(PING)
+    """Anthropic's event stream: message_start with the engine's first event, then a ping on every
+    prompt-progress update (the start, each prompt chunk processed), so a long prompt does not look like
+    a stalled connection."""
     blocks = ContentBlocks()
     final: TokenEvent | None = None
+    started = False
     async for event in model.client.events(job.request):
+        if not started and event.finish_reason not in ("error", "cancelled"):
+            yield send(message_start(model, message_id, job.n_prompt, event))
+            started = True
         if event.progress is not None:
             yield send(PING)
             continue
@@ -143,9 +165,7 @@ async def message_stream(
         return
     for item in blocks.close():
         yield send(item)
-    end = ending(body, blocks, final, job.n_prompt)
-    delta = {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]}
-    yield send(("message_delta", {"type": "message_delta", "delta": delta, "usage": end["usage"]}))
+    yield send(message_delta(ending(body, blocks, final, job.n_prompt)))
     yield send(("message_stop", {"type": "message_stop"}))
 
 
@@ -213,12 +233,17 @@ async def agent_message(model: ModelHost, body: MessagesRequest, plan: AgentPlan
 async def agent_stream(
     model: ModelHost, body: MessagesRequest, run: AgentRun, message_id: str, n_prompt: int
 ) -> AsyncIterator[bytes]:
-    start = message_object(model, message_id, []) | {"usage": {"input_tokens": n_prompt, "output_tokens": 0}}
-    yield send(("message_start", {"type": "message_start", "message": start}))
-    yield send(PING)
     blocks = ContentBlocks(run.plan.tools)
+    started = False
     async with contextlib.aclosing(run.events()) as events:
         async for item in events:
+            if (
+                not started
+                and isinstance(item, TokenEvent)
+                and item.finish_reason not in ("error", "cancelled")
+            ):
+                yield send(message_start(model, message_id, n_prompt, item))
+                started = True
             if isinstance(item, ToolExecuted):
                 out = blocks.tool_result(item)
             elif isinstance(item, TokenEvent):
@@ -236,9 +261,7 @@ async def agent_stream(
         return
     for event in blocks.close():
         yield send(event)
-    end = run_ending(body, blocks, final, run)
-    delta = {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]}
-    yield send(("message_delta", {"type": "message_delta", "delta": delta, "usage": end["usage"]}))
+    yield send(message_delta(run_ending(body, blocks, final, run)))
     yield send(("message_stop", {"type": "message_stop"}))
 
 

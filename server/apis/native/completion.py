@@ -5,6 +5,10 @@ A `prompt` is a string, a token array, a mixed array of tokens and strings (one 
 element its own generation, run side by side and answered as a list in the prompts' order (llama-server's
 `tokenize_input_prompts`). The reply carries the request's `generation_settings` and the prompt's text;
 `response_fields` keeps only the listed paths (`a/b` reads nested keys), each under its path.
+
+The reply's shapes are llama-server's (server-task.cpp): `native_partial` is a partial result's
+to_json_non_oaicompat (a token, or a prompt-progress update), `native_final` the final result's. The
+OpenAI routes put the same objects under `__verbose` (`verbose`, or the server's -v).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, field_validator
 
-from engine.api import GenerationRequest
-from server.chat.schemas import CompletionRequest
+from engine.api import GenerationRequest, TokenEvent
+from server.chat.generation import Outcome, openai_logprobs, stop_type
+from server.chat.schemas import CompletionRequest, GenerationFields
 from server.http import errors
 from server.model.host import ModelHost
 from server.model.prompts import PromptBuilder
@@ -48,6 +53,13 @@ class NativeCompletionRequest(CompletionRequest):
     @classmethod
     def _one_prompt(cls, v: Any) -> Any:  # several prompts are answered here: nothing to narrow
         return v
+
+    @field_validator("response_fields", mode="before")
+    @classmethod
+    def _paths_or_none(cls, v: Any) -> Any:
+        """Anything but a list of paths is no filter, as llama-server reads it (a 200 with the whole
+        reply, not a 400)."""
+        return v if isinstance(v, list) and all(isinstance(p, str) for p in v) else None
 
     def sub_prompts(self) -> list[SubPrompt]:
         """The prompts to answer: an array without tokens holds several, anything else is one."""
@@ -88,7 +100,7 @@ async def answer_all(body: NativeCompletionRequest, replies: list[Any]) -> list[
     return list(await asyncio.gather(*replies))
 
 
-def generation_settings(model: ModelHost, body: CompletionRequest, gen: GenerationRequest) -> dict[str, Any]:
+def generation_settings(model: ModelHost, body: GenerationFields, gen: GenerationRequest) -> dict[str, Any]:
     """llama-server's `generation_settings`: the sampling the request ran with and its limits; with
     ignore_eos the end-of-generation tokens are banned through logit_bias, as there."""
     p = gen.sampling
@@ -123,3 +135,87 @@ def nested_fields(paths: list[str], reply: dict[str, Any]) -> dict[str, Any]:
         else:
             kept[path] = value
     return kept
+
+
+def response_fields(body: GenerationFields) -> list[str] | None:
+    """The body's `response_fields` (llama-server reads it on every route: the OpenAI ones apply it to
+    `__verbose`); only a list of strings names fields."""
+    paths = getattr(body, "response_fields", None)
+    if paths is None:
+        paths = (body.model_extra or {}).get("response_fields")
+    if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
+        return paths
+    return None
+
+
+def native_partial(
+    event: TokenEvent, n_prompt: int, index: int = 0, timings: bool = True, probs: list[Any] | None = None
+) -> dict[str, Any]:
+    """A partial result as llama-server writes it: a token (its text and id), or a prompt-progress update
+    (no text, no token). `timings`: whether the event's timings go on it (the last token's carry them
+    only under timings_per_token or when a stop word ended the generation, as there)."""
+    part: dict[str, Any] = {
+        "index": index,
+        "content": event.text,
+        "tokens": [] if event.token is None else [event.token],
+        "stop": False,
+        "id_slot": event.id_slot,
+        "tokens_predicted": event.n_generated,
+        "tokens_evaluated": n_prompt,
+    }
+    if timings and event.timings is not None:
+        part["timings"] = event.timings.as_dict()
+    if event.progress is not None:
+        part["prompt_progress"] = event.progress.as_dict()
+    if probs:
+        part["completion_probabilities"] = probs
+    return part
+
+
+def partial_timings(event: TokenEvent, timings_per_token: bool) -> bool:
+    """Whether a token's partial result carries timings: every one under timings_per_token; else only
+    the last, and only when a stop word ended it (llama-server has set its stop by then; an end of
+    generation or the token limit is found after the partial went out)."""
+    return event.finish_reason is None or timings_per_token or event.stop_word is not None
+
+
+def native_final(
+    model: ModelHost,
+    body: GenerationFields,
+    gen: GenerationRequest,
+    final: TokenEvent | None,
+    index: int = 0,
+    whole: Outcome | None = None,
+    has_new_line: bool = False,
+    content: str | None = None,
+) -> dict[str, Any]:
+    """The final result as llama-server writes it (to_json_non_oaicompat), `response_fields` applied.
+    `whole`: the generation of a whole reply (its text, its tokens when `return_tokens` asks, its
+    probabilities); a stream's final result has none (they went out in the partial results).
+    `content`: the text the model wrote, where the reply's own text is parsed out of it (a chat)."""
+    t = final.timings if final else None
+    text = (whole.text if whole else "") if content is None else content
+    reply: dict[str, Any] = {
+        "index": index,
+        "content": text,
+        "tokens": whole.tokens if whole and getattr(body, "return_tokens", False) else [],
+        "id_slot": final.id_slot if final else -1,
+        "stop": True,
+        "model": model.settings.model_alias,
+        "tokens_predicted": t.predicted_n if t else 0,
+        "tokens_evaluated": len(gen.prompt_tokens),
+        "generation_settings": generation_settings(model, body, gen),
+        "prompt": model.prompts.detokenize(list(gen.prompt_tokens)),
+        "has_new_line": "\n" in text if whole else has_new_line,
+        "truncated": final.truncated if final else False,
+        "stop_type": stop_type(final),
+        "stopping_word": (final.stop_word or "") if final else "",
+        "tokens_cached": final.n_cells if final else 0,  # the slot's cells, as llama-server counts them
+        "timings": t.as_dict() if t else {},
+    }
+    if whole and gen.sampling.n_probs:
+        probs = openai_logprobs(model.prompts, whole.events)
+        if probs:
+            reply["completion_probabilities"] = probs
+    paths = response_fields(body)
+    return nested_fields(paths, reply) if paths else reply

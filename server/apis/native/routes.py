@@ -10,23 +10,17 @@ from typing import Any
 
 from quart import Blueprint
 
-from engine.api import ReasoningTags, TokenEvent
+from engine.api import GenerationRequest, ReasoningTags
 from server.agents.toolbox import Toolbox
 from server.apis.native.completion import (
     NativeCompletionRequest,
     answer_all,
-    generation_settings,
-    nested_fields,
+    native_final,
+    native_partial,
+    partial_timings,
     prompt_tokens,
 )
-from server.chat.generation import (
-    build_request,
-    collect,
-    new_id,
-    openai_logprobs,
-    raise_if_failed,
-    stop_type,
-)
+from server.chat.generation import build_request, collect, new_id, openai_logprobs, raise_if_failed
 from server.chat.job import chat_tokens, template_kwargs
 from server.chat.schemas import (
     ApplyTemplateRequest,
@@ -161,22 +155,6 @@ def reasoning_props(model: ModelHost) -> dict[str, Any]:
 
 
 # -- native completion -----------------------------------------------------------------------------
-def final_fields(model: ModelHost, final: TokenEvent | None, n_prompt: int) -> dict[str, Any]:
-    t = final.timings if final else None
-    return {
-        "model": model.settings.model_alias,
-        "stop": True,
-        "stop_type": stop_type(final),
-        "stopping_word": (final.stop_word or "") if final else "",
-        "tokens_predicted": t.predicted_n if t else 0,
-        "tokens_evaluated": n_prompt,
-        "tokens_cached": final.n_cells if final else 0,  # the slot's cells, as llama-server counts them
-        "truncated": final.truncated if final else False,
-        "id_slot": final.id_slot if final else -1,
-        "timings": t.as_dict() if t else {},
-    }
-
-
 @bp.post("/completion")
 @bp.post("/completions")
 async def completion() -> Any:
@@ -211,50 +189,27 @@ async def native_reply(model: ModelHost, body: CompletionRequest, prompt: Prompt
     """/completion's and /infill's reply: streamed, or whole (`response_fields` keeps some of it)."""
     n_probs = body.n_probs or body.logprobs or 0  # llama-server reads `logprobs` without `n_probs`
     gen = await build_request(model, body, prompt, n_probs, new_id("cmpl"))
-    n_prompt = len(prompt.tokens)
     if body.stream:
-        return sse.response(native_stream(model, body, gen, n_prompt))
+        return sse.response(native_stream(model, body, gen))
     out = await collect(model.client, gen)
-    reply = {
-        "index": index,
-        "content": out.text,
-        "tokens": out.tokens if body.return_tokens else [],  # llama-server keeps them only when asked
-        **final_fields(model, out.final, n_prompt),
-        "generation_settings": generation_settings(model, body, gen),
-        "prompt": model.prompts.detokenize(prompt.tokens),
-        "has_new_line": "\n" in out.text,
-    }
-    if n_probs:
-        reply["completion_probabilities"] = openai_logprobs(model.prompts, out.events)
-    paths = getattr(body, "response_fields", None)
-    return nested_fields(paths, reply) if paths else reply
+    return native_final(model, body, gen, out.final, index, whole=out)
 
 
 async def native_stream(
-    model: ModelHost, body: CompletionRequest, gen: Any, n_prompt: int
+    model: ModelHost, body: CompletionRequest, gen: GenerationRequest
 ) -> AsyncIterator[bytes]:
+    """llama-server's stream: a partial result per prompt-progress update and per token (the last
+    token's too), then the final result without text (it went out token by token)."""
+    n_prompt, has_new_line = len(gen.prompt_tokens), False
     async for event in model.client.events(gen):
         raise_if_failed(event)
-        if event.progress is not None:
-            timings = {} if event.timings is None else {"timings": event.timings.as_dict()}
-            yield sse.event({"prompt_progress": event.progress.as_dict(), **timings})
-            continue
-        chunk: dict[str, Any] = {
-            "content": event.text,
-            "tokens": [] if event.token is None else [event.token],
-        }
-        if gen.sampling.n_probs:
-            chunk["completion_probabilities"] = openai_logprobs(model.prompts, [event])
-        if body.timings_per_token and event.timings is not None:
-            chunk["timings"] = event.timings.as_dict()
-        if event.finish_reason is None:
-            chunk |= {"stop": False, "id_slot": event.id_slot}
-            yield sse.event(chunk)
-        else:
-            settings = {
-                "generation_settings": generation_settings(model, body, gen)
-            }  # as llama-server's last chunk
-            yield sse.event(chunk | final_fields(model, event, n_prompt) | settings)
+        has_new_line = has_new_line or "\n" in event.text
+        if event.finish_reason is None or event.token is not None:
+            probs = openai_logprobs(model.prompts, [event]) if gen.sampling.n_probs else None
+            timings = partial_timings(event, body.timings_per_token)
+            yield sse.event(native_partial(event, n_prompt, timings=timings, probs=probs))
+        if event.finish_reason is not None:
+            yield sse.event(native_final(model, body, gen, event, has_new_line=has_new_line))
 
 
 # -- tokens and templates --------------------------------------------------------------------------

@@ -14,13 +14,15 @@ from engine.api import GenerationRequest, TokenEvent
 from server.agents.loop import AgentPlan, AgentRun, RoundStarted, ToolExecuted, agent_plan
 from server.agents.requests import request_context
 from server.agents.toolbox import Toolbox
+from server.apis.native.completion import native_final, native_partial, partial_timings
 from server.apis.openai.chunks import (
     ChatChunks,
     base_fields,
     chat_choice,
     chat_error_event,
+    chat_verbose,
     final_reason,
-    verbose_fields,
+    wants_verbose,
 )
 from server.chat.choices import choice_requests, choices_usage, collect_choices, request_timings
 from server.chat.generation import (
@@ -35,7 +37,6 @@ from server.chat.generation import (
 from server.chat.job import ChatJob, chat_tokens, input_tokens, prepare_chat
 from server.chat.schemas import (
     ChatCompletionRequest,
-    GenerationFields,
     OpenAICompletionRequest,
     PredictRequest,
 )
@@ -100,8 +101,8 @@ async def chat_reply(model: ModelHost, body: ChatCompletionRequest) -> Any:
     }
     if out.timings:
         reply["timings"] = out.timings.as_dict()
-    if model.settings.verbose if body.verbose is None else body.verbose:
-        reply["__verbose"] = verbose_fields(job, out)
+    if wants_verbose(model, body):
+        reply["__verbose"] = chat_verbose(model, body, job.request, out)
     return reply
 
 
@@ -123,7 +124,7 @@ def chat_stream_of(
     """One chat's stream, its chunks carrying `ids` (fresh, or a journal's when regenerated)."""
     head = base_fields(model, "chat.completion.chunk", ids.reply_id, ids.created)
     lead = prefill_message(job.request) if job.streams_prefill else ("", "")
-    return chat_stream(model, body, job.request, head, job.n_prompt, lead)
+    return chat_stream(model, body, job.request, ChatChunks(model, body, head, lead), job.n_prompt)
 
 
 async def regenerate_chat(model: ModelHost, recipe: Recipe) -> AsyncIterator[bytes]:
@@ -139,19 +140,14 @@ def mcp_manager() -> Toolbox | None:
 
 
 async def chat_stream(
-    model: ModelHost,
-    body: ChatCompletionRequest,
-    gen: GenerationRequest,
-    head: dict[str, Any],
-    n_prompt: int,
-    lead: tuple[str, str] = ("", ""),
+    model: ModelHost, body: ChatCompletionRequest, gen: GenerationRequest, chunks: ChatChunks, n_prompt: int
 ) -> AsyncIterator[bytes]:
-    """One chat's stream; `lead`: the prefilled message's (content, reasoning), sent first (llama-server
-    sends a prefill the client did not name as continue_final_message, or with `echo`)."""
-    chunks = ChatChunks(model, body, head)
-    yield chunks.chunk({"role": "assistant", "content": None})
-    for data in chunks.lead(*lead):
-        yield data
+    """One chat's stream. Its role chunk (and the prefilled message's, `chunks.lead`: llama-server sends
+    a prefill the client did not name as continue_final_message, or with `echo`) opens it at once,
+    unless prompt-progress chunks are asked for: those come first, as llama-server's."""
+    if not body.return_progress:
+        for data in chunks.open():
+            yield data
     final: TokenEvent | None = None
     async for event in model.client.events(gen):
         raise_if_failed(event)
@@ -159,7 +155,7 @@ async def chat_stream(
             yield data
         if event.finish_reason is not None:
             final = event
-    for data in chunks.end(final, usage(n_prompt, final)):
+    for data in chunks.end(final, usage(n_prompt, final), verbose=chunks.verbose(gen, final)):
         yield data
 
 
@@ -173,7 +169,7 @@ async def chat_choices(
         head = base_fields(model, "chat.completion.chunk", completion_id, created)
         # Not deterministic as bytes: the choices' chunks interleave as they come.
         lead = prefill_message(job.request) if job.streams_prefill else ("", "")
-        stream = chat_choices_stream(model, body, requests, head, job.n_prompt, lead)
+        stream = chat_choices_stream(model, body, requests, ChatChunks(model, body, head, lead), job.n_prompt)
         return await streamed(stream, False, ReplyIds(completion_id, created))
     outs = await collect_choices(model.client, requests)
     finals = [out.final for out in outs]
@@ -186,6 +182,8 @@ async def chat_choices(
     timings = request_timings(finals)
     if timings is not None:
         reply["timings"] = timings.as_dict()
+    if wants_verbose(model, body):  # the first choice's, as llama-server answers n choices
+        reply["__verbose"] = chat_verbose(model, body, requests[0], outs[0])
     return reply
 
 
@@ -193,14 +191,11 @@ async def chat_choices_stream(
     model: ModelHost,
     body: ChatCompletionRequest,
     requests: list[GenerationRequest],
-    head: dict[str, Any],
+    chunks: ChatChunks,
     n_prompt: int,
-    lead: tuple[str, str] = ("", ""),
 ) -> AsyncIterator[bytes]:
-    chunks = ChatChunks(model, body, head)
-    for index in range(len(requests)):
-        yield chunks.chunk({"role": "assistant", "content": None}, index=index)
-        for data in chunks.lead(*lead, index=index):
+    for index in range(len(requests) if not body.return_progress else 0):
+        for data in chunks.open(index):
             yield data
     finals: list[TokenEvent | None] = [None] * len(requests)
     async for index, event in model.client.choice_events(requests):
@@ -209,7 +204,8 @@ async def chat_choices_stream(
             yield data
         if event.finish_reason is not None:
             finals[index] = event
-            yield chunks.finish(event, index)
+            for data in chunks.finish(event, index, verbose=chunks.verbose(requests[index], event, index)):
+                yield data
     for data in chunks.end(None, choices_usage(n_prompt, finals), n=len(requests)):
         yield data
 
@@ -248,8 +244,9 @@ async def agent_completion(
     }
     if out.timings:
         reply["timings"] = out.timings.as_dict()
-    if model.settings.verbose if body.verbose is None else body.verbose:
-        reply["__verbose"] = verbose_fields(run.rounds[-1].job, out) | {"rounds": run.verbose()}
+    if wants_verbose(model, body):
+        last = run.rounds[-1]
+        reply["__verbose"] = chat_verbose(model, body, last.job.request, out) | {"rounds": run.verbose()}
     return reply
 
 
@@ -259,7 +256,10 @@ async def agent_stream(run: AgentRun, chunks: ChatChunks) -> AsyncIterator[bytes
     async with contextlib.aclosing(run.events()) as events:
         async for item in events:
             if isinstance(item, RoundStarted):
-                yield chunks.chunk({"role": "assistant", "content": None})
+                chunks.reopen()
+                if not chunks.body.return_progress:  # else the round's progress chunks come first
+                    for data in chunks.open():
+                        yield data
             elif isinstance(item, ToolExecuted):
                 yield chunks.chunk(item.message())
             else:
@@ -269,7 +269,11 @@ async def agent_stream(run: AgentRun, chunks: ChatChunks) -> AsyncIterator[bytes
         yield sse.error_event(run.error.body())
         yield sse.DONE
         return
-    for data in chunks.end(run.final_outcome().final, run.usage()):
+    final = run.final_outcome().final
+    verbose = chunks.verbose(run.rounds[-1].job.request, final) if run.rounds else None
+    if verbose is not None:
+        verbose |= {"rounds": run.verbose()}
+    for data in chunks.end(final, run.usage(), verbose=verbose):
         yield data
 
 
@@ -286,7 +290,7 @@ async def completions() -> Any:
     head = base_fields(model, "text_completion", completion_id, created)
     prefix = body.prompt if body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
-        stream = completion_stream(model, body, requests, head, len(prompt.tokens), prefix)
+        stream = completion_stream(model, body, requests, head, prefix)
         return sse.response(stream, frame=chat_error_event)
     client = model.client
     outs = await collect_choices(client, requests) if len(requests) > 1 else [await collect(client, gen)]
@@ -303,6 +307,8 @@ async def completions() -> Any:
         choices.append(choice)
     finals = [out.final for out in outs]
     reply = {**head, "choices": choices, "usage": choices_usage(len(prompt.tokens), finals)}
+    if wants_verbose(model, body):  # the first choice's, as llama-server answers n choices
+        reply["__verbose"] = native_final(model, body, requests[0], outs[0].final, whole=outs[0])
     timings = request_timings(finals)
     if timings is not None:
         reply["timings"] = timings.as_dict()
@@ -327,28 +333,47 @@ async def completion_prompt(model: ModelHost, raw: Any) -> tuple[OpenAICompletio
 
 async def completion_stream(
     model: ModelHost,
-    body: GenerationFields,
+    body: OpenAICompletionRequest,
     requests: list[GenerationRequest],
     head: dict[str, Any],
-    n_prompt: int,
     prefix: str,
 ) -> AsyncIterator[bytes]:
-    def chunk(text: str, finish: str | None, index: int) -> bytes:
-        choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
-        return sse.event({**head, "choices": [choice]})
+    """llama-server's completions stream: a chunk per prompt-progress update and per token (the last
+    token's too; logprobs and, under timings_per_token, timings on each), then each choice's final chunk
+    without text, with its usage and timings (whatever stream_options says: llama-server writes no
+    separate usage chunk here). With `verbose` each chunk carries /completion's result as `__verbose`."""
+    verbose = wants_verbose(model, body)
+    n_prompt = len(requests[0].prompt_tokens)
+    new_line = [False] * len(requests)
+
+    def chunk(index: int, text: str, finish: str | None = None, logprobs: Any = None, **top: Any) -> bytes:
+        choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+        return sse.event({**head, "choices": [choice], **top})
 
     for index in range(len(requests) if prefix else 0):
-        yield chunk(prefix, None, index)
-    finals: list[TokenEvent | None] = [None] * len(requests)
+        yield chunk(index, prefix)
     async for index, event in indexed_events(model, requests):
         raise_if_failed(event)
+        new_line[index] = new_line[index] or "\n" in event.text
+        if event.finish_reason is None or event.token is not None:
+            probs = openai_logprobs(model.prompts, [event]) if requests[index].sampling.n_probs else []
+            timed = partial_timings(event, body.timings_per_token)
+            top: dict[str, Any] = {}
+            if verbose:
+                top["__verbose"] = native_partial(event, n_prompt, index, timed, probs)
+            if timed and event.timings is not None:
+                top["timings"] = event.timings.as_dict()
+            if event.progress is not None:
+                top["prompt_progress"] = event.progress.as_dict()
+            yield chunk(index, event.text, None, {"content": probs} if probs else None, **top)
         if event.finish_reason is not None:
-            finals[index] = event
-            yield chunk(event.text, final_reason(event), index)
-        elif event.text:
-            yield chunk(event.text, None, index)
-    if (body.stream_options or {}).get("include_usage"):
-        yield sse.event({**head, "choices": [], "usage": choices_usage(n_prompt, finals)})
+            top = {"usage": usage(n_prompt, event)}
+            if verbose:
+                gen = requests[index]
+                top["__verbose"] = native_final(model, body, gen, event, index, has_new_line=new_line[index])
+            if event.timings is not None:
+                top["timings"] = event.timings.as_dict()
+            yield chunk(index, "", final_reason(event), **top)
     yield sse.DONE
 
 
