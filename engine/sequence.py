@@ -165,6 +165,10 @@ class Sequence:
         is_eog = token in self.eog_ids and not self.request.ignore_eos
         text, stop_word = ("", None) if is_eog else self.stopper.push(self.decoder.push(token))
         finish = self._finish_reason(is_eog or stop_word is not None or grammar_done, room)
+        if grammar_done and not is_eog and stop_word is None and not self.request.ignore_eos:
+            # llama.cpp samples the end-of-generation token a complete grammar leaves, one more step,
+            # and counts it (tokens_predicted, completion_tokens); Llamba ends without the step.
+            self.n_generated += 1
         finish = finish or _timed_out(self.request, self.t_prompt_done, text)
         if finish and stop_word is None:
             text += self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()

@@ -69,7 +69,7 @@ def test_field_statuses_follow_the_schemas() -> None:
     body = next(b for b in BODIES if b.routes == "/v1/completions")
     assert field_status(body, "suffix") == "implemented"
     assert field_status(body, "user").startswith("accepted: metadata")
-    assert field_status(body, "best_of").startswith("not implemented: accepted only at `1`")
+    assert field_status(body, "best_of").startswith("accepted, no effect: llama-server does not read it")
     chat = next(b for b in BODIES if b.routes == "/v1/chat/completions")
     assert field_status(chat, "verbosity").startswith("not implemented: accepted only at `'medium'`")
     native = next(b for b in BODIES if b.routes == "/completion")

@@ -182,7 +182,7 @@ def test_a_model_without_fim_tokens_answers_501(server: ServerProcess) -> None:
         ({**AB, "input_extra": [{"filename": "f"}]}, "input_extra.0.text"),
         ({**AB, "input_extra": [{"text": "x", "filename": 1}]},
          "input_extra.0.filename"),
-        ({**AB, "temperature": -1}, "temperature"),
+        ({**AB, "n_predict": -2}, "n_predict"),
         ({**AB, "echo": True}, "echo"),
     ],
 )  # fmt: skip

@@ -107,10 +107,23 @@ def test_t_max_predict_ms_ends_a_long_generation_at_a_line_end(server: ServerPro
     assert unlimited["tokens_predicted"] == 60  # 0: no limit
 
 
-def test_minus_one_windows_mean_the_slots_context(server: ServerProcess) -> None:
-    body = {"prompt": "Hi", "n_predict": 1, "repeat_last_n": -1, "dry_penalty_last_n": -1}
-    settings = post(server, "/completion", body).json()["generation_settings"]
-    assert settings["repeat_last_n"] == settings["dry_penalty_last_n"] == 1024  # -c 4096 over 4 slots
+def test_values_follow_llama_servers_limits_and_types(server: ServerProcess) -> None:
+    """server-schema.cpp's rules: a hard limit is a 400 (a request's -1 window too, 0c1e570), a soft one
+    clamps, null is the default, a wrong JSON type is a 400 (tests/test_llama_server_fields.py has
+    every field against the real llama-server)."""
+    body = {"prompt": "Hi", "n_predict": 1}
+    for bad in ({"repeat_last_n": -1}, {"dry_penalty_last_n": -1}, {"n_cache_reuse": -1}, {"stream": "yes"}):
+        reply = post(server, "/completion", {**body, **bad})
+        assert reply.status_code == 400 and f"Field '{next(iter(bad))}'" in reply.text, reply.text
+    clamped = {"top_p": 1.5, "min_p": -1, "temperature": -0.5, "mirostat": 7, "top_k": None, "dry_base": 0.5}
+    settings = post(server, "/completion", {**body, **clamped}).json()["generation_settings"]
+    assert (settings["top_p"], settings["min_p"], settings["temperature"], settings["mirostat"]) == (
+        1,
+        0,
+        0,
+        2,
+    )
+    assert settings["top_k"] == 40 and settings["dry_base"] == 1.75  # the server's defaults
 
 
 def test_n_discard_sets_what_a_context_shift_drops() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from engine.api import SamplingParams
+from server.chat import llama_field_rules
 from server.chat.tool_schemas import ConstraintFields, ToolFields
 from server.chat.unsupported import unsupported
 from server.http import errors
@@ -31,6 +32,7 @@ class GenerationFields(ConstraintFields):
     """Fields shared by every generation route (OpenAI names and llama-server's native ones)."""
 
     model_config = ConfigDict(extra="allow")
+    IS_CHAT: ClassVar[bool] = False  # a chat body (its template's parser wins over `chat_parser`)
 
     model: str | None = None
     stream: bool = False
@@ -44,9 +46,9 @@ class GenerationFields(ConstraintFields):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     repeat_penalty: float | None = Field(default=None, gt=0.0)
-    repeat_last_n: int | None = Field(default=None, ge=-1)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repeat_last_n: int | None = Field(default=None, ge=0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float | bool] | list[list[Any]] | None = None
     # llama-server's samplers beyond the default chain (engine/sampling/params.py says what each does)
     typical_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -59,7 +61,7 @@ class GenerationFields(ConstraintFields):
     dry_multiplier: float | None = Field(default=None, ge=0.0)
     dry_base: float | None = Field(default=None, ge=1.0)
     dry_allowed_length: int | None = Field(default=None, ge=0)
-    dry_penalty_last_n: int | None = Field(default=None, ge=-1)
+    dry_penalty_last_n: int | None = Field(default=None, ge=0)
     dry_sequence_breakers: list[str] | None = Field(default=None, min_length=1)
     mirostat: int | None = Field(default=None, ge=0, le=2)
     mirostat_tau: float | None = Field(default=None, ge=0.0)
@@ -79,7 +81,7 @@ class GenerationFields(ConstraintFields):
     return_progress: bool = False
     # llama-server's time limit on generation: past this many ms after the first token, the next token
     # whose text holds a newline ends it (stop_type limit; <= 0: none).
-    t_max_predict_ms: int = -1
+    t_max_predict_ms: int = Field(default=-1, ge=-1)
     # tokens a context shift drops after the kept ones (0: half of the rest), as llama-server's n_discard
     n_discard: int = Field(default=0, ge=0)
     # tokens of the prompt a context shift keeps (-1: all; llama-server adds one where the model adds
@@ -94,6 +96,12 @@ class GenerationFields(ConstraintFields):
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max")
     speculative_n_min: int | None = Field(default=None, alias="speculative.n_min")
     speculative_p_min: float | None = Field(default=None, alias="speculative.p_min")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llama_rules(cls, data: Any) -> Any:
+        """llama-server's value rules (server/chat/llama_field_rules.py): nulls, JSON types, limits."""
+        return llama_field_rules.apply(data, chat=cls.IS_CHAT) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _extra_fields(self) -> GenerationFields:
@@ -119,10 +127,11 @@ class GenerationFields(ConstraintFields):
 
     def max_new_tokens(self, server_default: int) -> int:
         """The tokens to generate: the body's, else (absent or -1) the server's -n; as llama-server
-        (0c1e570), "the per-request limit takes priority over the global one". Beyond the context,
-        generation ends at the context's end (finish_reason "length")."""
+        (0c1e570), "the per-request limit takes priority over the global one", its names read in its
+        order (n_predict, then max_completion_tokens, then max_tokens). Beyond the context, generation
+        ends at the context's end (finish_reason "length")."""
         asked = next(
-            (v for v in (self.max_completion_tokens, self.max_tokens, self.n_predict) if v is not None), None
+            (v for v in (self.n_predict, self.max_completion_tokens, self.max_tokens) if v is not None), None
         )
         return server_default if asked is None or asked < 0 else asked
 
@@ -226,6 +235,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(GenerationFields, ToolFields):
+    IS_CHAT: ClassVar[bool] = True
+
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -48,6 +48,8 @@ ACCEPTED: dict[str, str] = {
     "t_max_prompt_ms": "llama-server does not read it either (a TODO there)",
     "return_tokens": "read by /completion and /infill (a whole reply's `tokens`); the OpenAI and Anthropic "
     "shapes have no place for token ids",
+    "best_of": "llama-server does not read it either (OpenAI's legacy completions field): one completion "
+    "per choice, none discarded",
     "response_fields": "llama-server applies it to /completion's and /infill's native reply only (both "
     "implement it here); the OpenAI shapes do not read it",
 }
@@ -59,7 +61,6 @@ NOT_YET: dict[str, Any] = {
     "image_data": [],
     "preserved_tokens": [],
     "suffix": None,  # /v1/completions' insertion point (llama-server's /infill)
-    "best_of": 1,
     # OpenAI's
     "functions": None,  # use tools
     "function_call": None,  # use tool_choice
