@@ -83,7 +83,7 @@ class Scheduler:
                 still_waiting.append((request, emit))
                 continue
             reuse = self.pool.claim(slot, request)
-            n_keep = self._keep_asked(request)
+            n_keep = _keep_asked(request, self.n_keep)
             slot_log.launched(slot, self.pool.kv.n_ctx, n_keep, len(request.prompt_tokens), reuse)
             if isinstance(request, EmbeddingRequest):
                 slot.seq = EmbeddingSequence(
@@ -194,18 +194,11 @@ class Scheduler:
                 self.pool.release(held)
         self.pool.release(slot)
 
-    def _keep_asked(self, request: Request) -> int:
-        """The request's n_keep as it asked (llama-server's task param), else the engine's."""
-        asked = request.n_keep if isinstance(request, GenerationRequest) else None
-        return self.n_keep if asked is None else asked
-
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
         n_past = len(slot.tokens)
-        request = seq.request
-        n_keep = keep_count(
-            self._keep_asked(request), len(request.prompt_tokens), self.tokenizer.add_bos, self.pool.kv.n_ctx
+        n_keep = min(
+            _shift_keep(seq.request, self.n_keep, self.tokenizer.add_bos, self.pool.kv.n_ctx), n_past - 2
         )
-        n_keep = min(n_keep, n_past - 2)
         n_discard = discard_count(n_past, n_keep, seq.request.n_discard)
         assert self.shift_kv is not None
         self.shift_kv(slot.id, n_keep + n_discard, n_past, -n_discard)
@@ -246,3 +239,14 @@ class Scheduler:
         for slot in self.pool.busy():
             if slot.seq is not None:
                 self.cancel(slot.seq.request.request_id, reason, error)
+
+
+def _keep_asked(request: Request, default: int) -> int:
+    """The request's n_keep as it asked (llama-server's task param), else the engine's `default`."""
+    asked = request.n_keep if isinstance(request, GenerationRequest) else None
+    return default if asked is None else asked
+
+
+def _shift_keep(request: GenerationRequest, default: int, add_bos: bool, n_ctx: int) -> int:
+    """The tokens a context shift keeps, as llama-server counts them (engine/context_shift.py)."""
+    return keep_count(_keep_asked(request, default), len(request.prompt_tokens), add_bos, n_ctx)

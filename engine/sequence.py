@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.api import ControlResult, GenerationRequest, PromptProgress, Timings, TokenEvent
 from engine.grammar import GrammarMatcher
-from engine.sampling import DryVocabulary, Sampler
+from engine.sampling import DryVocabulary, Sampler, SamplingParams
 from engine.speculative import SpecParams
 from engine.speculative.policy import AcceptanceRate
 from engine.text.answer import AnswerReaders, answer_decoder, answer_readers
@@ -158,7 +158,7 @@ class Sequence:
             token, forced = _rejection_sample(self.grammar, self.sampler, logits, self._next_token, draft)
         else:
             token, forced = self._next_token(logits, draft)
-        probs = self._probs(logits, token, forced)
+        probs = _token_probs(self.request.sampling, self.sampler, logits, token, forced)
         self.sampler.accept(token)
         self.n_generated += 1
         grammar_done = constrained and self._grammar_accepts(token)
@@ -233,22 +233,6 @@ class Sequence:
         self.n_tool_calls = max([self.n_tool_calls, *(d.index + 1 for d in parsed.tool_calls)])
         return parsed
 
-    def _probs(self, logits: np.ndarray, token: int, forced: bool) -> dict:
-        """The token's probability and the n_probs best: of the raw logits (log-probabilities), or, with
-        post_sampling_probs, of what the chain drew from (a forced token had probability 1)."""
-        sampling = self.request.sampling
-        if not sampling.n_probs:
-            return {}
-        if not sampling.post_sampling_probs:
-            return {
-                "logprob": self.sampler.token_logprob(logits, token),
-                "top_logprobs": tuple(self.sampler.top_logprobs(logits, sampling.n_probs)),
-            }
-        if forced or self.sampler.last is None:
-            return {"prob": 1.0, "top_probs": ((token, 1.0),)}
-        drawn = self.sampler.last
-        return {"prob": drawn.prob(token), "top_probs": tuple(drawn.top(sampling.n_probs))}
-
     # -- other events ----------------------------------------------------------------------------
     def progress(self) -> TokenEvent:
         """A prompt-progress event (llama-server's): at the start (processed == cache), after each chunk."""
@@ -284,6 +268,24 @@ class Sequence:
         result, tokens = self.reasoning.end_now()
         self.forced.extend(tokens)
         return result
+
+
+def _token_probs(
+    sampling: SamplingParams, sampler: Sampler, logits: np.ndarray, token: int, forced: bool
+) -> dict:
+    """The token's probability and the n_probs best: of the raw logits (log-probabilities), or, with
+    post_sampling_probs, of what the chain drew from (a forced token had probability 1)."""
+    if not sampling.n_probs:
+        return {}
+    if not sampling.post_sampling_probs:
+        return {
+            "logprob": sampler.token_logprob(logits, token),
+            "top_logprobs": tuple(sampler.top_logprobs(logits, sampling.n_probs)),
+        }
+    if forced or sampler.last is None:
+        return {"prob": 1.0, "top_probs": ((token, 1.0),)}
+    drawn = sampler.last
+    return {"prob": drawn.prob(token), "top_probs": tuple(drawn.top(sampling.n_probs))}
 
 
 def _rejection_sample(

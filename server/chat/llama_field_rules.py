@@ -3,7 +3,8 @@ validated (tools/server/server-schema.cpp, 0c1e570, `make_llama_cmpl_schema` and
 
 - null is absent: a client sends null to ask for the server's default (`has_value`).
 - A value of the wrong JSON type is a 400 (nlohmann's type_error: a string for a number, "yes" for a
-  boolean); a number where an integer is read is truncated, as `get<int32_t>()` does.
+  boolean); a number where an integer is read is truncated, and a boolean read as a number is 0 or 1,
+  as nlohmann's `get<int32_t>()` does.
 - A number outside a *hard* limit is a 400; outside a *soft* limit it is clamped (`top_p: 1.5` is 1).
 - `dry_base` below 1 is the server's default; a negative `n_probs` asks for no probabilities.
 - `reasoning_format` must name a format; `chat_parser` must be JSON (a serialized parser).
@@ -120,10 +121,10 @@ def _checked(name: str, value: Any, numbers: frozenset[str]) -> Any:
             raise ValueError("Field 'chat_parser': not a serialized parser (JSON)") from None
     if name not in numbers:
         return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not isinstance(value, int | float):
         raise ValueError(_type_error(name, "number", value))
-    if name in _INTEGERS and isinstance(value, float):
-        value = int(value)  # get<int32_t>() truncates
+    if isinstance(value, bool) or (name in _INTEGERS and isinstance(value, float)):
+        value = int(value)  # nlohmann's get<int32_t>() truncates, and reads true as 1
     if name in HARD:
         low, high = HARD[name]
         if value < low or (high is not None and value > high):

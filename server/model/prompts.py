@@ -13,7 +13,6 @@ import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import Any
 
 import anyio
@@ -122,6 +121,31 @@ def _call_as_given(call: Any) -> Any:
     return given
 
 
+def _history_as_given(template: ChatTemplate) -> ChatTemplate:
+    """The template with the conversation's tool calls and tool results rendered as they come, for a
+    template without tool support whose chat leaves the tools out (tool_choice auto or none): as
+    llama-server 0c1e570, which has no polyfills, hands them to such a template (SmolLM2's shows an
+    empty assistant turn and a `tool` turn with the result). Where Llamba describes the tools itself
+    (llama.cpp's generic JSON format: `required`, a named function, the tool loop's rounds) the
+    template's own view polyfills them, so the model sees earlier calls as the JSON it is asked to
+    write (engine/text/template_caps.py). Only the tool-history polyfills are off: object arguments
+    and a system turn merged into the next are as the template's probe found. A shallow copy: the
+    compiled template is shared."""
+    view = copy.copy(template)
+    caps = replace(template.caps, supports_tool_calls=True, supports_tool_responses=True)
+    view.__dict__["caps"] = caps  # over the template's cached probe (a cached_property)
+    return view
+
+
+def _continuation(fmt: ToolCallFormat, source: str) -> Callable[[str, str, Prefill], tuple[str, str]]:
+    """How a prefilled assistant message continues, in the format's words (its reasoning tags, else the
+    template `source`'s)."""
+    tags = fmt.reasoning_tags or detect_tags(source)
+    return lambda prompt, generation_prompt, prefill: fmt.continue_prompt(
+        prompt, generation_prompt, prefill, tags
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class PromptBuilder:
     """One loaded model's prompts: made of what the load left immutable, so any task may use it."""
@@ -198,7 +222,7 @@ class PromptBuilder:
             messages = fmt.prepare_messages(messages, tools)
             kwargs = fmt.template_context(tools) | kwargs
         elif not self.describes_tools:  # tools left out: the history as llama-server gives it
-            messages, template = [_as_llama_server_gives(m) for m in messages], self._history_as_given
+            messages, template = [_as_llama_server_gives(m) for m in messages], _history_as_given(template)
         elif self.tool_format.prepares_messages_without_tools:  # GPT-OSS: past reasoning, tools or not
             messages = self.tool_format.prepare_messages(messages, ())
         try:
@@ -208,7 +232,7 @@ class PromptBuilder:
                 tools=tools,
                 with_starts=False,
                 continue_final_message=chat.continue_final_message,
-                continuation=self._continuation(fmt or self.tool_format),
+                continuation=_continuation(fmt or self.tool_format, self.template.source),
                 **kwargs,
             )
         except (ChatTemplateError, ValueError) as exc:
@@ -220,27 +244,6 @@ class PromptBuilder:
             )
             rendered = replace(rendered, text=text)
         return rendered
-
-    @cached_property
-    def _history_as_given(self) -> ChatTemplate:
-        """The template with the conversation's tool calls and tool results rendered as they come, for a
-        template without tool support whose chat leaves the tools out (tool_choice auto or none): as
-        llama-server 0c1e570, which has no polyfills, hands them to such a template (SmolLM2's shows an
-        empty assistant turn and a `tool` turn with the result). Where Llamba describes the tools itself
-        (llama.cpp's generic JSON format: `required`, a named function, the tool loop's rounds) the
-        template's own view polyfills them, so the model sees earlier calls as the JSON it is asked to
-        write (engine/text/template_caps.py). Only the tool-history polyfills are off: object arguments
-        and a system turn merged into the next are as the template's probe found."""
-        view = copy.copy(self.template)
-        caps = replace(self.template.caps, supports_tool_calls=True, supports_tool_responses=True)
-        view.__dict__["caps"] = caps  # over the template's cached probe (a cached_property)
-        return view
-
-    def _continuation(self, fmt: ToolCallFormat) -> Callable[[str, str, Prefill], tuple[str, str]]:
-        tags = fmt.reasoning_tags or detect_tags(self.template.source)
-        return lambda prompt, generation_prompt, prefill: fmt.continue_prompt(
-            prompt, generation_prompt, prefill, tags
-        )
 
     async def chat(self, chat: ChatInput, fit: bool = True, n_keep: int | None = None) -> Prompt:
         """A chat's prompt in one pass: rendered, tokenized, fitted to the context (`fit` False: as token
