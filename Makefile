@@ -8,7 +8,7 @@ PYTEST_ARGS ?= --durations=20
 export NUMBA_CACHE_DIR ?= $(HOME)/.cache/llamba/numba
 
 .PHONY: serve test test-all models reference browser bench cuda-check lint format clean cluster-demo \
-	llama-server-tests
+	llama-server-tests llama-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -62,6 +62,11 @@ test-all: models browser
 llama-server-tests: $(STAMP)
 	$(BIN)/llamba-models fetch smollm2 gemma3
 	scripts/llama_server_tests/run.sh
+
+# llama.cpp's own llama-server (0c1e570, from the reference sdist): what the side-by-side goldens are
+# recorded against (scripts/llama_server_fields.py, scripts/llama_server_clients). ~20 minutes on 2 cores.
+llama-server: $(STAMP)
+	scripts/build_llama_server.sh
 
 bench: models
 	$(BIN)/llamba-bench -p 512 -n 128 -t 2

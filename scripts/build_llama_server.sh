@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own llama-server (0c1e570, from the llama-cpp-python 0.3.36 sdist that `make reference`
+# fetches and checks) into the reference folder's llama-server-build/bin/llama-server: the reference the
+# side-by-side goldens are recorded against (scripts/llama_server_fields.py, scripts/llama_server_clients).
+# About 20 minutes on 2 cores. Run it as `make llama-server`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SDIST="$(.venv/bin/python -c "from engine.reference_data import fetch_sdist; print(fetch_sdist())")"
+REF="$(dirname "$SDIST")"
+SRC="$REF/llama.cpp-0c1e570"
+BUILD="$REF/llama-server-build"
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  mkdir -p "$SRC"
+  tar -xzf "$SDIST" -C "$SRC" --strip-components=3 llama_cpp_python-0.3.36/vendor/llama.cpp
+fi
+cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
+ninja -C "$BUILD" llama-server
+echo "$BUILD/bin/llama-server"
+# On a VM that lists AMX without enabling its tiles, run it with LLAMA_ARG_REPACK=0 (--no-repack), and
+# with OMP_WAIT_POLICY=PASSIVE on a busy 2-core machine.
