@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from engine.api import TokenEvent
 from engine.handle import RequestHandle
@@ -90,7 +91,9 @@ def test_the_requests_n_predict_wins_over_the_servers_as_llama_server_does() -> 
     assert CompletionRequest(n_predict=-1).max_new_tokens(64) == 64
     assert CompletionRequest().max_new_tokens(64) == 64
     assert CompletionRequest(n_predict=10).max_new_tokens(64) == 10
-    assert CompletionRequest(n_predict=10**30).max_new_tokens(-1) == 10**30  # the context ends it
+    assert CompletionRequest(n_predict=2**31 - 1).max_new_tokens(-1) == 2**31 - 1  # the context ends it
+    with pytest.raises(ValidationError, match="Field 'n_predict': Value must be between"):
+        CompletionRequest(n_predict=10**30)  # past llama-server's hard limit (INT32_MAX)
     assert CompletionRequest().max_new_tokens(-1) == -1
 
 
