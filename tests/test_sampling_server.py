@@ -159,17 +159,14 @@ def test_a_seeded_non_default_chain_repeats(server: ServerProcess) -> None:
     assert first["tokens"] == again["tokens"]
 
 
+# (values past a soft limit of llama-server's are clamped, not refused: `typical_p: 1.5` is 1,
+# `mirostat: 3` is 2, `dry_base: 0.5` the default; test_soft_limits_clamp_as_llama_server_does)
 BAD_FIELDS = [
-    ("typical_p", 1.5),
     ("typical_p", "x"),
-    ("xtc_probability", -0.1),
-    ("xtc_threshold", 2),
-    ("mirostat", 3),
     ("mirostat", "x"),
     ("mirostat_tau", -1),
     ("mirostat_eta", -1),
     ("dry_multiplier", -1),
-    ("dry_base", 0.5),
     ("dry_allowed_length", -1),
     ("dry_penalty_last_n", -2),
     ("dry_sequence_breakers", []),
@@ -201,6 +198,22 @@ def test_bad_sampler_values_are_400_naming_the_field(server: ServerProcess, fiel
         assert reply.status_code == 400, reply.text
         error = reply.json()["error"]
         assert error["type"] == "invalid_request_error" and field in error["message"], error
+
+
+def test_soft_limits_clamp_as_llama_server_does(server: ServerProcess) -> None:
+    """server-schema.cpp's set_limits: a value past a soft limit is clamped (a hard limit is a 400)."""
+    asked = {"typical_p": 1.5, "xtc_probability": -0.1, "xtc_threshold": 2, "mirostat": 3, "dry_base": 0.5}
+    reply = httpx.post(server.base_url + "/completion", json={"prompt": "hi", "n_predict": 2, **asked})
+    assert reply.status_code == 200, reply.text
+    settings = reply.json()["generation_settings"]
+    clamped = {
+        "typical_p": 1.0,
+        "xtc_probability": 0.0,
+        "xtc_threshold": 1.0,
+        "mirostat": 2,
+        "dry_base": 1.75,
+    }
+    assert {name: settings[name] for name in clamped} == clamped
 
 
 def test_the_sampling_flags_set_the_defaults() -> None:
