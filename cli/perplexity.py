@@ -20,8 +20,8 @@ import numpy as np
 
 from cli import quiet_engine_logs
 from engine.batch import Batch, BatchPart
-from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.llm import LLM
+from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def _write_cells(cache: np.ndarray, seq_id: int, cells: np.ndarray) -> None:
 
 
 def _gather_cells(cells: np.ndarray, start: int, n: int, head_dim: int) -> np.ndarray:
-    if cells.dtype == np.uint8:  # q8_0 (engine/kv_types.py)
+    if cells.dtype == np.uint8:  # q8_0 (engine/memory/kv_types.py)
         from engine.cpu.kv_cells import gather_q8_0
 
         out = np.empty((n, cells.shape[0], head_dim), np.float32)

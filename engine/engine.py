@@ -25,12 +25,12 @@ import structlog
 from engine.api import ControlResult, EmbeddingRequest, EngineSnapshot, GenerationRequest
 from engine.batch import Batch, BatchPart
 from engine.handle import RequestHandle
-from engine.kv import CacheTypes
-from engine.kv_types import cache_type
 from engine.llm import LLM
-from engine.prompt_cache import PromptCache, mib_to_bytes
+from engine.memory.kv import CacheTypes
+from engine.memory.kv_types import cache_type
+from engine.memory.prompt_cache import PromptCache, mib_to_bytes
+from engine.memory.slot_files import ModelIdentity, slot_action
 from engine.scheduler import Scheduler
-from engine.slot_files import ModelIdentity, slot_action
 from engine.slots import SlotPool
 from engine.speculative.draft import DraftModel
 from engine.speculative.setup import speculation
@@ -63,7 +63,7 @@ class EngineConfig:
     cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
     context_shift: bool = False  # when a slot fills during generation, drop half of its context
     n_keep: int = 0  # tokens kept at the start by a context shift
-    cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/kv_types.py: f16, q8_0)
+    cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/memory/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
     n_threads: int = 0  # compute threads of the engine thread (Numba's are per thread); 0: Numba's default
     adaptive_threads: bool = True  # fewer threads while other programs take the cores (engine/threads.py)
@@ -214,7 +214,7 @@ class Engine:
         return self.call(lambda: self.scheduler.control(request_id, action))
 
     def slot_action(self, slot_id: int, action: str, path: Path | None) -> concurrent.futures.Future[dict]:
-        """save/restore/erase a slot's cells (engine/slot_files.py) at the next step."""
+        """save/restore/erase a slot's cells (engine/memory/slot_files.py) at the next step."""
         return self.call(lambda: slot_action(self.pool[slot_id], self.kv, self.identity, action, path))
 
     # -- engine thread ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from engine.backend import Backend, select_backend
 from engine.batch import Batch, BatchPart
 from engine.ftype import ftype_name
 from engine.gguf import GGUFFile
-from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
+from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
 from engine.text.tokenizer import Tokenizer

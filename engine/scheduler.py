@@ -17,9 +17,9 @@ from engine import slot_log
 from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, Timings, TokenEvent
 from engine.batch import Batch, BatchPart
 from engine.choices import Choices
-from engine.context_shift import discard_count, keep_count
 from engine.embedding import EmbeddingSequence, RankHead
 from engine.grammar import prefetch_masks
+from engine.memory.context_shift import discard_count, keep_count
 from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
 from engine.slots import Slot, SlotPool
@@ -248,5 +248,5 @@ def _keep_asked(request: Request, default: int) -> int:
 
 
 def _shift_keep(request: GenerationRequest, default: int, add_bos: bool, n_ctx: int) -> int:
-    """The tokens a context shift keeps, as llama-server counts them (engine/context_shift.py)."""
+    """The tokens a context shift keeps, as llama-server counts them (engine/memory/context_shift.py)."""
     return keep_count(_keep_asked(request, default), len(request.prompt_tokens), add_bos, n_ctx)

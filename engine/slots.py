@@ -17,8 +17,8 @@ import structlog
 
 from engine import slot_log
 from engine.api import EmbeddingRequest, GenerationRequest, SlotProgress, SlotSnapshot
-from engine.kv import KVCache
-from engine.prompt_cache import PromptCache, common_prefix
+from engine.memory.kv import KVCache
+from engine.memory.prompt_cache import PromptCache, common_prefix
 
 if TYPE_CHECKING:
     from engine.embedding import EmbeddingSequence
@@ -123,7 +123,7 @@ class SlotPool:
         if self.prompt_cache is not None:
             self._save_replaced(slot, reuse)
             if request.cache_prompt:
-                log.debug("engine.prompt_cache", slot=slot.id, detail="updating prompt cache")
+                log.debug("engine.memory.prompt_cache", slot=slot.id, detail="updating prompt cache")
                 reuse = self._load_cached(slot, prompt, reuse)
         if self.clear_idle:
             self._clear_idle(slot)

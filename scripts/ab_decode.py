@@ -30,7 +30,7 @@ import engine  # noqa: F401  (pins the threading environment before numba loads)
 from engine.backend import cpu_backend
 from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile
-from engine.kv import KVCache
+from engine.memory.kv import KVCache
 from engine.model_files import resolve
 from engine.models import LlamaModel, load_model
 

@@ -20,7 +20,7 @@ import numpy as np
 import engine  # noqa: F401  (pins the threading environment before numba loads)
 from engine.cpu import ops
 from engine.gguf import GGUFFile
-from engine.kv_types import F16, Q8_0, CacheType, quantize_q8_0_reference
+from engine.memory.kv_types import F16, Q8_0, CacheType, quantize_q8_0_reference
 from engine.model_files import resolve
 from engine.models.hparams import HParams
 

@@ -15,9 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
 
 from cli.perplexity import perplexity  # noqa: E402
-from engine.kv import CacheTypes  # noqa: E402
-from engine.kv_types import cache_type  # noqa: E402
 from engine.llm import LLM  # noqa: E402
+from engine.memory.kv import CacheTypes  # noqa: E402
+from engine.memory.kv_types import cache_type  # noqa: E402
 from tests.conftest import GPL3, load_golden  # noqa: E402
 from tests.test_model import teacher_forced_agreement  # noqa: E402
 

@@ -22,8 +22,8 @@ from cli.bench.runner import _on_own_thread, _turns, run
 from cli.bench.spec import all_active_rate
 from cli.bench_serve import REPEAT_TEXT, workload_prompts
 from engine.batch import Batch
-from engine.kv import KVCache
 from engine.llm import LLM
+from engine.memory.kv import KVCache
 
 # ---------------------------------------------------------------------------------------------------------
 # Arguments and sweeps

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from engine.backend import cpu_backend
-from engine.context_shift import shift_cells, truncate_prompt
 from engine.cpu import ops
+from engine.memory.context_shift import shift_cells, truncate_prompt
 from tests.server_process import ServerProcess
 
 

@@ -23,7 +23,7 @@ from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simu
 from engine import backend as backends
 from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile, Tensor, TensorTable
-from engine.kv import KVCache
+from engine.memory.kv import KVCache
 from engine.models import load_model
 from engine.quant import BLOCK_LAYOUTS, QType
 from tests.synthetic_gguf import CASES, write_gguf

@@ -23,7 +23,7 @@ from engine.cpu import ops as cpu
 from engine.cuda import arrays, sampling
 from engine.cuda import matmul as gpu_matmul
 from engine.cuda import ops as gpu
-from engine.kv_types import quantize_q8_0_reference
+from engine.memory.kv_types import quantize_q8_0_reference
 from engine.quant import BLOCK_LAYOUTS, QType
 
 RNG = np.random.default_rng(7)

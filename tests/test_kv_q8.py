@@ -14,11 +14,11 @@ import pytest
 
 from engine.backend import cpu_backend
 from engine.batch import Batch, BatchPart
-from engine.context_shift import shift_cells
 from engine.cpu import ops
 from engine.gguf import GGUFFile
-from engine.kv import CacheTypes, KVCache
-from engine.kv_types import (
+from engine.memory.context_shift import shift_cells
+from engine.memory.kv import CacheTypes, KVCache
+from engine.memory.kv_types import (
     F16,
     Q8_0,
     cache_type,
@@ -26,8 +26,8 @@ from engine.kv_types import (
     dequantize_q8_0_reference,
     quantize_q8_0_reference,
 )
+from engine.memory.slot_files import ModelIdentity, SlotFileError, SlotState, read_slot, write_slot
 from engine.models import load_model
-from engine.slot_files import ModelIdentity, SlotFileError, SlotState, read_slot, write_slot
 from server.config.parse import parse_settings
 from tests.server_process import ServerProcess
 from tests.synthetic_gguf import CASES, prompt_tokens, write_gguf

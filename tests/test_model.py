@@ -7,9 +7,9 @@ import pytest
 
 from cli.perplexity import perplexity
 from engine.batch import Batch, BatchPart
-from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes
-from engine.kv_types import Q8_0
 from engine.llm import LLM
+from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes
+from engine.memory.kv_types import Q8_0
 from tests.conftest import gpl3_text, load_golden
 
 

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from engine.api import GenerationRequest, TokenEvent
-from engine.context_shift import keep_count, truncate_prompt
 from engine.engine import Engine, EngineConfig
 from engine.llm import LLM
+from engine.memory.context_shift import keep_count, truncate_prompt
 from engine.sampling import SamplingParams
 from engine.sequence import IndentLimit, indent_check, indent_settled
 from tests.server_process import ServerProcess

@@ -12,7 +12,7 @@ import pytest
 
 from engine.api import GenerationRequest, Timings
 from engine.engine import Engine, EngineConfig
-from engine.prompt_cache import PromptCache, mib_to_bytes
+from engine.memory.prompt_cache import PromptCache, mib_to_bytes
 from engine.sampling import SamplingParams
 from tests.server_process import ServerProcess
 

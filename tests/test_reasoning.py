@@ -16,7 +16,7 @@ import pytest
 from engine.api import GenerationRequest, TokenEvent
 from engine.backend import cpu_backend
 from engine.gguf import GGUFFile
-from engine.kv import KVCache
+from engine.memory.kv import KVCache
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.slots import SlotPool

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from engine.context_shift import discard_count
+from engine.memory.context_shift import discard_count
 from tests.server_process import ServerProcess
 
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}

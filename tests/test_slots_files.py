@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from engine.backend import cpu_backend
-from engine.kv import KVCache
-from engine.slot_files import (
+from engine.memory.kv import KVCache
+from engine.memory.slot_files import (
     ModelIdentity,
     SlotFileError,
     SlotState,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cli.bench_serve import WORKLOADS
-from engine.kv_types import cache_type
+from engine.memory.kv_types import cache_type
 from engine.speculative import SPEC_TYPES, SpecParams
 
 PROG = "llamba-bench"
@@ -103,7 +103,7 @@ class BenchParams:
     verbose: bool = False
     threads_given: bool = False
     device: str = "cpu"  # auto | cpu | cuda (engine.backend.select_backend)
-    type_k: tuple[str, ...] = ("f16",)  # KV cache cell types (engine/kv_types.py), as llama-bench's -ctk
+    type_k: tuple[str, ...] = ("f16",)  # KV cell types (engine/memory/kv_types.py), llama-bench -ctk
     type_v: tuple[str, ...] = ("f16",)
     # Speculative tg tests (empty spec_types: none). Lists are swept like the other test parameters.
     spec_types: tuple[str, ...] = ()

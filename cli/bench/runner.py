@@ -15,13 +15,13 @@ from cli.bench.options import PROG, SEQ_PROMPT_TOKENS, BenchParams, Instance, pl
 from cli.bench.output import PRINTERS
 from cli.bench.results import BenchResult, ModelInfo
 from engine.batch import Batch, BatchPart
-from engine.kv import CacheTypes
-from engine.kv_types import cache_type
+from engine.memory.kv import CacheTypes
+from engine.memory.kv_types import cache_type
 from engine.model_files import DEFAULT_MODEL
 
 if TYPE_CHECKING:
-    from engine.kv import KVCache
     from engine.llm import LLM
+    from engine.memory.kv import KVCache
 
 RANDOM_SEED = 1234
 

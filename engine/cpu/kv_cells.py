@@ -5,10 +5,10 @@ dispatch on the cache array's element type at compile time (numba `overload`), s
 get their type's reads without a dequantized copy of the cache:
 - uint16: float16 bits (the f16 cache, viewed as uint16: Numba has no CPU float16);
 - int8: Q8_0 blocks (the q8_0 cache's bytes viewed as int8), 34 bytes per 32 numbers: the float16
-  scale's two bytes, then 32 quants (engine/kv_types.py). A block's quants are scaled once, after their
+  scale's two bytes, then 32 quants (engine/memory/kv_types.py). A block's quants are scaled once, after their
   dot product (keys) or folded into the weight of the row (values).
 
-Quantizing follows ggml's reference (engine/kv_types.py: `quantize_q8_0_reference`) bit for bit: it is
+Quantizing follows ggml's reference (engine/memory/kv_types.py: `quantize_q8_0_reference`) bit for bit: it is
 compiled without fastmath, whose "arcp" would turn amax / 127 into a multiply (a one-ulp change that
 flips roundings, measured in engine/cpu/matmul/tiles.py).
 
@@ -26,7 +26,7 @@ from numba.extending import overload
 
 from engine.cpu.f16 import float_to_half, half_to_float
 from engine.cpu.lanes import LANES, ORDERED, lane_total, zero_lanes
-from engine.kv_types import Q8_0_BLOCK_BYTES, QK8_0
+from engine.memory.kv_types import Q8_0_BLOCK_BYTES, QK8_0
 
 _FAST = {"fastmath": ORDERED, "error_model": "numpy"}
 _KERNEL = {"cache": True, "nogil": True, **_FAST}

@@ -1,7 +1,7 @@
 """The KV cache's cell types on CUDA: the twins of engine/cpu/kv_cells.py.
 
 An f16 cache is a float16 device array; a q8_0 cache holds ggml's Q8_0 bytes as uint8 (34 per 32
-numbers: a float16 scale, then 32 int8 quants; engine/kv_types.py), the layout of the host copies.
+numbers: a float16 scale, then 32 int8 quants; engine/memory/kv_types.py), the layout of the host copies.
 numba.cuda has no bit casts the simulator also runs, so the scale's bits are decoded and encoded with
 exact float arithmetic (ldexp/frexp on powers of two). Quantizing follows ggml's reference (and
 llama.cpp's CUDA `quantize_f32_q8_0_block`): d = amax / 127, q = roundf(x * (1 / d)).

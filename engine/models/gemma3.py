@@ -13,7 +13,7 @@ import numpy as np
 from engine.backend import Backend
 from engine.batch import Batch
 from engine.gguf import GGUFFile
-from engine.kv import KVCache
+from engine.memory.kv import KVCache
 from engine.models.hparams import HParams
 from engine.models.llama import LlamaLayer, LlamaModel, norm_weight
 from engine.models.rope import Rope

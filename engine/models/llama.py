@@ -15,10 +15,10 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.batch import Batch
-from engine.context_shift import shift_cells
 from engine.embedding import RankHead
 from engine.gguf import GGUFFile, Tensor
-from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
+from engine.memory.context_shift import shift_cells
+from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.models.hparams import HParams
 from engine.models.rope import Rope, rope_from_gguf
 

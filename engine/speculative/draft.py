@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.llm import LLM
-from engine.prompt_cache import common_prefix
+from engine.memory.prompt_cache import common_prefix
 from engine.speculative.base import SpecParams, Speculator
 
 

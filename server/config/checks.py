@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.kv_types import cache_type
+from engine.memory.kv_types import cache_type
 from server.config.replicas import replica_bounds
 
 

@@ -45,7 +45,7 @@ class Settings(BaseModel):
     parallel: int = 1
     batch_size: int = 2048
     ubatch_size: int = 512
-    cache_type_k: str = "f16"  # -ctk: the KV cache's key cells (engine/kv_types.py: f16, q8_0)
+    cache_type_k: str = "f16"  # -ctk: the KV cache's key cells (engine/memory/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
     cache_ram: int = 8192  # MiB of host prompt cache: 0 off, -1 no limit
     slot_similarity: float = 0.1

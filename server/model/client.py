@@ -28,7 +28,7 @@ from engine.api import (
 from engine.engine import Engine, EngineStopped
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpec
 from engine.handle import RequestHandle
-from engine.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, slot_path
+from engine.memory.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, slot_path
 from server.config.settings import Settings
 from server.http import errors
 from server.model.admission import Admission

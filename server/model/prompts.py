@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from engine.api import GenerationRequest, ReasoningSpec, ReasoningTags, ToolCallSpec
-from engine.context_shift import truncate_prompt
+from engine.memory.context_shift import truncate_prompt
 from engine.text.answer import prefill_message as read_prefill
 from engine.text.chat import ChatTemplate, ChatTemplateError, RenderedPrompt
 from engine.text.fim import ExtraChunk, InfillLimits, infill_tokens

@@ -4,7 +4,7 @@
 
 Layout (little endian): a fixed header, then n_tokens int32 token ids, then the K cells and the V cells,
 each [n_layer, n_kv_heads, n_tokens, row] in its cache type (f16: head_dim float16; q8_0: ggml's Q8_0
-blocks, engine/kv_types.py). The header names the model and the cache types the cells belong to, so a
+blocks, engine/memory/kv_types.py). The header names the model and the cache types the cells belong to, so a
 file from another model or cache type is refused instead of silently poisoning the slot.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
-from engine.kv_types import CacheType
+from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
+from engine.memory.kv_types import CacheType
 from engine.slots import Slot
 
 MAGIC = b"LLMBSLOT"

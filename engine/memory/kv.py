@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.kv_types import F16, CacheType, check_head_dim
+from engine.memory.kv_types import F16, CacheType, check_head_dim
 
 if TYPE_CHECKING:
     from engine.backend import Backend
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CacheTypes:
-    """The cell types of keys and values (`-ctk`, `-ctv`; engine/kv_types.py)."""
+    """The cell types of keys and values (`-ctk`, `-ctv`; engine/memory/kv_types.py)."""
 
     k: CacheType = F16
     v: CacheType = F16
@@ -26,7 +26,7 @@ DEFAULT_CACHE_TYPES = CacheTypes()  # f16 / f16, llama.cpp's default
 
 class KVCache:
     """Keys/values [n_layer, n_seq, n_kv_heads, n_ctx, row] in their cache types: float16 rows of head_dim
-    (llama.cpp's default) or Q8_0 bytes (engine/kv_types.py), keys and values each their own.
+    (llama.cpp's default) or Q8_0 bytes (engine/memory/kv_types.py), keys and values each their own.
 
     A sequence's cell i holds position i, so a prefix is reused by keeping the first n cells and a
     sequence is truncated by lowering its length. The attention kernel reads one contiguous run of
