@@ -3,7 +3,7 @@
 The first choice (the leader) is admitted like any request, and only when there is an idle slot for
 every other choice as well (llama-server defers such a task the same way). Those slots get held
 sequences: in no batch, their prompt cells empty. When the leader's prompt is done, its cells are
-copied to each held slot (`KVCache.copy_cells`, through the backend) and each choice samples its first
+copied to each held slot (`memory.copy`, through the host) and each choice samples its first
 token from its own copy of the leader's last logits row; from there on they are independent sequences.
 Since a sequence's outputs do not depend on its batch, a choice is bitwise what the same request
 (with its seed) gives alone.
@@ -58,7 +58,7 @@ class Choices:
             if not isinstance(slot.seq, Sequence) or not slot.seq.held:
                 continue  # cancelled meanwhile
             n = len(leader_slot.tokens)
-            self.pool.kv.copy_cells(leader_slot.id, slot.id, n)
+            self.pool.memory.copy(leader_slot.id, slot.id, n)
             slot.tokens = list(leader_slot.tokens)
             slot.seq.held = False
             ready.append(slot)

@@ -26,12 +26,16 @@ from engine.api import ControlResult, EmbeddingRequest, EngineSnapshot, Generati
 from engine.batch import Batch, BatchPart
 from engine.handle import RequestHandle
 from engine.llm import LLM
+from engine.memory.base import SequenceMemory
+from engine.memory.checkpoints import DEFAULT_MAX_COUNT
+from engine.memory.hybrid import DEFAULT_MIN_STEP, HybridMemory
 from engine.memory.kv import CacheTypes
 from engine.memory.kv_types import cache_type
 from engine.memory.prompt_cache import PromptCache, mib_to_bytes
 from engine.memory.slot_files import ModelIdentity, slot_action
 from engine.scheduler import Scheduler
 from engine.slots import SlotPool
+from engine.speculative import Speculation
 from engine.speculative.draft import DraftModel
 from engine.speculative.setup import speculation
 from engine.threads import tuner_for
@@ -62,6 +66,10 @@ class EngineConfig:
     slot_similarity: float = 0.1
     cache_ram_mib: int = 8192  # host prompt cache: 0 off, -1 no limit
     context_shift: bool = False  # when a slot fills during generation, drop half of its context
+    # Recurrent memory (engine/memory/hybrid.py): checkpoints per slot (--ctx-checkpoints) and the least
+    # spacing of those taken at message ends (--checkpoint-min-step)
+    ctx_checkpoints: int = DEFAULT_MAX_COUNT
+    checkpoint_min_step: int = DEFAULT_MIN_STEP
     n_keep: int = 0  # tokens kept at the start by a context shift
     cache_type_k: str = "f16"  # -ctk: the keys' cell type (engine/memory/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
@@ -88,11 +96,53 @@ def end_failed(scheduler: Scheduler, cause: str, in_forward: bool) -> None:
     error = f"the engine failed while generating: {cause}"
     for slot in scheduler.pool.busy():
         slot.tokens.clear()
-        scheduler.pool.kv.clear(slot.id)
+        scheduler.pool.memory.clear(slot.id)
         if slot.seq is not None:
             scheduler.cancel(slot.seq.request.request_id, "error", error)
     if not in_forward:
         scheduler.cancel_all("error", error)
+
+
+def new_memory(llm: LLM, config: EngineConfig) -> SequenceMemory:
+    """The model's memory for every slot, in the configured cell types and checkpoint bound."""
+    types = CacheTypes(cache_type(config.cache_type_k), cache_type(config.cache_type_v))
+    memory = llm.new_cache(config.n_slots, config.n_ctx_slot, types)
+    if isinstance(memory, HybridMemory):
+        memory.limit_checkpoints(config.ctx_checkpoints)
+    return memory
+
+
+def new_pool(memory: SequenceMemory, prompt_cache: PromptCache, llm: LLM, config: EngineConfig) -> SlotPool:
+    """The slots over `memory`; checkpoints (recurrent memory) pause prompts after end-of-turn tokens."""
+    return SlotPool(
+        memory,
+        config.slot_similarity,
+        prompt_cache,
+        config.clear_idle_slots,
+        llm.tokenizer.eog_ids,
+        config.checkpoint_min_step,
+    )
+
+
+def can_shift(config: EngineConfig, memory: SequenceMemory) -> bool:
+    """--context-shift where the memory can move cells; recurrent memory cannot (one line says so)."""
+    if config.context_shift and not memory.can_shift:
+        log.warning("context_shift_unsupported", detail="the model's recurrent memory cannot shift: off")
+    return config.context_shift and memory.can_shift
+
+
+def can_speculate(memory: SequenceMemory, drafter: DraftModel | None, llm: LLM) -> bool:
+    """Speculative decoding rolls rejected drafts back: a recurrent memory cannot, so a draft model is
+    refused at start and requests' n-gram speculation is off (logged once)."""
+    if memory.can_shift:
+        return True
+    if drafter is not None:
+        raise ValueError(
+            f"speculative decoding is not supported on {llm.model.hp.arch}: its recurrent layers "
+            "cannot roll back rejected drafts (start without the draft model)"
+        )
+    log.info("speculative_off", detail="the model's recurrent memory cannot roll back drafts")
+    return False
 
 
 class Engine:
@@ -100,23 +150,22 @@ class Engine:
         """`draft`: a draft model for `draft-simple` speculation (same vocabulary: checked by the caller)."""
         self.llm = llm
         self.config = config
-        types = CacheTypes(cache_type(config.cache_type_k), cache_type(config.cache_type_v))
-        self.kv = llm.new_cache(config.n_slots, config.n_ctx_slot, types)
+        self.memory = new_memory(llm, config)
         self.prompt_cache = PromptCache(mib_to_bytes(config.cache_ram_mib))
-        self.pool = SlotPool(self.kv, config.slot_similarity, self.prompt_cache, config.clear_idle_slots)
-        shift = functools.partial(llm.model.shift_kv, self.kv) if config.context_shift else None
-        drafter = DraftModel(draft, config.n_slots, self.kv.n_ctx) if draft is not None else None
+        self.pool = new_pool(self.memory, self.prompt_cache, llm, config)
+        shift = functools.partial(llm.model.shift_kv, self.memory) if can_shift(config, self.memory) else None
+        drafter = DraftModel(draft, config.n_slots, self.memory.n_ctx) if draft is not None else None
         self.scheduler = Scheduler(
             self.pool,
             llm.tokenizer,
             config.n_ubatch,
             shift,
             config.n_keep,
-            speculation(drafter),
+            speculation(drafter) if can_speculate(self.memory, drafter, llm) else Speculation({}),
             llm.model.rank_head,
             unified_cells=config.n_ctx if config.kv_unified else 0,
         )
-        self.identity = ModelIdentity.of(self.kv, llm.tokenizer.n_vocab, llm.path.name)
+        self.identity = ModelIdentity.of(self.memory, llm.tokenizer.n_vocab, llm.path.name)
         self.snapshot = EngineSnapshot(self.pool.snapshot())  # replaced whole by the engine thread
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
@@ -129,7 +178,7 @@ class Engine:
 
     @property
     def n_ctx_slot(self) -> int:
-        return self.kv.n_ctx
+        return self.memory.n_ctx
 
     # -- thread-safe public surface ----------------------------------------------------------------
     def start(self, warm_up: bool = True) -> None:
@@ -215,7 +264,7 @@ class Engine:
 
     def slot_action(self, slot_id: int, action: str, path: Path | None) -> concurrent.futures.Future[dict]:
         """save/restore/erase a slot's cells (engine/memory/slot_files.py) at the next step."""
-        return self.call(lambda: slot_action(self.pool[slot_id], self.kv, self.identity, action, path))
+        return self.call(lambda: slot_action(self.pool[slot_id], self.memory, self.identity, action, path))
 
     # -- engine thread ------------------------------------------------------------------------------
     def _command(self, fn: Callable[[], None]) -> None:
@@ -273,7 +322,7 @@ class Engine:
             if self._n_steps + 1 in self.config.fail_forward:
                 self._n_steps += 1
                 raise RuntimeError(f"injected failure of forward pass {self._n_steps} (LLAMBA_FAIL_FORWARD)")
-            run = functools.partial(self.llm.model.run, batch, self.kv)
+            run = functools.partial(self.llm.model.run, batch, self.memory)
             out = run() if self.threads is None else self.threads.run(batch.n_tokens, run)
         except Exception as exc:
             raise ForwardFailed from exc
@@ -291,6 +340,6 @@ class Engine:
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel with a tiny batch, so no request pays the JIT."""
         start = time.perf_counter()
-        self.llm.model.forward(Batch.of([BatchPart(0, 0, [self.llm.tokenizer.bos_id] * 2)]), self.kv)
-        self.kv.clear(0)
+        self.llm.model.forward(Batch.of([BatchPart(0, 0, [self.llm.tokenizer.bos_id] * 2)]), self.memory)
+        self.memory.clear(0)
         log.info("engine.warm", seconds=round(time.perf_counter() - start, 2))

@@ -84,7 +84,7 @@ class Scheduler:
                 continue
             reuse = self.pool.claim(slot, request)
             n_keep = _keep_asked(request, self.n_keep)
-            slot_log.launched(slot, self.pool.kv.n_ctx, n_keep, len(request.prompt_tokens), reuse)
+            slot_log.launched(slot, self.pool.memory.n_ctx, n_keep, len(request.prompt_tokens), reuse)
             if isinstance(request, EmbeddingRequest):
                 slot.seq = EmbeddingSequence(
                     request, emit, slot.id, self.rank_head, request.prompt_tokens[reuse:]
@@ -110,7 +110,7 @@ class Scheduler:
         for seq in active:
             if budget <= 0:
                 break
-            chunk = seq.take(budget)
+            chunk = seq.take(budget if seq.generating else self.pool.prompt_room(seq.slot_id, budget))
             budget -= len(chunk)
             taken.append((seq, chunk))
         self._prefilling = [seq for seq, _ in taken if not seq.generating]
@@ -144,6 +144,7 @@ class Scheduler:
         """Advance every sequence that got logits; release the finished, shift the full. `hidden`: the
         batch's hidden rows, for its embedding sequences."""
         for seq in self._prefilling:
+            self.pool.paused(self.pool[seq.slot_id])  # a checkpoint where its prompt paused for one
             if seq.request.return_progress and isinstance(seq, Sequence):
                 seq.emit(seq.progress())
         self._apply_hidden(hidden)
@@ -162,7 +163,7 @@ class Scheduler:
     def _advance(self, slot: Slot, rows: np.ndarray) -> None:
         seq = slot.seq
         assert isinstance(seq, Sequence)
-        full = len(slot.tokens) + 1 >= self.pool.kv.n_ctx  # never with drafts: they leave room
+        full = len(slot.tokens) + 1 >= self.pool.memory.n_ctx  # never with drafts: they leave room
         events = seq.verify(rows, room=not full or self.shift_kv is not None)
         self.drafts.settle(slot, seq)
         for event in events:
@@ -197,13 +198,13 @@ class Scheduler:
     def _shift_context(self, slot: Slot, seq: Sequence) -> None:
         n_past = len(slot.tokens)
         n_keep = min(
-            _shift_keep(seq.request, self.n_keep, self.tokenizer.add_bos, self.pool.kv.n_ctx), n_past - 2
+            _shift_keep(seq.request, self.n_keep, self.tokenizer.add_bos, self.pool.memory.n_ctx), n_past - 2
         )
         n_discard = discard_count(n_past, n_keep, seq.request.n_discard)
         assert self.shift_kv is not None
         self.shift_kv(slot.id, n_keep + n_discard, n_past, -n_discard)
         slot.tokens = slot.tokens[:n_keep] + slot.tokens[n_keep + n_discard :]
-        self.pool.kv.truncate(slot.id, len(slot.tokens))
+        self.pool.memory.truncate(slot.id, len(slot.tokens))
         seq.truncated = True
 
     # -- control and cancellation ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The slots: one KV-cache sequence each, which tokens its cells hold, and prefix reuse.
+"""The slots: one memory sequence each, which tokens its memory holds, and prefix reuse.
 
 A new request goes to the idle slot whose cells share the most of its prompt (or the least recently
 used one), keeps that shared prefix, and processes only the rest. With a host prompt cache, the cells a
@@ -17,7 +17,8 @@ import structlog
 
 from engine import slot_log
 from engine.api import EmbeddingRequest, GenerationRequest, SlotProgress, SlotSnapshot
-from engine.memory.kv import KVCache
+from engine.memory.base import SequenceMemory
+from engine.memory.hybrid import DEFAULT_MIN_STEP, HybridMemory, checkpoint_positions
 from engine.memory.prompt_cache import PromptCache, common_prefix
 
 if TYPE_CHECKING:
@@ -50,12 +51,22 @@ class Slot:
 
 class SlotPool:
     def __init__(
-        self, kv: KVCache, slot_similarity: float, prompt_cache: PromptCache | None, clear_idle: bool = False
+        self,
+        memory: SequenceMemory,
+        slot_similarity: float,
+        prompt_cache: PromptCache | None,
+        clear_idle: bool = False,
+        end_of_turn: frozenset[int] = frozenset(),
+        checkpoint_min_step: int = DEFAULT_MIN_STEP,
     ) -> None:
-        self.kv = kv
+        self.memory = memory
+        self.end_of_turn = end_of_turn  # the tokenizer's end-of-generation ids: where messages end
+        self.checkpoint_min_step = checkpoint_min_step
         self.slot_similarity = slot_similarity
         self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
-        self.slots = [Slot(i) for i in range(kv.n_seq)]
+        self.slots = [Slot(i) for i in range(memory.n_seq)]
+        # Recurrent memory: where a prompt pauses for a checkpoint (engine/memory/hybrid.py), per slot.
+        self.pauses: dict[int, list[int]] = {}
         # --kv-unified --cache-idle-slots (with a host cache): `claim` moves the idle slots there
         self.clear_idle = clear_idle and self.prompt_cache is not None
         if self.clear_idle:  # llama-server's debug line, which its own tests read
@@ -69,7 +80,7 @@ class SlotPool:
         return [s for s in self.slots if s.busy]
 
     def snapshot(self) -> tuple[SlotSnapshot, ...]:
-        n_ctx = self.kv.n_ctx
+        n_ctx = self.memory.n_ctx
         return tuple(
             SlotSnapshot(
                 s.id,
@@ -123,17 +134,37 @@ class SlotPool:
         if self.prompt_cache is not None:
             self._save_replaced(slot, reuse)
             if request.cache_prompt:
-                log.debug("engine.memory.prompt_cache", slot=slot.id, detail="updating prompt cache")
+                log.debug("engine.prompt_cache", slot=slot.id, detail="updating prompt cache")
                 reuse = self._load_cached(slot, prompt, reuse)
         if self.clear_idle:
             self._clear_idle(slot)
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
-        self.kv.truncate(slot.id, reuse)
+        reuse = self.memory.truncate(slot.id, reuse)  # recurrent memory: its nearest checkpoint
         slot.tokens = prompt[:reuse]
+        self.pauses[slot.id] = self._pauses(prompt, reuse, isinstance(request, GenerationRequest))
         slot.id_task, self._next_task = self._next_task, self._next_task + 1
         slot.params = request.slot_params if isinstance(request, GenerationRequest) else {}
         slot.prompt, slot.text = prompt, []
         return reuse
+
+    def _pauses(self, prompt: list[int], start: int, completion: bool) -> list[int]:
+        """Where the prompt's processing pauses for a checkpoint (completions on recurrent memory only)."""
+        if not completion or not isinstance(self.memory, HybridMemory) or self.memory.max_checkpoints <= 0:
+            return []
+        return checkpoint_positions(prompt, start, self.end_of_turn, self.checkpoint_min_step)
+
+    def prompt_room(self, slot_id: int, budget: int) -> int:
+        """How many prompt tokens the slot may feed this step: the budget, up to its next pause."""
+        held = len(self.slots[slot_id].tokens)
+        ahead = [p for p in self.pauses.get(slot_id, []) if p > held]
+        return min(budget, ahead[0] - held) if ahead else budget
+
+    def paused(self, slot: Slot) -> None:
+        """After a step: checkpoint the slot's memory if its prompt stopped at a pause."""
+        pauses = self.pauses.get(slot.id, [])
+        if len(slot.tokens) in pauses:
+            self.memory.checkpoint(slot.id)
+            pauses.remove(len(slot.tokens))
 
     def release(self, slot: Slot) -> None:
         slot.seq = None
@@ -144,33 +175,32 @@ class SlotPool:
         --cache-idle-slots with a unified KV cache: the idle slots' room goes to the busy ones)."""
         assert self.prompt_cache is not None
         for slot in self.slots:
-            held = min(len(slot.tokens), int(self.kv.lengths[slot.id]))
+            held = min(len(slot.tokens), int(self.memory.lengths[slot.id]))
             if slot is claimed or slot.busy or held == 0:
                 continue
-            k, v = self.kv.read_cells(slot.id, held)
-            if self.prompt_cache.save(
-                slot.tokens[:held], k, v
-            ):  # llama-server's debug line, its tests read it
+            if self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held)):
+                # llama-server's debug line, its tests read it
                 log.debug(
                     "engine.idle_slot_cached", slot=slot.id, n_tokens=held, tag="__TEST_TAG_CACHE_IDLE_SLOT__"
                 )
             slot.tokens = []
-            self.kv.clear(slot.id)
+            self.memory.clear(slot.id)
 
     def _save_replaced(self, slot: Slot, reuse: int) -> None:
         """Keep the slot's state in the host cache when this request discards more than a tail of it."""
-        held = min(len(slot.tokens), int(self.kv.lengths[slot.id]))
+        held = min(len(slot.tokens), int(self.memory.lengths[slot.id]))
         if held - reuse > SAVE_TAIL and self.prompt_cache is not None:
-            k, v = self.kv.read_cells(slot.id, held)
-            self.prompt_cache.save(slot.tokens[:held], k, v)
+            self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held))
 
     def _load_cached(self, slot: Slot, prompt: list[int], reuse: int) -> int:
         """Load the host cache's best prefix of `prompt` into the slot if it beats the slot's own."""
         hit = self.prompt_cache.best(prompt) if self.prompt_cache is not None else None
-        if hit is None or hit.n_keep <= reuse:
+        if hit is None:
             return reuse
-        n = hit.n_keep
-        self.kv.write_cells(slot.id, hit.entry.k[:, :, :n], hit.entry.v[:, :, :n])
+        n = hit.entry.state.restorable(hit.n_keep)  # recurrent state: its whole length or a checkpoint
+        if n <= reuse:
+            return reuse
+        self.memory.write(slot.id, hit.entry.state.prefix(n))
         slot.tokens = list(hit.entry.tokens[:n])
         return n
 

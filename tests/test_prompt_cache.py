@@ -12,21 +12,22 @@ import pytest
 
 from engine.api import GenerationRequest, Timings
 from engine.engine import Engine, EngineConfig
+from engine.memory.base import MemoryState
 from engine.memory.prompt_cache import PromptCache, mib_to_bytes
 from engine.sampling import SamplingParams
 from tests.server_process import ServerProcess
 
 
-def cells(n: int, fill: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def cells(n: int, fill: float = 1.0) -> MemoryState:
     k = np.full((2, 1, n, 4), fill, dtype=np.float32)
-    return k, k.copy()
+    return MemoryState(n, k, k.copy())
 
 
 # -- the cache alone ---------------------------------------------------------------------------------
 def test_best_entry_is_the_longest_common_prefix() -> None:
     cache = PromptCache(None)
-    cache.save([1, 2, 3, 4], *cells(4))
-    cache.save([1, 2, 9, 9, 9], *cells(5))
+    cache.save([1, 2, 3, 4], cells(4))
+    cache.save([1, 2, 9, 9, 9], cells(5))
     hit = cache.best([1, 2, 3, 7])
     assert hit is not None and hit.entry.tokens == (1, 2, 3, 4) and hit.n_keep == 3
     assert cache.best([5, 6]) is None
@@ -34,31 +35,31 @@ def test_best_entry_is_the_longest_common_prefix() -> None:
 
 def test_entries_keeping_under_a_quarter_are_skipped() -> None:
     cache = PromptCache(None)
-    cache.save(list(range(1, 101)), *cells(100))
+    cache.save(list(range(1, 101)), cells(100))
     assert cache.best([1, 2, 3] + [0] * 50) is None  # 3 of 100 tokens kept
     assert cache.best(list(range(1, 26)) + [0]).n_keep == 25  # type: ignore[union-attr]
 
 
 def test_lru_eviction_keeps_bytes_under_the_limit() -> None:
-    one = cells(10)[0].nbytes * 2 + 8 * 10  # bytes of one 10-token entry
+    one = cells(10).n_bytes + 8 * 10  # bytes of one 10-token entry
     cache = PromptCache(2 * one + 1)
-    cache.save(list(range(0, 10)), *cells(10))
-    cache.save(list(range(100, 110)), *cells(10))
+    cache.save(list(range(0, 10)), cells(10))
+    cache.save(list(range(100, 110)), cells(10))
     assert cache.best(list(range(0, 10))) is not None  # touches the first: the second is now oldest
-    cache.save(list(range(200, 210)), *cells(10))
+    cache.save(list(range(200, 210)), cells(10))
     assert len(cache) == 2 and cache.n_bytes <= 2 * one + 1
     assert cache.best(list(range(100, 110))) is None
     assert cache.best(list(range(0, 10))) is not None
-    assert not cache.save(list(range(300, 400)), *cells(100))  # bigger than the whole limit
+    assert not cache.save(list(range(300, 400)), cells(100))  # bigger than the whole limit
 
 
 def test_extensions_replace_their_prefix_and_prefixes_are_not_stored_twice() -> None:
     cache = PromptCache(None)
-    cache.save([1, 2, 3], *cells(3))
-    cache.save([1, 2, 3, 4, 5], *cells(5))
+    cache.save([1, 2, 3], cells(3))
+    cache.save([1, 2, 3, 4, 5], cells(5))
     assert len(cache) == 1
-    assert not cache.save([1, 2], *cells(2))
-    assert len(cache) == 1 and cache.n_bytes == cells(5)[0].nbytes * 2 + 8 * 5
+    assert not cache.save([1, 2], cells(2))
+    assert len(cache) == 1 and cache.n_bytes == cells(5).n_bytes + 8 * 5
 
 
 def test_limits_from_mib() -> None:
@@ -109,7 +110,7 @@ def test_engine_turn_after_another_conversation_reuses_the_cache(small_engine, s
 
 def test_engine_cache_stays_within_cache_ram(small_engine, smollm2_llm) -> None:  # type: ignore[no-untyped-def]
     limit = 2 * 1024 * 1024
-    per_token = small_engine.kv.read_cells(0, 1)[0].nbytes * 2
+    per_token = small_engine.memory.read_cells(0, 1)[0].nbytes * 2
     for i in range(8):  # eight conversations of ~15 tokens through one slot: more than 2 MiB in all
         text = f"Conversation {i}: " + " ".join(["word"] * (10 + i))
         generate(small_engine, smollm2_llm.tokenizer.encode(text), n_predict=2)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.memory.base import MemoryState
 from engine.memory.kv_types import F16, CacheType, check_head_dim
 
 if TYPE_CHECKING:
@@ -73,9 +74,27 @@ class KVCache:
     def n_bytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def truncate(self, seq_id: int, length: int) -> None:
-        """Forget everything of `seq_id` from position `length` on."""
+    @property
+    def can_shift(self) -> bool:
+        return True
+
+    def truncate(self, seq_id: int, length: int) -> int:
+        """Forget everything of `seq_id` from position `length` on; the tokens kept."""
         self.lengths[seq_id] = min(int(self.lengths[seq_id]), length)
+        return int(self.lengths[seq_id])
+
+    def checkpoint(self, seq_id: int) -> None:
+        """Nothing to snapshot: any prefix of KV cells can be kept."""
+
+    def read(self, seq_id: int, n: int) -> MemoryState:
+        return MemoryState(n, *self.read_cells(seq_id, n))
+
+    def write(self, seq_id: int, state: MemoryState) -> None:
+        assert state.k is not None and state.v is not None
+        self.write_cells(seq_id, state.k, state.v)
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        self.copy_cells(src, dst, n)
 
     def clear(self, seq_id: int) -> None:
         self.lengths[seq_id] = 0

@@ -13,18 +13,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.memory.base import MemoryState
+
 MIN_KEEP = 0.25  # llama-server skips an entry when less than this share of its tokens would be kept
 
 
 @dataclass(frozen=True)
 class CacheEntry:
     tokens: tuple[int, ...]
-    k: np.ndarray  # float16 [n_layer, n_kv_heads, n_tokens, head_dim], host memory
-    v: np.ndarray
+    state: MemoryState  # host memory: KV cells, recurrent state and its checkpoints
 
     @property
     def n_bytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + 8 * len(self.tokens)
+        return self.state.n_bytes + 8 * len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,14 @@ class PromptCache:
         """The token sequences whose states are kept (a cluster replica's cache summary)."""
         return list(self._entries)
 
-    def save(self, tokens: list[int], k: np.ndarray, v: np.ndarray) -> bool:
+    def save(self, tokens: list[int], state: MemoryState) -> bool:
         """Keep a slot's state; False when it is empty, covered by an entry already, or over the limit."""
-        entry = CacheEntry(tuple(tokens), k, v)
+        entry = CacheEntry(tuple(tokens), state)
         if not tokens or not self._fits(entry.n_bytes):
             return False
-        if any(_is_prefix(entry.tokens, old) for old in self._entries):
-            return False  # an entry already holds these cells and more
-        for old in [t for t in self._entries if _is_prefix(t, entry.tokens)]:
+        if any(_covers(old, entry.tokens) for old in self._entries.values()):
+            return False  # an entry already holds this state and more
+        for old in [t for t in self._entries if _covers(entry, t)]:
             self._remove(old)  # the new entry extends it: the old one is redundant
         self._entries[entry.tokens] = entry
         self.n_bytes += entry.n_bytes
@@ -73,7 +74,7 @@ class PromptCache:
         """The entry sharing the longest prefix with `prompt`, if it keeps at least MIN_KEEP of its tokens."""
         best: CacheHit | None = None
         for entry in self._entries.values():
-            n = common_prefix(entry.tokens, prompt)
+            n = entry.state.restorable(common_prefix(entry.tokens, prompt))
             if n >= MIN_KEEP * len(entry.tokens) and n > 0 and (best is None or n > best.n_keep):
                 best = CacheHit(entry, n)
         if best is not None:
@@ -91,8 +92,10 @@ class PromptCache:
         self.n_bytes -= self._entries.pop(tokens).n_bytes
 
 
-def _is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) <= len(b) and b[: len(a)] == a
+def _covers(entry: CacheEntry, tokens: tuple[int, ...]) -> bool:
+    """Whether `entry` can give the state of `tokens` (a recurrent one only at a checkpoint)."""
+    n = len(tokens)
+    return n <= len(entry.tokens) and entry.tokens[:n] == tokens and entry.state.restorable(n) == n
 
 
 def common_prefix(a: list[int] | tuple[int, ...], b: list[int]) -> int:

@@ -4,7 +4,9 @@
 
 Layout (little endian): a fixed header, then n_tokens int32 token ids, then the K cells and the V cells,
 each [n_layer, n_kv_heads, n_tokens, row] in its cache type (f16: head_dim float16; q8_0: ggml's Q8_0
-blocks, engine/memory/kv_types.py). The header names the model and the cache types the cells belong to, so a
+blocks, engine/memory/kv_types.py), then, for a model with recurrent layers (engine/memory/hybrid.py),
+their float32 conv and ssm states [n_recurrent_layer, ...] (the identity gives their shapes).
+The header names the model and the cache types the cells belong to, so a
 file from another model or cache type is refused instead of silently poisoning the slot.
 """
 
@@ -14,12 +16,14 @@ import hashlib
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from engine.memory.base import MemoryState, SequenceMemory
+from engine.memory.hybrid import HybridMemory
 from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.memory.kv_types import CacheType
 from engine.slots import Slot
@@ -46,11 +50,24 @@ class ModelIdentity:
     n_vocab: int
     model_hash: bytes  # 16 bytes of sha256 over the model file's name
     types: CacheTypes = DEFAULT_CACHE_TYPES
+    conv_shape: tuple[int, ...] = ()  # [n_recurrent_layer, ...] of a hybrid model's states; () none
+    ssm_shape: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, kv: KVCache, n_vocab: int, model_name: str) -> ModelIdentity:
+    def of(cls, memory: SequenceMemory, n_vocab: int, model_name: str) -> ModelIdentity:
         digest = hashlib.sha256(model_name.encode()).digest()[:16]
-        return cls(kv.n_layer, kv.n_kv_heads, kv.head_dim, n_vocab, digest, kv.types)
+        kv = memory.kv if isinstance(memory, HybridMemory) else memory
+        assert isinstance(kv, KVCache)
+        identity = cls(kv.n_layer, kv.n_kv_heads, kv.head_dim, n_vocab, digest, kv.types)
+        if isinstance(memory, HybridMemory):
+            rec = memory.recurrent
+            conv, ssm = rec.conv.shape, rec.ssm.shape
+            identity = replace(identity, conv_shape=(conv[0], *conv[2:]), ssm_shape=(ssm[0], *ssm[2:]))
+        return identity
+
+    @property
+    def recurrent_bytes(self) -> int:
+        return 4 * (int(np.prod(self.conv_shape)) + int(np.prod(self.ssm_shape))) if self.conv_shape else 0
 
     def cells_shape(self, t: CacheType, n: int) -> tuple[int, int, int, int]:
         return (self.n_layer, self.n_kv_heads, n, t.row_size(self.head_dim))
@@ -61,6 +78,11 @@ class SlotState:
     tokens: list[int]
     k: np.ndarray  # [n_layer, n_kv_heads, n_tokens, row] in the cache's key type (KVCache.read_cells)
     v: np.ndarray
+    conv: np.ndarray | None = None  # a hybrid model's recurrent state (float32), else None
+    ssm: np.ndarray | None = None
+
+    def memory(self) -> MemoryState:
+        return MemoryState(len(self.tokens), self.k, self.v, self.conv, self.ssm)
 
 
 def check_filename(name: object) -> str:
@@ -101,6 +123,8 @@ def write_slot(path: Path, identity: ModelIdentity, state: SlotState) -> int:
         np.ascontiguousarray(state.k, dtype=identity.types.k.dtype.newbyteorder("<")).tobytes(),
         np.ascontiguousarray(state.v, dtype=identity.types.v.dtype.newbyteorder("<")).tobytes(),
     ]
+    if state.conv is not None and state.ssm is not None:
+        parts += [np.ascontiguousarray(a, dtype="<f4").tobytes() for a in (state.conv, state.ssm)]
     tmp = path.with_name(path.name + ".tmp")
     # O_NOFOLLOW: a link planted at the temporary name must not send the bytes elsewhere (the final
     # rename replaces a link at `path` itself, never its target).
@@ -147,7 +171,7 @@ def _read_cells(data: bytes, path: Path, identity: ModelIdentity, n: int) -> tup
     v_dtype = identity.types.v.dtype.newbyteorder("<")
     k_bytes = int(np.prod(k_shape)) * k_dtype.itemsize
     v_bytes = int(np.prod(v_shape)) * v_dtype.itemsize
-    if len(data) != _HEADER.size + 4 * n + k_bytes + v_bytes:
+    if len(data) != _HEADER.size + 4 * n + k_bytes + v_bytes + identity.recurrent_bytes:
         raise SlotFileError(f"failed to restore slot: {path.name!r} is truncated or corrupt")
     off = _HEADER.size
     tokens = np.frombuffer(data, "<i4", n, off)
@@ -155,14 +179,21 @@ def _read_cells(data: bytes, path: Path, identity: ModelIdentity, n: int) -> tup
         raise SlotFileError(f"failed to restore slot: {path.name!r} holds invalid token ids")
     k = np.frombuffer(data, k_dtype, int(np.prod(k_shape)), off + 4 * n).reshape(k_shape)
     v = np.frombuffer(data, v_dtype, int(np.prod(v_shape)), off + 4 * n + k_bytes).reshape(v_shape)
-    return SlotState([int(t) for t in tokens], k, v), len(data)
+    state = SlotState([int(t) for t in tokens], k, v)
+    if identity.conv_shape:
+        off += 4 * n + k_bytes + v_bytes
+        n_conv = int(np.prod(identity.conv_shape))
+        conv = np.frombuffer(data, "<f4", n_conv, off).reshape(identity.conv_shape)
+        ssm = np.frombuffer(data, "<f4", int(np.prod(identity.ssm_shape)), off + 4 * n_conv)
+        state = replace(state, conv=conv, ssm=ssm.reshape(identity.ssm_shape))
+    return state, len(data)
 
 
 SLOT_ACTIONS = ("save", "restore", "erase")
 
 
 def slot_action(
-    slot: Slot, kv: KVCache, identity: ModelIdentity, action: str, path: Path | None
+    slot: Slot, memory: SequenceMemory, identity: ModelIdentity, action: str, path: Path | None
 ) -> dict[str, Any]:
     """save/restore/erase `slot`'s cells (`path`: the slot file); llama-server's reply fields.
 
@@ -173,19 +204,20 @@ def slot_action(
         raise SlotBusyError("Slot is busy")
     if action == "erase":
         n_erased, slot.tokens = len(slot.tokens), []
-        kv.clear(slot.id)
+        memory.clear(slot.id)
         return {"id_slot": slot.id, "n_erased": n_erased}
     if action not in ("save", "restore") or path is None:
         raise SlotFileError(f"Invalid action {action!r}")
     start = time.perf_counter()
     if action == "save":
-        n = min(len(slot.tokens), int(kv.lengths[slot.id]))
-        k, v = kv.read_cells(slot.id, n)
-        n_bytes = write_slot(path, identity, SlotState(slot.tokens[:n], k, v))
+        n = min(len(slot.tokens), int(memory.lengths[slot.id]))
+        held = memory.read(slot.id, n)
+        assert held.k is not None and held.v is not None
+        n_bytes = write_slot(path, identity, SlotState(slot.tokens[:n], held.k, held.v, held.conv, held.ssm))
         counts = {"n_saved": n, "n_written": n_bytes}
     else:
-        state, n_bytes = read_slot(path, identity, kv.n_ctx)
-        kv.write_cells(slot.id, state.k, state.v)
+        state, n_bytes = read_slot(path, identity, memory.n_ctx)
+        memory.write(slot.id, state.memory())
         slot.tokens = state.tokens
         counts = {"n_restored": len(state.tokens), "n_read": n_bytes}
     ms = 1e3 * (time.perf_counter() - start)

@@ -62,7 +62,7 @@ class StepDrafts:
             return
         keep = len(slot.tokens) - len(seq.drafts) + seq.drafts_accepted
         del slot.tokens[keep:]
-        self.pool.kv.truncate(slot.id, keep)
+        self.pool.memory.truncate(slot.id, keep)
         history = slot.tokens[: keep - seq.drafts_accepted]
         key = seq.request.request_id
         self.policy.learn(seq.drafting.acceptance, len(seq.drafts), seq.drafts_accepted)
@@ -75,7 +75,7 @@ class StepDrafts:
 
     def _room(self, seq: Sequence, chunk: list[int]) -> int:
         """Cells left for drafts after `chunk` (two kept free: the pick after the drafts, and one more)."""
-        return self.pool.kv.n_ctx - len(self.pool[seq.slot_id].tokens) - len(chunk) - 2
+        return self.pool.memory.n_ctx - len(self.pool[seq.slot_id].tokens) - len(chunk) - 2
 
     def _propose(self, seq: Sequence, chunk: list[int], n: int) -> list[int]:
         """The chain's draft of at most n tokens after `chunk` (a generating sequence's last token)."""

@@ -33,6 +33,8 @@ def check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         ("stream-max-sessions-per-client", args.stream_max_sessions_per_client, 1),
         ("reasoning-budget", args.reasoning_budget, -1),
         ("cache-ram", args.cache_ram, -1),
+        ("ctx-checkpoints", args.ctx_checkpoints, 0),
+        ("checkpoint-min-step", args.checkpoint_min_step, 0),
         ("responses-max", args.responses_max, 1),
         ("tool-max-rounds", args.tool_max_rounds, 1),
         ("tool-max-tokens", args.tool_max_tokens, -1),

@@ -253,6 +253,10 @@ def _feature_flags(p: argparse.ArgumentParser) -> None:
         default=8192,
         help="MiB; 0 off, -1 no limit",
     )
+    add("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", dest="ctx_checkpoints", type=int, default=32,
+        help="recurrent-state checkpoints kept per slot (models with recurrent layers)")  # fmt: skip
+    add("-cms", "--checkpoint-min-step", type=int, default=8192,
+        help="least tokens between checkpoints taken at message ends (the last is always taken)")  # fmt: skip
     add("--slot-save-path", default=None, help="directory for slot save/restore files")
     add("--slot-prompt-similarity", "-sps", type=float, default=0.1)
     add("--context-shift", dest="context_shift", action="store_true", default=False)

@@ -10,9 +10,7 @@ from server.config.llama_server_flags import FLAGS, LlamaServerFlag
 
 # llama-server's flags that Llamba accepts but that have no effect here
 # (`server/config/llama_server_flags.py`,
-# the README's table, says why for each), and those it refuses with a reason. Context checkpoints, for
-# one: Llamba's KV cache keeps every position, sliding-window layers included, so any cached prefix can
-# be reused by truncation and no checkpoint is ever needed.
+# the README's table, says why for each), and those it refuses with a reason.
 IGNORED_FLAGS: dict[str, LlamaServerFlag] = {
     form: flag for flag in FLAGS if flag.status == "ignored" for form in flag.forms
 }

@@ -48,6 +48,8 @@ class Settings(BaseModel):
     cache_type_k: str = "f16"  # -ctk: the KV cache's key cells (engine/memory/kv_types.py: f16, q8_0)
     cache_type_v: str = "f16"  # -ctv
     cache_ram: int = 8192  # MiB of host prompt cache: 0 off, -1 no limit
+    ctx_checkpoints: int = 32  # recurrent-state checkpoints per slot (engine/memory/checkpoints.py)
+    checkpoint_min_step: int = 8192  # least spacing of message-end checkpoints
     slot_similarity: float = 0.1
     context_shift: bool = False
     keep: int = 0

@@ -90,6 +90,8 @@ def _engine_config(settings: Settings) -> EngineConfig:
         n_ubatch=min(s.ubatch_size, s.batch_size),
         slot_similarity=s.slot_similarity,
         cache_ram_mib=s.cache_ram,
+        ctx_checkpoints=s.ctx_checkpoints,
+        checkpoint_min_step=s.checkpoint_min_step,
         context_shift=s.context_shift,
         n_keep=s.keep,
         cache_type_k=s.cache_type_k,
