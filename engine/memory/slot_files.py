@@ -154,7 +154,8 @@ def read_slot(path: Path, identity: ModelIdentity, n_ctx: int) -> tuple[SlotStat
     if version != VERSION:
         raise SlotFileError(f"failed to restore slot: unsupported slot file version {version}")
     _, _, n_layer, n_kv, head_dim, n_vocab, model_hash, k_type, v_type, n = _HEADER.unpack_from(data)
-    if ModelIdentity(n_layer, n_kv, head_dim, n_vocab, model_hash, identity.types) != identity:
+    header = ModelIdentity(n_layer, n_kv, head_dim, n_vocab, model_hash, identity.types)
+    if replace(header, conv_shape=identity.conv_shape, ssm_shape=identity.ssm_shape) != identity:
         raise SlotFileError(f"failed to restore slot: {path.name!r} was saved with a different model")
     if (k_type, v_type) != (identity.types.k.ggml_type, identity.types.v.ggml_type):
         raise SlotFileError(f"failed to restore slot: {path.name!r} was saved with other KV cache types")
