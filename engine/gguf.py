@@ -26,6 +26,10 @@ SUPPORTED_ARCHITECTURES = (
     "qwen2moe",
     "qwen3moe",
     "gpt-oss",
+    "qwen35",
+    "qwen35moe",
+    "qwen3next",
+    "gemma4",
 )
 GGUF_MAGIC = b"GGUF"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.batch import Batch, BatchPart
-from engine.cpu import ops
+from engine.cpu import delta_net, ops
 from engine.cpu.experts import swiglu_oai
 from engine.cpu.sinks import apply_sinks
 from engine.llm import LLM
@@ -100,6 +100,20 @@ def attention(cell_type: str) -> Callable[[], str]:
     return run
 
 
+def delta_net_kernels() -> str:
+    """The Gated DeltaNet's conv (two sequences, one a single token past its tail) and delta rule (value
+    heads sharing key heads, one sequence deep into its state)."""
+    seq_ids = np.array([0, 0, 0, 1], np.int32)
+    x, weight_t, tail = rand(4, 300), rand(4, 300, scale=0.5), rand(2, 3, 300)
+    conv = np.empty_like(x)
+    delta_net.conv1d_silu(x, seq_ids, weight_t, tail, conv)
+    q, k, v = rand(4, 2, 64, scale=0.125), rand(4, 2, 64, scale=0.125), rand(4, 4, 64)
+    g, beta = -np.abs(rand(4, 4)), np.full((4, 4), 0.6, np.float32)
+    state, out = rand(2, 4, 64, 64, scale=0.3), np.empty((4, 4, 64), np.float32)
+    delta_net.gated_delta_rule(q, k, v, g, beta, seq_ids, np.arange(4) % 2, state, out)
+    return digest(conv, tail, out, state)
+
+
 def model(name: str) -> Callable[[], str]:
     """A real model's final hidden states and last logits for a short prompt, in one batch."""
 
@@ -121,6 +135,7 @@ OUTPUTS: dict[str, Callable[[], str]] = {
     "rope": rope,
     "attention-f16": attention("f16"),
     "attention-q8_0": attention("q8_0"),
+    "delta-net": delta_net_kernels,
     "smollm2": model("smollm2"),
     "gemma3": model("gemma3"),
 }

@@ -37,6 +37,7 @@ from tests.conftest import load_golden
 from tests.server_process import ServerProcess, wait_until
 from tests.synthetic_gguf import CASES, UNSUPPORTED, ArchCase, prompt_tokens, write_gguf
 from tests.synthetic_moe_gguf import CASES as MOE_CASES
+from tests.synthetic_qwen35 import CASES as QWEN35_CASES
 
 TOLERANCE = 1e-3
 
@@ -87,7 +88,9 @@ def test_logits_match_llama_cpp(name: str, golden: dict, tmp_path: Path) -> None
 def test_every_listed_architecture_has_a_model_class() -> None:
     assert set(ARCHITECTURES) == set(SUPPORTED_ARCHITECTURES)
     moe = {case.arch for case in MOE_CASES.values()}  # tests/test_moe.py
-    assert {case.arch for case in CASES.values()} | moe | {"gemma3", "qwen2"} == set(SUPPORTED_ARCHITECTURES)
+    others = {"gemma3", "qwen2", "gemma4"}  # tests/test_gemma4.py has Gemma 4's
+    hybrid = {case.arch for case in QWEN35_CASES.values()}  # tests/test_qwen35.py
+    assert {case.arch for case in CASES.values()} | moe | hybrid | others == set(SUPPORTED_ARCHITECTURES)
 
 
 def test_hyper_parameters_of_the_new_families(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from engine.backend import Backend
 from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.models.gemma3 import Gemma3Model
+from engine.models.gemma4 import Gemma4Model
 from engine.models.gpt_oss import GptOssModel
 from engine.models.llama import LlamaModel
 from engine.models.mistral3 import Mistral3Model
@@ -16,6 +17,9 @@ from engine.models.qwen2 import Qwen2Model
 from engine.models.qwen2moe import Qwen2MoeModel
 from engine.models.qwen3 import Qwen3Model
 from engine.models.qwen3moe import Qwen3MoeModel
+from engine.models.qwen3next import Qwen3NextModel
+from engine.models.qwen35 import Qwen35Model
+from engine.models.qwen35moe import Qwen35MoeModel
 
 ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
@@ -27,6 +31,10 @@ ARCHITECTURES: dict[str, type[LlamaModel]] = {
     "qwen2moe": Qwen2MoeModel,
     "qwen3moe": Qwen3MoeModel,
     "gpt-oss": GptOssModel,
+    "qwen35": Qwen35Model,
+    "qwen35moe": Qwen35MoeModel,
+    "qwen3next": Qwen3NextModel,
+    "gemma4": Gemma4Model,
 }
 
 

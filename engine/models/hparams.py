@@ -45,7 +45,7 @@ class HParams:
             arch=arch,
             n_layer=n_layer,
             n_embd=n_embd,
-            n_ff=int(g.arch_value("feed_forward_length")),
+            n_ff=int(g.arch_value("feed_forward_length", 0)),  # absent: Qwen3.5-MoE
             n_head=n_head,
             n_kv_head=int(g.arch_value("attention.head_count_kv", n_head)),
             head_dim=head_dim,

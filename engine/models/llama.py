@@ -163,7 +163,7 @@ class LlamaModel:
     def __init__(
         self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
     ) -> None:
-        self.hp = HParams.from_gguf(g)
+        self.hp = self.read_hparams(g)
         self.backend = backend
         self.name = str(g.metadata.get("general.name", g.path.stem))
         self.n_params = g.n_params
@@ -187,6 +187,11 @@ class LlamaModel:
             g.release_pages()
             if on_layer is not None:
                 on_layer(il + 1, self.hp.n_layer)
+
+    @classmethod
+    def read_hparams(cls, g: GGUFFile) -> HParams:
+        """The file's hyper-parameters (a family with keys of its own, Gemma 4's, reads them itself)."""
+        return HParams.from_gguf(g)
 
     def packed_weights(self) -> list[Any]:
         """Every packed weight matrix of the model (the head once when it is the tied embedding)."""
