@@ -32,6 +32,9 @@ POOLING_TYPES: tuple[Pooling, ...] = ("none", "mean", "cls", "last", "rank")
 class ReasoningTags:
     start: str = "<think>"
     ends: tuple[str, ...] = ("</think>", "</thinking>")
+    # Markup that ends the block where it stands and stays in the answer (Qwen3.5 may open a tool call
+    # right after its thinking, without the end tag).
+    stops: tuple[str, ...] = ()
 
     @property
     def end(self) -> str:
@@ -49,6 +52,10 @@ class ReasoningSpec:
     budget: int = -1  # model tokens allowed inside the block; -1 unlimited, 0 closes it at once
     budget_message: str = ""  # forced before the end tag when the budget runs out
     controllable: bool = False  # reasoning_control: the block may be ended via the control endpoint
+    # The prompt's text from the block's start tag on ("<think>\n") when it opened the block: without the
+    # split (reasoning_format none) the answer's content starts with it, as llama-server parses the
+    # generation prompt and the answer as one text.
+    opening: str = ""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.grammar import JSON_WHITESPACE, GrammarSpec, Trigger, TriggerKind
-from engine.text.tool_calls.syntax import Alt, Json, Lit, Node, Regex, Rep, Seq, Space, ToolGrammar, Until
+from engine.text.tool_calls.syntax import (
+    Alt,
+    Json,
+    Lit,
+    Node,
+    Ref,
+    Regex,
+    Rep,
+    Rule,
+    Seq,
+    Space,
+    ToolGrammar,
+    Until,
+)
 
 SPACE_RULE = r"SPACE: /[ ]|\n{1,2}[ \t]{0,20}/"
 _TRIGGER_KINDS = {
@@ -37,6 +50,7 @@ class _LarkWriter:
     special_tokens: dict[str, int]
     rules: list[str] = field(default_factory=list)
     uses_space: bool = False
+    named: set[str] = field(default_factory=set)
 
     def grammar(self, root: Node) -> str:
         start = f"start: {self.expr(root)}"
@@ -62,6 +76,10 @@ class _LarkWriter:
             return self.rule("/(.|\\n)*/", options=f"[stop={_string(node.stop)}]")
         if isinstance(node, Regex):
             return "/" + node.pattern.replace("/", "\\/") + "/"
+        if isinstance(node, Rule):
+            return self.named_rule(node)
+        if isinstance(node, Ref):
+            return _rule_name(node.name)
         raise TypeError(f"unknown syntax node {node!r}")
 
     def literal(self, text: str) -> str:
@@ -69,10 +87,25 @@ class _LarkWriter:
             return f"<[{self.special_tokens[text]}]>"
         return _string(text) if text else '""'
 
+    def named_rule(self, node: Rule) -> str:
+        """A named rule, written the first time it appears (its body may refer to it)."""
+        name = _rule_name(node.name)
+        if name not in self.named:
+            self.named.add(name)
+            at = len(self.rules)
+            self.rules.append("")  # its place: the body may add rules of its own first
+            self.rules[at] = f"{name}: {self.expr(node.body)}"
+        return name
+
     def rule(self, body: str, options: str = "") -> str:
         name = f"r{len(self.rules)}"
         self.rules.append(f"{name}{options}: {body}")
         return name
+
+
+def _rule_name(name: str) -> str:
+    """A named rule's Lark name (apart from the numbered ones)."""
+    return "n_" + "".join(c if c.isalnum() else "_" for c in name.lower())
 
 
 def _string(text: str) -> str:

@@ -40,8 +40,8 @@ from engine.reference_data import SDIST_REQUIREMENT, reference_file  # noqa: E40
 OUT = ROOT / "tests" / "golden" / "llama_cpp_cases.json"
 
 # test-chat.cpp's templates whose tool-call format Llamba implements, with that format's name
-# (engine/text/tool_calls). Other templates there use formats Llamba does not have (Qwen3-Coder's XML,
-# Kimi, GLM, Gemma 4, Granite, ...), whose cases would test a parser that does not exist here.
+# (engine/text/tool_calls). Other templates there use formats Llamba does not have (Kimi, GLM, Granite,
+# ...), whose cases would test a parser that does not exist here.
 TEMPLATES = {
     "models/templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": "Hermes 2 Pro",
     "models/templates/NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "Hermes 2 Pro",
@@ -59,6 +59,10 @@ TEMPLATES = {
     "models/templates/meta-llama-Llama-3.3-70B-Instruct.jinja": "Llama 3.x with builtin tools",
     "models/templates/openai-gpt-oss-120b.jinja": "GPT-OSS",
     "models/templates/MiniMax-M3.jinja": "MiniMax-M3",
+    "models/templates/Qwen3.5-4B.jinja": "Qwen3-Coder (thinking)",
+    "models/templates/Qwen3-Coder.jinja": "Qwen3-Coder",
+    "models/templates/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "Qwen3-Coder (thinking)",
+    "models/templates/google-gemma-4-31B-it.jinja": "Gemma 4",
 }
 
 
@@ -547,6 +551,8 @@ def chat_cases(path: Path) -> dict[str, Any]:
     for template_paths, tester, block in tester_blocks(body):
         local = dict(scope.values)
         for i, tok in enumerate(block):
+            with contextlib.suppress(Unreadable, IndexError):
+                _local_message(scope, block, i, local)
             if (
                 tok.kind == "ident"
                 and i + 2 < len(block)
@@ -585,6 +591,44 @@ def chat_cases(path: Path) -> dict[str, Any]:
         "tools": {tool["name"]: tool for tool in scope.tools.values()},
         "cases": cases,
     }
+
+
+_MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_call_id", "tool_name")
+
+
+def _local_message(scope: ChatScope, block: list[Tok], i: int, local: dict[str, Any]) -> None:
+    """A message a test builds field by field: `common_chat_msg NAME;` then `NAME.role = "tool";`..."""
+    tok = block[i]
+    if tok.value == "common_chat_msg" and block[i + 1].kind == "ident" and block[i + 2].value == ";":
+        local[block[i + 1].value] = {"role": "", **assist_msg(""), "role_set": True}
+    elif (
+        tok.kind == "ident"
+        and isinstance(local.get(tok.value), dict)
+        and local[tok.value].get("role_set")
+        and block[i + 1].value == "."
+        and block[i + 2].value in _MESSAGE_FIELDS
+        and block[i + 3].value == "="
+    ):
+        local[tok.value][block[i + 2].value] = scope.value(Reader(block, i + 4).expr())
+
+
+def openai_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A test's message as llama.cpp hands it to a template (to_json_oaicompat): calls as OpenAI calls,
+    a tool result's call id; the fields it leaves empty out."""
+    out = {k: v for k, v in message.items() if k != "role_set"}
+    if out.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+                **({"id": c["id"]} if c.get("id") else {}),
+            }
+            for c in out["tool_calls"]
+        ]
+    for key in ("tool_call_id", "tool_name"):
+        if not out.get(key, True):
+            del out[key]
+    return out
 
 
 def tester_blocks(body: list[Tok]) -> list[tuple[list[str], str, list[Tok]]]:
@@ -635,7 +679,7 @@ def chat_case(scope: ChatScope, chain: Any) -> dict[str, Any]:
                 t["name"] if isinstance(t, dict) else dict(zip(fields, t, strict=True)) for t in args[0]
             ]
         elif call.name == "messages":
-            params["messages"] = args[0]
+            params["messages"] = [openai_message(m) for m in args[0]]
         elif call.name == "expect":
             expect = json.loads(json.dumps(args[0]))
         elif call.name == "expect_content":

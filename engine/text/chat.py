@@ -197,7 +197,7 @@ class ChatTemplate:
         as rendered: a system message merged into the next user turn (a template without a system role)
         has none of its own.
         """
-        normalised = normalise_messages(messages)
+        normalised = normalise_messages(messages, typed=self.caps.supports_typed_content)
         continued = _continued_message(normalised, continue_final_message)
         if continued is not None:
             normalised, add_generation_prompt = normalised[:-1], True
@@ -317,14 +317,15 @@ def _continued_message(messages: list[dict], continue_final_message: bool | str 
     return last
 
 
-def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Validate OpenAI-style messages; copies with `content` flattened to a string."""
+def normalise_messages(messages: Sequence[Mapping[str, Any]], typed: bool = False) -> list[dict]:
+    """Validate OpenAI-style messages; copies with `content` flattened to a string (`typed`: a list of
+    text parts kept as a list, for a template that reads them)."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
         raise ValueError("'messages' must be a list of message objects")
-    return [_normalise_message(i, m) for i, m in enumerate(messages)]
+    return [_normalise_message(i, m, typed) for i, m in enumerate(messages)]
 
 
-def _normalise_message(index: int, message: Mapping[str, Any]) -> dict:
+def _normalise_message(index: int, message: Mapping[str, Any], typed: bool = False) -> dict:
     if not isinstance(message, Mapping):
         raise ValueError(f"messages[{index}] must be an object, got {type(message).__name__}")
     role = message.get("role")
@@ -333,7 +334,9 @@ def _normalise_message(index: int, message: Mapping[str, Any]) -> dict:
     if "content" not in message and not message.get("tool_calls"):
         raise ValueError(f"messages[{index}] needs 'content' or 'tool_calls'")
     normalised = dict(message)
-    normalised["content"] = _flatten_content(index, message.get("content"))
+    content = message.get("content")
+    flat = _flatten_content(index, content)
+    normalised["content"] = [dict(p) for p in content] if typed and isinstance(content, list) else flat
     if normalised.get("tool_calls") == []:  # llama.cpp drops an empty list (some templates refuse one)
         del normalised["tool_calls"]
     return normalised

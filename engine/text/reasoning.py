@@ -74,7 +74,8 @@ def resolve_spec(
     """A request's ReasoningSpec from the effective settings; None when nothing would ever happen.
 
     `auto` splits when the template has a thinking block; `deepseek` splits with the template's tags or
-    the default ones; `none` leaves the text alone but still tracks the block, so a budget still applies.
+    the default ones; `none` leaves the text alone (the prompt's open block at its start, as llama.cpp
+    parses the generation prompt with the answer) but still tracks the block, so a budget still applies.
     `own_tags` (a tool-call format's own thinking tags) win over what the template shows.
     """
     if reasoning_format not in REASONING_FORMATS:
@@ -82,10 +83,11 @@ def resolve_spec(
     found = own_tags or detect_tags(template_source)
     tags = found or ReasoningTags()
     split = reasoning_format == "deepseek" or (reasoning_format == "auto" and found is not None)
-    if not split and budget < 0 and not controllable:
-        return None
     opens = prompt_opens_block(prompt_text, tags)
-    return ReasoningSpec(tags, split, opens, budget, budget_message, controllable)
+    if not split and budget < 0 and not controllable and not opens:
+        return None
+    opening = prompt_text[prompt_text.rstrip().rfind(tags.start) :] if opens else ""
+    return ReasoningSpec(tags, split, opens, budget, budget_message, controllable, opening)
 
 
 def partial_suffix(buf: str, tags: tuple[str, ...]) -> int:
@@ -157,12 +159,14 @@ class ReasoningSplitter:
 
     def _reasoning(self, buf: str) -> tuple[str, str]:
         """(reasoning text to emit, rest of buf to process in the next state)."""
-        found = min(((buf.find(t), t) for t in self.tags.ends if t in buf), default=None)
+        tags = self.tags
+        found = min(((buf.find(t), t) for t in (*tags.ends, *tags.stops) if t in buf), default=None)
         if found is not None:
             at, tag = found
             self._state, self._trim_lead = _State.CONTENT, True
-            return buf[:at].rstrip(), buf[at + len(tag) :]
-        keep = partial_suffix(buf, self.tags.ends)
+            rest = buf[at:] if tag in tags.stops and tag not in tags.ends else buf[at + len(tag) :]
+            return buf[:at].rstrip(), rest
+        keep = partial_suffix(buf, (*tags.ends, *tags.stops))
         body = buf[: len(buf) - keep]
         emit = body.rstrip()  # trailing whitespace waits: it is dropped if the end tag follows
         self._held = buf[len(emit) :]
@@ -181,6 +185,7 @@ class ReasoningState:
         self._encode = encode
         self.n_reasoning = 0  # tokens the model itself wrote inside the block
         self.ending = False  # the end sequence is queued (budget or control): nothing more to force
+        self._opening = spec.opening  # raw content's start (reasoning_format none), given once
 
     @property
     def in_reasoning(self) -> bool:
@@ -210,8 +215,14 @@ class ReasoningState:
         split = self.splitter.push(text)
         if not forced and self.in_reasoning:
             self.n_reasoning += 1
-        return split if self.spec.split else Split(content=text)
+        if self.spec.split:
+            return split
+        opening, self._opening = self._opening, ""
+        return Split(content=opening + text)
 
     def flush(self) -> Split:
         split = self.splitter.flush()
-        return split if self.spec.split else Split()
+        if self.spec.split:
+            return split
+        opening, self._opening = self._opening, ""
+        return Split(content=opening)

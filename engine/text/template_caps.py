@@ -11,6 +11,7 @@ syntax (SmolLM2's, Gemma's) take part in the generic tool-call format.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,12 +56,17 @@ class TemplateCaps:
     # arguments but not string ones (they `tojson` them, or iterate their items). Templates that take
     # both get the client's string as it came, as minja's llama.cpp does.
     requires_object_arguments: bool = False
+    # Content given as a list of text parts goes to the template as it came (it iterates them itself:
+    # Qwen3.5, Gemma 4), as llama.cpp passes typed content to templates that read both kinds; other
+    # templates get the parts' text joined by line breaks.
+    supports_typed_content: bool = False
 
 
 def probe_caps(render: RawRender) -> TemplateCaps:
     user = {"role": "user", "content": _USER_NEEDLE}
     system = {"role": "system", "content": _SYSTEM_NEEDLE}
     supports_system = _SYSTEM_NEEDLE in render([system, user], None, False)
+    typed = _renders_typed_content(render)
     supports_tools = "some_tool" in render([user], [_PROBE_TOOL], False)
     arguments = {_ARGUMENT_NEEDLE: "print('Hello, World!')"}
     as_object = _renders_arguments(render([user, _calls_message(("ipython",), arguments)], None, False))
@@ -68,7 +74,7 @@ def probe_caps(render: RawRender) -> TemplateCaps:
         render([user, _calls_message(("ipython",), json.dumps(arguments))], None, False)
     )
     if not (as_object or as_string):
-        return TemplateCaps(supports_system, supports_tools)
+        return TemplateCaps(supports_system, supports_tools, supports_typed_content=typed)
     needs_objects = as_object and not as_string
     probe_arguments: Any = arguments if needs_objects else json.dumps(arguments)
     parallel = render([user, _calls_message(("test_tool1", "test_tool2"), probe_arguments)], None, False)
@@ -87,7 +93,31 @@ def probe_caps(render: RawRender) -> TemplateCaps:
         supports_tool_call_id="call_911_" in answered,
         supports_parallel_tool_calls="test_tool1" in parallel and "test_tool2" in parallel,
         requires_object_arguments=needs_objects,
+        supports_typed_content=typed,
     )
+
+
+def _renders_typed_content(render: RawRender) -> bool:
+    """llama.cpp's probe of typed content: a user message whose content is an empty list renders, and
+    the template iterates or indexes that list (a template that only tests it, or skips an empty
+    content, reads strings)."""
+    content = _WatchedList()
+    return bool(render([{"role": "user", "content": content}], None, False)) and content.read
+
+
+class _WatchedList(list):
+    """An empty content list that notes whether the template read it as a list."""
+
+    read = False
+
+    def __iter__(self) -> Any:
+        # `tojson` writing the list out is no reading of its parts (llama.cpp's probe does not count it)
+        self.read = self.read or not sys._getframe(1).f_globals.get("__name__", "").startswith("json")
+        return super().__iter__()
+
+    def __getitem__(self, index: Any) -> Any:
+        self.read = True
+        return super().__getitem__(index)
 
 
 def _renders_arguments(text: str) -> bool:
@@ -222,7 +252,7 @@ def _merge_system_into_user(messages: list[dict]) -> list[dict]:
     merged: list[dict] = []
     pending = ""
     for message in messages:
-        content = message["content"]
+        content = flat_content(message["content"])
         if message["role"] == "system":
             pending = pending + "\n" + content if pending else content
             continue
@@ -235,6 +265,13 @@ def _merge_system_into_user(messages: list[dict]) -> list[dict]:
     if pending:
         merged.append({"role": "user", "content": pending})
     return merged
+
+
+def flat_content(content: Any) -> Any:
+    """A content list's text parts joined by line breaks (llama.cpp's join); other content as it is."""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content
 
 
 def _dump(value: Any) -> str:

@@ -1,16 +1,18 @@
 """Tokenizers built from GGUF metadata that match llama.cpp's `llama_tokenize` token for token.
 
-Two vocabulary kinds are supported:
+Three vocabulary kinds are supported:
 - byte-level BPE (`tokenizer.ggml.model == "gpt2"`) with a gpt2-style pre-tokenizer (`smollm` and kin),
 - SentencePiece BPE (`tokenizer.ggml.model == "llama"`, e.g. Gemma 3): score-ordered bigram merges over
-  characters, spaces escaped as U+2581, byte fallback to `<0xXX>` tokens.
+  characters, spaces escaped as U+2581, byte fallback to `<0xXX>` tokens,
+- Gemma 4's BPE (`tokenizer.ggml.model == "gemma4"`): rank-ordered merges over whole lines of raw UTF-8
+  characters with spaces escaped as U+2581, byte fallback to `<0xXX>` tokens.
 
 Special tokens (CONTROL / USER_DEFINED / UNKNOWN types) are cut out of the text before either algorithm
 runs, exactly as llama.cpp's `tokenizer_st_partition` does: longest token text first, each one splitting
 every remaining raw fragment. With `parse_special=False` only USER_DEFINED tokens are cut out.
 
 Speed comes from caches keyed by the unit the algorithms work on independently (a pre-token word for
-BPE, a space-delimited segment for SPM), so a long prompt costs mostly dictionary lookups.
+BPE, a space-delimited segment for SPM and Gemma 4), so a long prompt costs mostly dictionary lookups.
 """
 
 from __future__ import annotations
@@ -124,6 +126,16 @@ _QWEN2_PATTERN = (
 )
 
 
+# Qwen3.5's (`qwen35`): Qwen2's with combining marks (\p{M}) taken into letter runs and out of punctuation
+# runs, `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+` and ` ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*` (llama.cpp's matcher for it
+# makes the same choices).
+_QWEN35_PATTERN = (
+    rf"'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}\p{{M}}]+|\p{{N}}| ?[^{_WS}\p{{L}}\p{{M}}\p{{N}}]+[\r\n]*"
+    rf"|[{_WS}]*[\r\n]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"
+)
+
+
 # Llama 3's `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
 # |\s*[\r\n]+|\s+(?!\S)|\s+`: Qwen2's, but digits in groups of up to three (llama.cpp's hand-written
 # matcher cuts a digit run left to right every three digits, as the greedy `\p{N}{1,3}` does).
@@ -179,6 +191,7 @@ _PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "codeshell": _PreTokenizer(_SMOLLM_PATTERN, clean_spaces=True),
     "qwen2": _PreTokenizer(_QWEN2_PATTERN, clean_spaces=False),
     "deepseek-r1-qwen": _PreTokenizer(_QWEN2_PATTERN, clean_spaces=False),
+    "qwen35": _PreTokenizer(_QWEN35_PATTERN, clean_spaces=False),
     "gpt-2": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
     "phi-2": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
     "mpt": _PreTokenizer(_GPT2_PATTERN, clean_spaces=True),
@@ -297,6 +310,31 @@ class _SpecialTokens:
         return fragments
 
 
+_CROSSING = re.compile(f"[^{SPM_SPACE}]{SPM_SPACE}")
+
+
+class _SpaceCuts:
+    """Text with escaped spaces cut before each U+2581 that follows another character, into segments a
+    merge-based tokenizer handles independently (and caches), except inside an occurrence of one of the
+    `spanning` texts: the merged symbols that do cross such a cut."""
+
+    def __init__(self, spanning: Iterable[str]) -> None:
+        self._boundary = re.compile(f"(?<=[^{SPM_SPACE}])(?={SPM_SPACE})")
+        self._spanning = _overlapping_matcher(spanning)
+
+    def split(self, text: str) -> list[str]:
+        if self._spanning is None:
+            return self._boundary.split(text)
+        covered = [(m.start(), m.start() + len(m.group(1))) for m in self._spanning.finditer(text)]
+        if not covered:
+            return self._boundary.split(text)
+        cuts = [
+            m.start() for m in self._boundary.finditer(text) if not any(s < m.start() < e for s, e in covered)
+        ]
+        bounds = [0, *cuts, len(text)]
+        return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
 class _BpeModel:
     """Byte-level BPE: pre-tokenizer regex, then rank-ordered merges within each word."""
 
@@ -394,6 +432,48 @@ class _BpeModel:
         return bytes(out)
 
 
+class _EscapedBpeModel(_BpeModel):
+    """Gemma 4's BPE (`tokenizer.ggml.model == "gemma4"`): SentencePiece-style text (spaces escaped as
+    U+2581, raw UTF-8 characters, no GPT-2 byte table) merged by rank over whole lines, newline runs
+    apart (a run that is a token is that token); a symbol no token spells falls back to `<0xXX>` tokens
+    byte by byte. Lines are merged in segments cut at escaped spaces (`_SpaceCuts`): the merge list's few
+    pairs that join across such a cut are the exceptions."""
+
+    def __init__(self, token_to_id: dict[str, int], merges: Sequence[str]) -> None:
+        super().__init__(token_to_id, merges, _PreTokenizer(r"[^\n]+|\n+", clean_spaces=True))
+        crossing = [a + b for a, b in self._ranks if a and b and _CROSSING.search(a[-1] + b[0])]
+        self._cuts = _SpaceCuts(crossing)
+        self._byte_ids = [token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
+
+    def encode(self, text: str, out: list[int]) -> None:
+        cache = self._cache
+        for word in self._pre.findall(text.replace(" ", SPM_SPACE)):
+            whole = self._token_to_id.get(word) if word[0] == "\n" else None
+            if whole is not None:
+                out.append(whole)
+                continue
+            for seg in self._cuts.split(word):
+                ids = cache.get(seg)
+                if ids is None:
+                    if len(cache) >= _WORD_CACHE_LIMIT:
+                        cache.clear()
+                    ids = cache[seg] = self._encode_segment(seg)
+                out.extend(ids)
+
+    def _encode_segment(self, seg: str) -> tuple[int, ...]:
+        ids: list[int] = []
+        for sym in self._merge(list(seg)):
+            tid = self._token_to_id.get(sym)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            ids.extend(b for b in (self._byte_ids[b] for b in sym.encode("utf-8")) if b is not None)
+        return tuple(ids)
+
+    def piece(self, text: str) -> bytes:
+        return text.replace(SPM_SPACE, " ").encode("utf-8")
+
+
 class _SpmModel:
     """SentencePiece BPE as llama.cpp runs it: characters merged pairwise by the score of the merged
     token, highest first (leftmost on ties); leftover characters fall back to byte tokens."""
@@ -405,12 +485,8 @@ class _SpmModel:
         self._scores = scores
         self._byte_ids = [self._byte_token(token_to_id, b, unk_id) for b in range(256)]
         # A merge never crosses the boundary before a U+2581 that follows another character unless some
-        # token contains that character pair, so text splits there into independently tokenized (and
-        # cacheable) segments. `_spanning` finds the few tokens that do cross such a boundary.
-        self._boundary = re.compile(f"(?<=[^{SPM_SPACE}])(?={SPM_SPACE})")
-        crossing = re.compile(f"[^{SPM_SPACE}]{SPM_SPACE}")
-        spanning = [t for t in texts if SPM_SPACE in t and crossing.search(t)]
-        self._spanning = _overlapping_matcher(spanning)
+        # token contains that character pair: the few tokens that do are the cuts' exceptions.
+        self._cuts = _SpaceCuts(t for t in texts if SPM_SPACE in t and _CROSSING.search(t))
         self._cache: dict[str, tuple[int, ...]] = {}
 
     @staticmethod
@@ -422,25 +498,13 @@ class _SpmModel:
 
     def encode(self, text: str, out: list[int]) -> None:
         cache = self._cache
-        for seg in self._segments(text.replace(" ", SPM_SPACE)):
+        for seg in self._cuts.split(text.replace(" ", SPM_SPACE)):
             ids = cache.get(seg)
             if ids is None:
                 if len(cache) >= _WORD_CACHE_LIMIT:
                     cache.clear()
                 ids = cache[seg] = self._encode_segment(seg)
             out.extend(ids)
-
-    def _segments(self, text: str) -> list[str]:
-        if self._spanning is None:
-            return self._boundary.split(text)
-        covered = [(m.start(), m.start() + len(m.group(1))) for m in self._spanning.finditer(text)]
-        if not covered:
-            return self._boundary.split(text)
-        cuts = [
-            m.start() for m in self._boundary.finditer(text) if not any(s < m.start() < e for s, e in covered)
-        ]
-        bounds = [0, *cuts, len(text)]
-        return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
     def _encode_segment(self, seg: str) -> tuple[int, ...]:
         syms = list(seg)
@@ -553,6 +617,8 @@ class _KindDefaults:
 _KIND_DEFAULTS = {
     "gpt2": _KindDefaults(bos=11, eos=11, unk=None, add_bos=False, add_space_prefix=False),
     "llama": _KindDefaults(bos=1, eos=2, unk=0, add_bos=True, add_space_prefix=True),
+    # Gemma 4: BPE whose special ids come from the file only; llama.cpp adds BOS whatever the file says.
+    "gemma4": _KindDefaults(bos=None, eos=None, unk=None, add_bos=True, add_space_prefix=False),
 }
 
 
@@ -575,6 +641,24 @@ def _pre_tokenizer(meta: dict[str, Any]) -> _PreTokenizer:
         known = ", ".join(sorted(_PRE_TOKENIZERS))
         raise UnsupportedModelError(f"unsupported BPE pre-tokenizer '{name}' (supported: {known})")
     return pre
+
+
+def _model_of(
+    kind: str, meta: dict[str, Any], tokens: list[str], token_to_id: dict[str, int], unk: int | None
+) -> tuple[_BpeModel | _SpmModel, bool, bool]:
+    """The vocabulary's tokenizer model, whether llama.cpp cleans its decoded spaces up, and whether its
+    pre-tokenizer adds BOS by default."""
+    if kind == "llama":
+        scores = meta.get("tokenizer.ggml.scores")
+        score_list = scores.tolist() if scores is not None else [0.0] * len(tokens)
+        return _SpmModel(tokens, token_to_id, score_list, 0 if unk is None else unk), False, False
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is None:
+        raise UnsupportedModelError("BPE vocabulary without tokenizer.ggml.merges")
+    if kind == "gemma4":
+        return _EscapedBpeModel(token_to_id, merges), True, True
+    pre = _pre_tokenizer(meta)
+    return _BpeModel(token_to_id, merges, pre), pre.clean_spaces, pre.add_bos
 
 
 class Tokenizer:
@@ -620,7 +704,8 @@ class Tokenizer:
         kind = str(meta.get("tokenizer.ggml.model", ""))
         defaults = _KIND_DEFAULTS.get(kind)
         if defaults is None:
-            raise UnsupportedModelError(f"unsupported tokenizer model '{kind}' (supported: gpt2, llama)")
+            known = ", ".join(_KIND_DEFAULTS)
+            raise UnsupportedModelError(f"unsupported tokenizer model '{kind}' (supported: {known})")
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(meta["tokenizer.ggml.tokens"])]
         n_vocab = len(tokens)
         token_to_id = {t: i for i, t in enumerate(tokens)}
@@ -635,22 +720,11 @@ class Tokenizer:
             unk=_meta_id(meta, "tokenizer.ggml.unknown_token_id", defaults.unk, n_vocab),
             pad=_meta_id(meta, "tokenizer.ggml.padding_token_id", None, n_vocab),
         )
-        model: _BpeModel | _SpmModel
-        add_bos = defaults.add_bos
-        if kind == "gpt2":
-            pre = _pre_tokenizer(meta)
-            merges = meta.get("tokenizer.ggml.merges")
-            if merges is None:
-                raise UnsupportedModelError("BPE vocabulary without tokenizer.ggml.merges")
-            model, clean_spaces = _BpeModel(token_to_id, merges, pre), pre.clean_spaces
-            add_bos = add_bos or pre.add_bos
-        else:
-            scores = meta.get("tokenizer.ggml.scores")
-            score_list = scores.tolist() if scores is not None else [0.0] * n_vocab
-            unk = 0 if ids.unk is None else ids.unk
-            model, clean_spaces = _SpmModel(tokens, token_to_id, score_list, unk), False
+        model, clean_spaces, add_bos = _model_of(kind, meta, tokens, token_to_id, ids.unk)
+        if kind == "gemma4":  # llama.cpp overrides a file's add_bos_token false for Gemma 4
+            meta = {**meta, "tokenizer.ggml.add_bos_token": True}
         options = _Options(
-            add_bos=_flag(meta, "tokenizer.ggml.add_bos_token", add_bos),
+            add_bos=_flag(meta, "tokenizer.ggml.add_bos_token", add_bos or defaults.add_bos),
             add_eos=_flag(meta, "tokenizer.ggml.add_eos_token", False),
             add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", defaults.add_space_prefix),
             clean_spaces=clean_spaces,

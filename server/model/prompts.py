@@ -78,8 +78,9 @@ def template_caps(template: ChatTemplate) -> dict[str, bool]:
     """The chat template's capabilities under llama.cpp's names, sorted as it writes them (/props
     `chat_template_caps`): the system role, tools, calls, parallel calls and object arguments as
     Llamba's probes found them (minja's way: what a render shows, where llama.cpp's own engine
-    watches what the template reads); content is rendered as text (Llamba flattens content parts),
-    reasoning effort is what the template names; no template here keeps every turn's reasoning."""
+    watches what the template reads); content parts go to a template that reads them as they came,
+    else as text; reasoning effort is what the template names; no template here keeps every turn's
+    reasoning."""
     caps = template.caps
     return {
         "supports_object_arguments": caps.requires_object_arguments,
@@ -90,7 +91,7 @@ def template_caps(template: ChatTemplate) -> dict[str, bool]:
         "supports_system_role": caps.supports_system_role,
         "supports_tool_calls": caps.supports_tool_calls,
         "supports_tools": caps.supports_tools,
-        "supports_typed_content": False,
+        "supports_typed_content": caps.supports_typed_content,
     }
 
 
@@ -144,6 +145,24 @@ def _continuation(fmt: ToolCallFormat, source: str) -> Callable[[str, str, Prefi
     return lambda prompt, generation_prompt, prefill: fmt.continue_prompt(
         prompt, generation_prompt, prefill, tags
     )
+
+
+def _continued(chat: ChatInput) -> bool | str | None:
+    """The chat's continue_final_message, decided on the chat as sent: a format may fold its last turns
+    into an assistant message (Gemma 4's older template) that is no prefill."""
+    last = chat.messages[-1] if chat.messages else None
+    if chat.continue_final_message is None and last is not None and last.get("role") != "assistant":
+        return False
+    return chat.continue_final_message
+
+
+def _finished(
+    fmt: ToolCallFormat, source: str, rendered: RenderedPrompt, add_generation_prompt: bool, kwargs: dict
+) -> RenderedPrompt:
+    """The prompt with the format's fixes (llama.cpp's): known template bugs, thinking switched off, a
+    closed turn reopened."""
+    thinking = bool(kwargs.get("enable_thinking", True))
+    return replace(rendered, text=fmt.finish_prompt(source, rendered.text, add_generation_prompt, thinking))
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,32 +236,30 @@ class PromptBuilder:
         format writes one (its thinking tags, GPT-OSS channels)."""
         kwargs = self.settings.chat_template_kwargs | chat.template_kwargs
         messages, tools, fmt = chat.messages, chat.tools, chat.tool_format
-        template = self.template
+        template, finishing = self.template, fmt if tools else None
         if tools and fmt is not None:
             messages = fmt.prepare_messages(messages, tools)
             kwargs = fmt.template_context(tools) | kwargs
         elif not self.describes_tools:  # tools left out: the history as llama-server gives it
             messages, template = [_as_llama_server_gives(m) for m in messages], _history_as_given(template)
-        elif self.tool_format.prepares_messages_without_tools:  # GPT-OSS: past reasoning, tools or not
-            messages = self.tool_format.prepare_messages(messages, ())
+        elif self.tool_format.prepares_messages_without_tools:  # GPT-OSS, Gemma 4: tools or not
+            messages, finishing = self.tool_format.prepare_messages(messages, ()), self.tool_format
         try:
             rendered = template.render(
                 messages,
                 add_generation_prompt=chat.add_generation_prompt,
                 tools=tools,
                 with_starts=False,
-                continue_final_message=chat.continue_final_message,
+                continue_final_message=_continued(chat),
                 continuation=_continuation(fmt or self.tool_format, self.template.source),
                 **kwargs,
             )
         except (ChatTemplateError, ValueError) as exc:
             raise errors.invalid_request(str(exc)) from exc
-        if tools and fmt is not None and not rendered.prefill_text:
-            thinking = bool(kwargs.get("enable_thinking", True))
-            text = fmt.finish_prompt(
-                self.template.source, rendered.text, chat.add_generation_prompt, thinking
+        if finishing is not None and not rendered.prefill_text:
+            rendered = _finished(
+                finishing, self.template.source, rendered, chat.add_generation_prompt, kwargs
             )
-            rendered = replace(rendered, text=text)
         return rendered
 
     async def chat(self, chat: ChatInput, fit: bool = True, n_keep: int | None = None) -> Prompt:

@@ -11,10 +11,10 @@ without tools (or with tool_choice none) call markup stays content.
 
 Modules: common (types), syntax (grammar description), json_stream (incremental JSON), stream (the
 parser machinery), and one module per family: generic, hermes, llama3, mistral, functionary, deepseek,
-command_r, gpt_oss, minimax. Not covered (llama.cpp's older chat.cpp has them): Firefunction v2,
-Functionary v3.1, Granite, Hermes' "good bad" variants (`<function=...>`, bare or fenced JSON); newer
-llama.cpp formats (Qwen3-Coder's XML parameters, Kimi, GLM, newer Mistral `[ARGS]`) are detected as the
-older family whose marker they share, or as generic.
+command_r, gpt_oss, minimax, qwen3_coder (with schema_types), gemma4 (with gemma4_args). Not covered
+(llama.cpp's older chat.cpp has them): Firefunction v2, Functionary v3.1, Granite, Hermes' "good bad"
+variants (`<function=...>`, bare or fenced JSON); other newer llama.cpp formats (Kimi, GLM, newer Mistral
+`[ARGS]`) are detected as the older family whose marker they share, or as generic.
 """
 
 from __future__ import annotations
@@ -36,12 +36,16 @@ from engine.text.tool_calls.common import (
 )
 from engine.text.tool_calls.deepseek import DeepSeekR1
 from engine.text.tool_calls.functionary import FunctionaryV32
+from engine.text.tool_calls.gemma4 import Gemma4
+from engine.text.tool_calls.gemma4 import detect as detect_gemma4
 from engine.text.tool_calls.generic import Generic
 from engine.text.tool_calls.gpt_oss import GptOss
 from engine.text.tool_calls.hermes import Hermes2Pro
 from engine.text.tool_calls.llama3 import Llama3
 from engine.text.tool_calls.minimax import MiniMaxM3
 from engine.text.tool_calls.mistral import MistralNemo
+from engine.text.tool_calls.qwen3_coder import Qwen3Coder
+from engine.text.tool_calls.qwen3_coder import detect as detect_qwen3_coder
 from engine.text.tool_calls.syntax import ToolGrammar, Trigger
 
 __all__ = [
@@ -77,6 +81,10 @@ FORMATS: dict[str, ToolCallFormat] = {
         CommandR7B(),
         GptOss(),
         MiniMaxM3(),
+        Qwen3Coder(thinking=False),
+        Qwen3Coder(thinking=True),
+        Gemma4(fold_tool_responses=False),
+        Gemma4(fold_tool_responses=True),
     )
 }
 
@@ -97,7 +105,14 @@ _SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def detect_format(template_source: str) -> ToolCallFormat:
     """The format llama.cpp would use for this template when a request has tools."""
-    for name, signs in _SIGNS:
+    for name, signs in _SIGNS[:3]:  # the formats llama.cpp names before these two
+        if all(sign in template_source for sign in signs):
+            return FORMATS[name]
+    for detect in (detect_gemma4, detect_qwen3_coder):  # llama.cpp's specialised templates, in its order
+        found = detect(template_source)
+        if found is not None:
+            return FORMATS[found.name]
+    for name, signs in _SIGNS[3:]:
         if all(sign in template_source for sign in signs):
             return FORMATS[name]
     # Newer Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`: not Nemo's array.

@@ -3,8 +3,9 @@ r"""How a format's calls look, as data for the grammar builder (engine-neutral: 
 A format describes its call syntax as a small tree of nodes: literal text, a JSON value matching a JSON
 schema, sequences, alternatives, repetitions, optional whitespace, text up to a closing tag, and (rarely)
 a regular expression. The grammar builder turns the tree into GBNF, Lark or whatever its engine takes;
-JSON schemas go to the engine's own schema compiler. `ToolGrammar` adds what llama.cpp adds around the
-grammar: whether it is lazy (only enforced from a trigger on) and its triggers.
+JSON schemas go to the engine's own schema compiler; named rules (`Rule`, `Ref`) allow recursion.
+`ToolGrammar` adds what llama.cpp adds around the grammar: whether it is lazy (only enforced from a
+trigger on) and its triggers.
 
 For a lazy grammar, `root` matches the text from the trigger on, as llama.cpp feeds it: a `word`
 trigger's word is the start of `root`; a `pattern` found anywhere starts `root` where its match starts
@@ -73,7 +74,23 @@ class Regex:
     pattern: str
 
 
-Node = Lit | Json | Seq | Alt | Rep | Space | Until | Regex
+@dataclass(frozen=True)
+class Rule:
+    """`body` as a named rule, written once however often it appears, which `Ref(name)` inside it (or
+    elsewhere) refers to: a recursive syntax (Gemma 4's nested argument values)."""
+
+    name: str
+    body: Node
+
+
+@dataclass(frozen=True)
+class Ref:
+    """The rule `name` (a `Rule` of that name must appear in the grammar)."""
+
+    name: str
+
+
+Node = Lit | Json | Seq | Alt | Rep | Space | Until | Regex | Rule | Ref
 
 
 def seq(*items: Node) -> Node:
