@@ -2,12 +2,19 @@
 
 Run it with Llamba's venv; it writes each seeded GGUF into a scratch folder and has llama.cpp compute two
 sets of logits there, in a Python that has llama-cpp-python 0.3.36 (llama.cpp 0c1e570; the worker half,
-`--worker`, imports only numpy and llama_cpp), with scripts/make_arch_goldens.py's settings: CPU,
-2 threads, flash attention off, one sequence of n_ctx:
+`--worker`, imports only numpy, llama_cpp and scripts/llama_cpp_trace.py), with
+scripts/make_arch_goldens.py's settings: CPU, 2 threads, flash attention off, one sequence of n_ctx:
 
 - `logits`: every position of the case's prompt, the whole prompt as one batch;
 - `first_logits`: each prompt token as the first token of a fresh sequence (attention over one cell is
-  exact on both sides, so these isolate the weights, the per-layer inputs and the experts).
+  exact on both sides, so these isolate the weights, the per-layer inputs and the experts);
+- `router` (MoE cases): llama.cpp's routing in that prompt batch, read with its `cb_eval` hook (as
+  scripts/llama_cpp_trace.py does) in a second context on the same model, whose logits must be the
+  first one's bit for bit: per MoE layer (`layers`) and position the router logits over all experts
+  (`ffn_moe_logits`: `logits_f32_base64`, [layer, position, expert]) and the experts it ran
+  (`ffn_moe_topk`: `topk_i32_base64`, [layer, position, k], best first). A near-tie between the k-th
+  and (k+1)-th logits is where another engine's float rounding can pick the other expert
+  (tests/test_gemma4.py).
 
     .venv/bin/python scripts/make_gemma4_goldens.py --llama-python /tmp/llcpp-avx2/bin/python
 
@@ -34,8 +41,55 @@ OUT = ROOT / "tests" / "golden" / "gemma4.json"
 SOURCE = "llama.cpp 0c1e570 (llama-cpp-python 0.3.36), CPU, 2 threads, flash attention off"
 
 
+ROUTER = ("ffn_moe_logits", "ffn_moe_topk")  # llama.cpp's build_moe_ffn names, "-<layer>" appended
+
+
+def router_trace(llm, tokens: list[int]) -> tuple[dict[str, np.ndarray], np.ndarray]:  # type: ignore[no-untyped-def]
+    """The prompt as one batch again, in a new context with llm's parameters and llama.cpp's cb_eval
+    hook: ({"ffn_moe_logits-<il>": [T, n_expert] float32, "ffn_moe_topk-<il>": [T, k] int32}, the
+    logits [T, n_vocab])."""
+    import ctypes
+
+    import llama_cpp
+
+    sys.path.insert(0, str(ROOT))
+    from scripts.llama_cpp_trace import GgmlTensor, tensor_array
+
+    seen: dict[str, np.ndarray] = {}
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def observe(pointer: int, ask: bool, _user: int) -> bool:
+        t = ctypes.cast(pointer, ctypes.POINTER(GgmlTensor)).contents
+        name = t.name.decode()
+        kind, _, layer = name.rpartition("-")
+        if ask:  # which tensors to stop at: the router's, not their reshaped views
+            return kind in ROUTER and layer.isdigit()
+        assert name not in seen, name
+        values = tensor_array(t)  # a copy of its bytes as float32; topk's are int32
+        seen[name] = (values.view(np.int32) if kind == "ffn_moe_topk" else values).reshape(len(tokens), -1)
+        return True  # go on computing
+
+    params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
+    params.cb_eval = observe
+    ctx = llama_cpp.llama_init_from_model(llm.model, params)
+    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    try:
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, 1
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = len(tokens)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        shape = (len(tokens), llm.n_vocab())
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=shape).copy()
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+    return seen, logits
+
+
 def worker(folder: Path) -> None:
-    """In llama-cpp-python's venv: each job's prompt logits and first-token logits beside its GGUF."""
+    """In llama-cpp-python's venv: each job's prompt logits and first-token logits beside its GGUF, and
+    the MoE jobs' routing."""
     import llama_cpp
 
     for job in json.loads((folder / "jobs.json").read_text()):
@@ -50,7 +104,12 @@ def worker(folder: Path) -> None:
             verbose=False,
         )
         llm.eval(job["tokens"])
-        np.save(folder / f"{job['name']}.npy", np.array(llm.scores[: len(job["tokens"])], dtype=np.float32))
+        logits = np.array(llm.scores[: len(job["tokens"])], dtype=np.float32)
+        np.save(folder / f"{job['name']}.npy", logits)
+        if job["moe"]:
+            router, traced = router_trace(llm, job["tokens"])
+            assert np.array_equal(traced, logits), "the traced pass is not the golden one"
+            np.savez(folder / f"{job['name']}.router.npz", **router)  # type: ignore[arg-type]
         first = []
         for token in job["tokens"]:
             llm.reset()
@@ -64,13 +123,31 @@ def _b64(logits: np.ndarray) -> str:
     return base64.b64encode(logits.astype("<f4").tobytes()).decode()
 
 
+def _routing(path: Path) -> dict:
+    """The worker's router tensors as the golden entry's `router` field, layers in order."""
+    traced = np.load(path)
+    layers = sorted(int(key.rpartition("-")[2]) for key in traced.files if key.startswith("ffn_moe_topk-"))
+    logits = np.stack([traced[f"ffn_moe_logits-{il}"] for il in layers])
+    topk = np.stack([traced[f"ffn_moe_topk-{il}"] for il in layers])
+    return {
+        "layers": layers,
+        "shape": list(logits.shape),
+        "logits_f32_base64": _b64(logits),
+        "k": topk.shape[2],
+        "topk_i32_base64": base64.b64encode(topk.astype("<i4").tobytes()).decode(),
+    }
+
+
 def golden_cases(llama_python: str, names: list[str]) -> dict[str, dict]:
     from tests.synthetic_gemma4 import CASES, prompt_tokens, write_gguf
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         cases = [CASES[n] for n in names]
-        jobs = [{"name": c.name, "n_ctx": c.n_ctx, "tokens": prompt_tokens(c)} for c in cases]
+        jobs = [
+            {"name": c.name, "n_ctx": c.n_ctx, "tokens": prompt_tokens(c), "moe": c.n_expert > 0}
+            for c in cases
+        ]
         digests = {}
         for case in cases:
             path = write_gguf(case, folder / f"{case.name}.gguf")
@@ -88,6 +165,8 @@ def golden_cases(llama_python: str, names: list[str]) -> dict[str, dict]:
                 "logits_f32_base64": _b64(logits),
                 "first_logits_f32_base64": _b64(np.load(folder / f"{job['name']}.first.npy")),
             }
+            if job["moe"]:
+                out[job["name"]]["router"] = _routing(folder / f"{job['name']}.router.npz")
     return out
 
 

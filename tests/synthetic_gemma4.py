@@ -28,7 +28,17 @@ What the cases hold, as the real releases do:
   (`gemma4-moe-split-q8_0`: as two tensors, which llama.cpp also loads); no per-layer embeddings, no
   shared KV;
 - `*-q8_0`: the same models with every matrix Q8_0 (quantized by the `gguf` package), the router and
-  vectors float32 as llama-quantize leaves them.
+  vectors float32 as llama-quantize leaves them;
+- `*-q4_k_m`: llama-quantize's Q4_K_M mixture (llama.cpp 0c1e570's choices for a real release): Q4_K
+  matrices; Q6_K for the head, which is the tied `token_embd` (and so `per_layer_token_embd`, the same
+  category to llama-quantize), for `attn_v` and for every `ffn_down*` (dense and experts) on the layers
+  its `use_more_bits` picks (the first and last eighth, every third between; attn_v counted over the
+  layers that have one); `per_layer_model_proj`, the router, norms and scales float32. (Its special
+  case for exactly 8 experts, Mixtral's Q8_0 attn_k/attn_v, is not applied: the releases have more.)
+  K-quant rows hold whole 256-value super-blocks, so these cases are 256 wide with 64/128-wide heads
+  (the dense one with 256-wide per-layer inputs, as E2B/E4B's) and 256-wide experts; the weights are
+  random K-quant bits with chosen super-block scales (tests/synthetic_quant_gguf.py: the `gguf` package
+  cannot quantize K types).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import gguf
 import numpy as np
 
 from tests.synthetic_gguf import BOS, N_VOCAB, _write_vocabulary
+from tests.synthetic_quant_gguf import random_matrix
 
 TEMPLATE = "models/templates/google-gemma-4-31B-it.jinja"
 
@@ -51,7 +62,7 @@ class Gemma4Case:
     """One synthetic Gemma 4 model: its name (the seed), shape, layer layout and tensor types."""
 
     name: str
-    types: str = "F32"  # F32 or Q8_0
+    types: str = "F32"  # F32, Q8_0 or Q4_K_M
     layers: str = "SSSGSG"  # per layer: S sliding window, G global
     n_embd: int = 128
     n_head: int = 4
@@ -94,12 +105,39 @@ class Gemma4Case:
     def n_ff_of(self, il: int) -> int:
         return 2 * self.n_ff if self.double_wide_shared and not self.has_kv(il) else self.n_ff
 
+    def has_v(self, il: int) -> bool:
+        return self.has_kv(il) and (self.is_swa(il) or not self.v_from_k)
+
 
 def _float_tensor(name: str) -> bool:
     """What llama-quantize leaves in float32: vectors, scales, the router."""
     return name.endswith((".scale", "norm.weight", "rope_freqs.weight", "output_scale.weight")) or (
         "ffn_gate_inp" in name
     )
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama-quantize's Q4_K_M "more bits" layers: the first and last eighth, every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_type(case: Gemma4Case, name: str) -> str:
+    """What llama-quantize (with the case's type) stores a tensor in (the module's docstring)."""
+    if case.types == "F32" or _float_tensor(name):
+        return "F32"
+    if case.types == "Q8_0":
+        return "Q8_0"
+    if name == "per_layer_model_proj.weight":  # llama-quantize leaves it as it is
+        return "F32"
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):  # the tied head
+        return "Q6_K"
+    il = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    if ".attn_v." in name:
+        with_v = [i for i in range(case.n_layer) if case.has_v(i)]
+        return "Q6_K" if use_more_bits(with_v.index(il), len(with_v)) else "Q4_K"
+    if ".ffn_down" in name:
+        return "Q6_K" if use_more_bits(il, case.n_layer) else "Q4_K"
+    return "Q4_K"
 
 
 class _Weights:
@@ -112,10 +150,8 @@ class _Weights:
 
     def matrix(self, name: str, rows: int, cols: int, n_expert: int = 0, std: float | None = None) -> None:
         scale = 1.0 / math.sqrt(cols) if std is None else std
-        data = (self.rng.standard_normal((max(n_expert, 1) * rows, cols)) * scale).astype(np.float32)
-        kind = "F32" if self.case.types == "F32" or _float_tensor(name) else self.case.types
-        if kind != "F32":
-            data = gguf.quants.quantize(data, gguf.GGMLQuantizationType[kind])
+        kind = tensor_type(self.case, name)
+        data = random_matrix(self.rng, kind, max(n_expert, 1) * rows, cols, scale)
         self.tensors[name] = (data.reshape(n_expert, rows, -1) if n_expert else data, kind)
 
     def vector(self, name: str, n: int, mean: float, std: float) -> None:
@@ -132,7 +168,7 @@ def _attention(w: _Weights, il: int) -> None:
     w.matrix(p + "attn_q.weight", c.n_head * head_dim, c.n_embd)
     if c.has_kv(il):
         w.matrix(p + "attn_k.weight", n_kv * head_dim, c.n_embd)
-        if c.is_swa(il) or not c.v_from_k:
+        if c.has_v(il):
             w.matrix(p + "attn_v.weight", n_kv * head_dim, c.n_embd)
         w.vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1)
     # q/k norm weights well under 1: Gemma 4 attends with scale 1 on normed heads, and scores of
@@ -232,7 +268,7 @@ def _write_metadata(w: gguf.GGUFWriter, c: Gemma4Case) -> None:
         w.add_expert_count(c.n_expert)
         w.add_expert_used_count(c.n_used)
         w.add_expert_feed_forward_length(c.n_ff_exp)
-    w.add_file_type({"F32": 0, "Q8_0": 7}[c.types])
+    w.add_file_type({"F32": 0, "Q8_0": 7, "Q4_K_M": 15}[c.types])
 
 
 def write_gguf(
@@ -286,6 +322,8 @@ _MOE = Gemma4Case(
     n_ff_exp=128,
 )
 _DENSE = Gemma4Case("gemma4-dense", chat_template=True)
+# K-quant shapes: rows of whole 256-value super-blocks (the heads as the MoE case's)
+_K_WIDE = {"n_embd": 256, "head_dim_swa": 64, "head_dim": 128}
 
 CASES: dict[str, Gemma4Case] = {
     c.name: c
@@ -295,5 +333,15 @@ CASES: dict[str, Gemma4Case] = {
         _MOE,
         replace(_MOE, name="gemma4-moe-q8_0", types="Q8_0"),
         replace(_MOE, name="gemma4-moe-split-q8_0", types="Q8_0", fused_gate_up=False),
+        # the releases' Q4_K_M (E2B/E4B, 26B-A4B)
+        replace(
+            _DENSE,
+            name="gemma4-dense-q4_k_m",
+            types="Q4_K_M",
+            chat_template=False,
+            n_embd_per_layer=256,
+            **_K_WIDE,
+        ),
+        replace(_MOE, name="gemma4-moe-q4_k_m", types="Q4_K_M", n_ff_exp=256),
     )
 }

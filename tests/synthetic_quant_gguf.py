@@ -65,6 +65,8 @@ def random_matrix(rng: np.random.Generator, type_name: str, rows: int, cols: int
         return gguf_quants.quantize(weights, qtype)
     d_at, dmin_at, mean_q = _RANDOM_FIELDS[type_name]
     block, size = GGML_QUANT_SIZES[qtype]
+    if cols % block:
+        raise ValueError(f"{type_name} rows hold whole blocks of {block}, not {cols} values")
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
     d = rng.uniform(0.5, 1.5, raw.shape[:2]).astype(np.float32)
     dmin = mean_q * d * rng.uniform(0.9, 1.1, raw.shape[:2]).astype(np.float32)

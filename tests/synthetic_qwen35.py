@@ -27,8 +27,10 @@ Qwen3.5 vocabulary of 248k tokens: its embedding would make the goldens megabyte
 the real vocabulary there is no chat template). The decays are spread over (0.27, 0.99) per token, so
 the state carries the prompt far. Tensor types as in tests/synthetic_moe_gguf.py: `F32`; `Q8_0` (every
 matrix but the conv kernel and the routers); `Q4_K_M` (Q4_K, Q6_K for the head, attn_v, the first
-layer's attn_qkv and ffn_down: K-quants are random bits with chosen super-block scales, the gguf
-package cannot quantize them).
+layer's attn_qkv and ffn_down, routed and shared experts' included: K-quants are random bits with chosen
+super-block scales, the gguf package cannot quantize them). The Q4_K_M mixtures of experts have experts
+and a shared expert 256 wide (the real releases' are 512): K-quant rows hold whole 256-value
+super-blocks, and llama-quantize would store narrower `ffn_down_exps` rows in Q5_0 / Q8_0 instead.
 """
 
 from __future__ import annotations
@@ -261,9 +263,9 @@ def prompt_tokens(case: Qwen35Case) -> list[int]:
     return [BOS, *rng.integers(0, BOS, case.n_tokens - 1).tolist()]
 
 
-def _moe(name: str, arch: str, types: str) -> Qwen35Case:
+def _moe(name: str, arch: str, types: str, width: int = 128) -> Qwen35Case:
     """Qwen3.5-35B-A3B / Qwen3-Next-80B-A3B in small: 4 layers (attention every second), 8 experts of
-    which 2 are used, a shared expert, all 128 wide."""
+    which 2 are used, a shared expert, all `width` wide."""
     return Qwen35Case(
         name,
         arch,
@@ -272,8 +274,8 @@ def _moe(name: str, arch: str, types: str) -> Qwen35Case:
         full_attention_interval=2,
         n_expert=8,
         n_used=2,
-        n_ff_exp=128,
-        n_ff_shexp=128,
+        n_ff_exp=width,
+        n_ff_shexp=width,
     )
 
 
@@ -299,5 +301,8 @@ CASES: dict[str, Qwen35Case] = {
         _moe("qwen35moe-q8_0", "qwen35moe", "Q8_0"),
         _moe("qwen3next-f32", "qwen3next", "F32"),
         _moe("qwen3next-q8_0", "qwen3next", "Q8_0"),
+        # the releases' Q4_K_M (Qwen3.6-35B-A3B, Qwen3-Next-80B-A3B); experts one K-quant super-block wide
+        _moe("qwen35moe-q4_k_m", "qwen35moe", "Q4_K_M", width=256),
+        _moe("qwen3next-q4_k_m", "qwen3next", "Q4_K_M", width=256),
     )
 }
