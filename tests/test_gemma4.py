@@ -83,8 +83,17 @@ def logits_of(entry: dict, key: str = "logits_f32_base64") -> np.ndarray:
     return np.frombuffer(base64.b64decode(entry[key]), dtype="<f4").reshape(entry["shape"])
 
 
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the module: each case's file is written once (writing the K-quant cases' random
+    bits takes seconds), then loaded by every test that runs it."""
+    return tmp_path_factory.mktemp("gemma4")
+
+
 def load(case: Gemma4Case, folder: Path, backend: Backend | None = None) -> tuple[Gemma4Model, Path]:
-    path = write_gguf(case, folder / f"{case.name}.gguf")
+    path = folder / f"{case.name}.gguf"
+    if not path.exists():  # the same case name always gives the same bytes
+        write_gguf(case, path)
     model = load_model(GGUFFile(path), backend or cpu_backend())
     assert isinstance(model, Gemma4Model)
     return model, path
@@ -181,9 +190,9 @@ def checked_model(name: str, golden: dict, folder: Path, backend: Backend | None
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_each_token_alone_matches_llama_cpp(name: str, golden: dict, tmp_path: Path) -> None:
+def test_each_token_alone_matches_llama_cpp(name: str, golden: dict, files: Path) -> None:
     entry = golden[name]
-    model = checked_model(name, golden, tmp_path)
+    model = checked_model(name, golden, files)
     tokens = entry["tokens"]
     firsts = Batch.of([BatchPart(i, 0, [t]) for i, t in enumerate(tokens)])
     got = model.forward(firsts, model.new_cache(len(tokens), 8))
@@ -197,11 +206,11 @@ def test_each_token_alone_matches_llama_cpp(name: str, golden: dict, tmp_path: P
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_prompt_matches_llama_cpp(name: str, golden: dict, tmp_path: Path) -> None:
+def test_prompt_matches_llama_cpp(name: str, golden: dict, files: Path) -> None:
     """Every position, as one batch and as a prompt half then single-token decode steps; with experts,
     every position before the first routing flip, which must be at a near-tie (`agreeing_positions`)."""
     entry = golden[name]
-    model = checked_model(name, golden, tmp_path)
+    model = checked_model(name, golden, files)
     want, quantized = logits_of(entry), CASES[name].types != "F32"
     for split in (False, True):
         got, chosen = run_prompt(model, entry["tokens"], entry["n_ctx"], split)
@@ -255,14 +264,14 @@ def llama_cpp_attention(q, k_cache, v_cache, seq_ids, positions, window, scale, 
             out[t, h] = p.astype(np.float16).astype(np.float32) @ v
 
 
-def test_with_llama_cpps_attention_rounding_the_prompt_is_llama_cpps(golden: dict, tmp_path: Path) -> None:
+def test_with_llama_cpps_attention_rounding_the_prompt_is_llama_cpps(golden: dict, files: Path) -> None:
     """The dense Q8_0 file with the backend's attention swapped for llama.cpp's arithmetic: every
     other part is Llamba's, and where no int8 activation falls on a rounding boundary (one that does
     moves its token and, through attention, the later ones by ~2e-2) the logits are llama.cpp's to
     float rounding, sliding windows, both RoPEs and the shared-KV layers included."""
     name = "gemma4-dense-q8_0"
     backend = dataclasses.replace(cpu_backend(), attention=llama_cpp_attention)
-    model = checked_model(name, golden, tmp_path, backend)
+    model = checked_model(name, golden, files, backend)
     entry = golden[name]
     got, want = whole_prompt(model, entry["tokens"], entry["n_ctx"]), logits_of(entry)
     per_position = relative(got, want)
@@ -275,12 +284,12 @@ def test_with_llama_cpps_attention_rounding_the_prompt_is_llama_cpps(golden: dic
 
 @pytest.mark.parametrize("cells", ["f16", "q8_0"])
 @pytest.mark.parametrize("name", ["gemma4-dense-q8_0", "gemma4-moe-q8_0"])
-def test_outputs_are_bitwise_independent_of_the_batch(name: str, cells: str, tmp_path: Path) -> None:
+def test_outputs_are_bitwise_independent_of_the_batch(name: str, cells: str, files: Path) -> None:
     """Two sequences at different positions in one batch (a prompt chunk beside a decode token) give
     bit for bit the logits each gives alone, on either KV cell type (the global layers' one kv head is
     a strided view of a two-sequence cache). (Float32 files do not: the float kernel's tile sizes change
     the last bits with the batch, as for every family.)"""
-    model, _ = load(CASES[name], tmp_path)
+    model, _ = load(CASES[name], files)
     types = CacheTypes(cache_type(cells), cache_type(cells))
     tokens = prompt_tokens(CASES[name])
     a, b = tokens[:20], tokens[5:17]
