@@ -61,7 +61,9 @@ CHANNEL, MESSAGE, START, END = (SPECIAL[t] for t in ("<|channel|>", "<|message|>
 
 
 def _serve(path: Path) -> ServerProcess:
-    return ServerProcess("-m", str(path), "-c", "4096", "-np", "2").wait_healthy()
+    # A work bound: the load includes compiling the expert kernels where the JIT cache is cold (every
+    # CPU level's subprocess after a kernel change); at load 6 on 2 cores that passed 120 s (2026-12-06).
+    return ServerProcess("-m", str(path), "-c", "4096", "-np", "2").wait_healthy(timeout=600)
 
 
 @pytest.fixture(scope="module")
