@@ -178,6 +178,10 @@ class Backend:
     # this backend (the model refuses to load).
     attention_sinks: Callable[..., None] | None = None
     swiglu_oai: Callable[..., None] | None = None
+    # The Gated DeltaNet's kernels (Qwen3.5, Qwen3-Next): a module with conv1d_silu, decay_and_beta,
+    # gated_delta_rule, sigmoid_mul, l2_norm_weight, l2_norm_eps (engine/cpu/delta_net.py). None: not
+    # built for this backend (the model refuses to load).
+    delta_net: Any | None = None
 
     def pack_router_weight(self, data: Any, qtype: int, shape: tuple[int, int]) -> Any:
         return (self.pack_router or self.pack_weight)(data, qtype, shape)
@@ -200,7 +204,7 @@ class Backend:
 def cpu_backend(n_threads: int | None = None) -> Backend:
     import numba
 
-    from engine.cpu import matmul, ops
+    from engine.cpu import delta_net, matmul, ops
     from engine.cpu.experts import pack_experts_for_cpu, pack_router_for_cpu, router_logits, swiglu_oai
     from engine.cpu.matmul.experts import experts_matmul
     from engine.cpu.records import pack_weight_for_cpu
@@ -218,6 +222,7 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         router_logits=router_logits,
         attention_sinks=apply_sinks,
         swiglu_oai=swiglu_oai,
+        delta_net=delta_net,
     )
 
 

@@ -242,7 +242,7 @@ def test_server_serves_the_hybrid(golden: dict, tmp_path: Path) -> None:
 def test_a_non_cpu_backend_is_refused_with_one_line(tmp_path: Path) -> None:
     path = write_gguf(CASES["qwen35-q8_0"], tmp_path / "m.gguf")
     with pytest.raises(UnsupportedModelError) as failure:
-        load_model(GGUFFile(path), dataclasses.replace(cpu_backend(), name="CUDA"))
+        load_model(GGUFFile(path), dataclasses.replace(cpu_backend(), name="CUDA", delta_net=None))
     assert str(failure.value) == "qwen35: the Gated DeltaNet layers run on the CPU backend only, not CUDA"
 
 

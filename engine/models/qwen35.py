@@ -12,9 +12,9 @@ gated full attention; each layer's SwiGLU FFN follows a post-attention RMS norm.
 
 Memory is a `HybridMemory`: a KV cache over the attention layers only and a recurrent store (conv tail
 [d_conv - 1, channels], delta-rule state [value heads, d_k, d_v]) over the linear ones; `kv_index` /
-`recurrent_index` map a layer to its slot. The recurrent kernels are CPU kernels called directly (they
-are not Backend fields), so the model refuses any other backend at load; the rest goes through the
-Backend. Cells cannot move (no context shift: a recurrent state cannot be re-positioned).
+`recurrent_index` map a layer to its slot. The recurrent kernels are the Backend's `delta_net`
+module, which only the CPU backend has, so the model refuses any other backend at load. Cells cannot
+move (no context shift: a recurrent state cannot be re-positioned).
 
 Measured at Qwen3.5-4B's layer sizes (scripts/bench_qwen35.py: three Gated DeltaNet layers and one
 attention layer, Q4_K_M, 2 threads, avx512-vnni, a machine shared with other jobs): the recurrent
@@ -32,14 +32,6 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.batch import Batch
-from engine.cpu.delta_net import (
-    conv1d_silu,
-    decay_and_beta,
-    gated_delta_rule,
-    l2_norm_eps,
-    l2_norm_weight,
-    sigmoid_mul,
-)
 from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.memory.hybrid import HybridMemory
 from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
@@ -64,18 +56,19 @@ class Qwen35Model(Qwen3Model):
     def __init__(
         self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
     ) -> None:
-        if backend.name != "CPU":
+        if backend.delta_net is None:
             raise UnsupportedModelError(
                 f"{g.architecture}: the Gated DeltaNet layers run on the CPU backend only, not {backend.name}"
             )
+        kernels = self.kernels = backend.delta_net
         super().__init__(g, backend, on_layer)
         hp = self.hp
         self.delta: DeltaNetShape = hp.delta  # type: ignore[assignment]
         self.kv_index = _slots([not r for r in hp.recurrent])
         self.recurrent_index = _slots(list(hp.recurrent))
         self.k_head = self.delta.k_head()
-        self.l2_weight = l2_norm_weight(self.delta.head_dim)
-        self.l2_eps = l2_norm_eps(hp.rms_eps, self.delta.head_dim)
+        self.l2_weight = kernels.l2_norm_weight(self.delta.head_dim)
+        self.l2_eps = kernels.l2_norm_eps(hp.rms_eps, self.delta.head_dim)
         self.rope = with_text_rope(hp, self.rope, backend)
         _skip_mtp_layers(g, hp)
 
@@ -114,7 +107,7 @@ class Qwen35Model(Qwen3Model):
         self.rope.apply(be, q, batch.positions, memory.n_ctx)
         self.rope.apply(be, k, batch.positions, memory.n_ctx)
         out = self.attend_heads(il, q, k, v, batch, memory).reshape(n, hp.n_head * hp.head_dim)
-        sigmoid_mul(out, gate)
+        self.kernels.sigmoid_mul(out, gate)
         return out
 
     def attend_heads(
@@ -134,16 +127,16 @@ class Qwen35Model(Qwen3Model):
         state, r = memory.recurrent, self.recurrent_index[il]
         mixed, z, b, alpha = layer.qkv(h)
         conv = be.empty(mixed.shape)
-        conv1d_silu(mixed, batch.seq_ids, layer.conv_w, state.conv[r], conv)
+        self.kernels.conv1d_silu(mixed, batch.seq_ids, layer.conv_w, state.conv[r], conv)
         q, k, v = be.split_cols(conv, [d.key_dim, d.key_dim, d.value_dim])
         for x in (q, k):
             heads = x.reshape(n * d.n_k_heads, d.head_dim)
             be.rmsnorm(heads, self.l2_weight, self.l2_eps, heads)
         g, beta = be.empty((n, d.n_v_heads)), be.empty((n, d.n_v_heads))
-        decay_and_beta(alpha, b, layer.dt_bias, layer.a, g, beta)
+        self.kernels.decay_and_beta(alpha, b, layer.dt_bias, layer.a, g, beta)
         out = be.empty((n, d.n_v_heads, d.head_dim))
         heads_k, heads_v = (n, d.n_k_heads, d.head_dim), (n, d.n_v_heads, d.head_dim)
-        gated_delta_rule(
+        self.kernels.gated_delta_rule(
             q.reshape(heads_k),
             k.reshape(heads_k),
             v.reshape(heads_v),
