@@ -19,6 +19,15 @@ each round), each with llama-bench's method (the cache cleared, the depth filled
 slow spells of 10-60 s in which both run ~25% slower (2026-12-05: Qwen2.5-Coder tg128 Llamba ~30 t/s
 and llama.cpp ~30 against 40-43 and 32-34 outside them), so a ratio of two whole runs a minute apart
 can compare a spell with its absence; a round's ratio compares the same seconds. -r is ignored here.
+
+--pack-experts (with --interleave) packs every expert of a mixture-of-experts model in the Llamba worker
+before the warm-up. Llamba packs an expert the first time a prompt routes to it
+(engine/cpu/lazy_experts.py), and random prompts keep reaching experts none before did (Qwen3.6-35B-A3B's
+shape, random weights: 4520 of 6144 expert matrices after one 512-token prompt, 5614 after eight). On
+the VM of 2026-12-06 each 2 MiB region of packed experts cost ~30 ms there (MADV_COLLAPSE 31 ms at the
+median; a huge page's first fault as long; both 0.6 ms at other times), so without it a round timed
+that packing as much as the kernels (pp512 rounds of 12.5, 9.8, 6.4, 6.0, 4.9 s). llama.cpp reads its
+weights from the page cache.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from cli.bench.options import parse_args, plan
 from engine.model_files import resolve
@@ -96,7 +107,7 @@ class Worker:
         self.process.wait()
 
 
-def serve_llamba(model: str, flags: list[str]) -> None:
+def serve_llamba(model: str, flags: list[str], pack_experts: bool = False) -> None:
     """The Llamba side of --interleave (this script with --worker): llamba-bench's tests and runner,
     each warmed up once, then one repetition per test named on stdin."""
     from cli.bench.runner import Runner, load_llm, set_threads
@@ -104,7 +115,10 @@ def serve_llamba(model: str, flags: list[str]) -> None:
     params = dataclasses.replace(parse_args(["-m", model, *flags]), reps=1)
     tests = {test.name: test for test in plan(params)}
     set_threads(next(iter(tests.values())).n_threads)
-    runner = Runner(load_llm(model, params.n_threads[0]), lambda _msg: None, params)
+    llm = load_llm(model, params.n_threads[0])
+    if pack_experts:
+        pack_all_experts(llm)
+    runner = Runner(llm, lambda _msg: None, params)
     for test in tests.values():
         runner.run(test, 1, 1)  # its warm-up and one repetition
     runner.params = dataclasses.replace(params, no_warmup=True)
@@ -114,11 +128,23 @@ def serve_llamba(model: str, flags: list[str]) -> None:
         print(f"{test.n_tokens / (runner.run(test, 1, 1)[0] / 1e9):.4f}", flush=True)
 
 
+def pack_all_experts(llm: object) -> None:
+    """Pack every expert of every layer now (those of a model without experts: nothing)."""
+    for layer in llm.model.layers:  # type: ignore[attr-defined]
+        moe = getattr(layer, "moe", None)
+        for matrices in (moe.gate_up, moe.down) if moe is not None else ():
+            for prepare in matrices.prepare:
+                if prepare is not None:
+                    prepare(np.arange(moe.routing.n_expert))
+
+
 def interleaved(args: argparse.Namespace, gguf: Path) -> dict[str, list[float]]:
     """Ratios per test, one repetition of each program at a time in two warm processes."""
     flags = args.flags
     names = [test.name for test in plan(parse_args(["-m", args.model, *flags]))]
-    llamba = [sys.executable, str(Path(__file__).resolve()), "-m", args.model, "--worker", "--", *flags]
+    llamba = [sys.executable, str(Path(__file__).resolve()), "-m", args.model, "--worker"]
+    llamba += ["--pack-experts"] if args.pack_experts else []
+    llamba += ["--", *flags]
     script = str(ROOT / "scripts" / "llama_cpp_bench.py")
     llama = [args.llama_python, script, "-m", str(gguf), "--stdin", *flags]
     ratios: dict[str, list[float]] = {}
@@ -142,11 +168,12 @@ def main() -> None:
     )
     p.add_argument("--pairs", type=int, default=5, help="pairs of runs (rounds with --interleave)")
     p.add_argument("--interleave", action="store_true", help="alternate single repetitions, both warm")
+    p.add_argument("--pack-experts", action="store_true", help="Llamba packs every expert first")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("flags", nargs="*", help="test flags for both, after --: -p 0 -n 128 -t 2 -r 2")
     args = p.parse_args()
     if args.worker:
-        serve_llamba(args.model, args.flags)
+        serve_llamba(args.model, args.flags, args.pack_experts)
         return
     if not args.llama_python:
         p.error("--llama-python (or LLAMA_CPP_PYTHON) must name a Python with llama-cpp-python")

@@ -8,11 +8,17 @@ tokens in n_batch chunks, tg = n single-token decodes, the KV cache cleared befo
 one warm-up run, t/s as mean ± stddev over -r repetitions. With -d N[,M...] every test first fills the
 cache with N tokens (not timed), as llama-bench's -d does, once per depth; -ctk/-ctv set the KV cache
 types as llama-bench's do.
+
+LLAMA_ARG_REPACK=0 in the environment loads the weights without ggml's extra buffer types (its repacked
+and AMX layouts), as llama-server and llama-bench's `--repack 0` do: a build for this VM's own CPU lists
+AMX, whose tiles crash here. LLAMA_CPP_LIB_PATH (llama-cpp-python's own variable) runs another build's
+libllama.so, e.g. a native cmake build of the same llama.cpp commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -23,6 +29,20 @@ import llama_cpp
 
 # llama-cpp-python's type_k/type_v take ggml type ids (a quantized V cache needs flash attention).
 CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+
+def no_repack() -> None:
+    """LLAMA_ARG_REPACK=0: every model loads with use_extra_bufts off (Llama() takes no such argument)."""
+    if os.environ.get("LLAMA_ARG_REPACK", "1").lower() not in ("0", "false", "off"):
+        return
+    default = llama_cpp.llama_cpp.llama_model_default_params
+
+    def params():  # type: ignore[no-untyped-def]
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama_cpp.llama_model_default_params = params
 
 
 def timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -52,6 +72,7 @@ def main() -> None:
     p.add_argument("-ctv", choices=sorted(CACHE_TYPES), default="f16", help="KV cache value type")
     p.add_argument("--stdin", action="store_true", help="one repetition per test named on stdin")
     args = p.parse_args()
+    no_repack()
     llm = llama_cpp.Llama(
         args.model,
         n_ctx=max(args.d) + args.p + args.n + 16,

@@ -21,7 +21,8 @@ vpdpbusd tiles need them. The field arrays' kernel shuffles every 128 bytes into
 registers (vpermt2b); stored so, the T = 1 tile took 0.68x the time in L2 (1536 x 1536, one
 thread, 2026-12-04). The mins stay in their own array, read once per super-block: inside the
 records the same kernel took 1.5-1.9x the time of the field arrays' in L2 (256 x 1536, one thread), all
-of it in _k_superblock_lanes' mins loop (not found why).
+of it in _k_superblock_lanes' mins loop (LLVM left that loop as 32 scalar chains; an intrinsic since
+2026-12-06, engine/cpu/matmul/q4k.py).
 PackedWeight(repacked=True) holds the records in qs (uint8 (g, ns * 4480)) and the mins in mn; its sc,
 d and m are empty.
 

@@ -124,6 +124,36 @@ def _register_sums(n_tok: int, n_steps: int, weight_pairs, chains: int = 1):  # 
     return register_sums
 
 
+@intrinsic
+def _k_min_sums(typingctx, out, mins, mins_at, xsum, row, col):  # type: ignore[no-untyped-def]
+    """out[r] = sum over the 8 blocks bb of mins[mins_at + bb * 32 + r] x xsum[row, col + bb], r < 32: a
+    K-quant super-block's mins (unsigned bytes, 32 rows a block) against its blocks' activation sums,
+    in int32 vectors (the same integers in any order). As a lane loop in _k_superblock_lanes LLVM
+    unrolled the rows into 32 scalar multiply-add chains; see q4k.py for what that cost."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        out_type, mins_type, _, xsum_type, _, _ = sig.args
+        i64 = ir.IntType(64)
+        at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
+        xsum_array = context.make_array(xsum_type)(context, builder, args[3])
+        xs = []
+        for bb in range(8):
+            index = [row, builder.add(col, ir.Constant(i64, bb))]
+            ptr = cgutils.get_item_pointer(context, builder, xsum_type, xsum_array, index, wraparound=False)
+            xs.append(_broadcast(builder, builder.load(ptr)))
+        for lane in (0, 1):
+            total = _splat(0)
+            for bb in range(8):
+                at = builder.add(at0, ir.Constant(i64, bb * ROWS + lane * 16))
+                m = _widen_bytes16(context, builder, mins_type, args[1], at, signed=False)
+                total = builder.add(total, builder.mul(m, xs[bb]))
+            ptr = _vector_at(context, builder, out_type, args[0], ir.Constant(i64, lane * 16), _V16I32)
+            builder.store(total, ptr, align=4)
+        return context.get_dummy_value()
+
+    return types.void(out, mins, mins_at, xsum, row, col), codegen
+
+
 def _int8_pairs(context, builder, packed_type, packed, at0, step: int, lane: int):  # type: ignore[no-untyped-def]
     """Q8_0 layout, positions 2 * step and 2 * step + 1: the int8 quants of 16 rows, paired."""
     first, second = (
