@@ -328,3 +328,4 @@ class ModelInfo:
     ftype: str = ""  # the file type as llama.cpp names it ("Q4_1", "Q4_K - Medium"; engine/ftype.py)
     bos_token: str = ""  # the BOS and EOS tokens' text ("" when the vocabulary has none)
     eos_token: str = ""
+    generates: bool = True  # False for an encoder (BERT and kin): embeddings and rerank only

@@ -182,6 +182,13 @@ class Backend:
     # gated_delta_rule, sigmoid_mul, l2_norm_weight, l2_norm_eps (engine/cpu/delta_net.py). None: not
     # built for this backend (the model refuses to load).
     delta_net: Any | None = None
+    # Encoders (BERT and kin, engine/models/encoder.py): layernorm(x, weight, bias, eps, out) with an
+    # optional weight and bias, gelu(x, out), and encoder_attention(q, k, v, spans, positions, causal,
+    # window, slopes, scale, out), each token over its own input's rows in the pass. None: not built for
+    # this backend (an encoder refuses to load).
+    layernorm: Callable[..., None] | None = None
+    gelu: Callable[..., None] | None = None
+    encoder_attention: Callable[..., None] | None = None
 
     def pack_router_weight(self, data: Any, qtype: int, shape: tuple[int, int]) -> Any:
         return (self.pack_router or self.pack_weight)(data, qtype, shape)
@@ -205,7 +212,14 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
     import numba
 
     from engine.cpu import delta_net, matmul, ops
-    from engine.cpu.experts import pack_experts_for_cpu, pack_router_for_cpu, router_logits, swiglu_oai
+    from engine.cpu.encoder_attention import encoder_attention
+    from engine.cpu.experts import (
+        combine_experts,
+        pack_experts_for_cpu,
+        pack_router_for_cpu,
+        router_logits,
+        swiglu_oai,
+    )
     from engine.cpu.matmul.experts import experts_matmul
     from engine.cpu.records import pack_weight_for_cpu
     from engine.cpu.sinks import apply_sinks
@@ -220,9 +234,13 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         experts_matmul=experts_matmul,
         pack_router=pack_router_for_cpu,
         router_logits=router_logits,
+        combine_experts=combine_experts,
         attention_sinks=apply_sinks,
         swiglu_oai=swiglu_oai,
         delta_net=delta_net,
+        layernorm=ops.layernorm,
+        gelu=ops.gelu,
+        encoder_attention=encoder_attention,
     )
 
 

@@ -134,7 +134,7 @@ def can_shift(config: EngineConfig, memory: SequenceMemory) -> bool:
 def can_speculate(memory: SequenceMemory, drafter: DraftModel | None, llm: LLM) -> bool:
     """Speculative decoding rolls rejected drafts back: a recurrent memory cannot, so a draft model is
     refused at start and requests' n-gram speculation is off (logged once)."""
-    if memory.can_shift:
+    if memory.can_shift or getattr(memory, "whole_inputs", False):  # an encoder never generates
         return True
     if drafter is not None:
         raise ValueError(
@@ -143,6 +143,12 @@ def can_speculate(memory: SequenceMemory, drafter: DraftModel | None, llm: LLM) 
         )
     log.info("speculative_off", detail="the model's recurrent memory cannot roll back drafts")
     return False
+
+
+def warm_up_batch(memory: SequenceMemory, bos: int) -> Batch:
+    """Two tokens of slot 0; an encoder has no logits, so its warm-up asks for the hidden states."""
+    encoder = getattr(memory, "whole_inputs", False)
+    return Batch.of([BatchPart(0, 0, [bos] * 2, "none" if encoder else "last", want_hidden=encoder)])
 
 
 class Engine:
@@ -162,7 +168,7 @@ class Engine:
             shift,
             config.n_keep,
             speculation(drafter) if can_speculate(self.memory, drafter, llm) else Speculation({}),
-            llm.model.rank_head,
+            llm.model.pooler,
             unified_cells=config.n_ctx if config.kv_unified else 0,
         )
         self.identity = ModelIdentity.of(self.memory, llm.tokenizer.n_vocab, llm.path.name)
@@ -340,6 +346,6 @@ class Engine:
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel with a tiny batch, so no request pays the JIT."""
         start = time.perf_counter()
-        self.llm.model.forward(Batch.of([BatchPart(0, 0, [self.llm.tokenizer.bos_id] * 2)]), self.memory)
+        self.llm.model.forward(warm_up_batch(self.memory, self.llm.tokenizer.bos_id), self.memory)
         self.memory.clear(0)
         log.info("engine.warm", seconds=round(time.perf_counter() - start, 2))

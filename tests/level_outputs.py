@@ -1,4 +1,4 @@
-"""Digests of the float kernels' outputs and of two real models' hidden states, for comparing levels.
+"""Digests of the float kernels' outputs and of three real models' hidden states, for comparing levels.
 
     LLAMBA_CPU_LEVEL=avx2 .venv/bin/python -m tests.level_outputs
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.batch import Batch, BatchPart
 from engine.cpu import delta_net, ops
+from engine.cpu.encoder_attention import encoder_attention
 from engine.cpu.experts import swiglu_oai
 from engine.cpu.sinks import apply_sinks
 from engine.llm import LLM
@@ -114,6 +115,28 @@ def delta_net_kernels() -> str:
     return digest(conv, tail, out, state)
 
 
+def encoder_kernels() -> str:
+    """LayerNorm (serial and parallel rows), GELU, and the encoder attention over three inputs packed in
+    one call: plain, causal, with a symmetric window, with ALiBi."""
+    x, w, b = rand(70, 384, scale=3), rand(384), rand(384)
+    small, large, act = np.empty((5, 384), np.float32), np.empty_like(x), np.empty_like(x)
+    ops.layernorm(x[:5], w, b, 1e-12, small)
+    ops.layernorm(x, w, b, 1e-12, large)
+    ops.gelu(x, act)
+    lengths = [3, 40, 300]
+    spans = np.concatenate(
+        [[[s, s + n]] * n for s, n in zip(np.cumsum([0, *lengths[:-1]]), lengths, strict=True)]
+    )
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    q, k, v = rand(343, 4, 32), rand(343, 2, 32), rand(343, 2, 32)
+    outs = [small, large, act]
+    for causal, window, slopes in ((False, 0, 0.0), (True, 0, 0.0), (False, 8, 0.0), (False, 0, 0.5)):
+        out = np.empty_like(q)
+        encoder_attention(q, k, v, spans, positions, causal, window, np.full(4, slopes, np.float32), 0.2, out)
+        outs.append(out)
+    return digest(*outs)
+
+
 def model(name: str) -> Callable[[], str]:
     """A real model's final hidden states and last logits for a short prompt, in one batch."""
 
@@ -136,8 +159,10 @@ OUTPUTS: dict[str, Callable[[], str]] = {
     "attention-f16": attention("f16"),
     "attention-q8_0": attention("q8_0"),
     "delta-net": delta_net_kernels,
+    "encoders": encoder_kernels,
     "smollm2": model("smollm2"),
     "gemma3": model("gemma3"),
+    "all-minilm-l6-v2": model("all-minilm-l6-v2"),  # an encoder: its hidden states (it has no logits)
 }
 
 

@@ -35,6 +35,7 @@ from engine.models import ARCHITECTURES, LlamaModel, load_model
 from engine.models.hparams import HParams
 from tests.conftest import load_golden
 from tests.server_process import ServerProcess, wait_until
+from tests.synthetic_encoders import ENCODER_ARCHS
 from tests.synthetic_gguf import CASES, UNSUPPORTED, ArchCase, prompt_tokens, write_gguf
 from tests.synthetic_moe_gguf import CASES as MOE_CASES
 from tests.synthetic_qwen35 import CASES as QWEN35_CASES
@@ -90,7 +91,9 @@ def test_every_listed_architecture_has_a_model_class() -> None:
     moe = {case.arch for case in MOE_CASES.values()}  # tests/test_moe.py
     others = {"gemma3", "qwen2", "gemma4"}  # tests/test_gemma4.py has Gemma 4's
     hybrid = {case.arch for case in QWEN35_CASES.values()}  # tests/test_qwen35.py
-    assert {case.arch for case in CASES.values()} | moe | hybrid | others == set(SUPPORTED_ARCHITECTURES)
+    encoders = ENCODER_ARCHS  # tests/test_encoders.py
+    covered = {case.arch for case in CASES.values()} | moe | hybrid | others | encoders
+    assert covered == set(SUPPORTED_ARCHITECTURES)
 
 
 def test_hyper_parameters_of_the_new_families(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ otherwise). Every other level the CPU can execute runs the `every_level` tests i
 for that level's own target (LLAMBA_CPU_LEVEL sets NUMBA_CPU_NAME and NUMBA_CPU_FEATURES there): every
 test that compares with llama.cpp's outputs (marked by tests/conftest.py, whatever the test) and the
 kernels' tests against numpy. The levels with FMA must also give the same bits: the matmul products and
-the float kernels' and two real models' outputs (tests/level_products.py, tests/level_outputs.py). A
+the float kernels' and three real models' outputs (tests/level_products.py, tests/level_outputs.py). A
 level the CPU cannot execute is skipped, naming the instructions it lacks, never reported as passed.
 The run's summary says which levels were tested, and with which tests (tests/conftest.py).
 """

@@ -145,7 +145,7 @@ def test_pooling_none_gives_every_tokens_vector(none_server: ServerProcess) -> N
         ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
         ({"input": "x", "embd_normalize": "2"}, "embd_normalize"),
         ({"input": "x", "embd_normalize": -2}, "embd_normalize"),
-        ({"input": "x", "dimensions": 8}, "dimensions"),
+        ({"input": "x", "dimensions": 0}, "dimensions"),
         ({"model": "x"}, '"input" or "content"'),
         ({"input": ""}, "Input content cannot be empty"),
         ({"input": [[99999999]]}, "outside the vocabulary"),

@@ -22,7 +22,9 @@ __all__ = [
     "add_bias_inplace",
     "add_inplace",
     "attention",
+    "gelu",
     "gelu_mul",
+    "layernorm",
     "rmsnorm",
     "rope",
     "scale_inplace",
@@ -72,6 +74,56 @@ def _rmsnorm_serial(x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.
 def _rmsnorm_parallel(x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
     for r in prange(x.shape[0]):
         _norm_row(x, r, weight, eps, out)
+
+
+def layernorm(
+    x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float, out: np.ndarray
+) -> None:
+    """out[r] = (x[r] - mean) / sqrt(var + eps) * weight + bias for every row r of a 2-D x (BERT's
+    LayerNorm; weight and bias may be None: ModernBERT's have no bias); out may be x."""
+    ones = weight if weight is not None else np.ones(x.shape[1], np.float32)
+    zeros = bias if bias is not None else np.zeros(x.shape[1], np.float32)
+    if x.shape[0] >= PARALLEL_NORM_ROWS:
+        _layernorm_parallel(x, ones, zeros, np.float32(eps), out)
+    else:
+        _layernorm_serial(x, ones, zeros, np.float32(eps), out)
+
+
+# llama.cpp's order (ggml_compute_forward_norm_f32, then the weight's ggml_mul and the bias's ggml_add):
+# the mean of a float64 sum in order, rounded to float32; each x - mean in float32, its square summed in
+# float64; 1 / sqrtf(variance + eps); ((x - mean) * scale) * weight + bias.
+@njit(inline="always", cache=True, nogil=True, error_model="numpy")
+def _layernorm_row(
+    x: np.ndarray, r: int, weight: np.ndarray, bias: np.ndarray, eps: np.float32, out: np.ndarray
+) -> None:
+    dim = x.shape[1]
+    total = 0.0
+    for i in range(dim):
+        total += np.float64(x[r, i])
+    mean = np.float32(total / dim)
+    ss = 0.0
+    for i in range(dim):
+        d = x[r, i] - mean
+        ss += np.float64(d * d)
+    scale = F1 / np.sqrt(np.float32(ss / dim) + eps)
+    for i in range(dim):
+        out[r, i] = (x[r, i] - mean) * scale * weight[i] + bias[i]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _layernorm_serial(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: np.float32, out: np.ndarray
+) -> None:
+    for r in range(x.shape[0]):
+        _layernorm_row(x, r, weight, bias, eps, out)
+
+
+@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def _layernorm_parallel(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: np.float32, out: np.ndarray
+) -> None:
+    for r in prange(x.shape[0]):
+        _layernorm_row(x, r, weight, bias, eps, out)
 
 
 @njit(**_KERNEL)
@@ -136,6 +188,13 @@ def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     _gelu_mul_inplace(out, up, GELU_TABLE)
 
 
+def gelu(x: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu(x) as ggml's CPU GELU (the float16 table; BERT's feed-forward); out may be x."""
+    if out is not x:
+        out[...] = x
+    _gelu_inplace(out, GELU_TABLE)
+
+
 # In place on purpose: with a separate output that may be the input, LLVM's run-time overlap check
 # sends the exact in-place call (the one the models make) down its scalar loop, 10x slower.
 
@@ -161,6 +220,18 @@ def _gelu_mul_inplace(gate: np.ndarray, up: np.ndarray, table: np.ndarray) -> No
                 gate[r, i] = g * up[r, i]
             else:
                 gate[r, i] = table[float_to_half(g)] * up[r, i]
+
+
+@njit(**_KERNEL)
+def _gelu_inplace(x: np.ndarray, table: np.ndarray) -> None:
+    rows, dim = x.shape
+    for r in range(rows):
+        for i in range(dim):
+            g = x[r, i]
+            if g <= np.float32(-10.0):
+                x[r, i] = F0
+            elif g < np.float32(10.0):
+                x[r, i] = table[float_to_half(g)]
 
 
 @njit(**_KERNEL)

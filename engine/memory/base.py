@@ -1,11 +1,13 @@
 """What the slots, the scheduler, the prompt cache and slot files ask of a model's memory.
 
-A model's memory (`model.new_cache`) is one of three kinds, as llama.cpp separates them:
+A model's memory (`model.new_cache`) is one of four kinds, as llama.cpp separates them:
 - `KVCache` (kv.py): keys and values per position; any prefix can be kept, so truncation is free;
 - `RecurrentCache` (recurrent.py): a fixed-size state per sequence (a short convolution's tail and a
   Gated DeltaNet's matrix per head) that has absorbed every token; it cannot be cut back to a shorter
   prefix, only restored from a checkpoint (checkpoints.py) or cleared;
-- `HybridMemory` (hybrid.py): both, for models that mix attention and recurrent layers (Qwen3.5).
+- `HybridMemory` (hybrid.py): both, for models that mix attention and recurrent layers (Qwen3.5);
+- `StatelessMemory` (stateless.py): none at all, for encoders (BERT and kin), which read each input
+  whole in one pass; its `whole_inputs` tells the scheduler so (llama.cpp creates no memory for them).
 
 Every kind moves a sequence's memory through the host as a `MemoryState`, and keeps one length per
 sequence: the tokens its memory has absorbed, which is also the next position.

@@ -57,7 +57,8 @@ class ModelIdentity:
     def of(cls, memory: SequenceMemory, n_vocab: int, model_name: str) -> ModelIdentity:
         digest = hashlib.sha256(model_name.encode()).digest()[:16]
         kv = memory.kv if isinstance(memory, HybridMemory) else memory
-        assert isinstance(kv, KVCache)
+        if not isinstance(kv, KVCache):  # an encoder's StatelessMemory: no cells, no slot files
+            return cls(0, 0, 0, n_vocab, digest)
         identity = cls(kv.n_layer, kv.n_kv_heads, kv.head_dim, n_vocab, digest, kv.types)
         if isinstance(memory, HybridMemory):
             rec = memory.recurrent
@@ -209,6 +210,8 @@ def slot_action(
         return {"id_slot": slot.id, "n_erased": n_erased}
     if action not in ("save", "restore") or path is None:
         raise SlotFileError(f"Invalid action {action!r}")
+    if getattr(memory, "whole_inputs", False):  # engine/memory/stateless.py
+        raise SlotFileError("this model keeps no memory in its slots: there is nothing to save or restore")
     start = time.perf_counter()
     if action == "save":
         n = min(len(slot.tokens), int(memory.lengths[slot.id]))

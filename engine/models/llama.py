@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.backend import Backend
 from engine.batch import Batch
-from engine.embedding import RankHead
+from engine.embedding import Pooler, RankHead
 from engine.gguf import GGUFFile, Tensor
 from engine.memory.context_shift import shift_cells
 from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
@@ -177,7 +177,7 @@ class LlamaModel:
         )
         self.output_norm = norm_weight(backend, g, "output_norm.weight")
         self.rope = rope_from_gguf(g, backend, self.hp.rope_base, self.hp.rope_neox, self.hp.n_rot)
-        self.rank_head = RankHead.from_gguf(g, self.hp.arch)  # a reranker's classifier, on the host
+        self.rank_head = RankHead.from_gguf(g, self.hp.arch, backend)  # a reranker's classifier
         # The file's pages are dropped after each packed piece: the weights are not held twice, not even
         # while loading (peak: the packed weights plus one layer's or the head's pages).
         g.release_pages()
@@ -187,6 +187,11 @@ class LlamaModel:
             g.release_pages()
             if on_layer is not None:
                 on_layer(il + 1, self.hp.n_layer)
+
+    @property
+    def pooler(self) -> Pooler:
+        """Pooling rank reads the last token's state (llama.cpp's choice for causal models)."""
+        return Pooler(self.rank_head, "last")
 
     @classmethod
     def read_hparams(cls, g: GGUFFile) -> HParams:

@@ -29,6 +29,7 @@ import regex
 
 from engine.gguf import GGUFFile, UnsupportedModelError
 from engine.text.fim import FimTokens
+from engine.text.wordpiece import WordPieceModel
 
 # GGUF `tokenizer.ggml.token_type` values.
 TOKEN_TYPE_NORMAL = 1
@@ -619,6 +620,8 @@ _KIND_DEFAULTS = {
     "llama": _KindDefaults(bos=1, eos=2, unk=0, add_bos=True, add_space_prefix=True),
     # Gemma 4: BPE whose special ids come from the file only; llama.cpp adds BOS whatever the file says.
     "gemma4": _KindDefaults(bos=None, eos=None, unk=None, add_bos=True, add_space_prefix=False),
+    # WordPiece (BERT-family encoders, engine/text/wordpiece.py): [CLS] 101 and [UNK] 100 by default.
+    "bert": _KindDefaults(bos=101, eos=None, unk=100, add_bos=True, add_space_prefix=False),
 }
 
 
@@ -648,6 +651,8 @@ def _model_of(
 ) -> tuple[_BpeModel | _SpmModel, bool, bool]:
     """The vocabulary's tokenizer model, whether llama.cpp cleans its decoded spaces up, and whether its
     pre-tokenizer adds BOS by default."""
+    if kind == "bert":  # llama.cpp cleans WordPiece's decoded spaces up
+        return WordPieceModel.from_metadata(meta, tokens, unk), True, True
     if kind == "llama":
         scores = meta.get("tokenizer.ggml.scores")
         score_list = scores.tolist() if scores is not None else [0.0] * len(tokens)
@@ -696,6 +701,10 @@ class Tokenizer:
             for text, attr in zip(tokens, attrs, strict=True)
         ]
         self.fim = FimTokens()  # the fill-in-the-middle tokens (from_gguf finds them)
+        # WordPiece's [SEP] (from_gguf sets it): an input with special tokens ends with it, and
+        # llama-server's rerank layout puts it between query and document when `add_sep`.
+        self.sep_id: int | None = None
+        self.add_sep = False
         self._pieces_plain = [b"" if a & _HIDDEN else p for a, p in zip(attrs, self._pieces, strict=True)]
 
     @classmethod
@@ -734,6 +743,9 @@ class Tokenizer:
         ids, eog_ids = _resolve_eog(meta, tokens, token_to_id, attrs, ids)
         tokenizer = cls(tokens, attrs, model, ids, eog_ids, options)
         tokenizer.fim = FimTokens.from_vocab(meta, token_to_id)
+        if kind == "bert":
+            tokenizer.sep_id = _meta_id(meta, "tokenizer.ggml.seperator_token_id", 102, n_vocab)
+            tokenizer.add_sep = _flag(meta, "tokenizer.ggml.add_sep_token", True)
         return tokenizer
 
     # -- encoding -------------------------------------------------------------------------------------
@@ -741,6 +753,8 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; `add_special` applies the model's BOS/EOS rule, `parse_special` turns
         control-token texts into their ids (user-defined tokens always are)."""
+        if add_special and self.sep_id is not None:  # WordPiece: [CLS] text [SEP], whatever the flags say
+            return [self.bos_id, *self.encode(text, False, parse_special), self.sep_id]
         text = _without_surrogates(text)
         out: list[int] = []
         if add_special and self.add_bos:

@@ -49,6 +49,11 @@ async def build_request(
     tools' parsing; the prompt's prefill). A full queue is a 503 here (--max-queue), before any byte of
     the reply."""
     client, prompts, s = model.client, model.prompts, model.settings
+    if not model.model_info().generates:
+        raise errors.invalid_request(
+            "the current context does not support logits computation: this model is an encoder, it serves "
+            "embeddings and rerank only (/v1/embeddings, /rerank)"
+        )
     client.check_queue(body.n_choices())
     try:
         sampling = body.sampling(s.sampling, prompts.n_vocab, prompts.encode_plain, n_probs)

@@ -66,7 +66,14 @@ def _float_tokens(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         _float_tile(a, g, t0 + t, 1)
 
 
-@njit(parallel=True, **_KERNEL)
+# Without FMA contraction: LLVM contracted the tiles' multiply-adds differently for 8-, 4- and 1-token
+# tiles, so a token's outputs depended on the tile it fell in (on what else was in its batch: 90-190 of
+# 2304 outputs differed in the last bit). Every product rounded, then added in the code's order: the same
+# bits in any tile, on every level.
+_NO_CONTRACT = {**_KERNEL, "fastmath": _KERNEL["fastmath"] - {"contract"}}
+
+
+@njit(parallel=True, **_NO_CONTRACT)
 def _matmul_float(x, f, out) -> None:  # type: ignore[no-untyped-def]
     a = (f, x, out)
     for g in prange(f.shape[0]):

@@ -63,12 +63,18 @@ def _require_embeddings(model: ModelHost) -> None:
     model.require_ready()
 
 
-def _vectors(event: TokenEvent, pooled: bool, embd_normalize: int) -> list[np.ndarray]:
-    """An answer as llama-server's `embedding`: one normalised vector, or (pooling none) every token's."""
+def _vectors(event: TokenEvent, pooled: bool, norm: int, dimensions: int | None) -> list[np.ndarray]:
+    """An answer as llama-server's `embedding`: one normalised vector (its first `dimensions` values,
+    normalised after the cut), or (pooling none) every token's."""
     assert event.embedding is not None
     if pooled:
-        return [normalize(event.embedding.reshape(-1), embd_normalize)]
+        return [normalize(event.embedding.reshape(-1)[:dimensions], norm)]
     return list(event.embedding)
+
+
+def _check_dimensions(dimensions: int | None, n_embd: int) -> None:
+    if dimensions is not None and dimensions > n_embd:
+        raise errors.invalid_request(f"dimensions must be at most the model's {n_embd}, not {dimensions}")
 
 
 @bp.post("/embedding")
@@ -92,11 +98,12 @@ async def _embeddings(oai: bool) -> Any:
         raise errors.invalid_request(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
         )
+    _check_dimensions(body.dimensions, model.model_info().n_embd)
     builder = model.prompts
     prompts = [await _tokens(builder, p) for p in body.prompts()]
     norm = model.settings.embd_normalize if body.embd_normalize is None else body.embd_normalize
     events = await client.embed(prompts)
-    vectors = [_vectors(e, pooled, norm) for e in events]
+    vectors = [_vectors(e, pooled, norm, body.dimensions) for e in events]
     if not oai or body.input is None:  # llama-server: `content` is answered in its own shape
         return [{"index": i, "embedding": [v.tolist() for v in vs]} for i, vs in enumerate(vectors)]
     n_tokens = sum(len(p) for p in prompts)

@@ -50,6 +50,9 @@ class EmbeddingsBody(BaseModel):
     content: Prompt | ContentInput | list[Prompt | ContentInput] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     embd_normalize: StrictInt | None = Field(default=None, ge=-1)
+    # OpenAI's Matryoshka truncation (nomic-embed v1.5, text-embedding-3): the first `dimensions` values
+    # of the pooled vector, normalised again. llama-server ignores the field; the model's width bounds it.
+    dimensions: StrictInt | None = Field(default=None, ge=1)
     model: StrictStr | None = None  # echoed back, as llama-server does
     user: StrictStr | None = None  # OpenAI's end-user id: metadata
 
@@ -77,6 +80,14 @@ class EmbeddingsBody(BaseModel):
         ]
 
 
+class RerankDocument(BaseModel):
+    """A document as an object (Jina's and Cohere's `{"text": ...}`): its text is what is ranked."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    text: StrictStr
+
+
 class RerankBody(BaseModel):
     """POST /rerank, /reranking, /v1/rerank, /v1/reranking: Jina's shape (`documents`, results with
     `relevance_score`) or TEI's (`texts`, a bare list with `score`; `return_text` adds each text)."""
@@ -84,7 +95,7 @@ class RerankBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     query: StrictStr
-    documents: list[StrictStr] | None = None
+    documents: list[StrictStr | RerankDocument] | None = None
     texts: list[StrictStr] | None = None
     top_n: StrictInt | None = Field(default=None, ge=0)
     return_text: bool = False
@@ -105,4 +116,5 @@ class RerankBody(BaseModel):
 
     @property
     def docs(self) -> list[str]:
-        return list(self.documents if self.documents is not None else self.texts or [])
+        docs = self.documents if self.documents is not None else self.texts or []
+        return [d.text if isinstance(d, RerankDocument) else d for d in docs]

@@ -1,0 +1,152 @@
+"""Attention of an encoder on the CPU: every token over its own input's tokens in the batch.
+
+An encoder (BERT and kin) keeps no KV cache: its inputs come whole in one forward pass, and the keys and
+values are the batch's own float32 rows (llama.cpp's no-cache attention, without flash attention: f32
+scores, softmax, then the probabilities times V). Token t sees the rows starts[t] .. ends[t] - 1 (its
+input's span in the batch; several inputs may share a pass), all of them unless the layer is causal
+(then those at positions up to its own) or has a symmetric sliding window (ModernBERT, EmbeddingGemma:
+|p_t - p_j| <= window // 2). ALiBi (jina-bert-v2) adds slope[h] * -|p_t - p_j| to each scaled score.
+
+A token's output depends only on its own input's rows, taken in their order, with every sum in a fixed
+lane order (engine/cpu/lanes.py): the same bits whatever else shares the pass, on every x86 level.
+Jobs are (query tile, head): up to QUERY_TILE consecutive tokens of one input read each key row once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from engine.cpu.lanes import LANES, ORDERED, exp_and_sum, lane_total, zero_lanes
+
+_KERNEL = {"cache": True, "nogil": True, "fastmath": ORDERED, "error_model": "numpy"}
+F0 = np.float32(0.0)
+F1 = np.float32(1.0)
+MASKED = np.float32(-1e30)  # a masked score: finite, and exp(MASKED - max) underflows to 0
+QUERY_TILE = 8
+SERIAL_WORK = 200_000  # below this many multiply-adds a call runs on the calling thread
+
+
+def encoder_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    spans: np.ndarray,
+    positions: np.ndarray,
+    causal: bool,
+    window: int,
+    slopes: np.ndarray,
+    scale: float,
+    out: np.ndarray,
+) -> None:
+    """out[T, n_heads, dim] = attention of q[T, n_heads, dim] over k, v [T, n_kv_heads, dim] (float32);
+    spans[T, 2]: each token's input as [start, end) rows of the batch; slopes[n_heads]: ALiBi's (zeros
+    without). Query head h reads kv head h // (n_heads / n_kv_heads)."""
+    tiles = _query_tiles(spans)
+    work = int(np.sum((spans[:, 1] - spans[:, 0]).astype(np.int64))) * q.shape[1] * q.shape[2]
+    args = (q, k, v, spans, positions, causal, window, slopes, np.float32(scale), tiles, out)
+    if work < SERIAL_WORK:
+        _run_serial(*args)
+    else:
+        _run_parallel(*args)
+
+
+@njit(**_KERNEL)
+def _query_tiles(spans: np.ndarray) -> np.ndarray:
+    """Tile boundaries: runs of up to QUERY_TILE consecutive tokens of one input."""
+    n_tok = spans.shape[0]
+    starts = np.empty(n_tok + 1, np.int64)
+    n = 0
+    for t in range(n_tok):
+        if n == 0 or t - starts[n - 1] >= QUERY_TILE or spans[t, 0] != spans[t - 1, 0]:
+            starts[n] = t
+            n += 1
+    starts[n] = n_tok
+    return starts[: n + 1]
+
+
+@njit(**_KERNEL)
+def _run_serial(q, k, v, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
+    n_heads = q.shape[1]
+    for job in range((len(tiles) - 1) * n_heads):
+        _run_job(job, q, k, v, spans, positions, causal, window, slopes, scale, tiles, out)
+
+
+@njit(parallel=True, **_KERNEL)
+def _run_parallel(q, k, v, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
+    n_heads = q.shape[1]
+    for job in prange((len(tiles) - 1) * n_heads):
+        _run_job(job, q, k, v, spans, positions, causal, window, slopes, scale, tiles, out)
+
+
+@njit(**_KERNEL)
+def _run_job(job, q, k, v, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
+    """One head of one query tile: scores over the tile's input, softmax, the weighted value rows."""
+    n_heads = q.shape[1]
+    tile, h = job // n_heads, job % n_heads
+    kv_h = h // (n_heads // k.shape[1])
+    t0, t1 = tiles[tile], tiles[tile + 1]
+    lo, hi = spans[t0, 0], spans[t0, 1]
+    probs = np.empty((t1 - t0, hi - lo), np.float32)
+    for j in range(lo, hi):  # each key row read once for the whole tile
+        for tt in range(t1 - t0):
+            probs[tt, j - lo] = _dot(q[t0 + tt, h], k[j, kv_h])
+    for tt in range(t1 - t0):
+        _softmax(probs[tt], positions, t0 + tt, lo, causal, window, slopes[h], scale)
+        _weighted_rows(probs[tt], v, lo, kv_h, out[t0 + tt, h])
+
+
+@njit(inline="always", **_KERNEL)
+def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
+    """a . b in LANES lanes folded in one tree: the same bits on every level."""
+    dim = a.shape[0]
+    acc = zero_lanes()
+    body = dim - dim % LANES
+    for i0 in range(0, body, LANES):
+        for lane in range(LANES):
+            acc[0, lane] += a[i0 + lane] * b[i0 + lane]
+    for i in range(body, dim):
+        acc[0, i - body] += a[i] * b[i]
+    return lane_total(acc[0])
+
+
+@njit(inline="always", **_KERNEL)
+def _visible(p: int, pj: int, causal: bool, window: int) -> bool:
+    if causal and pj > p:
+        return False
+    return window <= 0 or abs(pj - p) <= window // 2
+
+
+@njit(**_KERNEL)
+def _softmax(s, positions, t, lo, causal, window, slope, scale) -> None:  # type: ignore[no-untyped-def]
+    """s[j] (raw scores of token t over rows lo + j) -> probabilities: scale * s + slope * -|p_t - p_j|
+    (ggml's soft_max_ext with ALiBi's mask), masked rows MASKED (exp is 0 there: no infinities under
+    fastmath), normalised."""
+    n = s.shape[0]
+    p = positions[t]
+    best = MASKED
+    for j in range(n):
+        pj = positions[lo + j]
+        if not _visible(p, pj, causal, window):
+            s[j] = MASKED
+        elif slope != F0:
+            s[j] = s[j] * scale + slope * np.float32(-abs(pj - p))
+        else:
+            s[j] = s[j] * scale
+        best = max(best, s[j])  # a max is exact in any order
+    inv = F1 / exp_and_sum(s, best, n)
+    for j in range(n):
+        s[j] *= inv
+
+
+@njit(inline="always", **_KERNEL)
+def _weighted_rows(probs: np.ndarray, v: np.ndarray, lo: int, kv_h: int, out: np.ndarray) -> None:
+    """out = sum over j, in order, of probs[j] * v[lo + j, kv_h]."""
+    dim = out.shape[0]
+    for i in range(dim):
+        out[i] = F0
+    for j in range(probs.shape[0]):
+        w = probs[j]
+        row = v[lo + j, kv_h]
+        for i in range(dim):
+            out[i] += w * row[i]
