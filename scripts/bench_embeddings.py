@@ -89,12 +89,12 @@ def latency(url: str, text: str, n: int) -> float:
     return statistics.median(times[2:])  # the first two warm the connection and the kernels
 
 
-def measure(binary: list[str], model: str, flags: list[str], env: dict, args: argparse.Namespace) -> dict:
+def measure(binary: str, model: str, flags: list[str], env: dict, args: argparse.Namespace) -> dict:
     texts = args.texts
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        with Server(binary[0], model, args.port, [*binary[1:], "--embedding", *flags]) as server:
+        with Server(binary, model, args.port, ["--embedding", *flags]) as server:
             asyncio.run(throughput(server.url, texts[:64], args.per_request, args.clients))  # warm-up
             seconds = asyncio.run(throughput(server.url, texts, args.per_request, args.clients))
             single = latency(server.url, "What is the capital of France?", args.latency_n)
@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="requests in flight at once")
     parser.add_argument("--latency-n", type=int, default=20)
     parser.add_argument("--port", type=int, default=18790)
+    parser.add_argument("--only", choices=["llamba", "llama-server"], help="run one server (no ratio)")
     parser.add_argument("flags", nargs="*", help="server flags for both, after --")
     args = parser.parse_args()
     path = str(resolve(args.model))
@@ -126,17 +127,21 @@ def main() -> None:
     lengths = [len(t.split()) for t in args.texts]
     print(json.dumps({"model": path, "texts": len(args.texts), "words_median": statistics.median(lengths)}))
     programs = {
-        "llamba": ([sys.executable, "-m", "server"], {}),
-        "llama-server": ([args.llama_server], LLAMA_ENV),
+        "llamba": (str(Path(sys.executable).parent / "llamba-server"), {}),
+        "llama-server": (args.llama_server, LLAMA_ENV),
     }
     results: dict[str, list[dict]] = {name: [] for name in programs}
     for r in range(args.rounds):
         order = list(programs) if r % 2 == 0 else list(programs)[::-1]
         for name in order:
+            if args.only and name != args.only:
+                continue
             binary, env = programs[name]
             row = measure(binary, path, args.flags, env, args)
             results[name].append(row)
             print(json.dumps({"round": r, "server": name, **{k: round(v, 3) for k, v in row.items()}}))
+    if args.only:
+        return
     ours, theirs = results["llamba"], results["llama-server"]
     ratios = [a["texts_per_s"] / b["texts_per_s"] for a, b in zip(ours, theirs, strict=True)]
     latency_ratios = [a["latency_ms"] / b["latency_ms"] for a, b in zip(ours, theirs, strict=True)]
