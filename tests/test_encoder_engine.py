@@ -7,6 +7,7 @@ batch, is refused with llama-server's words. On the synthetic bge-style reranker
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from engine.memory.base import MemoryState
 from engine.memory.stateless import StatelessMemory
 from engine.reference_data import ReferenceDataError
 from engine.scheduler import NO_LOGITS
+from server.model.prompts import rerank_layout
 from tests.conftest import require
 from tests.synthetic_encoders import vocabularies, write_encoder
 
@@ -108,3 +110,18 @@ def test_slot_files_are_refused(bge: LLM, tmp_path: Path) -> None:
             future.result(timeout=30)
     finally:
         engine.stop()
+
+
+def test_rerank_layout_is_llama_servers(bge: LLM) -> None:
+    """format_prompt_rerank: [CLS] query EOS document EOS with the synthetic file's flags (add_eos, EOS
+    102, no add_sep); a vocabulary that adds SEP gets it after the query's EOS, and one without EOS (as
+    llama.cpp reads real WordPiece files) has SEP stand in for it."""
+    tok = copy.copy(bge.tokenizer)
+    query, doc = tok.encode("what do cats eat?", False, False), tok.encode("meat", False, False)
+    assert rerank_layout(tok, "what do cats eat?", "meat") == [101, *query, 102, *doc, 102]
+    tok.add_sep = True
+    assert rerank_layout(tok, "what do cats eat?", "meat") == [101, *query, 102, 102, *doc, 102]
+    tok.eos_id, tok.add_sep = -1, False
+    assert rerank_layout(tok, "what do cats eat?", "meat") == [101, *query, 102, *doc, 102]
+    tok.add_eos = False
+    assert rerank_layout(tok, "what do cats eat?", "meat") == [101, *query, *doc]

@@ -355,11 +355,18 @@ class PromptBuilder:
 
     def _rerank_tokens(self, query: str, document: str) -> list[int]:
         """llama-server's rerank prompt: the GGUF's `rerank` template with {query} and {document}, else
-        BOS query EOS document EOS (each special token where the vocabulary adds it)."""
-        tok = self.tokenizer
+        `rerank_layout`."""
         if self.rerank_template is not None:
             text = self.rerank_template.replace("{query}", query).replace("{document}", document)
-            return tok.encode(text, False, True)
-        bos = [tok.bos_id] if tok.add_bos else []
-        eos = [tok.eos_id] if tok.add_eos else []
-        return [*bos, *tok.encode(query, False, False), *eos, *tok.encode(document, False, False), *eos]
+            return self.tokenizer.encode(text, False, True)
+        return rerank_layout(self.tokenizer, query, document)
+
+
+def rerank_layout(tok: Tokenizer, query: str, document: str) -> list[int]:
+    """llama-server's format_prompt_rerank without a template: BOS query EOS SEP document EOS, each
+    special token where the vocabulary adds it, SEP standing in for a vocabulary without EOS (WordPiece)."""
+    eos_id = tok.eos_id if tok.eos_id >= 0 else tok.sep_id
+    eos = [eos_id] if tok.add_eos and eos_id is not None else []
+    sep = [tok.sep_id] if tok.add_sep and tok.sep_id is not None else []
+    bos = [tok.bos_id] if tok.add_bos else []
+    return [*bos, *tok.encode(query, False, False), *eos, *sep, *tok.encode(document, False, False), *eos]
