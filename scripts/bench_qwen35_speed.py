@@ -137,7 +137,7 @@ def main() -> None:
     p.add_argument("--levels", default=f"{OWN_LEVEL},avx2", help="Llamba's levels (each vs its llama.cpp)")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds of pp512 and tg128")
     p.add_argument("--steps", type=int, default=16, help="decode steps counted for the bytes per token")
-    p.add_argument("--llama-python", required=True, help="a Python with llama-cpp-python 0.3.36")
+    p.add_argument("--llama-python", help="a Python with llama-cpp-python 0.3.36 (required)")
     p.add_argument("--native-lib", type=Path, default=LLAMA_CPP, help="llama.cpp's native build's libs")
     p.add_argument("--lib", action="append", default=[], metavar="LEVEL=DIR", help="another level's build")
     p.add_argument("--no-bytes", action="store_true", help="skip the decode bytes per token")
@@ -146,6 +146,8 @@ def main() -> None:
     if args.measure:
         measure(args.measure, args.steps)
         return
+    if not args.llama_python:
+        p.error("--llama-python is required (a venv's Python with llama-cpp-python 0.3.36 from PyPI)")
     print(uptime(), flush=True)
     paths = {}
     for model in args.models.split(","):
