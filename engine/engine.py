@@ -134,7 +134,7 @@ def can_shift(config: EngineConfig, memory: SequenceMemory) -> bool:
 def can_speculate(memory: SequenceMemory, drafter: DraftModel | None, llm: LLM) -> bool:
     """Speculative decoding rolls rejected drafts back: a recurrent memory cannot, so a draft model is
     refused at start and requests' n-gram speculation is off (logged once)."""
-    if memory.can_shift or getattr(memory, "whole_inputs", False):  # an encoder never generates
+    if memory.can_shift or memory.whole_inputs:  # an encoder never generates
         return True
     if drafter is not None:
         raise ValueError(
@@ -147,7 +147,7 @@ def can_speculate(memory: SequenceMemory, drafter: DraftModel | None, llm: LLM) 
 
 def warm_up_batch(memory: SequenceMemory, bos: int) -> Batch:
     """Two tokens of slot 0; an encoder has no logits, so its warm-up asks for the hidden states."""
-    encoder = getattr(memory, "whole_inputs", False)
+    encoder = memory.whole_inputs
     return Batch.of([BatchPart(0, 0, [bos] * 2, "none" if encoder else "last", want_hidden=encoder)])
 
 

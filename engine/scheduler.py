@@ -61,7 +61,7 @@ class Scheduler:
     ) -> None:
         self.pool = pool
         self.pooler = pooler or Pooler()  # how embedding requests pool (the model's rerank classifier)
-        self.whole_inputs = bool(getattr(pool.memory, "whole_inputs", False))  # an encoder: inputs whole
+        self.whole_inputs = pool.memory.whole_inputs  # an encoder: inputs whole
         self.speculation = speculation
         self.drafts = StepDrafts(speculation, pool)  # the speculative part of each step
         self.tokenizer = tokenizer

@@ -85,6 +85,10 @@ class SequenceMemory(Protocol):
         """Whether cells can be moved to other positions (context shift); recurrent state cannot."""
         ...
 
+    # True for an encoder's memory (stateless.py): each input must come whole, in one step, from
+    # position 0, and nothing is kept, so nothing generates, speculates or goes to a slot file.
+    whole_inputs: bool
+
     def check_batch(self, seq_ids: np.ndarray, positions: np.ndarray) -> None: ...
 
     def commit(self, seq_ids: np.ndarray, positions: np.ndarray) -> None: ...

@@ -53,6 +53,8 @@ class HybridMemory:
     def n_bytes(self) -> int:
         return self.kv.n_bytes + self.recurrent.n_bytes
 
+    whole_inputs = False  # inputs may come in chunks (SequenceMemory)
+
     @property
     def can_shift(self) -> bool:
         return False

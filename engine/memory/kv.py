@@ -74,6 +74,8 @@ class KVCache:
     def n_bytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    whole_inputs = False  # inputs may come in chunks (SequenceMemory)
+
     @property
     def can_shift(self) -> bool:
         return True

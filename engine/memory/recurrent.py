@@ -55,6 +55,8 @@ class RecurrentCache:
         """One sequence's state: what a checkpoint costs."""
         return self.n_bytes // self.n_seq
 
+    whole_inputs = False  # inputs may come in chunks (SequenceMemory)
+
     @property
     def can_shift(self) -> bool:
         return False

@@ -210,7 +210,7 @@ def slot_action(
         return {"id_slot": slot.id, "n_erased": n_erased}
     if action not in ("save", "restore") or path is None:
         raise SlotFileError(f"Invalid action {action!r}")
-    if getattr(memory, "whole_inputs", False):  # engine/memory/stateless.py
+    if memory.whole_inputs:  # engine/memory/stateless.py
         raise SlotFileError("this model keeps no memory in its slots: there is nothing to save or restore")
     start = time.perf_counter()
     if action == "save":
