@@ -75,13 +75,15 @@ def test_rope_scaled_and_partial(neox: bool) -> None:
     np.testing.assert_array_equal(x[..., 48:], ref[..., 48:].astype(np.float32))
 
 
-def attention_reference(q, k_cache, v_cache, seq_ids, positions, window, scale):  # type: ignore[no-untyped-def]
+def attention_reference(q, k_cache, v_cache, seq_ids, positions, window, scale, limits=None):  # type: ignore[no-untyped-def]
+    """llama.cpp's mask: cells up to the token's limit (its position, or a non-causal chunk's end), the
+    window counted back from its position."""
     n_tok, n_heads, _ = q.shape
     group = n_heads // k_cache.shape[1]
     out = np.zeros_like(q)
     for t in range(n_tok):
-        end = positions[t] + 1
-        start = max(0, end - window) if window else 0
+        end = (positions if limits is None else limits)[t] + 1
+        start = max(0, positions[t] + 1 - window) if window else 0
         for h in range(n_heads):
             keys = k_cache[seq_ids[t], h // group, start:end]
             vals = v_cache[seq_ids[t], h // group, start:end]
@@ -123,6 +125,28 @@ def test_attention_result_does_not_depend_on_the_batch() -> None:
             q[t : t + 1], k_cache, v_cache, seq_ids[t : t + 1], positions[t : t + 1], 0, 0.25, alone
         )
         np.testing.assert_array_equal(alone[0], together[t])
+
+
+@pytest.mark.parametrize("window", [0, 300])
+def test_attention_of_a_non_causal_chunk(window: int) -> None:
+    """A media chunk decoded non-causally (Gemma 3's image, positions 290..299 here): each of its tokens
+    sees the whole chunk, its window counted from its own position; outputs are bitwise the same alone
+    or batched with another sequence's causal tokens."""
+    k_cache = rand(2, 2, 600, 32).astype(np.float16)
+    v_cache = rand(2, 2, 600, 32).astype(np.float16)
+    seq_ids = np.array([1, 1] + [0] * 10, dtype=np.int32)
+    positions = np.array([40, 41, *range(290, 300)], dtype=np.int32)
+    limits = np.array([40, 41] + [299] * 10, dtype=np.int32)
+    q = rand(len(seq_ids), 4, 32)
+    out = np.empty_like(q)
+    ops.attention(q, k_cache, v_cache, seq_ids, positions, window, 0.2, out, limits)
+    ref = attention_reference(
+        q, k_cache.astype(np.float32), v_cache.astype(np.float32), seq_ids, positions, window, 0.2, limits
+    )
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    chunk = np.empty_like(q[2:])
+    ops.attention(q[2:], k_cache, v_cache, seq_ids[2:], positions[2:], window, 0.2, chunk, limits[2:])
+    np.testing.assert_array_equal(chunk, out[2:])
 
 
 def test_store_kv_rounds_to_float16() -> None:

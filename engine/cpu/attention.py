@@ -49,15 +49,20 @@ def attention(
     window: int,
     scale: float,
     out: np.ndarray,
+    limits: np.ndarray | None = None,
 ) -> None:
     """Causal attention of q[T, n_heads, head_dim] over the cached keys/values (f16 or q8_0) of each token.
 
     Token t attends to cache cells 0..positions[t] of its sequence (the batch's own k/v are already
     stored). With window > 0 only the last `window` positions are visible (sliding-window layers).
     Grouped-query: query head h reads kv head h // (n_heads / n_kv_heads).
+    `limits` (int32 [T]): the last cell each token sees, where it is not its own position: the tokens of
+    a media chunk decoded non-causally (Gemma 3's images) see the whole chunk; the window still counts
+    back from the token's own position, as llama.cpp's mask does.
     """
     k_cells, v_cells = as_kernel_cells(k_cache), as_kernel_cells(v_cache)
-    _attention(q, k_cells, v_cells, seq_ids, positions, window, scale, out)
+    upto = positions if limits is None else limits
+    _attention(q, k_cells, v_cells, seq_ids, upto, positions, window, scale, out)
 
 
 @njit(**_KERNEL)
@@ -90,17 +95,19 @@ def _attention(
     v_bits: np.ndarray,
     seq_ids: np.ndarray,
     positions: np.ndarray,
+    lows: np.ndarray,
     window: int,
     scale: float,
     out: np.ndarray,
 ) -> None:
+    """`positions`: the last cell each token sees; `lows`: the position its window counts back from."""
     n_tok, n_heads, dim = q.shape
     n_kv = k_bits.shape[1]
     first = np.empty(n_tok, np.int64)  # token t sees cells first[t] .. positions[t]
     chunk_start = np.zeros(n_tok + 1, np.int64)  # token t's partial results: rows chunk_start[t] ..
     work = 0
     for t in range(n_tok):
-        first[t] = max(0, positions[t] + 1 - window) if window > 0 else 0
+        first[t] = max(0, lows[t] + 1 - window) if window > 0 else 0
         chunk_start[t + 1] = chunk_start[t] + _n_chunks(first[t], positions[t])
         work += (positions[t] + 1 - first[t]) * n_heads * dim
     tile_start = _query_tiles(seq_ids, positions, first)
@@ -182,8 +189,8 @@ def _n_chunks(first: int, position: int) -> int:
 
 @njit(**_KERNEL)
 def _query_tiles(seq_ids: np.ndarray, positions: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Tile boundaries: runs of up to QUERY_TILE consecutive tokens of one sequence, positions rising,
-    that see the same first cell (so their chunks line up)."""
+    """Tile boundaries: runs of up to QUERY_TILE consecutive tokens of one sequence, last cells not
+    falling (equal in a non-causal media chunk), that see the same first cell (so their chunks line up)."""
     n_tok = len(seq_ids)
     starts = np.empty(n_tok + 1, np.int64)
     n = 0
@@ -193,7 +200,7 @@ def _query_tiles(seq_ids: np.ndarray, positions: np.ndarray, first: np.ndarray) 
             n > 0
             and t - s0 < QUERY_TILE
             and seq_ids[t] == seq_ids[t - 1]
-            and positions[t] > positions[t - 1]
+            and positions[t] >= positions[t - 1]
             and first[t] == first[s0]
         )
         if not joins:

@@ -305,8 +305,11 @@ def _cell_type(cache) -> str:  # type: ignore[no-untyped-def]
     return "f16" if cache.dtype == np.float16 else "q8_0"
 
 
-def attention(q, k_cache, v_cache, seq_ids, positions, window: int, scale: float, out) -> None:  # type: ignore[no-untyped-def]
-    """Causal attention of q[T, n_heads, head_dim] over each token's cached sequence (engine.cpu.ops)."""
+def attention(q, k_cache, v_cache, seq_ids, positions, window: int, scale: float, out, limits=None) -> None:  # type: ignore[no-untyped-def]
+    """Causal attention of q[T, n_heads, head_dim] over each token's cached sequence (engine.cpu.ops).
+    `limits` (non-causal media chunks) is the CPU kernel's alone: projectors run on the CPU backend."""
+    if limits is not None:
+        raise NotImplementedError("non-causal media chunks need the CPU backend")
     n_tok, n_heads, dim = q.shape
     if dim > MAX_HEAD_DIM:
         raise ValueError(f"attention: head_dim {dim} > {MAX_HEAD_DIM}")
