@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from engine.media.chunks import MediaChunk
 from engine.sampling import SamplingParams
 from engine.speculative.base import SpecParams
 
@@ -155,6 +156,8 @@ class GenerationRequest:
     # What /slots shows as this request's `params` (llama-server's task params, written by the server):
     # the engine only hands it on in its snapshots, while the request runs and after, until the next.
     slot_params: Mapping[str, Any] = field(default_factory=dict)
+    # Media chunks by the marker id their positions hold in prompt_tokens (engine/media/chunks.py).
+    media: Mapping[int, MediaChunk] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

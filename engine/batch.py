@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
+
+from engine.media.chunks import PartMedia
 
 # Which logits a part wants back: its last token's (the next-token distribution), every token's
 # (teacher forcing, perplexity), or none (a prompt chunk with more of the prompt still to come).
@@ -24,6 +26,7 @@ class BatchPart:
     # Every token's final hidden state (after the output norm) instead of logits: embeddings and rerank
     # pool these (engine/embedding.py).
     want_hidden: bool = False
+    media: PartMedia | None = None  # its rows that take a medium's embeddings instead of a token's
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,11 @@ class Batch:
     output_rows: np.ndarray  # int32 [n_out]: the rows of T whose logits the caller wants
     # int32 [n_hidden]: the rows of T whose final hidden states (after the output norm) the caller wants
     hidden_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    # Media (engine/media/chunks.py): rows whose input is a medium's embedding row, those rows, and every
+    # row's last visible position where some row's is not its own (a non-causal chunk); else None.
+    media_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    media_embd: np.ndarray | None = None
+    limits: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -52,10 +60,13 @@ class Batch:
         seq_ids: list[int] = []
         outputs: list[int] = []
         hidden: list[int] = []
+        media: list[tuple[int, PartMedia]] = []
         for part in parts:
             base, n = len(tokens), len(part.tokens)
             tokens.extend(part.tokens)
             positions.extend(range(part.start, part.start + n))
+            if part.media is not None:
+                media.append((base, part.media))
             seq_ids.extend([part.seq_id] * n)
             if part.want_logits == "all":
                 outputs.extend(range(base, base + n))
@@ -63,10 +74,21 @@ class Batch:
                 outputs.append(base + n - 1)
             if part.want_hidden:
                 hidden.extend(range(base, base + n))
-        return cls(
+        batch = cls(
             np.asarray(tokens, dtype=np.int32),
             np.asarray(positions, dtype=np.int32),
             np.asarray(seq_ids, dtype=np.int32),
             np.asarray(outputs, dtype=np.int32),
             np.asarray(hidden, dtype=np.int32),
         )
+        return batch.with_media(media) if media else batch
+
+    def with_media(self, media: list[tuple[int, PartMedia]]) -> Batch:
+        """This batch with its parts' media rows (each part's media and the row its part starts at)."""
+        rows = np.concatenate([base + m.rows for base, m in media]).astype(np.int32)
+        embd = np.concatenate([m.embeddings for _, m in media])
+        limits = self.positions.copy()
+        for base, m in media:
+            limits[base : base + len(m.limits)] = m.limits
+        causal = bool(np.array_equal(limits, self.positions))
+        return replace(self, media_rows=rows, media_embd=embd, limits=None if causal else limits)

@@ -19,6 +19,7 @@ from engine.batch import Batch, BatchPart
 from engine.choices import Choices
 from engine.embedding import EmbeddingSequence, Pooler
 from engine.grammar import prefetch_masks
+from engine.media.chunks import part_media
 from engine.memory.context_shift import discard_count, keep_count
 from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
@@ -116,10 +117,9 @@ class Scheduler:
             if budget <= 0:
                 break
             chunk = seq.take(budget if seq.generating else self.pool.prompt_room(seq.slot_id, budget))
-            if not chunk and isinstance(seq, EmbeddingSequence):
-                continue  # an encoder's input waits for a step with room for all of it
-            budget -= len(chunk)
-            taken.append((seq, chunk))
+            if chunk or seq.generating:  # an encoder's input, or a medium, waits for room for all of it
+                budget -= len(chunk)
+                taken.append((seq, chunk))
         self._prefilling = [seq for seq, _ in taken if not seq.generating]
         self._embedding, parts, outputs = [], [], []
         self.drafts.add(taken, budget)
@@ -139,7 +139,8 @@ class Scheduler:
                 slot_log.prompt_chunk(slot, seq, n_batch)
                 continue
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
-            parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want))
+            media = part_media(chunk, len(slot.tokens), seq.request.media)  # None without media
+            parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want, media=media))
             slot.tokens.extend(chunk + seq.drafts)
             if not seq.generating:
                 slot_log.prompt_chunk(slot, seq, n_batch)

@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.api import ControlResult, GenerationRequest, PromptProgress, Timings, TokenEvent
 from engine.grammar import GrammarMatcher
+from engine.media.chunks import cut_before_media, is_marker
 from engine.sampling import DryVocabulary, Sampler, SamplingParams
 from engine.speculative import SpecParams
 from engine.speculative.policy import AcceptanceRate
@@ -114,7 +115,8 @@ class Sequence:
 
     def take(self, budget: int) -> list[int]:
         """The next tokens to feed, at most `budget`; the sequence wants logits once none are left."""
-        chunk, self.pending = self.pending[:budget], self.pending[budget:]
+        n = cut_before_media(self.pending, budget) if self.request.media else budget
+        chunk, self.pending = self.pending[:n], self.pending[n:]
         return chunk
 
     # -- speculative decoding --------------------------------------------------------------------
@@ -397,7 +399,8 @@ def start_sequence(
         breakers = (dry or DryVocabulary(tokenizer)).breakers(params.dry_sequence_breakers)
     sampler = Sampler(params, tokenizer.n_vocab, breakers)
     for token in request.prompt_tokens:
-        sampler.accept(token)
+        if not is_marker(token):  # a medium's positions are no token (llama-server skips them too)
+            sampler.accept(token)
     readers = answer_readers(request, lambda text: tokenizer.encode(text, False, True))
     return Sequence(
         request,
@@ -413,6 +416,7 @@ def start_sequence(
         pending=request.prompt_tokens[n_cached:],
         n_cached=n_cached,
         truncated=request.truncated,
-        drafting=Drafting(request.speculative) if request.speculative is not None else None,
+        # no speculation over media: a draft model has no projector, and prompt lookup could draft a marker
+        drafting=Drafting(request.speculative) if request.speculative and not request.media else None,
         indent=IndentLimit(request.n_indent) if request.n_indent > 0 else None,
     )

@@ -17,6 +17,7 @@ import structlog
 
 from engine import slot_log
 from engine.api import EmbeddingRequest, GenerationRequest, SlotProgress, SlotSnapshot
+from engine.media.chunks import cut_before_media
 from engine.memory.base import SequenceMemory
 from engine.memory.hybrid import DEFAULT_MIN_STEP, HybridMemory, checkpoint_positions
 from engine.memory.prompt_cache import PromptCache, common_prefix
@@ -139,6 +140,7 @@ class SlotPool:
         if self.clear_idle:
             self._clear_idle(slot)
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
+        reuse = cut_before_media(prompt, reuse)  # a medium's chunk is evaluated whole or not at all
         reuse = self.memory.truncate(slot.id, reuse)  # recurrent memory: its nearest checkpoint
         slot.tokens = prompt[:reuse]
         self.pauses[slot.id] = self._pauses(prompt, reuse, isinstance(request, GenerationRequest))

@@ -231,9 +231,15 @@ class LlamaModel:
         be = self.backend
         # The batch's indices go to the backend once per step, not once per kernel.
         on_device = Batch(
-            be.upload(batch.tokens), be.upload(batch.positions), be.upload(batch.seq_ids), batch.output_rows
+            be.upload(batch.tokens if batch.media_embd is None else np.maximum(batch.tokens, 0)),
+            be.upload(batch.positions),
+            be.upload(batch.seq_ids),
+            batch.output_rows,
+            limits=None if batch.limits is None else be.upload(batch.limits),
         )
         x = self.embed(on_device.tokens)
+        if batch.media_embd is not None:
+            self.place_media(x, batch)
         for il, layer in enumerate(self.layers):
             self.attention_block(il, layer, x, on_device, kv)
             self.ffn_block(layer, x)
@@ -243,6 +249,12 @@ class LlamaModel:
         if len(batch.hidden_rows):
             hidden = be.download(self.norm(be.take_rows(x, batch.hidden_rows), self.output_norm))
         return ForwardOutput(logits, hidden)
+
+    def place_media(self, x: np.ndarray, batch: Batch) -> None:
+        """A medium's rows replace its positions' token embeddings, as they are: llama.cpp scales only
+        token inputs (Gemma's sqrt(n_embd)), never embedding inputs."""
+        assert batch.media_embd is not None
+        x[batch.media_rows] = self.backend.upload(batch.media_embd)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         x = self.backend.empty((len(tokens), self.hp.n_embd))
@@ -285,9 +297,12 @@ class LlamaModel:
         hp, be = self.hp, self.backend
         be.store_kv(k, v, batch.seq_ids, batch.positions, kv.k[il], kv.v[il])
         out = be.empty(q.shape)
-        be.attention(
-            q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, self.window(il), hp.attn_scale, out
-        )
+        window = self.window(il)
+        if batch.limits is None:
+            be.attention(q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, window, hp.attn_scale, out)
+        else:  # a non-causal media chunk in the batch (engine/media/chunks.py)
+            args = (batch.seq_ids, batch.positions, window, hp.attn_scale, out)
+            be.attention(q, kv.k[il], kv.v[il], *args, limits=batch.limits)
         return out
 
     def window(self, il: int) -> int:

@@ -1,0 +1,272 @@
+"""llama.cpp's mtmd on the synthetic Gemma 3 projector -> tests/golden/mmproj_gemma3.{npz,json}.
+
+Run it with the Python that has llama-cpp-python 0.3.36 (llama.cpp 0c1e570, its `llama_cpp.mtmd_cpp`
+bindings); the projector is written by tests/synthetic_mmproj.py in Llamba's venv (`--writer-python`),
+the same code and gguf package the tests rebuild it with, so the recorded sha256 pins the bytes:
+
+    /tmp/llcpp-avx2/bin/python scripts/make_mmproj_goldens.py
+
+For the "tiny" preset (seed 0) in front of the real Gemma 3 270M (gemma-3-270m-q4_k_m.gguf), on the CPU,
+2 threads, n_ctx 1024, n_batch 512, flash attention off in both the projector and the text model, the
+text weights not repacked (use_extra_bufts off: this VM lists AMX, whose tiles crash), for each image
+(llama.cpp's tools/mtmd/test-1.jpeg, and tests/golden/mmproj_gradient.png, a 64x48 gradient written
+here, for a non-square input):
+
+- `<image>_embd`: the image chunk's embeddings (mtmd_encode_chunk, mtmd_get_output_embd),
+  [n_image_tokens, 640] float32; `<image>_embd_fa`: the same with mtmd's default flash attention
+  (auto, on for the CPU: K and V cast to float16), which is what llama-server runs;
+- the chunks of PROMPT as mtmd_tokenize makes them (add_special, parse_special): text chunks' token ids,
+  the image chunk's n_tokens / n_pos / nx / ny (in the json);
+- `<image>_pixels` (JPEG only): the RGB bytes mtmd decoded (stb_image), [height, width, 3] uint8: other
+  decoders (libjpeg-turbo in Pillow) differ by up to 3 on a few percent of them;
+- `<image>_logits`: the next-token logits after mtmd_helper_eval_chunks (n_batch 512, logits_last) of
+  all chunks from position 0, llama_get_logits_ith(-1), [262144] float32, and their top 10 (json).
+
+Each evaluation runs twice (a fresh KV cache each time); the script fails unless both agree and the
+values are finite and not constant. Nothing here imports Llamba's engine but engine.reference_data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import hashlib
+import json
+import shlex
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+MODEL = Path.home() / ".cache" / "llamba" / "models" / "gemma-3-270m-q4_k_m.gguf"
+PRESET, SEED = "tiny", 0
+N_CTX, N_BATCH, N_THREADS = 1024, 512, 2
+PROMPT_BEFORE, PROMPT_AFTER = (
+    "<start_of_turn>user\n",
+    "What is in this image?<end_of_turn>\n<start_of_turn>model\n",
+)
+GRADIENT = "mmproj_gradient.png"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """An 8-bit RGB PNG of pixels [height, width, 3] (no filter, zlib level 9)."""
+    h, w, _ = pixels.shape
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = b"".join(b"\x00" + pixels[y].astype(np.uint8).tobytes() for y in range(h))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
+
+
+def gradient() -> np.ndarray:
+    """64x48: red grows left to right, green top to bottom, blue along the diagonal."""
+    y, x = np.mgrid[0:48, 0:64]
+    return np.stack([x * 4, y * 5, (x + y) * 2], axis=-1)
+
+
+def test_image() -> Path:
+    try:
+        sys.path.insert(0, str(ROOT))
+        from engine.reference_data import reference_file
+
+        return reference_file("tools/mtmd/test-1.jpeg")
+    except ImportError:
+        return (
+            Path.home() / ".cache/llamba/reference/llama-cpp-python-0.3.36/llama.cpp/tools/mtmd/test-1.jpeg"
+        )
+
+
+class Runner:
+    def __init__(self, mmproj: Path, model: Path) -> None:
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = False
+        self.model = llama_cpp.llama_model_load_from_file(str(model).encode(), mparams)
+        assert self.model, model
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.n_embd = llama_cpp.llama_model_n_embd(self.model)
+        self.mtmd = {fa: self._mtmd(mmproj, fa) for fa in (False, True)}
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = N_CTX, N_BATCH, N_BATCH
+        cparams.n_threads = cparams.n_threads_batch = N_THREADS
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.lctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        assert self.lctx
+
+    def _mtmd(self, mmproj: Path, flash_attn: bool) -> int:
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = False
+        params.print_timings = False
+        params.n_threads = N_THREADS
+        if not flash_attn:
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.model, params)
+        assert ctx, f"mtmd_init_from_file failed on {mmproj}"
+        assert mtmd.mtmd_support_vision(ctx) and mtmd.mtmd_decode_use_non_causal(ctx, None)
+        return ctx
+
+    def chunks(self, ctx: int, image: Path) -> int:
+        bitmap = mtmd.mtmd_helper_bitmap_init_from_file(ctx, str(image).encode(), False)
+        assert bitmap, image
+        self.size = (mtmd.mtmd_bitmap_get_nx(bitmap), mtmd.mtmd_bitmap_get_ny(bitmap))
+        data = ctypes.cast(mtmd.mtmd_bitmap_get_data(bitmap), ctypes.POINTER(ctypes.c_uint8))
+        self.pixels = np.ctypeslib.as_array(data, shape=(self.size[1], self.size[0], 3)).copy()
+        text = (PROMPT_BEFORE + mtmd.mtmd_default_marker().decode() + PROMPT_AFTER).encode()
+        inp = mtmd.mtmd_input_text(text, len(text), True, True)
+        chunks = mtmd.mtmd_input_chunks_init()
+        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(inp), bitmaps, 1) == 0
+        mtmd.mtmd_bitmap_free(bitmap)
+        return chunks
+
+    def describe(self, chunks: int) -> list[dict]:
+        out = []
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            c = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(c) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t()
+                toks = mtmd.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
+                out.append({"type": "text", "tokens": [int(toks[j]) for j in range(n.value)]})
+            else:
+                img = mtmd.mtmd_input_chunk_get_tokens_image(c)
+                n_tokens, n_pos = mtmd.mtmd_input_chunk_get_n_tokens(c), mtmd.mtmd_input_chunk_get_n_pos(c)
+                nx, ny = mtmd.mtmd_image_tokens_get_nx(img), mtmd.mtmd_image_tokens_get_ny(img)
+                out.append({"type": "image", "n_tokens": n_tokens, "n_pos": n_pos, "nx": nx, "ny": ny})
+        return out
+
+    def embd(self, image: Path, flash_attn: bool) -> np.ndarray:
+        ctx = self.mtmd[flash_attn]
+        chunks = self.chunks(ctx, image)
+        all_chunks = (
+            mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))
+        )
+        image_type = mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE
+        c = next(c for c in all_chunks if mtmd.mtmd_input_chunk_get_type(c) == image_type)
+        n = mtmd.mtmd_input_chunk_get_n_tokens(c)
+        assert mtmd.mtmd_encode_chunk(ctx, c) == 0
+        ptr = mtmd.mtmd_get_output_embd(ctx)
+        out = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
+        mtmd.mtmd_input_chunks_free(chunks)
+        return out
+
+    def logits(self, image: Path) -> tuple[list[dict], np.ndarray]:
+        chunks = self.chunks(self.mtmd[False], image)
+        info = self.describe(chunks)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.lctx), True)
+        n_past = llama_cpp.llama_pos(0)
+        rc = mtmd.mtmd_helper_eval_chunks(
+            self.mtmd[False], self.lctx, chunks, 0, 0, N_BATCH, True, ctypes.byref(n_past)
+        )
+        assert rc == 0, rc
+        assert n_past.value == sum(c.get("n_pos", len(c.get("tokens", []))) for c in info)
+        ptr = llama_cpp.llama_get_logits_ith(self.lctx, -1)
+        out = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        mtmd.mtmd_input_chunks_free(chunks)
+        return info, out
+
+
+def sane(name: str, a: np.ndarray) -> None:
+    assert np.isfinite(a).all(), name
+    assert float(a.std()) > 1e-3, name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--writer-python", default=str(ROOT / ".venv" / "bin" / "python"))
+    ap.add_argument("--model", type=Path, default=MODEL)
+    args = ap.parse_args()
+
+    png = GOLDEN / GRADIENT
+    png.write_bytes(png_bytes(gradient()))
+    images = {"test1": test_image(), "gradient": png}
+    arrays: dict[str, np.ndarray] = {}
+    record: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        mmproj = Path(tmp) / f"mmproj-{PRESET}.gguf"
+        writer = [args.writer_python, "-m", "tests.synthetic_mmproj", str(mmproj), PRESET, str(SEED)]
+        subprocess.run(writer, cwd=ROOT, check=True)
+        runner = Runner(mmproj, args.model)
+        for name, image in images.items():
+            embd = runner.embd(image, False)
+            assert np.array_equal(embd, runner.embd(image, False)), name
+            embd_fa = runner.embd(image, True)
+            info, logits = runner.logits(image)
+            info2, logits2 = runner.logits(image)
+            assert info == info2 and int(logits.argmax()) == int(logits2.argmax()), name
+            for key, a in (("embd", embd), ("embd_fa", embd_fa), ("logits", logits)):
+                sane(f"{name}_{key}", a)
+                arrays[f"{name}_{key}"] = a.astype(np.float32)
+            if image.suffix == ".jpeg":  # stb_image's decode, which other JPEG decoders differ from
+                arrays[f"{name}_pixels"] = runner.pixels
+            top = np.argsort(-logits, kind="stable")[:10]
+            record[name] = {
+                "image": f"tests/golden/{GRADIENT}" if image == png else "llama.cpp tools/mtmd/test-1.jpeg",
+                "image_sha256": sha256(image),
+                "width_height": list(runner.size),
+                "chunks": info,
+                "n_image_tokens": embd.shape[0],
+                "embd_abs_max": float(np.abs(embd).max()),
+                "embd_fa_max_abs_diff": float(np.abs(embd_fa - embd).max()),
+                "logits_repeat_max_abs_diff": float(np.abs(logits - logits2).max()),
+                "top10": [int(t) for t in top],
+                "top10_logits": [float(logits[t]) for t in top],
+            }
+        mmproj_sha = sha256(mmproj)
+    assert not np.array_equal(arrays["test1_embd"], arrays["gradient_embd"])
+    np.savez_compressed(GOLDEN / "mmproj_gemma3.npz", **arrays)
+    meta = {
+        "source": "llama-cpp-python 0.3.36 (llama.cpp 0c1e570), libmtmd via llama_cpp.mtmd_cpp",
+        "command": shlex.join(
+            ["/tmp/llcpp-avx2/bin/python", "scripts/make_mmproj_goldens.py", *sys.argv[1:]]
+        ),
+        "date": datetime.date.today().isoformat(),
+        "mmproj": {
+            "writer": "tests/synthetic_mmproj.py",
+            "preset": PRESET,
+            "seed": SEED,
+            "sha256": mmproj_sha,
+        },
+        "text_model": {"file": args.model.name, "sha256": sha256(args.model)},
+        "settings": {
+            "device": "CPU",
+            "n_threads": N_THREADS,
+            "n_ctx": N_CTX,
+            "n_batch": N_BATCH,
+            "n_ubatch": N_BATCH,
+            "flash_attn": "off (projector, text model); *_embd_fa: the projector's default (auto: on)",
+            "use_extra_bufts": False,
+            "add_special": True,
+            "parse_special": True,
+            "logits_last": True,
+        },
+        "prompt": PROMPT_BEFORE + mtmd.mtmd_default_marker().decode() + PROMPT_AFTER,
+        "arrays": {k: list(v.shape) for k, v in arrays.items()},
+        "images": record,
+    }
+    (GOLDEN / "mmproj_gemma3.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(json.dumps({k: {kk: v[kk] for kk in ("chunks", "top10")} for k, v in record.items()}))
+
+
+if __name__ == "__main__":
+    main()
