@@ -298,14 +298,9 @@ def test_a_resumable_stream_replays_with_its_conversation_id(server: ServerProce
 
 # -- bad input: the SDK's exception classes, Anthropic's error shape ---------------------------------
 BAD_BODIES = {
-    "an image block": (
-        [
-            {
-                "role": "user",
-                "content": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}],
-            }
-        ],
-        "messages.0.content.0.image",
+    "a document block": (
+        [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "x"}}]}],
+        "messages.0.content.0.document",
     ),
     "a tool_result without its tool_use": (
         [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}],

@@ -384,8 +384,8 @@ BAD_BODIES = {
     "tools.0": {"tools": [{"type": "web_search"}]},
     "previous_response_id": {"previous_response_id": "resp_unknown"},
     "input.0.call_id": {"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
-    "input.0.message.content.0.input_image": {
-        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]
+    "input.0.message.content.0.input_file": {
+        "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]
     },
     "input.0": {"input": [{"type": "computer_call_output", "call_id": "c"}]},
     "input": {"input": []},

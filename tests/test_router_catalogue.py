@@ -28,7 +28,7 @@ def test_models_dir_layout(tmp_path: Path) -> None:
     touch(tmp_path / "big-00001-of-00002.gguf")
     touch(tmp_path / "big-00002-of-00002.gguf")
     touch(tmp_path / "gemma-3-4b" / "gemma-3-4b-Q8_0.gguf")
-    touch(tmp_path / "gemma-3-4b" / "mmproj-F16.gguf")
+    projector = touch(tmp_path / "gemma-3-4b" / "mmproj-F16.gguf")
     touch(tmp_path / "with-draft" / "target.gguf")
     draft = touch(tmp_path / "with-draft" / "draft-small.gguf")
     touch(tmp_path / "Kimi" / "Kimi-00001-of-00003.gguf")
@@ -40,6 +40,7 @@ def test_models_dir_layout(tmp_path: Path) -> None:
     assert set(dir_models) == {"llama-3.2-1b-Q4_K_M", "big", "gemma-3-4b", "with-draft", "Kimi"}
     assert dir_models["big"].model.endswith("big-00001-of-00002.gguf")  # the first shard names the model
     assert dir_models["gemma-3-4b"].model.endswith("gemma-3-4b-Q8_0.gguf")  # not the projector
+    assert dir_models["gemma-3-4b"].args == ("--mmproj", str(projector))  # loaded beside it
     assert dir_models["with-draft"].args == ("-md", str(draft))  # a sidecar draft model
     assert dir_models["Kimi"].model.endswith("Kimi-00001-of-00003.gguf")
     assert {"smollm2", "gemma3"} <= set(cat.entries) and cat.default_id == "smollm2"

@@ -336,34 +336,42 @@ def _normalise_message(index: int, message: Mapping[str, Any], typed: bool = Fal
     normalised = dict(message)
     content = message.get("content")
     flat = _flatten_content(index, content)
-    normalised["content"] = [dict(p) for p in content] if typed and isinstance(content, list) else flat
+    typed = typed and isinstance(content, list) and not _has_media(content)  # llama.cpp flattens media
+    normalised["content"] = [dict(p) for p in content] if typed else flat
     if normalised.get("tool_calls") == []:  # llama.cpp drops an empty list (some templates refuse one)
         del normalised["tool_calls"]
     return normalised
 
 
+def _has_media(content: list[Any]) -> bool:
+    return any(isinstance(p, Mapping) and p.get("type") == "media_marker" for p in content)
+
+
 def _flatten_content(index: int, content: Any) -> str:
     """A string, null (-> ""), or a list of text parts joined by newlines, as llama.cpp does for
-    templates that take string content."""
+    templates that take string content; a media marker part (server/chat/media.py) is joined without
+    a newline before or after it, as llama.cpp joins them."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ValueError(f"messages[{index}].content must be a string or a list of content parts")
-    texts = []
+    text, after_marker = "", False
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind != "text":
+        if kind not in ("text", "media_marker"):
             raise ValueError(
                 f"messages[{index}].content[{j}] has unsupported type {kind!r}; "
                 "only 'text' parts are supported"
             )
-        text = part.get("text")
-        if not isinstance(text, str):
+        piece = part.get("text")
+        if not isinstance(piece, str):
             raise ValueError(f"messages[{index}].content[{j}].text must be a string")
-        texts.append(text)
-    return "\n".join(texts)
+        if kind == "text" and text and not after_marker:
+            text += "\n"
+        text, after_marker = text + piece, kind == "media_marker"
+    return text
 
 
 class _TemplateEnvironment(ImmutableSandboxedEnvironment):

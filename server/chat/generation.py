@@ -64,6 +64,7 @@ async def build_request(
     run = run_params(s, body, prompt, speculative)
     return GenerationRequest(
         prompt_tokens=prompt.tokens,
+        media=prompt.media,
         sampling=sampling,
         n_predict=run.n_predict,
         stop=(body.stop_list() or s.reverse_prompts) + (tools.format.extra_stops if tools else ()),

@@ -15,11 +15,13 @@ from typing import Any
 
 from engine.api import GenerationRequest
 from server.chat.generation import build_request
+from server.chat.media import MEDIA_MARKER, take_media
 from server.chat.schemas import ChatCompletionRequest
 from server.chat.structured import tool_plan
 from server.config.settings import Settings
 from server.model.constraints import ToolPlan
 from server.model.host import ModelHost
+from server.model.media import MediaPrompt
 from server.model.prompts import ChatInput, ReasoningAsk
 
 
@@ -47,19 +49,32 @@ async def prepare_chat(
     (server/chat/structured.py's tool_plan)."""
     prompts = model.prompts  # 503 while the model loads
     tools = tool_plan(prompts, body, answer_only)
-    prompt = await prompts.chat(chat_input(model.settings, body, tools), n_keep=body.n_keep)
+    chat, media = await chat_media(model, chat_input(model.settings, body, tools))
+    prompt = await prompts.chat(chat, n_keep=body.n_keep, media=media)
     log_prompt(model.settings.log_prompts_dir, completion_id, prompt.text)
     reading = prompts.answer_reading(tools, body.answer_schema() is not None, body.stream)
     request = await build_request(model, body, prompt, body.probs_count(), completion_id, tools, reading)
     return ChatJob(prompt.text, len(prompt.tokens), request, streams_prefill(body))
 
 
+async def chat_media(model: ModelHost, chat: ChatInput) -> tuple[ChatInput, MediaPrompt | None]:
+    """The chat with its media parts made markers, and its media encoded (none: the chat as it was)."""
+    encoder = model.media
+    modalities = encoder.modalities if encoder is not None else frozenset()
+    chat, files = take_media(chat, modalities, model.settings.media_path)
+    if not files:
+        return chat, None
+    assert encoder is not None  # take_media refuses media the model cannot read
+    chunks = [await encoder.chunk(f.data) for f in files]
+    return chat, MediaPrompt(MEDIA_MARKER, chunks, encoder.begin, encoder.end)
+
+
 async def chat_tokens(model: ModelHost, body: ChatCompletionRequest) -> list[int]:
     """The prompt tokens a chat request would run with, before any fitting to the context: what token
     counting answers (/tokenize with messages, Anthropic's count_tokens)."""
     prompts = model.prompts  # 503 while the model loads
-    chat = chat_input(model.settings, body, tool_plan(prompts, body))
-    return (await prompts.chat(chat, fit=False)).tokens
+    chat, media = await chat_media(model, chat_input(model.settings, body, tool_plan(prompts, body)))
+    return (await prompts.chat(chat, fit=False, media=media)).tokens
 
 
 def chat_input(settings: Settings, body: ChatCompletionRequest, tools: ToolPlan | None) -> ChatInput:

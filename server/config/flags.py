@@ -64,6 +64,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add("-hff", "--hf-file", dest="hf_file", default=None, help="the file of -hf's repository to serve")
     add("-a", "--alias", default=None, help="the model's API names, comma-separated (the first is its id)")
     add("--tags", default=None, help="the model's tags, comma-separated (listed in /v1/models)")
+    add("-mm", "--mmproj", default=None, help="a multimodal projector GGUF: images in (gemma3 projectors)")
+    add("--media-path", default=None, help="the folder file:// media URLs may name (none: refused)")
     add("-c", "--ctx-size", type=int, default=4096)
     add("-np", "--parallel", type=int, default=1)
     add("-b", "--batch-size", type=int, default=2048)

@@ -419,11 +419,8 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ("-mm", "--mmproj"),
         "FILE",
         "LLAMA_ARG_MMPROJ",
-        "ignored",
-        (
-            "not applied: Llamba does not implement it, so outputs differ from llama-server's"
-            " with it (no multimodal projector)"
-        ),
+        "implemented",
+        "projector type gemma3 (images); other projector types are refused at start with one line",
     ),
     F(
         ("-mmu", "--mmproj-url"),
@@ -559,7 +556,7 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
     F(("--props",), "", "LLAMA_ARG_ENDPOINT_PROPS", "implemented", ""),
     F(("--slots", "--no-slots"), "", "LLAMA_ARG_ENDPOINT_SLOTS", "implemented", ""),
     F(("--slot-save-path",), "PATH", "", "implemented", ""),
-    F(("--media-path",), "PATH", "", "ignored", "no effect in Llamba"),
+    F(("--media-path",), "PATH", "", "implemented", ""),
     F(("--models-dir",), "PATH", "LLAMA_ARG_MODELS_DIR", "implemented", ""),
     F(("--models-preset",), "PATH", "LLAMA_ARG_MODELS_PRESET", "implemented", ""),
     F(("--models-max",), "N", "LLAMA_ARG_MODELS_MAX", "implemented", ""),

@@ -57,6 +57,10 @@ class Settings(BaseModel):
     cache_idle_slots: bool = True  # with kv_unified: a starting request moves idle slots to the host cache
     spec: SpecParams = SpecParams()  # the default speculation of every request (none unless --spec-type)
     model_draft: str | None = None
+    # Media (engine/media/): the projector GGUF that makes images into embeddings, and the one folder
+    # file:// media URLs may read (llama-server's --media-path; none: file:// is refused).
+    mmproj: str | None = None
+    media_path: str | None = None
     # Embeddings (--embedding) and rerank (--reranking: pooling rank): the routes answer only with them;
     # pooling None is the model's own (its GGUF's pooling_type, else none, as llama.cpp decides).
     embedding: bool = False

@@ -25,6 +25,7 @@ from server.http import errors
 from server.model.admission import Admission
 from server.model.client import Counters, EngineClient
 from server.model.loading import Loaded, info_dict, load_model
+from server.model.media import MediaEncoder
 from server.model.prompts import PromptBuilder, template_caps
 from server.state import app_state
 
@@ -48,6 +49,7 @@ class Facts:
     template_source: str
     template_caps: dict[str, bool]  # under llama.cpp's names (/props)
     snapshot: EngineSnapshot = EngineSnapshot()
+    modalities: frozenset[str] = frozenset()  # image, audio: what --mmproj's projector reads
 
 
 class ModelHost:
@@ -76,7 +78,12 @@ class ModelHost:
             prompts = loaded.prompts
             caps = template_caps(prompts.template)
             self._facts = Facts(
-                loaded.info, loaded.client.n_slots, prompts.n_ctx_slot, prompts.template.source, caps
+                loaded.info,
+                loaded.client.n_slots,
+                prompts.n_ctx_slot,
+                prompts.template.source,
+                caps,
+                modalities=loaded.media.modalities if loaded.media is not None else frozenset(),
             )
         except Exception as exc:
             self.load_error = str(exc)
@@ -153,6 +160,16 @@ class ModelHost:
     def prompts(self) -> PromptBuilder:
         """The loaded model's prompt builder; 503 while it loads."""
         return self._require().prompts
+
+    @property
+    def media(self) -> MediaEncoder | None:
+        """The loaded model's media encoder (--mmproj), None for a text-only model; 503 while it loads."""
+        return self._require().media
+
+    @property
+    def modalities(self) -> frozenset[str]:
+        """What the model reads besides text (kept while it sleeps)."""
+        return self._known().modalities
 
     @property
     def client(self) -> EngineClient:

@@ -15,6 +15,8 @@ from engine.api import POOLING_TYPES, ModelInfo, Pooling
 from engine.engine import Engine, EngineConfig
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from engine.llm import LLM
+from engine.media.mmproj import load_projector
+from engine.media.vision import Projector
 from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate
 from engine.text.tool_calls import detect_format
@@ -24,6 +26,7 @@ from server.model.client import Counters, EngineClient, Grammars
 from server.model.constraints import schema_spec
 from server.model.gbnf import gbnf_spec
 from server.model.llama_schema import SchemaError
+from server.model.media import MediaEncoder
 from server.model.prompts import PromptBuilder
 
 log = structlog.get_logger("server")
@@ -41,6 +44,7 @@ class Loaded:
     engine: Engine
     prompts: PromptBuilder
     client: EngineClient
+    media: MediaEncoder | None = None  # --mmproj's projector
 
 
 def load_model(settings: Settings, admission: Admission, counters: Counters) -> Loaded:
@@ -57,6 +61,7 @@ def load_model(settings: Settings, admission: Admission, counters: Counters) -> 
         log.warning(
             "model.rerank_without_classifier", detail="no cls.output in the model: scores are not trained"
         )
+    projector = _load_projector(settings, llm)
     engine = Engine(llm, config, draft)
     _log_progress("compile", 0.0)  # the engine's start compiles (or loads) every kernel in a warm-up batch
     engine.start()
@@ -77,7 +82,22 @@ def load_model(settings: Settings, admission: Admission, counters: Counters) -> 
         n_vocab=llm.tokenizer.n_vocab,
     )
     client = EngineClient(engine, grammars, pooling, settings, admission, counters)
-    return Loaded(llm.info(), engine, prompts, client)
+    media = MediaEncoder(projector, engine, config.n_ubatch) if projector is not None else None
+    return Loaded(llm.info(), engine, prompts, client, media)
+
+
+def _load_projector(settings: Settings, llm: LLM) -> Projector | None:
+    """--mmproj's projector on the model's backend; one line when it cannot serve this model."""
+    if not settings.mmproj:
+        return None
+    projector = load_projector(settings.mmproj, llm.backend)
+    if projector.n_embd_text != llm.model.hp.n_embd:
+        raise ValueError(
+            f"mismatch between text model (n_embd = {llm.model.hp.n_embd}) and mmproj"
+            f" (n_embd = {projector.n_embd_text})"
+        )
+    log.info("model.mmproj", path=settings.mmproj, modalities=sorted(projector.modalities))
+    return projector
 
 
 def _engine_config(settings: Settings) -> EngineConfig:
@@ -92,7 +112,7 @@ def _engine_config(settings: Settings) -> EngineConfig:
         cache_ram_mib=s.cache_ram,
         ctx_checkpoints=s.ctx_checkpoints,
         checkpoint_min_step=s.checkpoint_min_step,
-        context_shift=s.context_shift,
+        context_shift=s.context_shift and not s.mmproj,  # as llama-server: no shift with media
         n_keep=s.keep,
         cache_type_k=s.cache_type_k,
         cache_type_v=s.cache_type_v,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
 from engine.api import GenerationRequest, ReasoningSpec, ReasoningTags, ToolCallSpec
+from engine.media.chunks import MediaChunk
 from engine.memory.context_shift import truncate_prompt
 from engine.text.answer import prefill_message as read_prefill
 from engine.text.chat import ChatTemplate, ChatTemplateError, RenderedPrompt
@@ -28,6 +29,9 @@ from engine.text.tool_calls import GENERIC, Prefill, ToolCallFormat
 from server.config.settings import Settings
 from server.http import errors
 from server.model.constraints import ToolPlan, plan_tools, preserved_ids
+from server.model.media import MediaPrompt, media_tokens
+
+Media = Mapping[int, MediaChunk]  # a prompt's media chunks by the marker id their positions hold
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Prompt:
     text: str = ""
     reasoning: ReasoningSpec | None = None
     prefill: str = ""  # the continued assistant message's text at the end of `text` (engine.api)
+    media: Media = field(default_factory=dict)  # its media chunks by marker id
 
 
 def prefill_message(request: GenerationRequest) -> tuple[str, str]:
@@ -213,15 +218,16 @@ class PromptBuilder:
             tokens = [tok.bos_id, *tokens]
         return tokens
 
-    def fit_prompt(self, tokens: list[int], n_keep: int | None = None) -> Prompt:
+    def fit_prompt(self, tokens: list[int], n_keep: int | None = None, media: Media | None = None) -> Prompt:
         """The prompt as it will run: too long is 400, or cut with context shift, keeping the request's
-        first `n_keep` tokens (None: the server's --keep)."""
+        first `n_keep` tokens (None: the server's --keep). A prompt with `media` is never cut (the
+        server turns context shift off with --mmproj, as llama-server)."""
         n_ctx = self.n_ctx_slot
         if not tokens:
             raise errors.invalid_request("the prompt is empty")
         if len(tokens) < n_ctx:
-            return Prompt(tokens)
-        if not self.settings.context_shift:
+            return Prompt(tokens, media=media or {})
+        if not self.settings.context_shift or media:
             raise errors.exceed_context(len(tokens), n_ctx)
         keep = self.settings.keep if n_keep is None else n_keep
         return Prompt(truncate_prompt(tokens, n_ctx, keep), truncated=True)
@@ -262,15 +268,19 @@ class PromptBuilder:
             )
         return rendered
 
-    async def chat(self, chat: ChatInput, fit: bool = True, n_keep: int | None = None) -> Prompt:
+    async def chat(
+        self, chat: ChatInput, fit: bool = True, n_keep: int | None = None, media: MediaPrompt | None = None
+    ) -> Prompt:
         """A chat's prompt in one pass: rendered, tokenized, fitted to the context (`fit` False: as token
         counting answers, before any fitting; `n_keep`: the request's, for a prompt cut to fit), and its
         reasoning resolved against the rendered text (with a prefill, the text before it: the answer's
-        reading starts with the prefill's)."""
+        reading starts with the prefill's). `media`: its media, tokenized as mtmd does."""
         rendered = self.render(chat)
         text = rendered.text
-        tokens = await self.tokenize_prompt(text)
-        prompt = self.fit_prompt(tokens, n_keep) if fit else Prompt(tokens)
+        tokenized = media_tokens(self.tokenize, self.tokenizer, text, media) if media else None
+        tokens = await (tokenized or self.tokenize_prompt(text))
+        chunks = {c.marker: c for c in media.chunks} if media else {}
+        prompt = self.fit_prompt(tokens, n_keep, chunks) if fit else Prompt(tokens, media=chunks)
         own_tags = (chat.tool_format or self.tool_format).reasoning_tags
         before = text[: len(text) - len(rendered.prefill_text)]
         reasoning = self.reasoning_spec(chat.reasoning, before, own_tags)

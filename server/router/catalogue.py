@@ -130,12 +130,14 @@ def scan_models_dir(folder: Path) -> list[ModelEntry]:
 def _folder_model(folder: Path) -> ModelEntry | None:
     files = sorted(p for p in folder.glob("*.gguf") if p.is_file())
     drafts = [p for p in files if p.name.lower().startswith("draft")]
-    mains = [p for p in files if p not in drafts and not p.name.lower().startswith("mmproj")]
+    projectors = [p for p in files if p.name.lower().startswith("mmproj")]
+    mains = [p for p in files if p not in drafts and p not in projectors]
     mains = [p for p in mains if not (m := SPLIT_SHARD.match(p.name)) or m["index"] == "00001"]
     if not mains:
         return None
     draft = str(drafts[0]) if drafts else None
     args = ("-md", draft) if draft else ()
+    args += ("--mmproj", str(projectors[0])) if projectors else ()  # the child reads images with it
     return ModelEntry(folder.name, str(mains[0]), "dir", args=args, draft=draft)
 
 

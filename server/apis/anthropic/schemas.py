@@ -25,7 +25,6 @@ from server.http import errors
 
 # Block types Anthropic defines that carry what this server cannot read or does not run.
 REFUSED_BLOCKS = {
-    "image": "image blocks are not supported: this server's models read text only",
     "document": "document blocks are not supported: send the document's text in a text block",
     "search_result": "search_result blocks are not supported: send the result's text in a text block",
     "redacted_thinking": "redacted_thinking blocks are not supported: they hold Anthropic's encrypted "
@@ -75,6 +74,24 @@ class RefusedBlock(BaseModel):
     def _refuse(cls, data: Any) -> Any:
         kind = data.get("type") if isinstance(data, dict) else None
         raise ValueError(REFUSED_BLOCKS.get(str(kind), "unsupported block"))
+
+
+class ImageBlock(Cached):
+    """An image, as llama-server converts one: an `image_url` part of the user message (a base64 source
+    as a data: URL); the model must read images (--mmproj), else the chat route's 400."""
+
+    type: Literal["image"]
+    source: dict[str, Any]
+
+    def url(self) -> str:
+        kind, source = self.source.get("type"), self.source
+        if kind == "base64" and isinstance(source.get("data"), str):
+            return f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
+        if kind == "url" and isinstance(source.get("url"), str):
+            return source["url"]
+        raise errors.invalid_request(
+            "an image block's source is {type: base64, media_type, data} or {type: url, url}"
+        )
 
 
 class ToolUseBlock(Cached):
@@ -139,6 +156,7 @@ class ThinkingBlock(Strict):
 
 Block = Annotated[
     TextBlock
+    | ImageBlock
     | ToolUseBlock
     | ToolResultBlock
     | ThinkingBlock
@@ -453,10 +471,14 @@ def user_messages(blocks: list[Any], asked: set[str], where: str) -> list[dict[s
     (its convert_anthropic_to_oai puts a message's text before its tool results, whatever the blocks'
     order)."""
     text: str | None = None
+    parts: list[dict[str, Any]] = []  # with images: the message's parts in order (text and image_url)
     results: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         if isinstance(block, TextBlock):
             text = join_parts(text or "", block.text)
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append({"type": "image_url", "image_url": {"url": block.url()}})
         elif isinstance(block, ToolResultBlock):
             if block.tool_use_id not in asked:
                 raise errors.invalid_request(
@@ -468,6 +490,8 @@ def user_messages(blocks: list[Any], asked: set[str], where: str) -> list[dict[s
             raise errors.invalid_request(
                 f"'{where}.content.{j}': {block.type} blocks belong in assistant messages"
             )
+    if any(part["type"] == "image_url" for part in parts):
+        return [{"role": "user", "content": parts}, *results]
     return ([{"role": "user", "content": text}] if text is not None else []) + results
 
 

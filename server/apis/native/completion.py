@@ -1,7 +1,7 @@
 """llama-server's native /completion: its prompt forms, one reply per prompt, and the reply's fields.
 
 A `prompt` is a string, a token array, a mixed array of tokens and strings (one prompt), an object with
-`prompt_string` (and `multimodal_data`, refused here: no multimodal model), or an array of those: each
+`prompt_string` (and `multimodal_data`: base64 media for a model with --mmproj), or an array of those: each
 element its own generation, run side by side and answered as a list in the prompts' order (llama-server's
 `tokenize_input_prompts`). The reply carries the request's `generation_settings` and the prompt's text;
 `response_fields` keeps only the listed paths (`a/b` reads nested keys), each under its path.
@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, field_validato
 
 from engine.api import GenerationRequest, TokenEvent
 from server.chat.generation import Outcome, openai_logprobs, stop_type
+from server.chat.media import MEDIA_MARKER, load_media
 from server.chat.schemas import CompletionRequest, GenerationFields
 from server.http import errors
 from server.model.host import ModelHost
-from server.model.prompts import PromptBuilder
+from server.model.media import MediaPrompt, media_tokens
+from server.model.prompts import Prompt, PromptBuilder
 
 Mixed = list[StrictInt | StrictStr]
 
@@ -69,6 +71,26 @@ class NativeCompletionRequest(CompletionRequest):
                 raise errors.invalid_request('"prompt" must not be empty')
             return list(p)  # type: ignore[arg-type]
         return [p]  # type: ignore[list-item]
+
+
+async def sub_prompt(model: ModelHost, prompt: SubPrompt, n_keep: int | None) -> Prompt:
+    """One prompt as it will run; with `multimodal_data`, its media encoded and placed at the media
+    marker (/props' media_marker) as mtmd places them."""
+    builder = model.prompts
+    if not isinstance(prompt, PromptObject) or not prompt.multimodal_data:
+        return builder.fit_prompt(await prompt_tokens(builder, prompt), n_keep)
+    encoder = model.media
+    if encoder is None:
+        raise errors.invalid_request(
+            "Multimodal data provided, but model does not support multimodal requests."
+        )
+    if not isinstance(prompt.prompt_string, str):
+        raise errors.invalid_request("'prompt_string' must be a string when 'multimodal_data' is given")
+    data = [prompt.multimodal_data] if isinstance(prompt.multimodal_data, str) else prompt.multimodal_data
+    chunks = [await encoder.chunk(load_media(item, None)) for item in data]
+    media = MediaPrompt(MEDIA_MARKER, chunks, encoder.begin, encoder.end)
+    tokens = await media_tokens(builder.tokenize, builder.tokenizer, prompt.prompt_string, media)
+    return builder.fit_prompt(tokens, n_keep, {c.marker: c for c in chunks})
 
 
 async def prompt_tokens(builder: PromptBuilder, prompt: SubPrompt) -> list[int]:
@@ -205,7 +227,8 @@ def native_final(
         "tokens_predicted": t.predicted_n if t else 0,
         "tokens_evaluated": len(gen.prompt_tokens),
         "generation_settings": generation_settings(model, body, gen),
-        "prompt": model.prompts.detokenize(list(gen.prompt_tokens)),
+        # a medium's positions hold negative marker ids (engine.api's MediaChunk): no text of theirs
+        "prompt": model.prompts.detokenize([t for t in gen.prompt_tokens if t >= 0]),
         "has_new_line": "\n" in text if whole else has_new_line,
         "truncated": final.truncated if final else False,
         "stop_type": stop_type(final),

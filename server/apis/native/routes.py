@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,10 +16,11 @@ from server.apis.native.completion import (
     native_final,
     native_partial,
     partial_timings,
-    prompt_tokens,
+    sub_prompt,
 )
 from server.chat.generation import build_request, collect, new_id, openai_logprobs, raise_if_failed
 from server.chat.job import chat_tokens, template_kwargs
+from server.chat.media import MEDIA_MARKER
 from server.chat.schemas import (
     ApplyTemplateRequest,
     ChatCompletionRequest,
@@ -38,10 +37,6 @@ from server.model.prompts import ChatInput, Prompt
 from server.state import app_state
 
 bp = Blueprint("native", __name__)
-
-# llama-server's media marker: LLAMA_MEDIA_MARKER, else a random one per process (no multimodal model
-# here uses it, but clients read it from /props).
-MEDIA_MARKER = os.environ.get("LLAMA_MEDIA_MARKER") or f"<__media_{secrets.token_hex(16)}__>"
 
 
 @bp.get("/health")
@@ -84,7 +79,9 @@ async def props() -> Any:
         "model_alias": s.model_alias,
         "model_ftype": info.ftype,
         "model_path": str(info.path),
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {
+            m: k in model.modalities for m, k in (("vision", "image"), ("video", "video"), ("audio", "audio"))
+        },
         "media_marker": MEDIA_MARKER,
         "endpoint_slots": s.slots,
         "endpoint_props": s.props,
@@ -164,8 +161,8 @@ async def completion() -> Any:
         raise errors.invalid_request(
             "'n': several choices are served on /v1/completions and /v1/chat/completions"
         )
-    builder = model.prompts  # 503 while the model loads
-    prompts = [builder.fit_prompt(await prompt_tokens(builder, p), body.n_keep) for p in body.sub_prompts()]
+    model.require_ready()  # 503 while the model loads
+    prompts = [await sub_prompt(model, p, body.n_keep) for p in body.sub_prompts()]
     if len(prompts) == 1:
         return await native_reply(model, body, prompts[0])
     return await answer_all(body, [native_reply(model, body, p, i) for i, p in enumerate(prompts)])

@@ -407,6 +407,7 @@ async def models() -> Any:
             "size": info.size,
             "ftype": info.ftype,
         }
+    capabilities = ["completion", "multimodal"] if model.ready and model.modalities else ["completion"]
     entry = {"id": model.settings.model_alias, "object": "model", "created": int(model.counters.started)}
     entry |= {"owned_by": "llamacpp", "meta": meta}
     settings = model.settings
@@ -415,6 +416,6 @@ async def models() -> Any:
         "object": "list",
         "data": [entry],
         "models": [
-            {"name": entry["id"], "model": entry["id"], "type": "model", "capabilities": ["completion"]}
+            {"name": entry["id"], "model": entry["id"], "type": "model", "capabilities": capabilities}
         ],
     }

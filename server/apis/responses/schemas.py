@@ -49,8 +49,23 @@ class TextPart(Strict):
         return (self.refusal if self.type == "refusal" else self.text) or ""
 
 
+class ImagePart(Strict):
+    """An input_image: its image_url (a data: URL, or what the chat route refuses) as an image_url part
+    of the chat message, as llama-server converts it."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+    def chat_part(self) -> dict[str, Any]:
+        if not self.image_url:
+            raise errors.invalid_request("an input_image needs its image_url (file_id is not supported)")
+        return {"type": "image_url", "image_url": {"url": self.image_url}}
+
+
 class RefusedPart(BaseModel):
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_file", "input_audio"]
 
     @model_validator(mode="before")
     @classmethod
@@ -59,11 +74,24 @@ class RefusedPart(BaseModel):
         raise ValueError(f"{kind} parts are not supported: this server's models read text only")
 
 
-Part = Annotated[TextPart | RefusedPart, Field(discriminator="type")]
+Part = Annotated[TextPart | ImagePart | RefusedPart, Field(discriminator="type")]
 
 
 def text_of(content: str | list[Any]) -> str:
-    return content if isinstance(content, str) else "\n".join(p.plain() for p in content)
+    if isinstance(content, str):
+        return content
+    if any(isinstance(p, ImagePart) for p in content):
+        raise errors.invalid_request("input_image parts belong in user messages")
+    return "\n".join(p.plain() for p in content)
+
+
+def user_content(content: str | list[Any]) -> str | list[dict[str, Any]]:
+    """A user message's content for the chat: its text, or with images its parts in order."""
+    if isinstance(content, str) or not any(isinstance(p, ImagePart) for p in content):
+        return text_of(content)
+    return [
+        p.chat_part() if isinstance(p, ImagePart) else {"type": "text", "text": p.plain()} for p in content
+    ]
 
 
 class MessageItem(Strict):
@@ -475,7 +503,8 @@ class ItemTranslation:
                 self.assistant(text_of(item.content))
             else:
                 role = "system" if item.role == "developer" else item.role
-                self.out.append({"role": role, "content": text_of(item.content)})
+                content = user_content(item.content) if role == "user" else text_of(item.content)
+                self.out.append({"role": role, "content": content})
         if self.reasoning:
             self.assistant()
         return self.out + self.results
