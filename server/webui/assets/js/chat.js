@@ -32,9 +32,12 @@ export class Chat {
     return Boolean(run && !run.skipRequested && run.message.reasoning && !run.message.content);
   }
 
-  /** Send a user message and stream the answer. */
-  async send(conversation, text, model) {
-    conversation.messages.push({ id: newId(), role: "user", content: text, createdAt: Date.now() });
+  /** Send a user message (its text, and the images attached to it: [{id, name, url}]) and stream the
+   * answer. */
+  async send(conversation, text, model, images = []) {
+    const message = { id: newId(), role: "user", content: text, createdAt: Date.now() };
+    if (images.length) message.images = images;
+    conversation.messages.push(message);
     await this.#answer(conversation, model);
   }
 
@@ -149,7 +152,9 @@ export class Chat {
     if (system) messages.push({ role: "system", content: system });
     for (const m of conversation.messages) {
       if (m.role === "assistant") messages.push(...toolTurns(m));
-      if ((m.role === "user" || m.role === "assistant") && m.content)
+      if (m.role === "user" && m.images?.some((image) => image.url))
+        messages.push({ role: "user", content: contentParts(m) });
+      else if ((m.role === "user" || m.role === "assistant") && m.content)
         messages.push({ role: m.role, content: m.content });
     }
     return messages;
@@ -310,6 +315,16 @@ export class Chat {
     this.store.put(run.conversation);
     this.onUpdate(run.conversation, message);
   }
+}
+
+/** A user message with images as OpenAI content parts: the images first, then the question about them.
+ * Every later turn sends them again, the same bytes in the same place: the server's prompt cache then
+ * reuses the cells it filled with them instead of encoding the images anew. */
+function contentParts(message) {
+  const stored = message.images.filter((image) => image.url); // one lost from storage has no URL left
+  const parts = stored.map((image) => ({ type: "image_url", image_url: { url: image.url } }));
+  if (message.content) parts.push({ type: "text", text: message.content });
+  return parts;
 }
 
 // -- tool calls run by the server (the `mcp` tools) -------------------------------------------------

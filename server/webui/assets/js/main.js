@@ -1,5 +1,5 @@
 // Start-up and wiring: settings, the server's /props and MCP servers, conversations, the composer (with
-// its Tools switches), the sidebar, dialogs.
+// its image attachments and Tools switches), the sidebar, dialogs.
 import { Api, ApiError } from "./api.js";
 import { Chat, LIVE_STATUSES } from "./chat.js";
 import { $, h, newId, sleep } from "./dom.js";
@@ -7,6 +7,7 @@ import { decorate } from "./icons.js";
 import { Settings } from "./settings.js";
 import { openStore } from "./store.js";
 import { download, exportJson, parseImport } from "./transfer.js";
+import { Attachments } from "./view/attachments.js";
 import { SettingsDialog } from "./view/settings-dialog.js";
 import { ModelPicker } from "./view/model-picker.js";
 import { Sidebar } from "./view/sidebar.js";
@@ -21,11 +22,15 @@ class App {
     this.settings = new Settings();
     this.api = new Api(this.settings);
     this.model = null;
+    // Whether /props' model reads images (null: /props did not say). Router mode: /props describes the
+    // default model only, so a picked other model is "not known" and the server has the last word.
+    this.propsVision = { model: null, vision: null };
     // Router mode: the picked model is the one the next chats name (`model`).
     this.picker = new ModelPicker(
       this.api,
       (id) => {
         this.model = id;
+        this.attachments.setVision(id === this.propsVision.model ? this.propsVision.vision : null);
         if (!this.current?.messages.length) this.thread.show(this.current, this.model);
       },
       (text) => this.#banner(text),
@@ -69,6 +74,27 @@ class App {
       onSaved: () => this.#settingsSaved(),
     });
     this.input = $("#message");
+    this.attachments = new Attachments({
+      button: $("#attach"),
+      input: $("#attach-file"),
+      list: $("#attachments"),
+      notice: $("#attach-notice"),
+      dropZone: $(".main"),
+      composer: $("#composer"),
+      textarea: this.input,
+      onChange: () => this.#syncComposer(),
+    });
+    // A conversation the browser would not store (its images filled the quota, storage is off) stays open
+    // in memory: say so once, rather than lose it silently at the next reload.
+    store.onError = (conversation, err) => {
+      const why = err?.name === "QuotaExceededError" ? "the browser's storage is full" : err?.message || err;
+      toast(
+        `“${conversation.title}” could not be saved in this browser (${why}). It stays open until this tab ` +
+          "closes: Export it to keep a copy.",
+        "error",
+        12000,
+      );
+    };
   }
 
   start() {
@@ -92,6 +118,9 @@ class App {
       try {
         const props = await this.api.props();
         this.model = props.model_alias || "default";
+        const vision = props.modalities ? Boolean(props.modalities.vision) : null;
+        this.propsVision = { model: this.model, vision };
+        this.attachments.setVision(this.propsVision.vision);
         this.settings.setServerDefaults(props.default_generation_settings?.params || {}, props.tool_loop);
         $("#model-name").textContent = this.model;
         if (props.role === "router") await this.picker.show(this.model);
@@ -220,11 +249,14 @@ class App {
 
   async send() {
     const text = this.input.value.trim();
-    if (!text || (this.current && this.chat.isBusy(this.current.id))) return;
+    const hasImages = this.attachments.items.length > 0;
+    if ((!text && !hasImages) || (this.current && this.chat.isBusy(this.current.id))) return;
+    const images = this.attachments.take();
     let conversation = this.current;
     if (!conversation) {
       const now = Date.now();
-      conversation = { id: newId(), title: titleFrom(text), createdAt: now, updatedAt: now, messages: [] };
+      const title = titleFrom(text || images[0].name);
+      conversation = { id: newId(), title, createdAt: now, updatedAt: now, messages: [] };
       conversation.mcpServers = this.pendingServers;
       this.pendingServers = [];
       this.store.items.set(conversation.id, conversation);
@@ -233,7 +265,7 @@ class App {
     this.input.value = "";
     this.#autosize();
     this.#pruneServers(conversation);
-    const sending = this.chat.send(conversation, text, this.model || "default");
+    const sending = this.chat.send(conversation, text, this.model || "default", images);
     this.thread.show(conversation, this.model);
     this.sidebar.render();
     this.#syncComposer();
@@ -319,7 +351,7 @@ class App {
     const hadFocus = document.activeElement === (busy ? send : stop);
     send.hidden = busy;
     stop.hidden = !busy;
-    send.disabled = !this.input.value.trim();
+    send.disabled = !this.input.value.trim() && !this.attachments.items.length;
     if (hadFocus) (busy ? stop : this.input).focus();
   }
 
@@ -432,7 +464,11 @@ function titleFrom(text) {
 async function main() {
   let store;
   try {
-    store = await openStore();
+    store = await openStore(() => {
+      document.getElementById("banner").hidden = false;
+      document.getElementById("banner").textContent =
+        "Another Llamba tab (an older version) holds the conversations: close it to go on.";
+    });
   } catch (err) {
     document.getElementById("banner").hidden = false;
     document.getElementById("banner").textContent =

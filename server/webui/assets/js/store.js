@@ -1,9 +1,14 @@
 // Conversations in IndexedDB, mirrored in memory (the list, search and the live streams all read the
 // same objects). A write clones the conversation at call time, so what is stored is always a consistent
 // snapshot: a message's text and its stream offset are saved together.
+//
+// Attached images (data: URLs of up to a few MB) live in their own object store, written once with the
+// conversation that first holds them: the conversation record keeps only their ids and names, so the
+// saves while an answer streams (every 250 ms) stay small. In memory, a message's images carry their URL.
 const DB_NAME = "llamba";
-const DB_VERSION = 1;
+const DB_VERSION = 2; // 2: the images store
 const CONVERSATIONS = "conversations";
+const IMAGES = "images";
 
 function done(req) {
   return new Promise((resolve, reject) => {
@@ -12,27 +17,51 @@ function done(req) {
   });
 }
 
-function openDatabase() {
+function openDatabase(onBlocked) {
   const req = indexedDB.open(DB_NAME, DB_VERSION);
+  // A tab of an older version holds the database open: the upgrade waits until it is closed.
+  req.onblocked = () => onBlocked();
   req.onupgradeneeded = () => {
     const db = req.result;
     if (!db.objectStoreNames.contains(CONVERSATIONS)) {
       db.createObjectStore(CONVERSATIONS, { keyPath: "id" }).createIndex("updatedAt", "updatedAt");
     }
+    if (!db.objectStoreNames.contains(IMAGES)) db.createObjectStore(IMAGES, { keyPath: "id" });
   };
   return done(req);
 }
 
-export async function openStore() {
-  const db = await openDatabase();
-  const all = await done(db.transaction(CONVERSATIONS).objectStore(CONVERSATIONS).getAll());
-  return new Store(db, all);
+/** `onBlocked()`: the database waits for another tab (an older Llamba) to close. */
+export async function openStore(onBlocked = () => {}) {
+  const db = await openDatabase(onBlocked);
+  // A newer version opened in another tab: let it upgrade; this tab's writes fail from then on, and say so.
+  db.onversionchange = () => db.close();
+  const tx = db.transaction([CONVERSATIONS, IMAGES]);
+  const [all, images] = await Promise.all([
+    done(tx.objectStore(CONVERSATIONS).getAll()),
+    done(tx.objectStore(IMAGES).getAll()),
+  ]);
+  const urls = new Map(images.map((image) => [image.id, image.url]));
+  for (const conversation of all) {
+    for (const image of imagesOf(conversation)) image.url = urls.get(image.id) || "";
+  }
+  return new Store(db, all, new Set(urls.keys()));
+}
+
+/** Every image attached to the conversation's messages. */
+function imagesOf(conversation) {
+  return conversation.messages.flatMap((m) => m.images || []);
 }
 
 export class Store {
-  constructor(db, conversations) {
+  constructor(db, conversations, savedImages = new Set()) {
     this.db = db;
     this.items = new Map(conversations.map((c) => [c.id, c]));
+    this.savedImages = savedImages; // ids of the images already in IndexedDB
+    this.failing = new Set(); // conversation ids whose last write failed
+    // Called as onError(conversation, error) when a conversation stops being saved (quota exceeded,
+    // storage off), once until it is saved again: it stays in memory, the app says so.
+    this.onError = () => {};
   }
 
   /** Conversations, most recently updated first; `query` filters on title and message text. */
@@ -51,14 +80,47 @@ export class Store {
     return this.items.get(id) || null;
   }
 
-  put(conversation) {
+  /** Save the conversation, with its images not stored yet; resolves to false (and reports through
+   * onError) when the browser refused the write: the conversation is still in memory. */
+  async put(conversation) {
+    const before = this.items.get(conversation.id);
     this.items.set(conversation.id, conversation);
-    return this.#write((store) => store.put(conversation));
+    const images = imagesOf(conversation);
+    const fresh = images.filter((image) => image.url && !this.savedImages.has(image.id));
+    // A conversation replaced by another object of the same id (an import) leaves the old one's images.
+    const kept = new Set(images.map((image) => image.id));
+    const dropped =
+      before && before !== conversation
+        ? imagesOf(before).filter((image) => !kept.has(image.id)).map((image) => image.id)
+        : [];
+    const record = {
+      ...conversation,
+      messages: conversation.messages.map((m) =>
+        m.images ? { ...m, images: m.images.map(({ url, ...rest }) => rest) } : m,
+      ),
+    };
+    const saved = await this.#write(conversation, (tx) => {
+      tx.objectStore(CONVERSATIONS).put(record);
+      for (const { id, url } of fresh) tx.objectStore(IMAGES).put({ id, url });
+      for (const id of dropped) tx.objectStore(IMAGES).delete(id);
+    });
+    if (saved) {
+      for (const { id } of fresh) this.savedImages.add(id);
+      for (const id of dropped) this.savedImages.delete(id);
+    }
+    return saved;
   }
 
-  delete(id) {
+  async delete(id) {
+    const conversation = this.items.get(id);
     this.items.delete(id);
-    return this.#write((store) => store.delete(id));
+    const images = conversation ? imagesOf(conversation).map((image) => image.id) : [];
+    const deleted = await this.#write(conversation, (tx) => {
+      tx.objectStore(CONVERSATIONS).delete(id);
+      for (const imageId of images) tx.objectStore(IMAGES).delete(imageId);
+    });
+    if (deleted) for (const imageId of images) this.savedImages.delete(imageId);
+    return deleted;
   }
 
   /** Messages, in any conversation, that still have a stream to resume. */
@@ -70,13 +132,34 @@ export class Store {
     return out;
   }
 
-  #write(action) {
-    const tx = this.db.transaction(CONVERSATIONS, "readwrite");
-    action(tx.objectStore(CONVERSATIONS));
-    return new Promise((resolve, reject) => {
-      tx.oncomplete = () => resolve();
-      tx.onerror = () => reject(tx.error);
-      tx.onabort = () => reject(tx.error);
+  /** One transaction over both stores; true once it committed. */
+  #write(conversation, action) {
+    return new Promise((resolve) => {
+      const failed = (error) => {
+        if (conversation && !this.failing.has(conversation.id)) {
+          this.failing.add(conversation.id);
+          this.onError(conversation, error);
+        }
+        resolve(false);
+      };
+      let tx;
+      try {
+        tx = this.db.transaction([CONVERSATIONS, IMAGES], "readwrite");
+        action(tx);
+      } catch (error) {
+        try {
+          tx?.abort();
+        } catch {
+          /* not started, or already over */
+        }
+        failed(error); // a value that cannot be cloned, a closed database
+        return;
+      }
+      tx.oncomplete = () => {
+        if (conversation) this.failing.delete(conversation.id);
+        resolve(true);
+      };
+      tx.onabort = () => failed(tx.error || new Error("the write was aborted"));
     });
   }
 }

@@ -70,7 +70,16 @@ function cleanMessage(raw) {
   if (raw.timings && typeof raw.timings === "object") message.timings = cleanTimings(raw.timings);
   if (Array.isArray(raw.tools))
     message.tools = raw.tools.filter((c) => c && typeof c === "object").map(cleanCall);
+  const images = Array.isArray(raw.images) ? raw.images.map(cleanImage).filter(Boolean) : [];
+  if (raw.role === "user" && images.length) message.images = images;
   return message;
+}
+
+/** An attached image: data: URLs of images only (nothing an <img> would fetch from elsewhere), under a
+ * fresh id, so an import never stands for an image another conversation stored under the same id. */
+function cleanImage(raw) {
+  if (!raw || typeof raw.url !== "string" || !raw.url.startsWith("data:image/")) return null;
+  return { id: newId(), name: str(raw.name).slice(0, 200) || "image", url: raw.url };
 }
 
 function cleanCall(raw) {

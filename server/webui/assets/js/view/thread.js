@@ -138,6 +138,8 @@ class UserView {
     this.message = message;
     this.onEdit = onEdit;
     this.bubble = h("div", { class: "bubble" });
+    this.images = h("div", { class: "msg-images", hidden: true });
+    this.shownImages = null; // the images array drawn in this.images (they never change once sent)
     const edit = h(
       "button",
       {
@@ -148,7 +150,13 @@ class UserView {
       },
       icon("pencil", 15),
     );
-    this.body = h("div", { class: "user-body" }, this.bubble, h("div", { class: "user-tools" }, edit));
+    this.body = h(
+      "div",
+      { class: "user-body" },
+      this.images,
+      this.bubble,
+      h("div", { class: "user-tools" }, edit),
+    );
     this.el = h(
       "article",
       { class: "msg user", dataset: { id: message.id }, "aria-label": "You" },
@@ -157,6 +165,17 @@ class UserView {
   }
 
   render() {
+    const images = this.message.images || [];
+    if (this.shownImages !== images) {
+      this.shownImages = images;
+      this.images.hidden = !images.length;
+      this.images.replaceChildren(
+        ...images.map((image) =>
+          h("img", { class: "msg-image", src: image.url || null, alt: image.name, title: image.name }),
+        ),
+      );
+    }
+    this.bubble.hidden = !this.message.content; // a message may be images alone
     this.bubble.textContent = this.message.content;
   }
 
