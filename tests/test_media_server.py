@@ -173,7 +173,7 @@ def test_file_urls_under_media_path(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("url", "words"),
     [
-        ("data:image/png;base64,AAAA", "failed to load image"),
+        ("data:image/png;base64,AAAA", "Failed to load image"),
         ("data:image/png;base64,", "Invalid base64"),
         ("data:text/plain;base64,aGk=", "Invalid uri format"),
         ("http://127.0.0.1:9/x.png", "remote media URLs"),

@@ -215,7 +215,7 @@ def test_refusals_and_a_server_400_are_shown(vision_page: Any, tmp_path: Path) -
     expect(page.locator("#composer").get_by_role("img", name="broken.png")).to_be_attached()
     send(page, "What is this?")
     wait_status(page, "error")
-    expect(answer(page).locator(".msg-error")).to_contain_text("failed to load image")
+    expect(answer(page).locator(".msg-error")).to_contain_text("Failed to load image")
     expect(page.locator("article.msg.user").get_by_role("img", name="broken.png")).to_be_attached()
 
 

@@ -41,7 +41,7 @@ class MediaEncoder:
             future = self._engine.call(lambda: self.projector.encode_image(data))
             embeddings = await asyncio.wrap_future(future)
         except MediaError as exc:
-            raise errors.invalid_request(f"failed to load image: {exc}") from None
+            raise errors.invalid_request(f"Failed to load image or audio file: {exc}") from None
         chunk = MediaChunk(marker, embeddings, non_causal=self.projector.non_causal)
         if chunk.n_tokens > self._n_ubatch:
             raise errors.invalid_request(
