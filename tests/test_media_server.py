@@ -7,6 +7,9 @@ input_image parts, file:// under --media-path, and bad media: a 400 and the serv
 from __future__ import annotations
 
 import base64
+import functools
+import http.server
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +56,7 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Path])
 def server(tmp_path_factory: pytest.TempPathFactory, media_dir: Path) -> Iterator[ServerProcess]:
     mmproj = write_gemma3_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-tiny.gguf", "tiny")
     args = ("-m", "gemma3", "--mmproj", str(mmproj), "-np", "2", "-c", "4096", "--media-path", str(media_dir))
+    args += ("--mcp-allow-hosts", "127.0.0.1")  # http(s) media: only from the loopback the tests serve
     proc = ServerProcess(*args).wait_healthy()
     yield proc
     proc.stop()
@@ -176,7 +180,8 @@ def test_file_urls_under_media_path(server: ServerProcess) -> None:
         ("data:image/png;base64,AAAA", "Failed to load image"),
         ("data:image/png;base64,", "Invalid base64"),
         ("data:text/plain;base64,aGk=", "Invalid uri format"),
-        ("http://127.0.0.1:9/x.png", "remote media URLs"),
+        ("http://127.0.0.1:9/x.png", "Failed to download image"),  # allowed, nothing listens
+        ("http://10.255.255.1/x.png", "not among the hosts allowed"),  # a private address --mcp-allow-hosts does not list
         ("file:///etc/passwd", "not allowed"),
     ],
 )
@@ -213,3 +218,30 @@ def test_completion_with_multimodal_data(server: ServerProcess, images: dict[str
         )
     assert reply.status_code == 200, reply.text
     assert reply.json()["tokens_evaluated"] == text_only.json()["tokens_evaluated"] + N_IMAGE + 2
+
+
+@pytest.fixture(scope="module")
+def file_server(media_dir: Path) -> Iterator[str]:
+    """A real HTTP server on the loopback serving media_dir."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(media_dir))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_an_image_url_from_an_allowed_host(server: ServerProcess, file_server: str) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=120) as http_client:
+        fetched = http_client.post(
+            "/v1/chat/completions", json={"messages": image_question(f"{file_server}/gradient.png"), **GREEDY}
+        )
+        local = http_client.post(
+            "/v1/chat/completions", json={"messages": image_question("file://gradient.png"), **GREEDY}
+        )
+        missing = http_client.post(
+            "/v1/chat/completions", json={"messages": image_question(f"{file_server}/nope.png"), **GREEDY}
+        )
+    assert fetched.status_code == 200, fetched.text
+    assert fetched.json()["choices"][0]["message"] == local.json()["choices"][0]["message"]  # the same image
+    assert missing.status_code == 400 and "HTTP 404" in missing.json()["error"]["message"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.api import GenerationRequest
 from server.chat.generation import build_request
-from server.chat.media import MEDIA_MARKER, take_media
+from server.chat.media import MEDIA_MARKER, media_sources, take_media
 from server.chat.schemas import ChatCompletionRequest
 from server.chat.structured import tool_plan
 from server.config.settings import Settings
@@ -61,7 +61,7 @@ async def chat_media(model: ModelHost, chat: ChatInput) -> tuple[ChatInput, Medi
     """The chat with its media parts made markers, and its media encoded (none: the chat as it was)."""
     encoder = model.media
     modalities = encoder.modalities if encoder is not None else frozenset()
-    chat, files = take_media(chat, modalities, model.settings.media_path)
+    chat, files = await take_media(chat, modalities, media_sources(model.settings))
     if not files:
         return chat, None
     assert encoder is not None  # take_media refuses media the model cannot read

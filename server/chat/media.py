@@ -17,7 +17,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import httpx2
+
+from server.config.settings import Settings
 from server.http import errors
+from server.mcp.egress import HostPolicy
+from server.mcp.guard import EgressRecord, guarded_client
 from server.model.prompts import ChatInput
 
 # llama-server's media marker: LLAMA_MEDIA_MARKER, else a random one per process (clients read it from
@@ -31,6 +36,8 @@ MEDIA_PARTS = {
     "video_url": ("video", "video_url"),
 }
 MAX_MEDIA_BYTES = 20 * 2**20  # one medium's bytes, decoded (llama-server caps a download at 10 MB)
+MAX_DOWNLOAD_BYTES = 10 * 2**20
+DOWNLOAD_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -39,17 +46,30 @@ class MediaFile:
     data: bytes
 
 
-def take_media(
-    chat: ChatInput, modalities: frozenset[str], media_path: str | None
+@dataclass(frozen=True)
+class MediaSources:
+    """Where a medium's bytes may come from besides the request: files under --media-path, and the
+    hosts --mcp-allow-hosts allows (the remote MCP servers' egress guard, server/mcp/egress.py)."""
+
+    media_path: str | None = None
+    hosts: HostPolicy = HostPolicy()
+
+
+def media_sources(settings: Settings) -> MediaSources:
+    return MediaSources(settings.media_path, HostPolicy.parse(settings.mcp_allow_hosts))
+
+
+async def take_media(
+    chat: ChatInput, modalities: frozenset[str], sources: MediaSources
 ) -> tuple[ChatInput, list[MediaFile]]:
     """The chat with each media part replaced by the marker, and the media's bytes in prompt order."""
     files: list[MediaFile] = []
-    messages = [_message_media(m, modalities, media_path, files) for m in chat.messages]
+    messages = [await _message_media(m, modalities, sources, files) for m in chat.messages]
     return (replace(chat, messages=messages) if files else chat), files
 
 
-def _message_media(
-    message: dict[str, Any], modalities: frozenset[str], media_path: str | None, files: list[MediaFile]
+async def _message_media(
+    message: dict[str, Any], modalities: frozenset[str], sources: MediaSources, files: list[MediaFile]
 ) -> dict[str, Any]:
     content = message.get("content")
     if not isinstance(content, list):
@@ -64,9 +84,36 @@ def _message_media(
         if kind not in modalities:
             hint = "hint: if this is unexpected, you may need to provide the mmproj"
             raise errors.invalid_request(f"{kind} input is not supported - {hint}")
-        files.append(MediaFile(kind, load_media(_url_of(part.get(key)), media_path)))
+        url = _url_of(part.get(key))
+        remote = url.startswith(("http://", "https://"))
+        data = await fetch_media(url, sources.hosts) if remote else load_media(url, sources.media_path)
+        files.append(MediaFile(kind, data))
         parts.append({"type": "media_marker", "text": MEDIA_MARKER})
     return {**message, "content": parts}
+
+
+async def fetch_media(url: str, hosts: HostPolicy) -> bytes:
+    """An http(s) medium, fetched only from a host --mcp-allow-hosts allows, each request (redirects
+    too) through the egress guard; llama-server's limits: 10 MB, 10 s."""
+    if not hosts.enabled:
+        raise errors.invalid_request(
+            "remote media URLs are fetched only from hosts --mcp-allow-hosts allows: send a data: URL"
+        )
+    record = EgressRecord()
+    client = guarded_client(hosts, record, {}, DOWNLOAD_TIMEOUT_S)
+    try:
+        async with client, client.stream("GET", url, follow_redirects=True) as reply:
+            if not 200 <= reply.status_code < 300:
+                raise errors.invalid_request(f"Failed to download image: HTTP {reply.status_code}")
+            data = bytearray()
+            async for piece in reply.aiter_bytes():
+                data += piece
+                if len(data) > MAX_DOWNLOAD_BYTES:
+                    raise errors.invalid_request("Failed to download image: larger than 10 MB")
+    except httpx2.HTTPError as exc:
+        why = record.refused or str(exc) or type(exc).__name__
+        raise errors.invalid_request(f"Failed to download image: {why}") from None
+    return bytes(data)
 
 
 def _url_of(value: Any) -> str:
@@ -82,7 +129,7 @@ def _url_of(value: Any) -> str:
 
 def load_media(url: str, media_path: str | None) -> bytes:
     """A medium's bytes from a data: URL, a file:// URL under --media-path, or raw base64 (llama-server's
-    forms). http(s) URLs are not fetched: Llamba makes no request a client names without a guard."""
+    forms; http(s) URLs: fetch_media)."""
     if url.startswith("data:"):
         head, sep, payload = url.partition(",")
         if not sep:
@@ -94,10 +141,6 @@ def load_media(url: str, media_path: str | None) -> bytes:
         return _base64(payload)
     if url.startswith("file://"):
         return _local_file(url[len("file://") :], media_path)
-    if url.startswith(("http://", "https://")):
-        raise errors.invalid_request(
-            "remote media URLs are not fetched by this server: send the bytes as a data: URL"
-        )
     return _base64(url)
 
 
