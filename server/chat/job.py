@@ -65,8 +65,7 @@ async def chat_media(model: ModelHost, chat: ChatInput) -> tuple[ChatInput, Medi
     if not files:
         return chat, None
     assert encoder is not None  # take_media refuses media the model cannot read
-    chunks = [await encoder.chunk(f.data) for f in files]
-    return chat, MediaPrompt(MEDIA_MARKER, chunks, encoder.begin, encoder.end)
+    return chat, MediaPrompt(MEDIA_MARKER, [await encoder.medium(f.kind, f.data) for f in files])
 
 
 async def chat_tokens(model: ModelHost, body: ChatCompletionRequest) -> list[int]:

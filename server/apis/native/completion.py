@@ -26,7 +26,7 @@ from server.chat.media import MEDIA_MARKER, load_media
 from server.chat.schemas import CompletionRequest, GenerationFields
 from server.http import errors
 from server.model.host import ModelHost
-from server.model.media import MediaPrompt, media_tokens
+from server.model.media import MediaPrompt, media_tokens, sniff_kind
 from server.model.prompts import Prompt, PromptBuilder
 
 Mixed = list[StrictInt | StrictStr]
@@ -87,10 +87,10 @@ async def sub_prompt(model: ModelHost, prompt: SubPrompt, n_keep: int | None) ->
     if not isinstance(prompt.prompt_string, str):
         raise errors.invalid_request("'prompt_string' must be a string when 'multimodal_data' is given")
     data = [prompt.multimodal_data] if isinstance(prompt.multimodal_data, str) else prompt.multimodal_data
-    chunks = [await encoder.chunk(load_media(item, None)) for item in data]
-    media = MediaPrompt(MEDIA_MARKER, chunks, encoder.begin, encoder.end)
+    files = [load_media(item, None) for item in data]
+    media = MediaPrompt(MEDIA_MARKER, [await encoder.medium(sniff_kind(f), f) for f in files])
     tokens = await media_tokens(builder.tokenize, builder.tokenizer, prompt.prompt_string, media)
-    return builder.fit_prompt(tokens, n_keep, {c.marker: c for c in chunks})
+    return builder.fit_prompt(tokens, n_keep, {c.marker: c for c in media.chunks})
 
 
 async def prompt_tokens(builder: PromptBuilder, prompt: SubPrompt) -> list[int]:
