@@ -139,7 +139,7 @@ class Scheduler:
                 slot_log.prompt_chunk(slot, seq, n_batch)
                 continue
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
-            media = part_media(chunk, len(slot.tokens), seq.request.media)  # None without media
+            media = part_media(chunk, len(slot.tokens), seq.request.media, slot.tokens)  # None: no media
             parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want, media=media))
             slot.tokens.extend(chunk + seq.drafts)
             if not seq.generating:

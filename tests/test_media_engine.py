@@ -47,6 +47,14 @@ def test_cut_before_media_and_part_media() -> None:
     np.testing.assert_array_equal(media.embeddings, a.embeddings)
     assert media.limits.tolist() == [10, 11, 14, 14, 14, 15]
     assert part_media([1, 2], 0, {}) is None
+    # a causal chunk may be cut anywhere, and a part that continues it takes the rows that follow
+    b = MediaChunk(-6, np.arange(8, dtype=np.float32).reshape(4, 2))
+    assert cut_before_media([1, -6, -6, -6, -6, 2], 3, {-6: b}) == 3
+    assert cut_before_media(tokens, 3, {-5: a}) == 2
+    rest = part_media([-6, -6, 2], 3, {-6: b}, before=[1, -6, -6])
+    assert rest is not None and rest.rows.tolist() == [0, 1]
+    np.testing.assert_array_equal(rest.embeddings, b.embeddings[2:])
+    assert rest.limits.tolist() == [3, 4, 5]
     assert marker_of(b"x") == marker_of(b"x") < 0 and marker_of(b"x") != marker_of(b"y")
 
 
@@ -117,3 +125,25 @@ def test_the_engine_answers_an_image_prompt_as_alone_and_reuses_its_prefix(
     assert first[-1].timings.cache_n == 0
     # the whole image and the text before the last token come from the cache
     assert again[-1].timings.cache_n == len(prompt) - 1 and again[-1].timings.prompt_n == 1
+
+
+def test_a_causal_chunk_fed_in_pieces_answers_as_in_one_step(gemma3_llm: LLM) -> None:
+    """A causal medium (llava's images, audio) is split across steps as mtmd splits it into batches; each
+    piece continues the chunk's rows: the greedy answer is the one-step answer."""
+    rows = np.random.default_rng(3).standard_normal((N_IMAGE, gemma3_llm.model.hp.n_embd)).astype(np.float32)
+    chunk = MediaChunk(marker_of(b"causal"), rows, non_causal=False)
+    prompt = prompt_with(gemma3_llm, chunk, "And this?")
+    greedy = SamplingParams(temperature=0.0)
+    ask = GenerationRequest(prompt, greedy, n_predict=4, media={chunk.marker: chunk}, cache_prompt=False)
+    whole = Engine(gemma3_llm, EngineConfig(n_slots=1, n_ctx=256, n_ubatch=64, cache_ram_mib=0))
+    pieces = Engine(gemma3_llm, EngineConfig(n_slots=1, n_ctx=256, n_ubatch=6, cache_ram_mib=0))
+    answers = []
+    for engine in (whole, pieces):
+        engine.start(warm_up=False)
+        try:
+            (events,) = asyncio.run(_answers(engine, [ask]))
+        finally:
+            engine.stop()
+        answers.append([e.token for e in events])
+        assert events[-1].timings is not None and events[-1].timings.prompt_n == len(prompt)
+    assert answers[0] == answers[1]

@@ -3,9 +3,9 @@
 A prompt stays a list of token ids. The n positions of an image hold its marker: a negative id made
 from the image's content hash, so a follow-up question about the same image matches the cached prefix
 as llama-server's media chunks match by their hash. The request carries each marker's embeddings
-(`MediaChunk`); a step's batch takes the rows its prompt chunk covers (`part_media`). A marker run is
-never split across steps (`cut_before_media`): a chunk decoded non-causally must be whole, as mtmd
-decodes it in one batch.
+(`MediaChunk`); a step's batch takes the rows its prompt chunk covers (`part_media`). A non-causal
+chunk's run is never split across steps (`cut_before_media`): it must be whole, as mtmd decodes it in
+one batch; a causal one may be fed in pieces, as mtmd splits it into batches.
 """
 
 from __future__ import annotations
@@ -40,13 +40,25 @@ def is_marker(token: int) -> bool:
     return token < 0
 
 
-def cut_before_media(tokens: Sequence[int], n: int) -> int:
-    """`n`, or less so that the first `n` tokens do not end inside a marker run."""
+def cut_before_media(tokens: Sequence[int], n: int, media: Mapping[int, MediaChunk] | None = None) -> int:
+    """`n`, or less so that the first `n` tokens do not end inside a marker run; with `media`, only
+    inside a non-causal chunk's run (a causal chunk may be fed in pieces, as mtmd splits one into
+    batches)."""
     if n <= 0 or n >= len(tokens):
         return max(0, min(n, len(tokens)))
     marker = tokens[n]
+    if media is not None and is_marker(marker) and not media[marker].non_causal:
+        return n
     while n > 0 and is_marker(marker) and tokens[n - 1] == marker:
         n -= 1
+    return n
+
+
+def _run_before(before: Sequence[int], marker: int) -> int:
+    """How many of the tokens just before a part hold `marker` (a chunk fed in pieces continues)."""
+    n = 0
+    while n < len(before) and before[len(before) - 1 - n] == marker:
+        n += 1
     return n
 
 
@@ -60,9 +72,12 @@ class PartMedia:
     limits: np.ndarray  # int32 [n]: for every row of the part
 
 
-def part_media(tokens: Sequence[int], start: int, media: Mapping[int, MediaChunk]) -> PartMedia | None:
-    """The media rows of a part whose tokens sit at positions start.. (None: it has none). A run of one
-    marker holds its chunk's rows in order (again from the first row where the same medium repeats)."""
+def part_media(
+    tokens: Sequence[int], start: int, media: Mapping[int, MediaChunk], before: Sequence[int] = ()
+) -> PartMedia | None:
+    """The media rows of a part whose tokens sit at positions start.. after `before` (None: it has
+    none). A run of one marker holds its chunk's rows in order (again from the first row where the same
+    medium repeats); a run that opens the part continues the one `before` ends with."""
     if not media:
         return None
     ids = np.asarray(tokens, dtype=np.int64)
@@ -78,7 +93,8 @@ def part_media(tokens: Sequence[int], start: int, media: Mapping[int, MediaChunk
         while j < len(rows) and rows[j] == rows[i] + (j - i) and ids[rows[j]] == chunk.marker:
             j += 1
         run = rows[i:j]
-        pieces.append(chunk.embeddings[np.arange(len(run)) % chunk.n_tokens])
+        first = _run_before(before, chunk.marker) if run[0] == 0 else 0
+        pieces.append(chunk.embeddings[(first + np.arange(len(run))) % chunk.n_tokens])
         if chunk.non_causal:
             limits[run] = start + run[-1]
         i = j

@@ -63,7 +63,7 @@ class MediaEncoder:
         except MediaError as exc:
             raise errors.invalid_request(f"Failed to load image or audio file: {exc}") from None
         chunk = MediaChunk(marker, embeddings, non_causal=self.projector.non_causal)
-        if chunk.n_tokens > self._n_ubatch:
+        if chunk.non_causal and chunk.n_tokens > self._n_ubatch:  # a causal one is fed in pieces
             raise errors.invalid_request(
                 f"an {kind} takes {chunk.n_tokens} tokens, more than the physical batch size"
                 f" ({self._n_ubatch}): raise -ub"
