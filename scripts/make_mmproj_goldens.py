@@ -1,4 +1,5 @@
-"""llama.cpp's mtmd on the synthetic Gemma 3 projector -> tests/golden/mmproj_gemma3.{npz,json}.
+"""llama.cpp's mtmd on a synthetic projector -> tests/golden/mmproj_gemma3.{npz,json}, or with
+`--projector llava` -> tests/golden/mmproj_llava.{npz,json}.
 
 Run it with the Python that has llama-cpp-python 0.3.36 (llama.cpp 0c1e570, its `llama_cpp.mtmd_cpp`
 bindings); the projector is written by tests/synthetic_mmproj.py in Llamba's venv (`--writer-python`),
@@ -22,6 +23,13 @@ here, for a non-square input):
 - `<image>_logits`: the next-token logits after mtmd_helper_eval_chunks (n_batch 512, logits_last) of
   all chunks from position 0, llama_get_logits_ith(-1), [262144] float32, and their top 10 (json).
 
+`--projector llava`: the "tiny" llava projector (write_llava_mmproj, type `mlp`; seed 0) in front of
+the real SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf), a SmolLM2 chat prompt, the same
+settings and images; its image tokens are decoded causally (mtmd_decode_use_non_causal is false for
+`mlp`, checked), and `<image>_logits_fa` adds the same logits from a second text context with flash
+attention on (llama.cpp's own attention-path spread, which the tests' bounds are set against). The
+gradient PNG is not written again in this mode, only checked.
+
 Each evaluation runs twice (a fresh KV cache each time); the script fails unless both agree and the
 values are finite and not constant. Nothing here imports Llamba's engine but engine.reference_data.
 """
@@ -39,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
@@ -47,14 +56,46 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
-MODEL = Path.home() / ".cache" / "llamba" / "models" / "gemma-3-270m-q4_k_m.gguf"
+MODELS = Path.home() / ".cache" / "llamba" / "models"
 PRESET, SEED = "tiny", 0
 N_CTX, N_BATCH, N_THREADS = 1024, 512, 2
-PROMPT_BEFORE, PROMPT_AFTER = (
-    "<start_of_turn>user\n",
-    "What is in this image?<end_of_turn>\n<start_of_turn>model\n",
-)
 GRADIENT = "mmproj_gradient.png"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One projector kind's run: its writer, text model, chat prompt around the image, and what mtmd
+    must say about it."""
+
+    writer_args: tuple[str, ...]  # before the path, to `python -m tests.synthetic_mmproj`
+    writer: str  # as the json names it
+    model: Path
+    prompt_before: str
+    prompt_after: str
+    non_causal: bool  # mtmd_decode_use_non_causal
+    text_fa: bool  # also record the logits with the text model's flash attention on
+
+
+SETUPS = {
+    "gemma3": Setup(
+        (),
+        "tests/synthetic_mmproj.py",
+        MODELS / "gemma-3-270m-q4_k_m.gguf",
+        "<start_of_turn>user\n",
+        "What is in this image?<end_of_turn>\n<start_of_turn>model\n",
+        non_causal=True,
+        text_fa=False,
+    ),
+    "llava": Setup(
+        ("--llava",),
+        "tests/synthetic_mmproj.py (write_llava_mmproj)",
+        MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "<|im_start|>user\n",
+        "What is in this image?<|im_end|>\n<|im_start|>assistant\n",
+        non_causal=False,
+        text_fa=True,
+    ),
+}
 
 
 def sha256(path: Path) -> str:
@@ -97,7 +138,8 @@ def test_image() -> Path:
 
 
 class Runner:
-    def __init__(self, mmproj: Path, model: Path) -> None:
+    def __init__(self, mmproj: Path, model: Path, setup: Setup) -> None:
+        self.setup = setup
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
@@ -107,12 +149,21 @@ class Runner:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
         self.n_embd = llama_cpp.llama_model_n_embd(self.model)
         self.mtmd = {fa: self._mtmd(mmproj, fa) for fa in (False, True)}
+        self.lctx = self._text_context(False)
+        self.lctx_fa = self._text_context(True) if setup.text_fa else None
+
+    def _text_context(self, flash_attn: bool) -> int:
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = N_CTX, N_BATCH, N_BATCH
         cparams.n_threads = cparams.n_threads_batch = N_THREADS
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self.lctx = llama_cpp.llama_init_from_model(self.model, cparams)
-        assert self.lctx
+        cparams.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        lctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        assert lctx
+        return lctx
 
     def _mtmd(self, mmproj: Path, flash_attn: bool) -> int:
         params = mtmd.mtmd_context_params_default()
@@ -123,7 +174,8 @@ class Runner:
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         ctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.model, params)
         assert ctx, f"mtmd_init_from_file failed on {mmproj}"
-        assert mtmd.mtmd_support_vision(ctx) and mtmd.mtmd_decode_use_non_causal(ctx, None)
+        assert mtmd.mtmd_support_vision(ctx)
+        assert mtmd.mtmd_decode_use_non_causal(ctx, None) == self.setup.non_causal
         return ctx
 
     def chunks(self, ctx: int, image: Path) -> int:
@@ -132,7 +184,7 @@ class Runner:
         self.size = (mtmd.mtmd_bitmap_get_nx(bitmap), mtmd.mtmd_bitmap_get_ny(bitmap))
         data = ctypes.cast(mtmd.mtmd_bitmap_get_data(bitmap), ctypes.POINTER(ctypes.c_uint8))
         self.pixels = np.ctypeslib.as_array(data, shape=(self.size[1], self.size[0], 3)).copy()
-        text = (PROMPT_BEFORE + mtmd.mtmd_default_marker().decode() + PROMPT_AFTER).encode()
+        text = prompt(self.setup).encode()
         inp = mtmd.mtmd_input_text(text, len(text), True, True)
         chunks = mtmd.mtmd_input_chunks_init()
         bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
@@ -170,17 +222,18 @@ class Runner:
         mtmd.mtmd_input_chunks_free(chunks)
         return out
 
-    def logits(self, image: Path) -> tuple[list[dict], np.ndarray]:
+    def logits(self, image: Path, text_fa: bool = False) -> tuple[list[dict], np.ndarray]:
+        lctx = self.lctx_fa if text_fa else self.lctx
         chunks = self.chunks(self.mtmd[False], image)
         info = self.describe(chunks)
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.lctx), True)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(lctx), True)
         n_past = llama_cpp.llama_pos(0)
         rc = mtmd.mtmd_helper_eval_chunks(
-            self.mtmd[False], self.lctx, chunks, 0, 0, N_BATCH, True, ctypes.byref(n_past)
+            self.mtmd[False], lctx, chunks, 0, 0, N_BATCH, True, ctypes.byref(n_past)
         )
         assert rc == 0, rc
         assert n_past.value == sum(c.get("n_pos", len(c.get("tokens", []))) for c in info)
-        ptr = llama_cpp.llama_get_logits_ith(self.lctx, -1)
+        ptr = llama_cpp.llama_get_logits_ith(lctx, -1)
         out = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
         mtmd.mtmd_input_chunks_free(chunks)
         return info, out
@@ -191,80 +244,105 @@ def sane(name: str, a: np.ndarray) -> None:
     assert float(a.std()) > 1e-3, name
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--writer-python", default=str(ROOT / ".venv" / "bin" / "python"))
-    ap.add_argument("--model", type=Path, default=MODEL)
-    args = ap.parse_args()
+def prompt(setup: Setup) -> str:
+    return setup.prompt_before + mtmd.mtmd_default_marker().decode() + setup.prompt_after
 
-    png = GOLDEN / GRADIENT
-    png.write_bytes(png_bytes(gradient()))
-    images = {"test1": test_image(), "gradient": png}
-    arrays: dict[str, np.ndarray] = {}
-    record: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        mmproj = Path(tmp) / f"mmproj-{PRESET}.gguf"
-        writer = [args.writer_python, "-m", "tests.synthetic_mmproj", str(mmproj), PRESET, str(SEED)]
-        subprocess.run(writer, cwd=ROOT, check=True)
-        runner = Runner(mmproj, args.model)
-        for name, image in images.items():
-            embd = runner.embd(image, False)
-            assert np.array_equal(embd, runner.embd(image, False)), name
-            embd_fa = runner.embd(image, True)
-            info, logits = runner.logits(image)
-            info2, logits2 = runner.logits(image)
-            assert info == info2 and int(logits.argmax()) == int(logits2.argmax()), name
-            for key, a in (("embd", embd), ("embd_fa", embd_fa), ("logits", logits)):
-                sane(f"{name}_{key}", a)
-                arrays[f"{name}_{key}"] = a.astype(np.float32)
-            if image.suffix == ".jpeg":  # stb_image's decode, which other JPEG decoders differ from
-                arrays[f"{name}_pixels"] = runner.pixels
-            top = np.argsort(-logits, kind="stable")[:10]
-            record[name] = {
-                "image": f"tests/golden/{GRADIENT}" if image == png else "llama.cpp tools/mtmd/test-1.jpeg",
-                "image_sha256": sha256(image),
-                "width_height": list(runner.size),
-                "chunks": info,
-                "n_image_tokens": embd.shape[0],
-                "embd_abs_max": float(np.abs(embd).max()),
-                "embd_fa_max_abs_diff": float(np.abs(embd_fa - embd).max()),
-                "logits_repeat_max_abs_diff": float(np.abs(logits - logits2).max()),
-                "top10": [int(t) for t in top],
-                "top10_logits": [float(logits[t]) for t in top],
-            }
-        mmproj_sha = sha256(mmproj)
-    assert not np.array_equal(arrays["test1_embd"], arrays["gradient_embd"])
-    np.savez_compressed(GOLDEN / "mmproj_gemma3.npz", **arrays)
-    meta = {
+
+def evaluate(runner: Runner, name: str, image: Path, png: Path, arrays: dict[str, np.ndarray]) -> dict:
+    """One image's arrays (into `arrays`) and its json record."""
+    embd = runner.embd(image, False)
+    assert np.array_equal(embd, runner.embd(image, False)), name
+    embd_fa = runner.embd(image, True)
+    info, logits = runner.logits(image)
+    info2, logits2 = runner.logits(image)
+    assert info == info2 and int(logits.argmax()) == int(logits2.argmax()), name
+    results = [("embd", embd), ("embd_fa", embd_fa), ("logits", logits)]
+    if runner.setup.text_fa:
+        info_fa, logits_fa = runner.logits(image, text_fa=True)
+        assert info_fa == info, name
+        results.append(("logits_fa", logits_fa))
+    for key, a in results:
+        sane(f"{name}_{key}", a)
+        arrays[f"{name}_{key}"] = a.astype(np.float32)
+    if image.suffix == ".jpeg":  # stb_image's decode, which other JPEG decoders differ from
+        arrays[f"{name}_pixels"] = runner.pixels
+    top = np.argsort(-logits, kind="stable")[:10]
+    record = {
+        "image": f"tests/golden/{GRADIENT}" if image == png else "llama.cpp tools/mtmd/test-1.jpeg",
+        "image_sha256": sha256(image),
+        "width_height": list(runner.size),
+        "chunks": info,
+        "n_image_tokens": embd.shape[0],
+        "embd_abs_max": float(np.abs(embd).max()),
+        "embd_fa_max_abs_diff": float(np.abs(embd_fa - embd).max()),
+        "logits_repeat_max_abs_diff": float(np.abs(logits - logits2).max()),
+        "top10": [int(t) for t in top],
+        "top10_logits": [float(logits[t]) for t in top],
+    }
+    if runner.setup.text_fa:
+        record["logits_fa_max_abs_diff"] = float(np.abs(arrays[f"{name}_logits_fa"] - logits).max())
+    return record
+
+
+def metadata(setup: Setup, model: Path, mmproj_sha: str, arrays: dict, record: dict) -> dict:
+    flash_attn = "off (projector, text model); *_embd_fa: the projector's default (auto: on)"
+    if setup.text_fa:
+        flash_attn += "; *_logits_fa: the text model's on"
+    return {
         "source": "llama-cpp-python 0.3.36 (llama.cpp 0c1e570), libmtmd via llama_cpp.mtmd_cpp",
         "command": shlex.join(
             ["/tmp/llcpp-avx2/bin/python", "scripts/make_mmproj_goldens.py", *sys.argv[1:]]
         ),
         "date": datetime.date.today().isoformat(),
-        "mmproj": {
-            "writer": "tests/synthetic_mmproj.py",
-            "preset": PRESET,
-            "seed": SEED,
-            "sha256": mmproj_sha,
-        },
-        "text_model": {"file": args.model.name, "sha256": sha256(args.model)},
+        "mmproj": {"writer": setup.writer, "preset": PRESET, "seed": SEED, "sha256": mmproj_sha},
+        "text_model": {"file": model.name, "sha256": sha256(model)},
         "settings": {
             "device": "CPU",
             "n_threads": N_THREADS,
             "n_ctx": N_CTX,
             "n_batch": N_BATCH,
             "n_ubatch": N_BATCH,
-            "flash_attn": "off (projector, text model); *_embd_fa: the projector's default (auto: on)",
+            "flash_attn": flash_attn,
             "use_extra_bufts": False,
             "add_special": True,
             "parse_special": True,
             "logits_last": True,
         },
-        "prompt": PROMPT_BEFORE + mtmd.mtmd_default_marker().decode() + PROMPT_AFTER,
+        "prompt": prompt(setup),
         "arrays": {k: list(v.shape) for k, v in arrays.items()},
         "images": record,
     }
-    (GOLDEN / "mmproj_gemma3.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--writer-python", default=str(ROOT / ".venv" / "bin" / "python"))
+    ap.add_argument("--projector", choices=sorted(SETUPS), default="gemma3")
+    ap.add_argument("--model", type=Path, default=None, help="the text model (default: the projector's)")
+    args = ap.parse_args()
+    setup = SETUPS[args.projector]
+    model = args.model or setup.model
+
+    png = GOLDEN / GRADIENT
+    if args.projector == "gemma3":
+        png.write_bytes(png_bytes(gradient()))
+    assert png.read_bytes() == png_bytes(gradient()), png
+    images = {"test1": test_image(), "gradient": png}
+    arrays: dict[str, np.ndarray] = {}
+    record: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        mmproj = Path(tmp) / f"mmproj-{PRESET}.gguf"
+        writer = [args.writer_python, "-m", "tests.synthetic_mmproj", *setup.writer_args]
+        subprocess.run([*writer, str(mmproj), PRESET, str(SEED)], cwd=ROOT, check=True)
+        runner = Runner(mmproj, model, setup)
+        for name, image in images.items():
+            record[name] = evaluate(runner, name, image, png, arrays)
+        mmproj_sha = sha256(mmproj)
+    assert not np.array_equal(arrays["test1_embd"], arrays["gradient_embd"])
+    stem = f"mmproj_{args.projector}"
+    np.savez_compressed(GOLDEN / f"{stem}.npz", **arrays)
+    meta = metadata(setup, model, mmproj_sha, arrays, record)
+    (GOLDEN / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps({k: {kk: v[kk] for kk in ("chunks", "top10")} for k, v in record.items()}))
 
 

@@ -1,4 +1,4 @@
-"""Synthetic Gemma 3 vision projectors (mmproj GGUFs) with seeded random weights.
+"""Synthetic vision projectors (mmproj GGUFs: Gemma 3, llava-1.5 style) with seeded random weights.
 
 No real projector file is available here, so, as llama.cpp's own tests do (tinygemma3), this writes one
 with the layout llama.cpp 0c1e570 reads for projector type `gemma3`, from these files of its tree:
@@ -17,7 +17,15 @@ with the layout llama.cpp 0c1e570 reads for projector type `gemma3`, from these 
 The weights are random (numpy's default_rng(seed)), scaled so activations stay near unit size; the
 bytes depend only on (preset, seed).
 
-    .venv/bin/python -m tests.synthetic_mmproj OUT.gguf [preset] [seed]
+`write_llava_mmproj` writes a llava-1.5 style projector (type `mlp`, CLIP ViT + two-layer MLP) as
+llama.cpp's tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py writes one (the only converter of
+llava-1.5's CLIP; conversion/llava.py takes Pixtral and Mistral only): its keys in its order, no
+general.type, `clip.use_gelu` false (CLIP's quick_gelu), no post-LayerNorm (skipped for llava), the
+last encoder block already dropped (`block_count` is the blocks kept), CLIP's `fc1` stored as
+`ffn_down` and `fc2` as `ffn_up` (clip.cpp's is_ffn_swapped puts them back), 4-D and 2-D `.weight`
+tensors float16 (the position embedding too), the rest float32, the projector's tensors first.
+
+    .venv/bin/python -m tests.synthetic_mmproj [--llava] OUT.gguf [preset] [seed]
 """
 
 from __future__ import annotations
@@ -122,6 +130,104 @@ def write_gemma3_mmproj(path: str | Path, preset: str = "tiny", seed: int = 0) -
     return path
 
 
+@dataclass(frozen=True)
+class LlavaVision:
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_layer: int  # blocks in the file: the converter has dropped the model's last
+    n_head: int
+    n_embd_text: int
+    eps: float = 1e-5  # CLIP's layer_norm_eps
+
+    @property
+    def n_image_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2  # every patch, no pooling
+
+
+LLAVA_PRESETS = {
+    # 224/14 = 16x16 patches -> 256 image tokens (257 positions with the class embedding); 3 blocks in
+    # the file, of which clip.cpp runs 2; projects to SmolLM2-135M's n_embd.
+    "tiny": LlavaVision(224, 14, 128, 512, 3, 4, 576),
+    # llava-1.5's CLIP ViT-L/14-336 (24x24 patches -> 576 tokens, 23 of its 24 blocks kept); the real
+    # projector maps to 4096, this one to 576 so the file runs in front of SmolLM2.
+    "llava-1.5": LlavaVision(336, 14, 1024, 4096, 23, 16, 576),
+}
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the converter's defaults: CLIP's processor's
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# The projector's last matrix is scaled so an image row's norm is near SmolLM2's token embeddings' (~3):
+# random rows much larger than the text's would swamp the prompt.
+LLAVA_OUT_SCALE = 0.06
+
+
+def write_llava_mmproj(path: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
+    """Write the llava `preset` projector to `path` (same bytes for the same arguments); returns it."""
+    hp = LLAVA_PRESETS[preset]
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    _llava_keys(w, hp, preset, seed)
+
+    def normal(shape: tuple[int, ...], scale: float, dtype: type = np.float16) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)
+
+    def linear(name: str, rows: int, cols: int, scale: float = 1.0) -> None:  # torch's [out, in]
+        w.add_tensor(f"{name}.weight", normal((rows, cols), scale * cols**-0.5))
+        w.add_tensor(f"{name}.bias", normal((rows,), 0.02, np.float32))
+
+    def norm(name: str) -> None:
+        w.add_tensor(f"{name}.weight", normal((hp.n_embd,), 0.1, np.float32) + np.float32(1.0))
+        w.add_tensor(f"{name}.bias", normal((hp.n_embd,), 0.02, np.float32))
+
+    e, p, t = hp.n_embd, hp.patch_size, hp.n_embd_text
+    linear("mm.0", t, e)  # multi_modal_projector.linear_1 (the converter writes the projector first)
+    linear("mm.2", t, t, LLAVA_OUT_SCALE)
+    w.add_tensor("v.class_embd", normal((e,), 0.3, np.float32))
+    w.add_tensor("v.patch_embd.weight", normal((e, 3, p, p), (3 * p * p) ** -0.5))  # no bias in CLIP
+    w.add_tensor("v.position_embd.weight", normal(((hp.image_size // p) ** 2 + 1, e), 0.3))
+    norm("v.pre_ln")
+    for il in range(hp.n_layer):  # CLIPEncoderLayer's state_dict order
+        blk = f"v.blk.{il}"
+        for proj in ("attn_k", "attn_v", "attn_q", "attn_out"):
+            linear(f"{blk}.{proj}", e, e)
+        norm(f"{blk}.ln1")
+        linear(f"{blk}.ffn_down", hp.n_ff, e)  # mlp.fc1, named down by the converter
+        linear(f"{blk}.ffn_up", e, hp.n_ff)  # mlp.fc2
+        norm(f"{blk}.ln2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _llava_keys(w: gguf.GGUFWriter, hp: LlavaVision, preset: str, seed: int) -> None:
+    """The legacy converter's keys for `--llava-projector --projector-type mlp`, in its order."""
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_llava_projector", True)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_name(f"synthetic-llava-{preset}")
+    w.add_description(f"synthetic llava projector, random weights (seed {seed}), not a trained model")
+    w.add_string("clip.projector_type", "mlp")
+    w.add_uint32("clip.vision.image_size", hp.image_size)
+    w.add_uint32("clip.vision.patch_size", hp.patch_size)
+    w.add_uint32("clip.vision.embedding_length", hp.n_embd)
+    w.add_uint32("clip.vision.feed_forward_length", hp.n_ff)
+    w.add_uint32("clip.vision.projection_dim", 768)  # CLIP's own projection, which llava does not use
+    w.add_uint32("clip.vision.attention.head_count", hp.n_head)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", hp.eps)
+    w.add_uint32("clip.vision.block_count", hp.n_layer)
+    w.add_array("clip.vision.image_mean", list(CLIP_MEAN))
+    w.add_array("clip.vision.image_std", list(CLIP_STD))
+    w.add_bool("clip.use_gelu", False)  # CLIP's hidden_act is quick_gelu
+
+
 if __name__ == "__main__":
-    out, *rest = sys.argv[1:]
-    write_gemma3_mmproj(out, rest[0] if rest else "tiny", int(rest[1]) if len(rest) > 1 else 0)
+    args = sys.argv[1:]
+    writer = write_gemma3_mmproj
+    if args[0] == "--llava":
+        writer, args = write_llava_mmproj, args[1:]
+    out, *rest = args
+    writer(out, rest[0] if rest else "tiny", int(rest[1]) if len(rest) > 1 else 0)

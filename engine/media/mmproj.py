@@ -1,10 +1,12 @@
 """A projector GGUF (`--mmproj`, general.architecture `clip`): its hyper-parameters and the loader.
 
 The keys and tensor names are llama.cpp's (tools/mtmd/clip-impl.h, read as clip.cpp's load_hparams reads
-them). One projector type is built, `gemma3` (SigLIP + Gemma 3's pooling projector, engine/media/
-vision.py); any other, a file without a vision encoder, or an encoder option the backend has no kernel
-for is refused at load with one line naming it, and so is a file with tensors the projector left unread
-(a norm or bias skipped silently would change every embedding).
+them). Two projector types are built: `gemma3` (SigLIP + Gemma 3's pooling projector, engine/media/
+vision.py) and `mlp` (llava-1.5's CLIP + two-layer MLP, engine/media/llava.py) without
+image_grid_pinpoints (llava-1.6's llava-uhd slicing is not built); any other, a file without a vision
+encoder, or an encoder option the backend has no kernel for is refused at load with one line naming it,
+and so is a file with tensors the projector left unread (a norm or bias skipped silently would change
+every embedding).
 """
 
 from __future__ import annotations
@@ -15,13 +17,22 @@ from typing import Any
 
 from engine.backend import Backend
 from engine.gguf import GGUFFile
+from engine.media.llava import LlavaProjector
 from engine.media.vision import FLOAT_TYPES, Projector
 
-SUPPORTED_PROJECTORS = ("gemma3",)
+SUPPORTED_PROJECTORS = ("gemma3", "mlp")
 # clip.cpp's defaults per projector type: Gemma 3 pools 4x4 patches (tinygemma3 says otherwise in
-# clip.vision.projector.scale_factor) and resizes bilinearly.
+# clip.vision.projector.scale_factor) and resizes bilinearly; llava's `mlp` keeps every patch, resizes
+# bicubically (clip.cpp's default) and pads with image_pad_color {122, 116, 104}.
 DEFAULT_MERGE = {"gemma3": 4}
 RESIZE_ALGO = {"gemma3": "bilinear"}
+PAD_COLOR = {"mlp": (122, 116, 104)}
+# The vision feed-forward activations built per type (clip.cpp's hparams.ffn_op): llava-1.5's CLIP
+# runs quick GELU (clip.use_gelu false), on the host (llava.py).
+FFN_OPS = {"gemma3": ("gelu",), "mlp": ("gelu", "gelu_quick")}
+PINPOINTS = "clip.vision.image_grid_pinpoints"
+# A conv and a transposed matrix: float only (llava's mm.0 / mm.2 may be any type the backend packs).
+FLOAT_ONLY = ("v.patch_embd.weight", "mm.input_projection.weight")
 
 
 class UnsupportedProjector(ValueError):
@@ -46,6 +57,8 @@ class ProjectorHParams:
     n_merge: int  # the projector's pooling kernel over the patch grid
     ffn_op: str  # gelu (clip.use_gelu), silu (clip.use_silu), else gelu_quick: clip.cpp's hparams.ffn_op
     resize_algo: str
+    pad_color: tuple[int, int, int] = (0, 0, 0)  # the fixed-size resize's border
+    feature_layers: tuple[int, ...] = ()  # clip.vision.feature_layer: where llava's encoder stops
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> ProjectorHParams:
@@ -76,6 +89,8 @@ class ProjectorHParams:
             n_merge=int(key("projector.scale_factor", DEFAULT_MERGE.get(kind, 1))),
             ffn_op=_ffn_op(g),
             resize_algo=RESIZE_ALGO.get(kind, "bicubic"),
+            pad_color=PAD_COLOR.get(kind, (0, 0, 0)),
+            feature_layers=tuple(int(v) for v in meta.get("clip.vision.feature_layer", ())),
         )
 
     @property
@@ -122,6 +137,10 @@ def check_supported(g: GGUFFile, backend: Backend) -> None:
     if kind not in SUPPORTED_PROJECTORS:
         supported = ", ".join(SUPPORTED_PROJECTORS)
         raise UnsupportedProjector(f"unsupported projector type {kind!r} in {name} (supported: {supported})")
+    if kind == "mlp" and len(g.metadata.get(PINPOINTS, ())):
+        raise UnsupportedProjector(
+            f"{name} has {PINPOINTS} (llava-1.6 style): llava-uhd image slicing is not built"
+        )
     if backend.layernorm is None or backend.gelu is None or backend.encoder_attention is None:
         raise UnsupportedProjector(f"the {kind} projector runs on the CPU only (backend {backend.name})")
 
@@ -131,27 +150,47 @@ def check_tensors(g: GGUFFile, hp: ProjectorHParams) -> None:
     name, t = g.path.name, g.tensors
     if hp.n_patches_side < hp.n_merge:
         raise UnsupportedProjector(f"{name}: {hp.n_patches_side} patches a side cannot pool by {hp.n_merge}")
-    for tensor in ("v.patch_embd.weight", "mm.input_projection.weight"):
+    llava = hp.projector_type == "mlp"
+    for tensor in ("v.patch_embd.weight", "mm.0.weight", "mm.2.weight") if llava else FLOAT_ONLY:
         if tensor not in t:
             raise UnsupportedProjector(f"{name}: {tensor} is missing")
-        if t[tensor].ggml_type not in FLOAT_TYPES:  # a conv and a transposed matrix: float only
+        if tensor in FLOAT_ONLY and t[tensor].ggml_type not in FLOAT_TYPES:
             raise UnsupportedProjector(f"{name}: {tensor} is {t[tensor].type_name}, not F32/F16/BF16")
+    # llava's CLIP has one more position, its class embedding's (siglip has none)
+    n_pos = hp.n_patches_side**2 + (1 if llava and "v.class_embd" in t else 0)
     rows = t["v.position_embd.weight"].shape[0] if "v.position_embd.weight" in t else 0
-    if rows != hp.n_patches_side**2:
-        raise UnsupportedProjector(f"{name}: {rows} learned positions for {hp.n_patches_side**2} patches")
+    if rows != n_pos:
+        raise UnsupportedProjector(f"{name}: {rows} learned positions for {n_pos} rows")
+    if llava:
+        check_llava(g, hp)
 
 
-def load_projector(path: str | Path, backend: Backend) -> Projector:
+def check_llava(g: GGUFFile, hp: ProjectorHParams) -> None:
+    """llava's encoder stops at one feature layer and its MLP's shapes chain: mm.0 reads n_embd."""
+    name, t = g.path.name, g.tensors
+    if len(hp.feature_layers) > 1:  # granite's stack of several layers' states: not built
+        raise UnsupportedProjector(f"{name}: {len(hp.feature_layers)} vision feature layers are not built")
+    if any(f > hp.n_layer for f in hp.feature_layers):
+        raise UnsupportedProjector(f"{name}: feature layer {hp.feature_layers[0]} of {hp.n_layer} blocks")
+    if "mm.3.weight" in t:  # clip.cpp turns such a file into mlp_norm (Yi-VL's)
+        raise UnsupportedProjector(f"{name}: mm.3 (Yi-style mlp_norm projector) is not built")
+    (_, cols0), (_, cols2) = t["mm.0.weight"].shape, t["mm.2.weight"].shape
+    if cols0 != hp.n_embd or cols2 != t["mm.0.weight"].shape[0]:
+        raise UnsupportedProjector(f"{name}: mm.0 / mm.2 do not chain from the encoder's {hp.n_embd}")
+
+
+def load_projector(path: str | Path, backend: Backend) -> Projector | LlavaProjector:
     """The projector of an mmproj GGUF on `backend`; UnsupportedProjector (one line) when it cannot run."""
     g = GGUFFile(path)
     check_supported(g, backend)
     hp = ProjectorHParams.from_gguf(g)
-    if hp.ffn_op != "gelu":
+    built = FFN_OPS[hp.projector_type]
+    if hp.ffn_op not in built:
         raise UnsupportedProjector(
-            f"{g.path.name}: the vision feed-forward's {hp.ffn_op} is not built (gelu is)"
+            f"{g.path.name}: the vision feed-forward's {hp.ffn_op} is not built (built: {', '.join(built)})"
         )
     check_tensors(g, hp)
-    projector = Projector(g, hp, backend)
+    projector = (LlavaProjector if hp.projector_type == "mlp" else Projector)(g, hp, backend)
     unread = g.tensors.unread()
     if unread:
         shown = ", ".join(unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")

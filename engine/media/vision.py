@@ -102,9 +102,11 @@ class VisionLayer:
 
 class SiglipEncoder:
     """Pixels [3, H, W] -> the post-LayerNormed states of the patches, [n_patches, n_embd], row-major over
-    the patch grid (patch (y, x) at row y * side + x, as the conv's output is laid out)."""
+    the patch grid (patch (y, x) at row y * side + x, as the conv's output is laid out). `n_run`: the
+    blocks built and run, the first n_run of the file's (all by default; llava's CLIP stops earlier);
+    a subclass may add rows in `embed` (CLIP's class embedding)."""
 
-    def __init__(self, g: GGUFFile, hp: ProjectorHParams, backend: Backend) -> None:
+    def __init__(self, g: GGUFFile, hp: ProjectorHParams, backend: Backend, n_run: int | None = None) -> None:
         self.hp, self.backend = hp, backend
         enc = encoder_hparams(hp)
         self.patch_embd = pack_float(backend, g, "v.patch_embd.weight")
@@ -113,7 +115,7 @@ class SiglipEncoder:
         self.positions = backend.upload(host_matrix(g, "v.position_embd.weight"))
         self.pre_ln = optional_norm(backend, g, "v.pre_ln", hp.eps)
         self.layers = []
-        for il in range(hp.n_layer):
+        for il in range(hp.n_layer if n_run is None else n_run):
             self.layers.append(VisionLayer(backend, g, enc, il))
             g.release_pages()  # each layer's file pages once packed (engine/gguf.py)
         self.post_ln = optional_norm(backend, g, "v.post_ln", hp.eps)
@@ -125,16 +127,27 @@ class SiglipEncoder:
         grid = pixels[:, : side * ps, : side * ps].reshape(3, side, ps, side, ps)
         return np.ascontiguousarray(grid.transpose(1, 3, 0, 2, 4).reshape(side * side, 3 * ps * ps))
 
-    def __call__(self, pixels: np.ndarray) -> Any:
-        be, n = self.backend, self.hp.n_patches_side**2
-        x = be.empty((n, self.hp.n_embd))
+    def patch_embeddings(self, pixels: np.ndarray) -> Any:
+        """The conv over the patches plus its bias: [n_patches, n_embd]."""
+        be = self.backend
+        x = be.empty((self.hp.n_patches_side**2, self.hp.n_embd))
         be.matmul(be.upload(self.patches(pixels)), self.patch_embd, x)
         if self.patch_bias is not None:
             be.add_bias_inplace(x, self.patch_bias)
-        be.add_inplace(x, self.positions)
+        return x
+
+    def embed(self, pixels: np.ndarray) -> Any:
+        """The encoder's input rows: the patch embeddings plus the learned positions."""
+        x = self.patch_embeddings(pixels)
+        self.backend.add_inplace(x, self.positions)
+        return x
+
+    def __call__(self, pixels: np.ndarray) -> Any:
+        be, x = self.backend, self.embed(pixels)
+        n = x.shape[0]
         if self.pre_ln is not None:
             x = self.pre_ln(x, x)
-        # the one image's patches: every token over all of them, no mask, no window
+        # the one image's rows: every token over all of them, no mask, no window
         step = Pass(be.upload(np.arange(n, dtype=np.int32)), np.tile(np.array([[0, n]], np.int64), (n, 1)))
         for layer in self.layers:
             x = layer(x, step)
