@@ -17,6 +17,7 @@ from typing import Any
 
 from engine.backend import Backend
 from engine.gguf import GGUFFile
+from engine.media.audio import AudioProjector, UnsupportedAudioProjector, load_audio_projector
 from engine.media.llava import LlavaProjector
 from engine.media.vision import FLOAT_TYPES, Projector
 
@@ -179,9 +180,19 @@ def check_llava(g: GGUFFile, hp: ProjectorHParams) -> None:
         raise UnsupportedProjector(f"{name}: mm.0 / mm.2 do not chain from the encoder's {hp.n_embd}")
 
 
-def load_projector(path: str | Path, backend: Backend) -> Projector | LlavaProjector:
+def load_projector(path: str | Path, backend: Backend) -> Projector | LlavaProjector | AudioProjector:
     """The projector of an mmproj GGUF on `backend`; UnsupportedProjector (one line) when it cannot run."""
     g = GGUFFile(path)
+    meta = g.metadata
+    if meta.get("general.architecture") == "clip" and meta.get("clip.has_audio_encoder", False):
+        if meta.get("clip.has_vision_encoder", False):
+            raise UnsupportedProjector(
+                f"{g.path.name} holds a vision and an audio encoder: not built (one of them is)"
+            )
+        try:  # an audio encoder (engine/media/audio.py), whose own checks name what it cannot run
+            return load_audio_projector(g, backend)
+        except UnsupportedAudioProjector as exc:
+            raise UnsupportedProjector(str(exc)) from None
     check_supported(g, backend)
     hp = ProjectorHParams.from_gguf(g)
     built = FFN_OPS[hp.projector_type]
