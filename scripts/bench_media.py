@@ -10,8 +10,9 @@ The projector is SYNTHETIC (tests/synthetic_mmproj.py, preset "gemma3-4b": Gemma
 
 1. Encode: Llamba's `Projector.encode_image` in this process (the machine's own level, 2 threads) against
    mtmd_encode_chunk through llama-cpp-python (`--llama-python`; `--lib DIR` points LLAMA_CPP_LIB_PATH
-   at another build's libs, e.g. the native one `make llama-server` builds), alternating, after one
-   warm-up each; each round's seconds and the median ratio.
+   at another build's libs, e.g. the native one `make llama-server` builds), alternating, Llamba after
+   one warm-up (its kernels load), llama.cpp without (nothing to compile; one encode takes minutes at
+   these widths); each round's seconds and the median ratio.
 2. Time to first token: llamba-server and llama-server (`--llama-server`, run with LLAMA_ARG_REPACK=0)
    on the same files, a chat with the image and `max_tokens` 1, a new image each request (one pixel
    changed: nothing cached on either side), alternating; wall time of each request, the median ratio.
@@ -58,8 +59,10 @@ text = mtmd.mtmd_default_marker()
 inp = mtmd.mtmd_input_text(text, len(text), False, True)
 chunks = mtmd.mtmd_input_chunks_init()
 assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(inp), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
-chunk = mtmd.mtmd_input_chunks_get(chunks, 0)
-for _ in range(rounds + 1):  # the first is the warm-up
+every = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
+image = mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE
+chunk = next(c for c in every if mtmd.mtmd_input_chunk_get_type(c) == image)  # not <start_of_image>
+for _ in range(rounds):  # no warm-up: nothing is compiled, and one encode takes minutes at 4B widths
     t = time.perf_counter(); assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
     print(time.perf_counter() - t, flush=True)
 """
@@ -80,7 +83,7 @@ def llama_cpp_encode(python: str, lib: Path | None, mmproj: Path, image: Path, r
         env["LLAMA_CPP_LIB_PATH"] = str(lib)
     args = [python, "-c", MTMD_ENCODE, str(MODEL), str(mmproj), str(image), str(rounds)]
     out = subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout
-    return [float(line) for line in out.split()][1:]
+    return [float(line) for line in out.split()]
 
 
 def bench_encode(args: argparse.Namespace, mmproj: Path, image: Path) -> None:
