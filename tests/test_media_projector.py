@@ -311,7 +311,10 @@ def clip_file(path: Path, keys: dict[str, object]) -> Path:
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"clip.has_vision_encoder": True, "clip.projector_type": "minicpmv"}, "unsupported projector type 'minicpmv'"),
+        (
+            {"clip.has_vision_encoder": True, "clip.projector_type": "minicpmv"},
+            "unsupported projector type 'minicpmv'",
+        ),
         ({"clip.has_vision_encoder": True, "clip.vision.projector_type": "qwen2vl"}, "'qwen2vl'"),
         ({"clip.has_audio_encoder": True, "clip.projector_type": "ultravox"}, "has no vision encoder"),
     ],

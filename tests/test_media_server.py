@@ -181,7 +181,7 @@ def test_file_urls_under_media_path(server: ServerProcess) -> None:
         ("data:image/png;base64,", "Invalid base64"),
         ("data:text/plain;base64,aGk=", "Invalid uri format"),
         ("http://127.0.0.1:9/x.png", "Failed to download image"),  # allowed, nothing listens
-        ("http://10.255.255.1/x.png", "not among the hosts allowed"),  # a private address --mcp-allow-hosts does not list
+        ("http://10.255.255.1/x.png", "not among the hosts allowed"),  # a private address not listed
         ("file:///etc/passwd", "not allowed"),
     ],
 )
