@@ -31,9 +31,9 @@ from engine.backend import cpu_backend
 from engine.batch import Batch, BatchPart
 from engine.llm import LLM
 from engine.media.chunks import MediaChunk, part_media
-from engine.media.llava import GELU_QUICK_TABLE, LlavaProjector, fit_square, gelu_quick
+from engine.media.llava import GELU_QUICK_TABLE, LlavaProjector, gelu_quick
 from engine.media.mmproj import UnsupportedProjector, load_projector
-from engine.media.preprocess import decode_image, normalize, resize_pillow
+from engine.media.preprocess import decode_image, normalize, resize_padded, resize_pillow
 from engine.reference_data import ReferenceDataError, reference_file
 from tests.conftest import golden_file, load_golden, require
 from tests.server_process import ServerProcess
@@ -227,7 +227,7 @@ def test_encode_image_matches_llama_cpp(projector: LlavaProjector, name: str) ->
 def test_from_stb_images_pixels_the_jpeg_is_as_close_as_the_png(projector: LlavaProjector) -> None:
     goldens = np.load(golden_file("mmproj_llava.npz"))
     hp = projector.hparams
-    square = fit_square(goldens["test1_pixels"], hp.image_size, hp.resize_algo, hp.pad_color)
+    square = resize_padded(goldens["test1_pixels"], hp.image_size, hp.resize_algo, hp.pad_color)
     got = projector.encode_pixels(normalize(square, hp.image_mean, hp.image_std))
     min_cos, max_rel = GOLDEN_BARS["test1_stb"]
     for key in ("test1_embd", "test1_embd_fa"):
@@ -240,12 +240,12 @@ def test_preprocessing_fits_the_image_on_llavas_pad_colour(projector: LlavaProje
     resize (tests/test_media_projector.py checks it bit for bit), centred on (122, 116, 104)."""
     hp = projector.hparams
     img = decode_image(image_bytes("gradient"))
-    square = fit_square(img, 224, "bicubic", PAD)
+    square = resize_padded(img, 224, "bicubic", PAD)
     assert np.array_equal(square[28:196], resize_pillow(img, 224, 168, "bicubic"))
     assert (square[:28] == PAD).all() and (square[196:] == PAD).all()
     want = normalize(square, hp.image_mean, hp.image_std)
     assert np.array_equal(projector.preprocess(image_bytes("gradient")), want)
-    assert np.array_equal(fit_square(square, 224, "bicubic", PAD), square)  # already square: kept
+    assert np.array_equal(resize_padded(square, 224, "bicubic", PAD), square)  # already square: kept
 
 
 def test_encoding_is_the_same_whatever_was_encoded_before(projector: LlavaProjector) -> None:

@@ -316,7 +316,9 @@ def clip_file(path: Path, keys: dict[str, object]) -> Path:
             "unsupported projector type 'minicpmv'",
         ),
         ({"clip.has_vision_encoder": True, "clip.vision.projector_type": "qwen2vl"}, "'qwen2vl'"),
-        ({"clip.has_audio_encoder": True, "clip.projector_type": "ultravox"}, "has no vision encoder"),
+        ({"clip.projector_type": "ultravox"}, "has no vision encoder"),
+        ({"clip.has_audio_encoder": True, "clip.projector_type": "qwen2a"}, "'qwen2a'"),  # audio.py's refusal
+        ({"clip.has_audio_encoder": True, "clip.has_vision_encoder": True}, "a vision and an audio encoder"),
     ],
 )
 def test_an_unsupported_projector_is_refused_in_one_line(tmp_path: Path, keys: dict, message: str) -> None:

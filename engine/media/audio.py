@@ -44,7 +44,7 @@ from engine.backend import Backend
 from engine.gguf import GGUFFile
 from engine.media.mel import FRAMES_PER_WINDOW, SAMPLE_RATE, MelFilter, split_windows
 from engine.media.preprocess import MediaError
-from engine.media.vision import FLOAT_TYPES, optional_norm, pack_float
+from engine.media.vision import FLOAT_TYPES, optional_norm, pack_float, run_blocks
 from engine.models.encoder import EncoderAttention, EncoderHParams, LayerNorm, Pass, linear
 from engine.models.llama import Projection, norm_weight
 
@@ -300,17 +300,11 @@ class WhisperEncoder:
         return gelu_erf(be.download(out))
 
     def __call__(self, mel: np.ndarray) -> Any:
-        be, n = self.backend, self.hp.n_pos
+        be = self.backend
         h = self.conv(np.ascontiguousarray(mel.T), 0, 1)
         x = be.upload(np.ascontiguousarray(self.conv(h, 1, 2)))
         be.add_inplace(x, self.positions)
-        if self.pre_ln is not None:
-            x = self.pre_ln(x, x)
-        # the window's positions: every one over all of them, no mask
-        step = Pass(be.upload(np.arange(n, dtype=np.int32)), np.tile(np.array([[0, n]], np.int64), (n, 1)))
-        for layer in self.layers:
-            x = layer(x, step)
-        return x if self.post_ln is None else self.post_ln(x, x)
+        return run_blocks(be, x, self.pre_ln, self.layers, self.post_ln)
 
 
 class AudioProjector:
@@ -369,6 +363,11 @@ def load_audio_projector(g: GGUFFile, backend: Backend) -> AudioProjector:
     """The audio projector of an mmproj GGUF (`clip.projector_type` ultravox) on `backend`;
     UnsupportedAudioProjector (one line) when it cannot run, or when the file holds tensors it does not
     read."""
+    kind = audio_projector_type(g)
+    if kind != "ultravox":  # before any key: a file of another type may lack ultravox's
+        raise UnsupportedAudioProjector(
+            f"unsupported audio projector type {kind!r} in {g.path.name} (supported: ultravox)"
+        )
     hp = AudioHParams.from_gguf(g)
     check_audio_file(g, hp, backend)
     try:

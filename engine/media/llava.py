@@ -18,14 +18,13 @@ false for `mlp`). The pixels are mtmd_image_preprocessor_fixed_size's with llava
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.backend import Backend
 from engine.gguf import GGUFFile
-from engine.media.preprocess import decode_image, normalize, resize_pillow
+from engine.media.preprocess import decode_image, normalize, resize_padded
 from engine.media.vision import SiglipEncoder
 from engine.models.encoder import FeedForward, host_vector, linear
 
@@ -99,22 +98,6 @@ class ClipEncoder(SiglipEncoder):
         return x
 
 
-def fit_square(img: np.ndarray, size: int, algo: str, color: tuple[int, int, int]) -> np.ndarray:
-    """img_tool::resize to size x size with PAD_CEIL on `color`: preprocess.resize_padded's rule (float32
-    scale, ceil, centred), whose border is black; llava's is image_pad_color."""
-    h, w = img.shape[:2]
-    if (h, w) == (size, size):
-        return img
-    scale = min(np.float32(size) / np.float32(w), np.float32(size) / np.float32(h))
-    new_w = min(int(math.ceil(np.float32(w) * scale)), size)
-    new_h = min(int(math.ceil(np.float32(h) * scale)), size)
-    out = np.empty((size, size, 3), dtype=np.uint8)
-    out[:, :] = np.asarray(color, dtype=np.uint8)
-    x0, y0 = (size - new_w) // 2, (size - new_h) // 2
-    out[y0 : y0 + new_h, x0 : x0 + new_w] = resize_pillow(img, new_w, new_h, algo)
-    return out
-
-
 class LlavaProjector:
     """A loaded `mlp` projector: `encode_image(bytes)` -> float32 [n_image_tokens, n_embd_text], the rows
     the text model reads at the image's positions, causally, with no text around them."""
@@ -136,7 +119,7 @@ class LlavaProjector:
     def preprocess(self, data: bytes) -> np.ndarray:
         """The image's pixels as the encoder reads them: float32 [3, image_size, image_size]."""
         hp = self.hparams
-        square = fit_square(decode_image(data), hp.image_size, hp.resize_algo, hp.pad_color)
+        square = resize_padded(decode_image(data), hp.image_size, hp.resize_algo, hp.pad_color)
         return normalize(square, hp.image_mean, hp.image_std)
 
     def encode_image(self, data: bytes) -> np.ndarray:

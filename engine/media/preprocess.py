@@ -117,16 +117,19 @@ def resize_pillow(img: np.ndarray, width: int, height: int, algo: str = "bilinea
     return out
 
 
-def resize_padded(img: np.ndarray, size: int, algo: str = "bilinear") -> np.ndarray:
+def resize_padded(
+    img: np.ndarray, size: int, algo: str = "bilinear", color: tuple[int, int, int] = (0, 0, 0)
+) -> np.ndarray:
     """img_tool::resize to a size x size square with PAD_CEIL: scaled (float32 arithmetic, ceil) to fit,
-    centred on black. An image already that size is kept as it is."""
+    centred on `color` (black; llava's image_pad_color). An image already that size is kept as it is."""
     h, w = img.shape[:2]
     if (h, w) == (size, size):
         return img
     scale = min(np.float32(size) / np.float32(w), np.float32(size) / np.float32(h))
     new_w = min(int(math.ceil(np.float32(w) * scale)), size)
     new_h = min(int(math.ceil(np.float32(h) * scale)), size)
-    out = np.zeros((size, size, 3), dtype=np.uint8)
+    out = np.empty((size, size, 3), dtype=np.uint8)
+    out[:, :] = np.asarray(color, dtype=np.uint8)
     x0, y0 = (size - new_w) // 2, (size - new_h) // 2
     out[y0 : y0 + new_h, x0 : x0 + new_w] = resize_pillow(img, new_w, new_h, algo)
     return out

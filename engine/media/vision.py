@@ -100,6 +100,19 @@ class VisionLayer:
         return out
 
 
+def run_blocks(backend: Backend, x: Any, pre_ln: Any, layers: list[Any], post_ln: Any) -> Any:
+    """An encoder's blocks over one input (an image's patches, an audio window's frames): the optional
+    pre-LayerNorm, every block with every row over all of them (no mask, no window), the optional
+    post-LayerNorm."""
+    n = x.shape[0]
+    if pre_ln is not None:
+        x = pre_ln(x, x)
+    step = Pass(backend.upload(np.arange(n, dtype=np.int32)), np.tile(np.array([[0, n]], np.int64), (n, 1)))
+    for layer in layers:
+        x = layer(x, step)
+    return x if post_ln is None else post_ln(x, x)
+
+
 class SiglipEncoder:
     """Pixels [3, H, W] -> the post-LayerNormed states of the patches, [n_patches, n_embd], row-major over
     the patch grid (patch (y, x) at row y * side + x, as the conv's output is laid out). `n_run`: the
@@ -143,15 +156,7 @@ class SiglipEncoder:
         return x
 
     def __call__(self, pixels: np.ndarray) -> Any:
-        be, x = self.backend, self.embed(pixels)
-        n = x.shape[0]
-        if self.pre_ln is not None:
-            x = self.pre_ln(x, x)
-        # the one image's rows: every token over all of them, no mask, no window
-        step = Pass(be.upload(np.arange(n, dtype=np.int32)), np.tile(np.array([[0, n]], np.int64), (n, 1)))
-        for layer in self.layers:
-            x = layer(x, step)
-        return x if self.post_ln is None else self.post_ln(x, x)
+        return run_blocks(self.backend, self.embed(pixels), self.pre_ln, self.layers, self.post_ln)
 
 
 class Projector:
