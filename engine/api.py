@@ -174,6 +174,7 @@ class EmbeddingRequest:
     cache_prompt: bool = False  # the slot pool's view: nothing of a slot's cells is kept
     return_progress: bool = False
     reasoning: None = None  # no reasoning block to end (the control endpoint's view)
+    media: Mapping[int, MediaChunk] = field(default_factory=dict)  # as GenerationRequest's
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 from engine.api import EmbeddingRequest, Pooling, Timings, TokenEvent
 from engine.backend import Backend
 from engine.gguf import GGUFFile
+from engine.media.chunks import cut_before_media
 from engine.quant import dequantize
 from engine.sequence import Emit
 
@@ -223,7 +224,8 @@ class EmbeddingSequence:
     def take(self, budget: int) -> list[int]:
         if self.whole and len(self.pending) > budget:
             return []  # waits for a step with room for all of it
-        chunk, self.pending = self.pending[:budget], self.pending[budget:]
+        n = cut_before_media(self.pending, budget, self.request.media) if self.request.media else budget
+        chunk, self.pending = self.pending[:n], self.pending[n:]
         return chunk
 
     def add_rows(self, hidden: np.ndarray) -> TokenEvent | None:

@@ -133,7 +133,10 @@ class Scheduler:
             slot = self.pool[seq.slot_id]
             n_batch += len(chunk) + (0 if isinstance(seq, EmbeddingSequence) else len(seq.drafts))
             if isinstance(seq, EmbeddingSequence):
-                parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none", want_hidden=True))
+                media = part_media(chunk, len(slot.tokens), seq.request.media, slot.tokens)
+                parts.append(
+                    BatchPart(slot.id, len(slot.tokens), chunk, "none", want_hidden=True, media=media)
+                )
                 slot.tokens.extend(chunk)
                 self._embedding.append((slot, len(chunk)))
                 slot_log.prompt_chunk(slot, seq, n_batch)

@@ -172,11 +172,11 @@ def test_content_parts_embed_as_their_joined_text(mean_server: ServerProcess) ->
         ({"content": [{"type": "unknown"}]}, '{"type": "text", "text": "..."}'),
         (
             {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
-            "multimodal",
+            "image input is not supported",
         ),
         (
             {"content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]},
-            "multimodal",
+            "audio input is not supported",
         ),
     ],
 )

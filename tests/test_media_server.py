@@ -245,3 +245,36 @@ def test_an_image_url_from_an_allowed_host(server: ServerProcess, file_server: s
     assert fetched.status_code == 200, fetched.text
     assert fetched.json()["choices"][0]["message"] == local.json()["choices"][0]["message"]  # the same image
     assert missing.status_code == 400 and "HTTP 404" in missing.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    mmproj = write_gemma3_mmproj(tmp_path_factory.mktemp("mmproj-embd") / "mmproj-tiny.gguf", "tiny")
+    args = ("-m", "gemma3", "--mmproj", str(mmproj), "--embedding", "--pooling", "mean", "-c", "2048")
+    proc = ServerProcess(*args).wait_healthy()
+    yield proc
+    proc.stop()
+
+
+def test_embeddings_of_content_with_an_image(embedder: ServerProcess, images: dict[str, Path]) -> None:
+    """An embedding input's content parts with an image (llama-server's tokenize_oai_content_array): the
+    image moves the vector, the same image gives the same vector, and the text alone is a third."""
+
+    def vector(parts: list[dict]) -> list[float]:
+        reply = httpx.post(
+            embedder.base_url + "/v1/embeddings", json={"input": [{"content": parts}]}, timeout=120
+        )
+        assert reply.status_code == 200, reply.text
+        return reply.json()["data"][0]["embedding"]
+
+    text = {"type": "text", "text": "a picture"}
+    jpeg = {"type": "image_url", "image_url": {"url": data_url(images["jpeg"], "image/jpeg")}}
+    png = {"type": "image_url", "image_url": {"url": data_url(images["png"], "image/png")}}
+    with_jpeg, again, with_png, alone = (
+        vector([jpeg, text]),
+        vector([jpeg, text]),
+        vector([png, text]),
+        vector([text]),
+    )
+    assert with_jpeg == again
+    assert len({tuple(with_jpeg), tuple(with_png), tuple(alone)}) == 3

@@ -68,6 +68,16 @@ async def take_media(
     return (replace(chat, messages=messages) if files else chat), files
 
 
+async def content_media(
+    parts: list[dict[str, Any]], modalities: frozenset[str], sources: MediaSources
+) -> tuple[str, list[MediaFile]]:
+    """An embedding input's content parts as llama-server's tokenize_oai_content_array reads them: the
+    texts joined with the marker where each medium was, and the media's bytes in order."""
+    files: list[MediaFile] = []
+    message = await _message_media({"content": parts}, modalities, sources, files)
+    return "".join(part.get("text", "") for part in message["content"]), files
+
+
 async def _message_media(
     message: dict[str, Any], modalities: frozenset[str], sources: MediaSources, files: list[MediaFile]
 ) -> dict[str, Any]:

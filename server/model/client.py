@@ -10,7 +10,7 @@ counters, which outlive it while the model sleeps.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from engine.api import (
 from engine.engine import Engine, EngineStopped
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpec
 from engine.handle import RequestHandle
+from engine.media.chunks import MediaChunk
 from engine.memory.slot_files import SLOT_ACTIONS, SlotBusyError, SlotFileError, slot_path
 from server.config.settings import Settings
 from server.http import errors
@@ -154,13 +155,17 @@ class EngineClient:
             for handle in handles:
                 handle.cancel()
 
-    async def embed(self, prompts: list[list[int]]) -> list[TokenEvent]:
+    async def embed(
+        self, prompts: list[list[int]], media: list[Mapping[int, MediaChunk]] | None = None
+    ) -> list[TokenEvent]:
         """Each prompt's final event (its `embedding`), run as concurrent engine requests; cancelling
-        the caller (a client gone) cancels every one still running."""
+        the caller (a client gone) cancels every one still running. `media`: each prompt's media chunks."""
         loop = asyncio.get_running_loop()
         self.check_queue()  # one request, however many inputs: it is never refused for its size
         self.counters.requests_total += 1
-        handles = [self._engine.submit(EmbeddingRequest(p, self.pooling), loop) for p in prompts]
+        chunks = media or [{} for _ in prompts]
+        requests = [EmbeddingRequest(p, self.pooling, media=m) for p, m in zip(prompts, chunks, strict=True)]
+        handles = [self._engine.submit(request, loop) for request in requests]
         self.admission.track(*handles)
         try:
             events = [await _final_event(h) for h in handles]

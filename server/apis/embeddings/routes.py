@@ -15,11 +15,13 @@ import numpy as np
 from quart import Blueprint
 
 from engine.api import TokenEvent
-from server.apis.embeddings.schemas import EmbeddingsBody, Piece, RerankBody
+from server.apis.embeddings.schemas import ContentInput, EmbeddingsBody, Piece, RerankBody
+from server.chat.media import MEDIA_MARKER, content_media, media_sources
 from server.http import errors
 from server.http.request_body import json_body
 from server.model.host import ModelHost, current_model
-from server.model.prompts import PromptBuilder
+from server.model.media import MediaPrompt, media_tokens
+from server.model.prompts import Media, PromptBuilder
 
 bp = Blueprint("embeddings", __name__)
 
@@ -38,6 +40,23 @@ def normalize(vector: np.ndarray, embd_normalize: int) -> np.ndarray:
         total = float(np.sum(np.abs(x) ** embd_normalize) ** (1.0 / embd_normalize))
     scale = 1.0 / total if total > 0.0 else 0.0
     return (vector * np.float32(scale)).astype(np.float32)
+
+
+async def _input(model: ModelHost, prompt: str | list[Piece] | ContentInput) -> tuple[list[int], Media]:
+    """One input's tokens, and its media chunks by marker (content with images or audio: each medium
+    encoded, placed at its part as mtmd places it)."""
+    builder = model.prompts
+    if not isinstance(prompt, ContentInput):
+        return await _tokens(builder, prompt), {}
+    encoder = model.media
+    modalities = encoder.modalities if encoder is not None else frozenset()
+    text, files = await content_media(prompt.content, modalities, media_sources(model.settings))
+    assert encoder is not None  # content_media refuses media the model cannot read
+    media = MediaPrompt(MEDIA_MARKER, [await encoder.medium(f.kind, f.data) for f in files])
+    tokens = await media_tokens(builder.tokenize, builder.tokenizer, text, media)
+    if len(tokens) > builder.n_ctx_slot:
+        raise errors.exceed_context(len(tokens), builder.n_ctx_slot)
+    return tokens, {chunk.marker: chunk for chunk in media.chunks}
 
 
 async def _tokens(builder: PromptBuilder, prompt: str | list[Piece]) -> list[int]:
@@ -99,10 +118,11 @@ async def _embeddings(oai: bool) -> Any:
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
         )
     _check_dimensions(body.dimensions, model.model_info().n_embd)
-    builder = model.prompts
-    prompts = [await _tokens(builder, p) for p in body.prompts()]
+    model.require_ready()  # 503 while the model loads
+    inputs = [await _input(model, p) for p in body.prompts()]
+    prompts = [tokens for tokens, _ in inputs]
     norm = model.settings.embd_normalize if body.embd_normalize is None else body.embd_normalize
-    events = await client.embed(prompts)
+    events = await client.embed(prompts, [media for _, media in inputs])
     vectors = [_vectors(e, pooled, norm, body.dimensions) for e in events]
     if not oai or body.input is None:  # llama-server: `content` is answered in its own shape
         return [{"index": i, "embedding": [v.tolist() for v in vs]} for i, vs in enumerate(vectors)]

@@ -19,7 +19,7 @@ MEDIA_PARTS = ("image_url", "input_audio", "input_video")
 
 class ContentInput(BaseModel):
     """One input as content parts (llama-server's tokenize_oai_content_array): the texts, joined, are
-    the prompt. Media parts need a multimodal model, which Llamba does not load: a 400 naming the part."""
+    the prompt; a media part (a model with --mmproj) stands at its place in it (server/chat/media.py)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -31,10 +31,14 @@ class ContentInput(BaseModel):
         for part in parts:
             kind = part.get("type")
             if kind in MEDIA_PARTS:
-                raise ValueError(f"a '{kind}' part needs a multimodal model; this model reads text only")
+                continue
             if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
                 raise ValueError('each content part must be {"type": "text", "text": "..."}')
         return parts
+
+    @property
+    def has_media(self) -> bool:
+        return any(part.get("type") in MEDIA_PARTS for part in self.content)
 
     @property
     def text(self) -> str:
@@ -64,20 +68,24 @@ class EmbeddingsBody(BaseModel):
             raise ValueError('give "input" or "content", not both')
         return self
 
-    def prompts(self) -> list[str | list[Piece]]:
-        """One entry per embedding wanted: a list of ids (or mixed) is one prompt, other lists several."""
+    def prompts(self) -> list[str | list[Piece] | ContentInput]:
+        """One entry per embedding wanted: a list of ids (or mixed) is one prompt, other lists several;
+        content with media stays content (its media are encoded by the route)."""
         value = self.input if self.input is not None else self.content
         assert value is not None
         if isinstance(value, str):
             return [value]
         if isinstance(value, ContentInput):
-            return [value.text]
+            return [value if value.has_media else value.text]
         if value and all(isinstance(v, int) for v in value) or not value:
             return [value]  # type: ignore[list-item]
-        return [
-            v.text if isinstance(v, ContentInput) else v if isinstance(v, (str, list)) else [v]  # type: ignore[misc]
-            for v in value
-        ]
+        return [_prompt_of(v) for v in value]  # type: ignore[arg-type]
+
+
+def _prompt_of(value: str | list[Piece] | ContentInput | int) -> str | list[Piece] | ContentInput:
+    if isinstance(value, ContentInput):
+        return value if value.has_media else value.text
+    return value if isinstance(value, (str, list)) else [value]
 
 
 class RerankDocument(BaseModel):
