@@ -131,18 +131,15 @@ class Scheduler:
         n_batch = 0  # the batch's tokens so far (llama-server's batch.n_tokens in its prompt lines)
         for seq, chunk in taken:
             slot = self.pool[seq.slot_id]
-            n_batch += len(chunk) + (0 if isinstance(seq, EmbeddingSequence) else len(seq.drafts))
-            if isinstance(seq, EmbeddingSequence):
-                media = part_media(chunk, len(slot.tokens), seq.request.media, slot.tokens)
-                parts.append(
-                    BatchPart(slot.id, len(slot.tokens), chunk, "none", want_hidden=True, media=media)
-                )
+            n_batch += len(chunk) + len(seq.drafts)  # an embedding's drafts: none
+            media = part_media(chunk, len(slot.tokens), seq.request.media, slot.tokens)  # None: no media
+            if isinstance(seq, EmbeddingSequence):  # every hidden row wanted, no logits
+                parts.append(BatchPart(slot.id, len(slot.tokens), chunk, "none", True, media))
                 slot.tokens.extend(chunk)
                 self._embedding.append((slot, len(chunk)))
                 slot_log.prompt_chunk(slot, seq, n_batch)
                 continue
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
-            media = part_media(chunk, len(slot.tokens), seq.request.media, slot.tokens)  # None: no media
             parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want, media=media))
             slot.tokens.extend(chunk + seq.drafts)
             if not seq.generating:

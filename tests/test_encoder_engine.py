@@ -76,9 +76,9 @@ def test_whole_inputs_share_steps_and_answer_as_alone(bge: LLM) -> None:
     prompts = [bge.tokenizer.encode(t, True, True) for t in texts]
     try:
         events = asyncio.run(final_events(engine, [EmbeddingRequest(p, "mean") for p in prompts], start=True))
-        n_steps = engine._n_steps
     finally:
         engine.stop()
+    n_steps = engine._n_steps  # read once the thread is joined: a step counts itself after its events
     for prompt, event in zip(prompts, events, strict=True):
         assert event.finish_reason == "stop" and event.n_prompt == len(prompt)
         assert np.array_equal(event.embedding, alone(bge, prompt))  # bitwise, whatever shared its step
