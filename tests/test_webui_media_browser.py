@@ -1,6 +1,8 @@
-"""Image attachments in the web UI end to end: real headless Chromium against real servers, the real
-Gemma 3 270M with a SYNTHETIC Gemma 3 projector (tests/synthetic_mmproj.py, "tiny": random weights, 16
-image tokens) for the model that reads images, the shared SmolLM2 server for one that reads text only.
+"""Image and audio attachments in the web UI end to end: real headless Chromium against real servers, the
+real Gemma 3 270M with a SYNTHETIC Gemma 3 projector (tests/synthetic_mmproj.py, "tiny": random weights,
+16 image tokens) for the model that reads images, SmolLM2 with a SYNTHETIC Ultravox audio projector
+(tests/synthetic_audio_mmproj.py, "tiny") for one that reads audio, the shared SmolLM2 server for one that
+reads text only.
 
 Everything is done through the page as a person would (the picker, a drop, a paste, by accessible names);
 the requests the page sends are watched with page.on("request"), never answered by the test.
@@ -20,6 +22,7 @@ import pytest
 from PIL import Image
 
 from tests.server_process import ServerProcess
+from tests.synthetic_audio_mmproj import wav_bytes, write_ultravox_mmproj
 from tests.synthetic_mmproj import write_gemma3_mmproj
 from tests.test_webui_browser import (
     LOAD_ERRORS,
@@ -47,12 +50,23 @@ PNG = gradient_png()
 PNG_URL = "data:image/png;base64," + base64.b64encode(PNG.read_bytes()).decode()
 N_IMAGE = 16  # the tiny projector's tokens per image
 TEXT_ONLY = "This model reads text only: images cannot be attached"
+NO_AUDIO = "This model does not read audio: audio cannot be attached"
+NO_IMAGES = "This model does not read images: images cannot be attached"
+TONE = wav_bytes("tone")  # 1 s, 22.05 kHz stereo
 
 
 @pytest.fixture(scope="module")
 def vision_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     mmproj = write_gemma3_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-tiny.gguf", "tiny")
     proc = ServerProcess("-m", "gemma3", "--mmproj", str(mmproj), "-c", "4096", "-np", "2").wait_healthy()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def audio_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    mmproj = write_ultravox_mmproj(tmp_path_factory.mktemp("mmproj") / "ultravox-tiny.gguf", "tiny", 2)
+    proc = ServerProcess("-m", "smollm2", "--mmproj", str(mmproj), "-c", "4096").wait_healthy()
     yield proc
     proc.stop()
 
@@ -86,10 +100,10 @@ def text_page(browser: Any, server: ServerProcess) -> Iterator[Any]:  # noqa: F8
     assert errors.unexpected(LOAD_ERRORS) == []
 
 
-def pick(page: Any, *paths: Path) -> None:
-    """Attach files through the Attach images button's file chooser."""
+def pick(page: Any, *paths: Path, button: str = "Attach images") -> None:
+    """Attach files through the Attach images (or audio) button's file chooser."""
     with page.expect_file_chooser() as chooser:
-        page.get_by_role("button", name="Attach images").click()
+        page.get_by_role("button", name=button).click()
     chooser.value.set_files([str(p) for p in paths])
 
 
@@ -294,3 +308,134 @@ def test_export_keeps_images_and_import_takes_data_image_urls_only(text_page: An
     assert [i["url"] for i in images["exported"]][0] == "data:image/png;base64,AAAA"
     [kept] = images["imported"]
     assert kept["url"] == "data:image/png;base64,AAAA" and kept["name"] == "a.png" and kept["id"] != "a"
+
+
+# -- a model that reads audio -----------------------------------------------------------------------
+@pytest.fixture
+def audio_page(browser: Any, audio_srv: ServerProcess) -> Iterator[Any]:  # noqa: F811
+    from playwright.sync_api import expect
+
+    context, page, errors = tab(browser, audio_srv)
+    page.goto("/")
+    expect(page.locator("#model-name")).to_contain_text("smollm2")
+    # /props said the model reads audio (and not images): the button is on, and says so
+    attach = page.get_by_role("button", name="Attach audio", exact=True)
+    expect(attach).to_be_enabled()
+    expect(attach).to_have_attribute("title", "Attach audio")
+    yield page
+    context.close()
+    assert errors.unexpected(LOAD_ERRORS) == []
+
+
+def test_an_attached_audio_file_is_sent_shown_kept_and_resent(audio_page: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    page = audio_page
+    posts = chat_posts(page)
+    settings(page, Temperature="0", **{"Max tokens": "8"})
+    tone = tmp_path / "tone.wav"
+    tone.write_bytes(TONE)
+    with page.expect_file_chooser() as chooser:
+        page.get_by_role("button", name="Attach audio").click()
+    assert chooser.value.element.get_attribute("accept") == "audio/*"  # only what the model reads
+    chooser.value.set_files(str(tone))
+    chip = page.locator("#composer .audio-chip")
+    expect(chip).to_have_text(tone.name)
+    expect(page.get_by_role("button", name=f"Remove {tone.name}")).to_be_visible()
+    shoot(page, "webui-audio-attached.png")
+
+    question = "What do you hear?"
+    send(page, question)
+    wait_status(page, "done", timeout=120)
+    expect(chip).to_have_count(0)  # the composer is empty again
+    final = last_message(page)
+    assert final["content"] and final["timings"]["predicted_n"] > 0, final
+    user = page.locator("article.msg.user").first
+    expect(user.locator(".audio-chip")).to_have_text(tone.name)
+    expect(user.locator(".bubble")).to_have_text(question)
+    # the request as it went out: the audio part (the file's bytes in base64, no data: head), then the text
+    data = base64.b64encode(TONE).decode()
+    audio_part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    assert posts[0]["body"]["messages"][-1] == {
+        "role": "user",
+        "content": [audio_part, {"type": "text", "text": question}],
+    }
+
+    send(page, "Is it loud?")
+    wait_status(page, "done", timeout=120)
+    follow = posts[1]["body"]["messages"]
+    assert follow[0] == posts[0]["body"]["messages"][-1], "the follow-up resends the same audio"
+    assert [m["role"] for m in follow] == ["user", "assistant", "user"]
+
+    # Stored beside the images: the conversation names it (with its kind and format) only.
+    stored = page.evaluate(STORED)
+    [item] = stored["message"]["images"]
+    assert "url" not in item and item["name"] == tone.name
+    assert item["kind"] == "audio" and item["format"] == "wav"
+    [url] = [i["url"] for i in stored["images"] if i["id"] == item["id"]]
+    assert url.split(",", 1)[1] == data
+    page.reload()
+    expect(page.locator("article.msg.user").first.locator(".audio-chip")).to_have_text(tone.name)
+    send(page, "Once more?")
+    wait_status(page, "done", timeout=120)
+    assert posts[2]["body"]["messages"][0] == posts[0]["body"]["messages"][-1], "resent after a reload"
+
+
+def test_an_audio_model_refuses_images_visibly(audio_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = audio_page
+    notice = page.get_by_role("alert")
+    drop(page, PNG.name, "image/png", PNG.read_bytes())
+    expect(notice).to_have_text(NO_IMAGES)
+    drop(page, "notes.txt", "text/plain", b"just text")
+    expect(notice).to_have_text("Not attached: notes.txt is not an audio file.")
+    assert paste(page, "clip.wav", "audio/wav", TONE), "the page took the paste"
+    expect(notice).to_be_hidden()
+    expect(page.locator("#composer .audio-chip")).to_have_text("clip.wav")
+
+
+def test_an_image_model_refuses_audio_visibly(vision_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = vision_page
+    posts = chat_posts(page)
+    notice = page.get_by_role("alert")
+    attach = page.get_by_role("button", name="Attach images", exact=True)
+    with page.expect_file_chooser() as chooser:
+        attach.click()
+    assert chooser.value.element.get_attribute("accept") == "image/*"
+    chooser.value.set_files({"name": "tone.wav", "mimeType": "audio/wav", "buffer": TONE})
+    expect(notice).to_have_text(NO_AUDIO)
+    drop(page, "tone.wav", "audio/wav", TONE)
+    expect(notice).to_have_text(NO_AUDIO)
+    expect(page.locator("#composer .attachment")).to_have_count(0)
+    expect(page.get_by_role("button", name="Send")).to_be_disabled()  # nothing to send
+    assert posts == []
+
+
+def test_a_text_only_model_refuses_audio_visibly(text_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = text_page
+    drop(page, "tone.wav", "audio/wav", TONE)
+    expect(page.get_by_role("alert")).to_have_text(NO_AUDIO)
+    expect(page.locator("#composer .attachment")).to_have_count(0)
+    expect(page.get_by_role("button", name="Attach images")).to_be_disabled()
+
+
+def test_import_keeps_audio_as_base64_data_urls(text_page: Any) -> None:
+    audio = text_page.evaluate(
+        """async () => {
+        const { exportJson, parseImport } = await import("/assets/js/transfer.js");
+        const clip = (id, url, format) => ({ id, name: `${id}.wav`, url, kind: "audio", format });
+        const message = { id: "u", role: "user", content: "Q", createdAt: 1, images: [
+            clip("a", "data:audio/wav;base64,UklGRg==", "wav"), clip("b", "https://example.com/b.wav", "wav"),
+            clip("c", "data:audio/flac;base64,ZkxhQw==", "ogg") ] };
+        const conversation = { id: "c", title: "T", createdAt: 1, updatedAt: 1, messages: [message] };
+        return parseImport(exportJson([conversation]))[0].messages[0].images;
+    }"""
+    )
+    kept = [(a["name"], a["kind"], a["format"]) for a in audio]
+    assert kept == [("a.wav", "audio", "wav"), ("c.wav", "audio", "wav")]  # no https: URL, no "ogg" format
+    assert audio[0]["url"] == "data:audio/wav;base64,UklGRg==" and audio[0]["id"] != "a"

@@ -32,8 +32,8 @@ export class Chat {
     return Boolean(run && !run.skipRequested && run.message.reasoning && !run.message.content);
   }
 
-  /** Send a user message (its text, and the images attached to it: [{id, name, url}]) and stream the
-   * answer. */
+  /** Send a user message (its text, and the files attached to it: [{id, name, url, kind?, format?}],
+   * images and audio files alike, kept in `images`) and stream the answer. */
   async send(conversation, text, model, images = []) {
     const message = { id: newId(), role: "user", content: text, createdAt: Date.now() };
     if (images.length) message.images = images;
@@ -317,14 +317,24 @@ export class Chat {
   }
 }
 
-/** A user message with images as OpenAI content parts: the images first, then the question about them.
- * Every later turn sends them again, the same bytes in the same place: the server's prompt cache then
- * reuses the cells it filled with them instead of encoding the images anew. */
+/** A user message with images or audio as OpenAI content parts: the files first (an image as an
+ * `image_url` part with its data: URL, an audio file as an `input_audio` part with its bare base64), then
+ * the question about them. Every later turn sends them again, the same bytes in the same place: the
+ * server's prompt cache then reuses the cells it filled with them instead of encoding them anew. */
 function contentParts(message) {
   const stored = message.images.filter((image) => image.url); // one lost from storage has no URL left
-  const parts = stored.map((image) => ({ type: "image_url", image_url: { url: image.url } }));
+  const parts = stored.map((item) =>
+    item.kind === "audio"
+      ? { type: "input_audio", input_audio: { data: base64Of(item.url), format: item.format || "wav" } }
+      : { type: "image_url", image_url: { url: item.url } },
+  );
   if (message.content) parts.push({ type: "text", text: message.content });
   return parts;
+}
+
+/** The base64 of a data: URL, without its "data:...;base64," head (what `input_audio` takes). */
+function base64Of(url) {
+  return url.slice(url.indexOf(",") + 1);
 }
 
 // -- tool calls run by the server (the `mcp` tools) -------------------------------------------------

@@ -1,5 +1,5 @@
 // Start-up and wiring: settings, the server's /props and MCP servers, conversations, the composer (with
-// its image attachments and Tools switches), the sidebar, dialogs.
+// its image and audio attachments and Tools switches), the sidebar, dialogs.
 import { Api, ApiError } from "./api.js";
 import { Chat, LIVE_STATUSES } from "./chat.js";
 import { $, h, newId, sleep } from "./dom.js";
@@ -22,15 +22,17 @@ class App {
     this.settings = new Settings();
     this.api = new Api(this.settings);
     this.model = null;
-    // Whether /props' model reads images (null: /props did not say). Router mode: /props describes the
-    // default model only, so a picked other model is "not known" and the server has the last word.
-    this.propsVision = { model: null, vision: null };
+    // Whether /props' model reads images and audio (null: /props did not say). Router mode: /props
+    // describes the default model only, so a picked other model is "not known" and the server has the
+    // last word.
+    this.propsVision = { model: null, vision: null, audio: null };
     // Router mode: the picked model is the one the next chats name (`model`).
     this.picker = new ModelPicker(
       this.api,
       (id) => {
         this.model = id;
-        this.attachments.setVision(id === this.propsVision.model ? this.propsVision.vision : null);
+        const known = id === this.propsVision.model;
+        this.attachments.setModalities(known ? this.propsVision : { vision: null, audio: null });
         if (!this.current?.messages.length) this.thread.show(this.current, this.model);
       },
       (text) => this.#banner(text),
@@ -119,8 +121,9 @@ class App {
         const props = await this.api.props();
         this.model = props.model_alias || "default";
         const vision = props.modalities ? Boolean(props.modalities.vision) : null;
-        this.propsVision = { model: this.model, vision };
-        this.attachments.setVision(this.propsVision.vision);
+        const audio = props.modalities ? Boolean(props.modalities.audio) : null;
+        this.propsVision = { model: this.model, vision, audio };
+        this.attachments.setModalities(this.propsVision);
         this.settings.setServerDefaults(props.default_generation_settings?.params || {}, props.tool_loop);
         $("#model-name").textContent = this.model;
         if (props.role === "router") await this.picker.show(this.model);

@@ -2,9 +2,10 @@
 // same objects). A write clones the conversation at call time, so what is stored is always a consistent
 // snapshot: a message's text and its stream offset are saved together.
 //
-// Attached images (data: URLs of up to a few MB) live in their own object store, written once with the
-// conversation that first holds them: the conversation record keeps only their ids and names, so the
-// saves while an answer streams (every 250 ms) stay small. In memory, a message's images carry their URL.
+// Attached images and audio files (data: URLs of up to a few MB) live in their own object store (named
+// "images" for both), written once with the conversation that first holds them: the conversation record
+// keeps only their ids, names (and an audio file's kind and format), so the saves while an answer streams
+// (every 250 ms) stay small. In memory, a message's `images` (audio files among them) carry their URL.
 const DB_NAME = "llamba";
 const DB_VERSION = 2; // 2: the images store
 const CONVERSATIONS = "conversations";

@@ -76,10 +76,19 @@ function cleanMessage(raw) {
 }
 
 /** An attached image: data: URLs of images only (nothing an <img> would fetch from elsewhere), under a
- * fresh id, so an import never stands for an image another conversation stored under the same id. */
+ * fresh id, so an import never stands for an image another conversation stored under the same id. An
+ * attached audio file (kind "audio"): a base64 data: URL (never shown, its base64 is sent), its format
+ * one of wav, mp3, flac. */
 function cleanImage(raw) {
-  if (!raw || typeof raw.url !== "string" || !raw.url.startsWith("data:image/")) return null;
-  return { id: newId(), name: str(raw.name).slice(0, 200) || "image", url: raw.url };
+  if (!raw || typeof raw.url !== "string") return null;
+  const name = str(raw.name).slice(0, 200);
+  if (raw.kind === "audio") {
+    if (!/^data:[\w.+/-]*;base64,/.test(raw.url)) return null;
+    const format = ["wav", "mp3", "flac"].includes(raw.format) ? raw.format : "wav";
+    return { id: newId(), name: name || "audio", url: raw.url, kind: "audio", format };
+  }
+  if (!raw.url.startsWith("data:image/")) return null;
+  return { id: newId(), name: name || "image", url: raw.url };
 }
 
 function cleanCall(raw) {

@@ -1,16 +1,22 @@
-// The images attached to the message being written: the picker button, files dropped on the chat column
-// and images pasted into the message box, each shown as a thumbnail with a remove button. Images are read
-// as data: URLs, what the server takes in an `image_url` part (and what the page's CSP lets <img> show).
+// The images and audio files attached to the message being written: the picker button, files dropped on
+// the chat column and files pasted into the message box, each shown as a thumbnail (an image) or a chip
+// (an audio file: its icon and name) with a remove button. Files are read as data: URLs: an image's is
+// what the server takes in an `image_url` part (and what the page's CSP lets <img> show); an audio file's
+// base64 goes out in an `input_audio` part (chat.js). An audio item is {id, name, url, kind: "audio",
+// format}; an image {id, name, url}. (No <audio> preview: the page's CSP lets no media load data: URLs.)
 //
-// Whether the model reads images comes from /props (`modalities.vision`): for a text-only model the
-// button is disabled and an image dropped or pasted is refused with a visible notice, never dropped
-// silently and never sent to the server (which would answer 400).
+// Which kinds the model reads comes from /props (`modalities.vision`, `modalities.audio`): a kind it does
+// not read is refused with a visible notice, never dropped silently and never sent to the server (which
+// would answer 400); for a model that reads neither the button is disabled.
 import { h, newId } from "../dom.js";
 import { icon } from "../icons.js";
 
 export const TEXT_ONLY = "This model reads text only: images cannot be attached";
-const MAX_BYTES = 10 * 1024 * 1024; // one image; llama-server caps a fetched medium at 10 MB too
-const ATTACH = "Attach images";
+export const NO_IMAGES = "This model does not read images: images cannot be attached";
+export const NO_AUDIO = "This model does not read audio: audio cannot be attached";
+const MAX_BYTES = 10 * 1024 * 1024; // one file; llama-server caps a fetched medium at 10 MB too
+const AUDIO_FORMATS = { wav: "wav", wave: "wav", "x-wav": "wav", "vnd.wave": "wav", mpeg: "mp3", mp3: "mp3" };
+Object.assign(AUDIO_FORMATS, { "x-mp3": "mp3", "x-mpeg": "mp3", flac: "flac", "x-flac": "flac" });
 
 export class Attachments {
   /** `button` opens the file `input`; thumbnails go in `list`; refusals in `notice`; files dropped on
@@ -18,9 +24,11 @@ export class Attachments {
    * change of the list. */
   constructor({ button, input, list, notice, dropZone, composer, textarea, onChange }) {
     Object.assign(this, { button, input, list, notice, composer, onChange });
-    this.items = []; // [{id, name, url}], in the order they were attached
-    this.vision = null; // from /props: true, false, or null while not known (the server decides)
-    button.addEventListener("click", () => (this.vision === false ? this.notify(TEXT_ONLY) : input.click()));
+    this.items = []; // [{id, name, url, kind?, format?}], in the order they were attached
+    // from /props: true, false, or null while not known (the server decides)
+    this.vision = null;
+    this.audio = null;
+    button.addEventListener("click", () => (this.#readsNothing() ? this.notify(TEXT_ONLY) : input.click()));
     input.addEventListener("change", () => {
       const files = [...input.files];
       input.value = ""; // the same file can be picked again after removing it
@@ -37,52 +45,87 @@ export class Attachments {
     window.addEventListener("drop", (event) => {
       if (!hasFiles(event) || dropZone.contains(event.target)) return;
       event.preventDefault();
-      this.notify("Drop images on the chat to attach them.");
+      this.notify(`Drop ${this.audio === true ? "files" : "images"} on the chat to attach them.`);
     });
     textarea.addEventListener("paste", (event) => this.#paste(event));
-    this.setVision(null);
+    this.setModalities({ vision: null, audio: null });
   }
 
-  /** The model's answer to "does it read images?"; false disables attaching (and drops any attached). */
-  setVision(vision) {
-    this.vision = vision;
-    const off = vision === false;
+  /** The model's answers to "does it read images? audio?" (true, false or null: not known); a kind it
+   * does not read cannot be attached (any attached are dropped); neither disables the button. */
+  setModalities({ vision = null, audio = null }) {
+    Object.assign(this, { vision, audio });
+    const off = this.#readsNothing();
     // aria-disabled, not disabled: the button keeps its tooltip on hover and a click explains itself.
     this.button.setAttribute("aria-disabled", String(off));
-    this.button.title = off ? TEXT_ONLY : ATTACH;
-    if (off && this.items.length) {
-      this.items = [];
+    let label = "Attach images";
+    if (audio === true) label = vision === false ? "Attach audio" : "Attach images or audio";
+    this.button.setAttribute("aria-label", label);
+    this.button.title = off ? TEXT_ONLY : label;
+    const kinds = [vision !== false && "image/*", audio !== false && "audio/*"].filter(Boolean);
+    this.input.accept = kinds.join(",") || "image/*";
+    const kept = this.items.filter((item) => this.#refusal(item.kind || "image") === "");
+    if (kept.length !== this.items.length) {
+      const gone = this.items.filter((item) => !kept.includes(item));
+      this.items = kept;
       this.#render();
-      this.notify(`${TEXT_ONLY}: the attached images were removed`);
+      const audio = gone.filter((item) => item.kind === "audio").length;
+      const why = off ? TEXT_ONLY : audio ? NO_AUDIO : NO_IMAGES;
+      const what = !audio ? "images" : audio === gone.length ? "audio files" : "files";
+      this.notify(`${why}: the attached ${what} were removed`);
     }
   }
 
-  /** Attach the images among `files`; anything refused is said in the notice. */
+  /** Kept for callers that know only about images. */
+  setVision(vision) {
+    this.setModalities({ vision, audio: this.audio });
+  }
+
+  /** Attach the images and audio files among `files`; anything refused is said in the notice. */
   async add(files) {
     if (!files.length) return;
-    if (this.vision === false) {
-      this.notify(TEXT_ONLY);
-      return;
-    }
+    const refusals = new Set();
     const problems = [];
     const wanted = files.filter((file) => {
       const name = file.name || "The pasted file";
-      if (!file.type.startsWith("image/")) problems.push(`${name} is not an image`);
+      const kind = kindOf(file);
+      const refusal = this.#refusal(kind);
+      if (refusal) refusals.add(refusal);
+      else if (!kind) problems.push(`${name} is not ${this.#readable()}`);
       else if (file.size > MAX_BYTES) problems.push(`${name} is over 10 MB`);
       else return true;
       return false;
     });
     const read = await Promise.all(
       wanted.map((file) =>
-        readImage(file).catch((err) => {
+        readFile(file).catch((err) => {
           problems.push(`${file.name} could not be read (${err.message})`);
           return null;
         }),
       ),
     );
     this.items.push(...read.filter(Boolean));
-    this.notify(problems.length ? `Not attached: ${problems.join("; ")}.` : "");
+    const said = problems.length ? `Not attached: ${problems.join("; ")}.` : "";
+    this.notify([...refusals, said].filter(Boolean).join(" "));
     this.#render();
+  }
+
+  /** What a file must be, said for a refusal. */
+  #readable() {
+    if (this.audio !== true) return "an image";
+    return this.vision === false ? "an audio file" : "an image or audio file";
+  }
+
+  #readsNothing() {
+    return this.vision === false && this.audio === false;
+  }
+
+  /** Why a file of `kind` ("image", "audio", or null: neither) cannot be attached, or "". */
+  #refusal(kind) {
+    if (this.#readsNothing() && kind !== "audio") return TEXT_ONLY;
+    if (kind === "image" && this.vision === false) return NO_IMAGES;
+    if (kind === "audio" && this.audio === false) return NO_AUDIO;
+    return "";
   }
 
   /** The attached images, for the message being sent; the composer is left empty. */
@@ -108,11 +151,11 @@ export class Attachments {
   #render() {
     this.list.hidden = !this.items.length;
     this.list.replaceChildren(
-      ...this.items.map(({ id, name, url }) =>
+      ...this.items.map(({ id, name, url, kind }) =>
         h(
           "li",
-          { class: "attachment" },
-          h("img", { src: url, alt: name, title: name }),
+          { class: kind === "audio" ? "attachment attachment-audio" : "attachment" },
+          kind === "audio" ? audioChip(name) : h("img", { src: url, alt: name, title: name }),
           h(
             "button",
             {
@@ -158,10 +201,41 @@ function hasFiles(event) {
   return Boolean(event.dataTransfer?.types?.includes("Files"));
 }
 
-function readImage(file) {
+/** "image", "audio" (by its type, or its name where the browser gives no type), or null. */
+function kindOf(file) {
+  if (file.type.startsWith("image/")) return "image";
+  if (file.type.startsWith("audio/") || (!file.type && audioFormat(file))) return "audio";
+  return null;
+}
+
+/** The `format` of an `input_audio` part: wav, mp3 or flac from the name or the type (the server reads
+ * the bytes whatever it says). */
+function audioFormat(file) {
+  const ext = /\.(wav|mp3|flac)$/i.exec(file.name || "");
+  if (ext) return ext[1].toLowerCase();
+  return AUDIO_FORMATS[file.type.replace(/^audio\//, "").toLowerCase()] || "";
+}
+
+/** An audio attachment as a chip: its icon and name. */
+export function audioChip(name) {
+  return h(
+    "span",
+    { class: "audio-chip", title: name },
+    icon("audio", 16),
+    h("span", { class: "audio-name" }, name),
+  );
+}
+
+function readFile(file) {
   return new Promise((resolve, reject) => {
     const reader = new FileReader();
-    reader.onload = () => resolve({ id: newId(), name: file.name || "image", url: reader.result });
+    const audio = kindOf(file) === "audio";
+    reader.onload = () => {
+      const id = newId();
+      const format = audioFormat(file) || "wav";
+      if (audio) resolve({ id, name: file.name || "audio", url: reader.result, kind: "audio", format });
+      else resolve({ id, name: file.name || "image", url: reader.result });
+    };
     reader.onerror = () => reject(reader.error || new Error("unreadable"));
     reader.readAsDataURL(file);
   });

@@ -3,6 +3,7 @@
 import { copyText, h } from "../dom.js";
 import { icon } from "../icons.js";
 import { renderMarkdown } from "../markdown.js";
+import { audioChip } from "./attachments.js";
 
 const STATUS_TEXT = {
   streaming: "Streaming",
@@ -171,11 +172,13 @@ class UserView {
       this.images.hidden = !images.length;
       this.images.replaceChildren(
         ...images.map((image) =>
-          h("img", { class: "msg-image", src: image.url || null, alt: image.name, title: image.name }),
+          image.kind === "audio"
+            ? audioChip(image.name)
+            : h("img", { class: "msg-image", src: image.url || null, alt: image.name, title: image.name }),
         ),
       );
     }
-    this.bubble.hidden = !this.message.content; // a message may be images alone
+    this.bubble.hidden = !this.message.content; // a message may be images or audio alone
     this.bubble.textContent = this.message.content;
   }
 
