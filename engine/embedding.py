@@ -224,7 +224,7 @@ class EmbeddingSequence:
     def take(self, budget: int) -> list[int]:
         if self.whole and len(self.pending) > budget:
             return []  # waits for a step with room for all of it
-        n = cut_before_media(self.pending, budget, self.request.media) if self.request.media else budget
+        n = cut_before_media(self.pending, budget, self.request.media)
         chunk, self.pending = self.pending[:n], self.pending[n:]
         return chunk
 

@@ -115,7 +115,7 @@ class Sequence:
 
     def take(self, budget: int) -> list[int]:
         """The next tokens to feed, at most `budget`; the sequence wants logits once none are left."""
-        n = cut_before_media(self.pending, budget, self.request.media) if self.request.media else budget
+        n = cut_before_media(self.pending, budget, self.request.media)
         chunk, self.pending = self.pending[:n], self.pending[n:]
         return chunk
 

@@ -44,7 +44,14 @@ from engine.backend import Backend
 from engine.gguf import GGUFFile
 from engine.media.mel import FRAMES_PER_WINDOW, SAMPLE_RATE, MelFilter, split_windows
 from engine.media.preprocess import MediaError
-from engine.media.vision import FLOAT_TYPES, optional_norm, pack_float, run_blocks
+from engine.media.vision import (
+    FLOAT_TYPES,
+    encoder_hparams,
+    optional_norm,
+    pack_float,
+    run_blocks,
+    tower_sizes,
+)
 from engine.models.encoder import EncoderAttention, EncoderHParams, LayerNorm, Pass, linear
 from engine.models.llama import Projection, norm_weight
 
@@ -144,17 +151,10 @@ class AudioHParams:
                 raise UnsupportedAudioProjector(f"{g.path.name}: projector file lacks clip.audio.{name}")
             return value
 
-        n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
         return cls(
             projector_type=audio_projector_type(g),
-            n_embd=n_embd,
-            n_ff=int(key("feed_forward_length")),
-            n_head=n_head,
-            n_head_kv=int(key("attention.head_count_kv", n_head)),
-            head_dim=int(key("attention.head_dim", n_embd // n_head)),
-            n_layer=int(key("block_count")),
+            **tower_sizes(key),
             n_mel=int(key("num_mel_bins")),
-            eps=float(key("attention.layer_norm_epsilon")),
             stack_factor=int(key("projector.stack_factor")),  # clip.cpp requires it for ultravox
         )
 
@@ -259,21 +259,7 @@ class WhisperEncoder:
             )
         self.positions = backend.upload(np.array(t["a.position_embd.weight"].data[: hp.n_pos], np.float32))
         self.pre_ln = optional_norm(backend, g, "a.pre_ln", hp.eps)
-        enc = EncoderHParams(
-            arch="clip",
-            n_layer=hp.n_layer,
-            n_embd=hp.n_embd,
-            n_ff=hp.n_ff,
-            n_head=hp.n_head,
-            n_kv_head=hp.n_head_kv,
-            head_dim=hp.head_dim,
-            n_vocab=0,
-            n_ctx_train=hp.n_pos,
-            norm_eps=hp.eps,
-            causal=False,
-            rope_base=0.0,
-            n_rot=0,
-        )
+        enc = encoder_hparams(hp, hp.n_pos)
         self.layers = []
         for il in range(hp.n_layer):
             self.layers.append(WhisperLayer(backend, g, enc, il))

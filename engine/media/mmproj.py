@@ -19,7 +19,7 @@ from engine.backend import Backend
 from engine.gguf import GGUFFile
 from engine.media.audio import AudioProjector, UnsupportedAudioProjector, load_audio_projector
 from engine.media.llava import LlavaProjector
-from engine.media.vision import FLOAT_TYPES, Projector
+from engine.media.vision import FLOAT_TYPES, Projector, tower_sizes
 
 SUPPORTED_PROJECTORS = ("gemma3", "mlp")
 # clip.cpp's defaults per projector type: Gemma 3 pools 4x4 patches (tinygemma3 says otherwise in
@@ -72,17 +72,10 @@ class ProjectorHParams:
                 raise UnsupportedProjector(f"{g.path.name}: projector file lacks clip.vision.{name}")
             return value
 
-        n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
         return cls(
             projector_type=kind,
-            n_embd=n_embd,
-            n_ff=int(key("feed_forward_length")),
-            n_head=n_head,
-            n_head_kv=int(key("attention.head_count_kv", n_head)),
-            head_dim=int(key("attention.head_dim", n_embd // n_head)),
-            n_layer=int(key("block_count")),
+            **tower_sizes(key),
             projection_dim=int(key("projection_dim")),
-            eps=float(key("attention.layer_norm_epsilon")),
             image_size=int(key("image_size")),
             patch_size=int(key("patch_size")),
             image_mean=_triple(g, key("image_mean", ())),

@@ -15,6 +15,7 @@ with every token over the one image's patches, `FeedForward`. One image per call
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,8 +53,24 @@ def pack_float(backend: Backend, g: GGUFFile, name: str, transpose: bool = False
     return backend.pack_weight(data, t.ggml_type, (rows, cols))
 
 
-def encoder_hparams(hp: ProjectorHParams) -> EncoderHParams:
-    """The encoders' hyper-parameters for the vision tower: non-causal, no RoPE (positions are added)."""
+def tower_sizes(key: Callable[..., Any]) -> dict[str, Any]:
+    """An encoder tower's sizes as clip.cpp reads them under clip.vision.* or clip.audio.* (`key(name,
+    default)` reads one and refuses a missing one): KV heads and head width default as there."""
+    n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+    return {
+        "n_embd": n_embd,
+        "n_ff": int(key("feed_forward_length")),
+        "n_head": n_head,
+        "n_head_kv": int(key("attention.head_count_kv", n_head)),
+        "head_dim": int(key("attention.head_dim", n_embd // n_head)),
+        "n_layer": int(key("block_count")),
+        "eps": float(key("attention.layer_norm_epsilon")),
+    }
+
+
+def encoder_hparams(hp: Any, n_ctx: int) -> EncoderHParams:
+    """The encoders' hyper-parameters for a tower with `tower_sizes`' fields over `n_ctx` rows (an image's
+    patches, an audio window's frames): non-causal, no RoPE (positions are added)."""
     return EncoderHParams(
         arch="clip",
         n_layer=hp.n_layer,
@@ -63,7 +80,7 @@ def encoder_hparams(hp: ProjectorHParams) -> EncoderHParams:
         n_kv_head=hp.n_head_kv,
         head_dim=hp.head_dim,
         n_vocab=0,
-        n_ctx_train=hp.n_patches_side**2,
+        n_ctx_train=n_ctx,
         norm_eps=hp.eps,
         causal=False,
         rope_base=0.0,
@@ -121,7 +138,7 @@ class SiglipEncoder:
 
     def __init__(self, g: GGUFFile, hp: ProjectorHParams, backend: Backend, n_run: int | None = None) -> None:
         self.hp, self.backend = hp, backend
-        enc = encoder_hparams(hp)
+        enc = encoder_hparams(hp, hp.n_patches_side**2)
         self.patch_embd = pack_float(backend, g, "v.patch_embd.weight")
         bias = "v.patch_embd.bias"
         self.patch_bias = backend.upload(host_vector(g, bias)) if bias in g.tensors else None

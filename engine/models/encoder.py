@@ -161,6 +161,7 @@ class Pass:
 
 
 class EncoderModel:
+    reads_media = False
     """The shared encoder: embeddings, layers, final states; families fill in the hooks."""
 
     def __init__(

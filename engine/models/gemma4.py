@@ -44,6 +44,7 @@ from engine.models.rope import Rope
 
 
 class Gemma4Model(LlamaModel):
+    reads_media = False  # its own `run` places no media rows
     layer_class = Gemma4Layer
     hp: Gemma4HParams
     layers: list[Gemma4Layer]

@@ -159,6 +159,9 @@ class ForwardOutput:
 
 class LlamaModel:
     layer_class: type[LlamaLayer] = LlamaLayer
+    # Media (engine/media/chunks.py): `run` places their rows, and the attention takes non-causal limits.
+    reads_media = True
+    non_causal_media = True
 
     def __init__(
         self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
@@ -297,12 +300,8 @@ class LlamaModel:
         hp, be = self.hp, self.backend
         be.store_kv(k, v, batch.seq_ids, batch.positions, kv.k[il], kv.v[il])
         out = be.empty(q.shape)
-        window = self.window(il)
-        if batch.limits is None:
-            be.attention(q, kv.k[il], kv.v[il], batch.seq_ids, batch.positions, window, hp.attn_scale, out)
-        else:  # a non-causal media chunk in the batch (engine/media/chunks.py)
-            args = (batch.seq_ids, batch.positions, window, hp.attn_scale, out)
-            be.attention(q, kv.k[il], kv.v[il], *args, limits=batch.limits)
+        args = (batch.seq_ids, batch.positions, self.window(il), hp.attn_scale, out)
+        be.attention(q, kv.k[il], kv.v[il], *args, limits=batch.limits)  # limits: a non-causal medium
         return out
 
     def window(self, il: int) -> int:

@@ -49,6 +49,7 @@ from engine.models.qwen35_layers import (
 
 
 class Qwen35Model(Qwen3Model):
+    non_causal_media = False  # its gated attention takes no per-token limits
     attention_layer: type[LlamaLayer] = GatedAttentionLayer
     recurrent_layer: type[LlamaLayer] = DeltaNetLayer
     hp: Qwen35HParams

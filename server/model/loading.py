@@ -16,7 +16,6 @@ from engine.engine import Engine, EngineConfig
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from engine.llm import LLM
 from engine.media.mmproj import load_projector
-from engine.media.vision import Projector
 from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate
 from engine.text.tool_calls import detect_format
@@ -86,11 +85,15 @@ def load_model(settings: Settings, admission: Admission, counters: Counters) -> 
     return Loaded(llm.info(), engine, prompts, client, media)
 
 
-def _load_projector(settings: Settings, llm: LLM) -> Projector | None:
+def _load_projector(settings: Settings, llm: LLM) -> Any:
     """--mmproj's projector on the model's backend; one line when it cannot serve this model."""
     if not settings.mmproj:
         return None
     projector = load_projector(settings.mmproj, llm.backend)
+    model = llm.model
+    if not model.reads_media or (projector.non_causal and not model.non_causal_media):
+        why = "places no media rows" if not model.reads_media else "attends to them causally only"
+        raise ValueError(f"--mmproj: the {llm.info().arch} architecture {why} (not built yet)")
     if projector.n_embd_text != llm.model.hp.n_embd:
         raise ValueError(
             f"mismatch between text model (n_embd = {llm.model.hp.n_embd}) and mmproj"
