@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from tests.conftest import require
@@ -30,6 +31,41 @@ if not (cuda.is_available() or os.environ["NUMBA_ENABLE_CUDASIM"] == "1"):
     require("no GPU and the CUDA simulator is off (NUMBA_ENABLE_CUDASIM=0)")
 
 __all__ = ["cuda", "small_launches"]
+
+
+def _locked_shared_arrays() -> None:
+    """numba-cuda 0.30's simulator gives a block's threads one shared array per call site, made by the first
+    thread to ask (a dict lookup, then an insert): a thread switch between the two (a GC pass while numpy
+    allocates runs Python code) lets a second thread make its own copy, and the block then reduces through
+    two arrays. The CI run of 2026-12-06 failed three parity tests that way (a logit 0, NaN rows), and
+    `sys.setswitchinterval(1e-6)` reproduces it in one run of this file. The same lookup under a lock."""
+    import threading
+
+    from numba.core import types
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+
+    static = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):  # type: ignore[no-untyped-def]
+        if shape == 0 or alignment is not None:  # dynamic shared memory: one buffer, no lookup
+            return static(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)  # the simulator's key: the call site
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        with lock:
+            found = self._allocations.get(key)
+            if found is None:
+                found = self._allocations[key] = np.empty(shape, dtype)
+        return found
+
+    FakeCUDAShared.array = array
+
+
+if os.environ["NUMBA_ENABLE_CUDASIM"] == "1":
+    _locked_shared_arrays()
 
 
 @pytest.fixture(autouse=True)

@@ -260,7 +260,10 @@ def test_stop_frees_the_slot_and_keeps_the_partial_answer(page: Any, srv: Server
 
     settings(page, Temperature="0", **{"Max tokens": "900"})  # greedy: a sampled story may end too soon
     requests: list[Any] = []
+    ended: list[Any] = []  # finished or failed: an aborted stream fails, one the server closed first finishes
     page.on("request", lambda request: requests.append(request))
+    page.on("requestfinished", lambda request: ended.append(request))
+    page.on("requestfailed", lambda request: ended.append(request))
     send(page, LONG_STORY)
     wait_content(page, 30)
     [slot] = [s["id"] for s in httpx.get(srv.base_url + "/slots").json() if s["is_processing"]]
@@ -275,8 +278,13 @@ def test_stop_frees_the_slot_and_keeps_the_partial_answer(page: Any, srv: Server
     assert kept and "stream" not in last_message(page)
     # The event after which nothing can arrive: the chat request's end (Stop aborts it). A page that
     # read on would show more text here; one that resumed would have asked GET /v1/stream.
+    # (Response.finished() waits for a finish only: it never returns when Stop's abort wins the race with
+    # the server's last event, and the run hung there for its 600 s twice.)
     [post] = [r for r in requests if is_chat_post(r)]
-    post.response().finished()  # returns when the browser reports the request finished or failed
+    deadline = time.monotonic() + LIVENESS_S
+    while post not in ended:
+        assert time.monotonic() < deadline, "the browser reports the chat request's end after Stop"
+        page.wait_for_timeout(100)  # lets Playwright deliver the request's events
     assert last_message(page)["content"] == kept, "nothing more arrives after Stop"
     assert [r.url for r in requests if r.method == "GET" and "/v1/stream?" in r.url] == [], "no resume"
     expect(answer(page).locator(".status")).to_have_text("Stopped")
