@@ -57,7 +57,7 @@ def response(body: AsyncIterator[bytes], relayed: bool = True, frame: ErrorFrame
     (the OpenAI routes add [DONE], Anthropic's route sends its `event: error`)."""
     body = errors_as_events(body, frame)
     if relayed:
-        body = relay(body, current_app.config[UNREAD_LIMIT_KEY])
+        body = relay(body, current_app.config[UNREAD_LIMIT_KEY], frame)
     reply = Response(body, headers=SSE_HEADERS)
     reply.timeout = None
     return reply
@@ -90,7 +90,9 @@ async def close_quietly(source: AsyncIterator[bytes]) -> None:
             await aclose()
 
 
-async def relay(source: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+async def relay(
+    source: AsyncIterator[bytes], limit: int, frame: ErrorFrame = closing_error
+) -> AsyncIterator[bytes]:
     """`source`'s bytes, read ahead of the client into a buffer of at most `limit` bytes.
 
     A generation never waits for its client: the source runs as fast as the engine makes it, however
@@ -114,7 +116,7 @@ async def relay(source: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes
                 if waiting > limit:
                     log.warning("stream.slow_reader_cut", unread=waiting, limit=limit)
                     message = f"the client read too slowly: {waiting} bytes waited for it (limit {limit})"
-                    chunks.append(error_event(errors.APIError(408, message, "timeout_error").body()))
+                    chunks.append(frame(errors.APIError(408, message, "timeout_error")))
                     return
         finally:
             await close_quietly(source)
