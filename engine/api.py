@@ -158,6 +158,9 @@ class GenerationRequest:
     slot_params: Mapping[str, Any] = field(default_factory=dict)
     # Media chunks by the marker id their positions hold in prompt_tokens (engine/media/chunks.py).
     media: Mapping[int, MediaChunk] = field(default_factory=dict)
+    # The LoRA adapters it runs under: (adapter id, scale) pairs, zero scales left out, by id
+    # (engine/lora.py's adapter_set); () the base model. Its cached cells are reused only under this set.
+    lora: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,10 @@ class Backend:
     layernorm: Callable[..., None] | None = None
     gelu: Callable[..., None] | None = None
     encoder_attention: Callable[..., None] | None = None
+    # LoRA adapters (engine/lora.py): lora_add(x, rows, a, b, scale, f16, out, col) adds scale * B (A x)
+    # over x's rows into out[rows, col:] (engine/cpu/lora.py). None: not built for this backend (adapters
+    # are refused at load, in one line).
+    lora_add: Callable[..., None] | None = None
 
     def pack_router_weight(self, data: Any, qtype: int, shape: tuple[int, int]) -> Any:
         return (self.pack_router or self.pack_weight)(data, qtype, shape)
@@ -220,6 +224,7 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         router_logits,
         swiglu_oai,
     )
+    from engine.cpu.lora import lora_add
     from engine.cpu.matmul.experts import experts_matmul
     from engine.cpu.records import pack_weight_for_cpu
     from engine.cpu.sinks import apply_sinks
@@ -241,6 +246,7 @@ def cpu_backend(n_threads: int | None = None) -> Backend:
         layernorm=ops.layernorm,
         gelu=ops.gelu,
         encoder_attention=encoder_attention,
+        lora_add=lora_add,
     )
 
 

@@ -27,6 +27,7 @@ class BatchPart:
     # pool these (engine/embedding.py).
     want_hidden: bool = False
     media: PartMedia | None = None  # its rows that take a medium's embeddings instead of a token's
+    lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapters its rows run under (engine/lora.py)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Batch:
     media_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     media_embd: np.ndarray | None = None
     limits: np.ndarray | None = None
+    # LoRA (engine/lora.py): per (adapter id, scale), by id, the int64 rows that run under it; () none
+    lora_rows: tuple[tuple[int, float, np.ndarray], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -61,8 +64,11 @@ class Batch:
         outputs: list[int] = []
         hidden: list[int] = []
         media: list[tuple[int, PartMedia]] = []
+        lora: dict[tuple[int, float], list[int]] = {}
         for part in parts:
             base, n = len(tokens), len(part.tokens)
+            for key in part.lora:
+                lora.setdefault(key, []).extend(range(base, base + n))
             tokens.extend(part.tokens)
             positions.extend(range(part.start, part.start + n))
             if part.media is not None:
@@ -80,6 +86,9 @@ class Batch:
             np.asarray(seq_ids, dtype=np.int32),
             np.asarray(outputs, dtype=np.int32),
             np.asarray(hidden, dtype=np.int32),
+            lora_rows=tuple(
+                (i, s, np.asarray(rows, dtype=np.int64)) for (i, s), rows in sorted(lora.items())
+            ),
         )
         return batch.with_media(media) if media else batch
 

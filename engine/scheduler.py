@@ -15,11 +15,11 @@ import numpy as np
 
 from engine import slot_log
 from engine.api import ControlResult, EmbeddingRequest, GenerationRequest, Timings, TokenEvent
-from engine.batch import Batch, BatchPart
+from engine.batch import Batch, BatchPart, WantLogits
 from engine.choices import Choices
 from engine.embedding import EmbeddingSequence, Pooler
 from engine.grammar import prefetch_masks
-from engine.media.chunks import part_media
+from engine.media.chunks import PartMedia, part_media
 from engine.memory.context_shift import discard_count, keep_count
 from engine.sampling import DryVocabulary
 from engine.sequence import Emit, Sequence, start_sequence
@@ -140,7 +140,7 @@ class Scheduler:
                 slot_log.prompt_chunk(slot, seq, n_batch)
                 continue
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
-            parts.append(BatchPart(slot.id, len(slot.tokens), chunk + seq.drafts, want, media=media))
+            parts.append(_generation_part(slot.id, len(slot.tokens), seq, chunk, want, media))
             slot.tokens.extend(chunk + seq.drafts)
             if not seq.generating:
                 slot_log.prompt_chunk(slot, seq, n_batch)
@@ -248,6 +248,13 @@ class Scheduler:
         for slot in self.pool.busy():
             if slot.seq is not None:
                 self.cancel(slot.seq.request.request_id, reason, error)
+
+
+def _generation_part(
+    slot_id: int, start: int, seq: Sequence, chunk: list[int], want: WantLogits, media: PartMedia | None
+) -> BatchPart:
+    """A generating sequence's part of a step: its chunk and drafts, under its request's LoRA adapters."""
+    return BatchPart(slot_id, start, chunk + seq.drafts, want, media=media, lora=seq.request.lora)
 
 
 def encoder_refused(request: Request, emit: Emit, n_ubatch: int) -> bool:

@@ -44,6 +44,7 @@ class Slot:
     # its last request's prompt and generated text pieces (references, read by /slots' debug view)
     prompt: Sequence[int] = ()
     text: list[str] = field(default_factory=list)
+    lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapter set its cells were computed under
 
     @property
     def busy(self) -> bool:
@@ -114,9 +115,11 @@ class SlotPool:
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        prompt = request.prompt_tokens
+        prompt, lora = request.prompt_tokens, _lora(request)
 
         def similarity(s: Slot) -> float:
+            if s.lora != lora:  # cells computed under other adapters are no prefix of this request's
+                return 0.0
             return common_prefix(s.tokens, prompt) / len(s.tokens) if s.tokens else 0.0
 
         best = max(idle, key=similarity)
@@ -130,13 +133,14 @@ class SlotPool:
 
     def claim(self, slot: Slot, request: GenerationRequest | EmbeddingRequest) -> int:
         """Prepare `slot` for `request`: the prompt tokens whose cells it keeps (at least one is left)."""
-        prompt = request.prompt_tokens
-        reuse = common_prefix(slot.tokens, prompt) if request.cache_prompt else 0
+        prompt, lora = request.prompt_tokens, _lora(request)
+        reuse = common_prefix(slot.tokens, prompt) if request.cache_prompt and slot.lora == lora else 0
         if self.prompt_cache is not None:
             self._save_replaced(slot, reuse)
             if request.cache_prompt:
                 log.debug("engine.prompt_cache", slot=slot.id, detail="updating prompt cache")
-                reuse = self._load_cached(slot, prompt, reuse)
+                reuse = self._load_cached(slot, prompt, reuse, lora)
+        slot.lora = lora
         if self.clear_idle:
             self._clear_idle(slot)
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
@@ -180,7 +184,7 @@ class SlotPool:
             held = min(len(slot.tokens), int(self.memory.lengths[slot.id]))
             if slot is claimed or slot.busy or held == 0:
                 continue
-            if self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held)):
+            if self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held), slot.lora):
                 # llama-server's debug line, its tests read it
                 log.debug(
                     "engine.idle_slot_cached", slot=slot.id, n_tokens=held, tag="__TEST_TAG_CACHE_IDLE_SLOT__"
@@ -192,11 +196,14 @@ class SlotPool:
         """Keep the slot's state in the host cache when this request discards more than a tail of it."""
         held = min(len(slot.tokens), int(self.memory.lengths[slot.id]))
         if held - reuse > SAVE_TAIL and self.prompt_cache is not None:
-            self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held))
+            self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held), slot.lora)
 
-    def _load_cached(self, slot: Slot, prompt: list[int], reuse: int) -> int:
-        """Load the host cache's best prefix of `prompt` into the slot if it beats the slot's own."""
-        hit = self.prompt_cache.best(prompt) if self.prompt_cache is not None else None
+    def _load_cached(
+        self, slot: Slot, prompt: list[int], reuse: int, lora: tuple[tuple[int, float], ...]
+    ) -> int:
+        """Load the host cache's best prefix of `prompt` (under LoRA set `lora`) into the slot if it beats
+        the slot's own."""
+        hit = self.prompt_cache.best(prompt, lora) if self.prompt_cache is not None else None
         if hit is None:
             return reuse
         n = hit.entry.state.restorable(hit.n_keep)  # recurrent state: its whole length or a checkpoint
@@ -205,6 +212,11 @@ class SlotPool:
         self.memory.write(slot.id, hit.entry.state.prefix(n))
         slot.tokens = list(hit.entry.tokens[:n])
         return n
+
+
+def _lora(request: GenerationRequest | EmbeddingRequest) -> tuple[tuple[int, float], ...]:
+    """The LoRA adapter set a request's cells are computed under (an embedding runs on the base)."""
+    return request.lora if isinstance(request, GenerationRequest) else ()
 
 
 def _progress(seq: Sequence | EmbeddingSequence) -> SlotProgress:

@@ -36,8 +36,6 @@ NOT_APPLIED: dict[str, str] = {
     "--yarn-beta-slow": OUTPUT + " (YaRN comes from the GGUF)",
     "--yarn-beta-fast": OUTPUT + " (YaRN comes from the GGUF)",
     "--override-kv": OUTPUT,
-    "--lora": OUTPUT + " (no LoRA adapters)",
-    "--lora-scaled": OUTPUT + " (no LoRA adapters)",
     "--control-vector": OUTPUT,
     "--control-vector-scaled": OUTPUT,
     "--control-vector-layer-range": OUTPUT,
@@ -80,6 +78,10 @@ NOTES: dict[str, str] = {
     "--completion-bash": "prints a bash completion script for llamba-server's flags, then exits",
     "-nocb": "Llamba always batches continuously; a request's output does not depend on its batch"
     " (batch invariance), so only scheduling would differ",
+    "--lora": "CPU backend only (CUDA refuses adapters at load); several: a comma list, or the flag repeated",
+    "--lora-scaled": "CPU backend only; FNAME:SCALE, comma lists, repeatable",
+    "--lora-init-without-apply": "the adapters load at scale 0 (POST /lora-adapters or a request's `lora`"
+    " applies them)",
     "--api-key": "several keys: a comma-separated list (CSV quoting), or the flag repeated",
     "--api-key-file": "one key per line; lines starting with # are comments",
     "-to": "seconds a request body may take to arrive and each response write may block",

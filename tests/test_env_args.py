@@ -142,7 +142,7 @@ def _values(action: argparse.Action, files: dict[str, str]) -> list[list[str]]:
         "spec_type": "ngram-simple", "mcp_servers_json": json.dumps(MCP), "cache_type_k": "q8_0",
         "cache_type_v": "q8_0", "cluster": "ray", "chat_template_kwargs": '{"a": 1}',
         "json_schema": '{"type": "object"}', "tools": "read_file,grep_search",
-        "tools_runtime": "docker-container:box", "log_colors": "on", **files,
+        "tools_runtime": "docker-container:box", "log_colors": "on", "lora_items": "a.gguf:0.5", **files,
     }  # fmt: skip
     if action.nargs == 0:
         return [[]]

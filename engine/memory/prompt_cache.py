@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,12 @@ MIN_KEEP = 0.25  # llama-server skips an entry when less than this share of its 
 class CacheEntry:
     tokens: tuple[int, ...]
     state: MemoryState  # host memory: KV cells, recurrent state and its checkpoints
+    # The LoRA adapter set the cells were computed under (engine/lora.py): reused only under the same
+    tag: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def key(self) -> tuple[tuple[tuple[int, float], ...], tuple[int, ...]]:
+        return self.tag, self.tokens
 
     @property
     def n_bytes(self) -> int:
@@ -42,7 +49,9 @@ def mib_to_bytes(cache_ram_mib: int) -> int | None:
 class PromptCache:
     def __init__(self, limit_bytes: int | None) -> None:
         self.limit_bytes = limit_bytes
-        self._entries: OrderedDict[tuple[int, ...], CacheEntry] = OrderedDict()  # oldest use first
+        self._entries: OrderedDict[tuple[Any, tuple[int, ...]], CacheEntry] = (
+            OrderedDict()
+        )  # oldest use first
         self.n_bytes = 0
 
     @property
@@ -54,31 +63,35 @@ class PromptCache:
 
     def prompts(self) -> list[tuple[int, ...]]:
         """The token sequences whose states are kept (a cluster replica's cache summary)."""
-        return list(self._entries)
+        return [entry.tokens for entry in self._entries.values()]
 
-    def save(self, tokens: list[int], state: MemoryState) -> bool:
-        """Keep a slot's state; False when it is empty, covered by an entry already, or over the limit."""
-        entry = CacheEntry(tuple(tokens), state)
+    def save(self, tokens: list[int], state: MemoryState, tag: tuple[tuple[int, float], ...] = ()) -> bool:
+        """Keep a slot's state (computed under LoRA set `tag`); False when it is empty, covered by an entry
+        already, or over the limit."""
+        entry = CacheEntry(tuple(tokens), state, tag)
         if not tokens or not self._fits(entry.n_bytes):
             return False
-        if any(_covers(old, entry.tokens) for old in self._entries.values()):
+        if any(_covers(old, entry.tokens, tag) for old in self._entries.values()):
             return False  # an entry already holds this state and more
-        for old in [t for t in self._entries if _covers(entry, t)]:
+        for old in [e.key for e in self._entries.values() if _covers(entry, e.tokens, e.tag)]:
             self._remove(old)  # the new entry extends it: the old one is redundant
-        self._entries[entry.tokens] = entry
+        self._entries[entry.key] = entry
         self.n_bytes += entry.n_bytes
         self._evict()
         return True
 
-    def best(self, prompt: list[int]) -> CacheHit | None:
-        """The entry sharing the longest prefix with `prompt`, if it keeps at least MIN_KEEP of its tokens."""
+    def best(self, prompt: list[int], tag: tuple[tuple[int, float], ...] = ()) -> CacheHit | None:
+        """The entry (of LoRA set `tag`) sharing the longest prefix with `prompt`, if it keeps at least
+        MIN_KEEP of its tokens."""
         best: CacheHit | None = None
         for entry in self._entries.values():
+            if entry.tag != tag:
+                continue
             n = entry.state.restorable(common_prefix(entry.tokens, prompt))
             if n >= MIN_KEEP * len(entry.tokens) and n > 0 and (best is None or n > best.n_keep):
                 best = CacheHit(entry, n)
         if best is not None:
-            self._entries.move_to_end(best.entry.tokens)
+            self._entries.move_to_end(best.entry.key)
         return best
 
     def _fits(self, n_bytes: int) -> bool:
@@ -88,14 +101,20 @@ class PromptCache:
         while self.limit_bytes is not None and self.n_bytes > self.limit_bytes:
             self._remove(next(iter(self._entries)))
 
-    def _remove(self, tokens: tuple[int, ...]) -> None:
-        self.n_bytes -= self._entries.pop(tokens).n_bytes
+    def _remove(self, key: tuple[Any, tuple[int, ...]]) -> None:
+        self.n_bytes -= self._entries.pop(key).n_bytes
 
 
-def _covers(entry: CacheEntry, tokens: tuple[int, ...]) -> bool:
-    """Whether `entry` can give the state of `tokens` (a recurrent one only at a checkpoint)."""
+def _covers(entry: CacheEntry, tokens: tuple[int, ...], tag: tuple[tuple[int, float], ...] = ()) -> bool:
+    """Whether `entry` can give the state of `tokens` under LoRA set `tag` (a recurrent one only at a
+    checkpoint)."""
     n = len(tokens)
-    return n <= len(entry.tokens) and entry.tokens[:n] == tokens and entry.state.restorable(n) == n
+    return (
+        entry.tag == tag
+        and n <= len(entry.tokens)
+        and entry.tokens[:n] == tokens
+        and entry.state.restorable(n) == n
+    )
 
 
 def common_prefix(a: list[int] | tuple[int, ...], b: list[int]) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from engine.memory.context_shift import shift_cells
 from engine.memory.kv import DEFAULT_CACHE_TYPES, CacheTypes, KVCache
 from engine.models.hparams import HParams
 from engine.models.rope import Rope, rope_from_gguf
+
+if TYPE_CHECKING:
+    from engine.lora import LoraContext
 
 
 def same_type_runs(tensors: list[Tensor]) -> list[tuple[int, int]]:
@@ -42,11 +45,14 @@ class _FusedWeight:
     weight: Any
     bias: Any  # float32 [sum(sizes)] on the backend, or None
     sizes: list[int]
+    spans: tuple[tuple[str, int], ...] = ()  # (tensor name, output columns) of each matrix: LoRA's hook
 
 
 class Projection:
     """Weight matrices applied to the same input, with optional biases. Consecutive matrices of one
     format are fused into one matmul (Qwen2's V is Q6_K in some layers: Q|K fused, V apart)."""
+
+    lora: LoraContext | None = None  # LoRA adapters (engine/lora.py), hooked by attach_adapters
 
     def __init__(
         self,
@@ -64,7 +70,7 @@ class Projection:
             if len(tensors) != 1 or sum(split) != tensors[0].shape[0]:
                 raise ValueError(f"cannot split {[t.shape for t in tensors]} into {split}")
             fused = self._fuse(tensors, biases)
-            self.groups.append(_FusedWeight(fused.weight, fused.bias, list(split)))
+            self.groups.append(_FusedWeight(fused.weight, fused.bias, list(split), fused.spans))
             return
         for start, end in same_type_runs(tensors):
             self.groups.append(self._fuse(tensors[start:end], None if biases is None else biases[start:end]))
@@ -76,7 +82,7 @@ class Projection:
         bias = None
         if biases is not None:
             bias = self.backend.upload(np.concatenate([np.asarray(b.data, dtype=np.float32) for b in biases]))
-        return _FusedWeight(weight, bias, sizes)
+        return _FusedWeight(weight, bias, sizes, tuple((t.name, t.shape[0]) for t in tensors))
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         n_tok = x.shape[0]
@@ -84,6 +90,8 @@ class Projection:
         for group in self.groups:
             out = self.backend.empty((n_tok, sum(group.sizes)))
             self.backend.matmul(x, group.weight, out)
+            if self.lora is not None and self.lora.rows:
+                self.lora.apply(group.spans, x, out)  # llama.cpp adds the low-rank term before the bias
             if group.bias is not None:
                 self.backend.add_bias_inplace(out, group.bias)
             outs.extend([out] if len(group.sizes) == 1 else self.backend.split_cols(out, group.sizes))
@@ -162,6 +170,7 @@ class LlamaModel:
     # Media (engine/media/chunks.py): `run` places their rows, and the attention takes non-causal limits.
     reads_media = True
     non_causal_media = True
+    lora: LoraContext | None = None  # LoRA adapters (engine/lora.py): `run` hands them the batch's rows
 
     def __init__(
         self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
@@ -243,9 +252,15 @@ class LlamaModel:
         x = self.embed(on_device.tokens)
         if batch.media_embd is not None:
             self.place_media(x, batch)
-        for il, layer in enumerate(self.layers):
-            self.attention_block(il, layer, x, on_device, kv)
-            self.ffn_block(layer, x)
+        if self.lora is not None:
+            self.lora.rows = batch.lora_rows
+        try:
+            for il, layer in enumerate(self.layers):
+                self.attention_block(il, layer, x, on_device, kv)
+                self.ffn_block(layer, x)
+        finally:
+            if self.lora is not None:
+                self.lora.rows = ()
         kv.commit(batch.seq_ids, batch.positions)
         logits = be.download(self.logits(be.take_rows(x, batch.output_rows)))
         hidden = np.zeros((0, self.hp.n_embd), dtype=np.float32)

@@ -25,6 +25,7 @@ from server.http import errors
 from server.model.client import EngineClient
 from server.model.constraints import ToolPlan
 from server.model.host import ModelHost
+from server.model.lora import LoraRequestError
 from server.model.prompts import Prompt, PromptBuilder
 from server.model.sampling import SPEC_TYPES
 
@@ -62,6 +63,7 @@ async def build_request(
     sampling = whole_context_windows(sampling, model.n_ctx_slot)
     speculative = spec_params(s, body)
     run = run_params(s, body, prompt, speculative)
+    lora, lora_params = lora_adapters(model, body)
     return GenerationRequest(
         prompt_tokens=prompt.tokens,
         media=prompt.media,
@@ -84,8 +86,21 @@ async def build_request(
         prefill=prompt.prefill,
         grammar=await answer_grammar(client, body, tools),
         speculative=speculative,
-        slot_params=task_params(sampling, run),
+        slot_params=task_params(sampling, run) | lora_params,
+        lora=lora,
     )
+
+
+def lora_adapters(model: ModelHost, body: GenerationFields) -> tuple[tuple[tuple[int, float], ...], dict]:
+    """The request's LoRA adapter set (its `lora` scales, else the global ones; a 400 naming a bad entry)
+    and its /slots params' `lora` (the request's own list, as llama-server shows it)."""
+    asked = getattr(body, "lora", None)
+    try:
+        lora = model.lora.for_request(asked)
+    except LoraRequestError as exc:
+        raise errors.invalid_request(str(exc)) from None
+    own = [{"id": i, "scale": x} for i, x in model.lora.parse(asked).items()] if asked else []
+    return lora, ({"lora": own} if own else {})
 
 
 def run_params(

@@ -90,6 +90,9 @@ class GenerationFields(ConstraintFields):
     # llama-server's n_indent: a generated line after the first indented by fewer spaces and tabs ends
     # the generation (stop_type limit), its text cut where the indentation ends; 0: no rule
     n_indent: int = Field(default=0, ge=0)
+    # llama-server's per-request LoRA scales, [{id, scale}] (server/model/lora.py checks them against the
+    # loaded adapters); None: the global scales
+    lora: Any = None
     verbose: bool | None = None  # `__verbose` in the reply; None: the server's -v (llama-server's rule)
     # llama-server's per-request speculation (keys with dots); None: the server's --spec-* settings.
     speculative_type: str | list[str] | None = Field(default=None, alias="speculative.type")

@@ -3,8 +3,8 @@ writes for `/slots` (each slot's `params`) and `/props` (`default_generation_set
 sampling, the limits and how the answer is read, under llama-server's names, types and order.
 
 Dashboards written for llama-server read these keys, so each is present with llama-server's type, also
-where Llamba has no such feature: `backend_sampling` (never), `lora` (no adapters), `generation_prompt`
-(not tracked: "").
+where Llamba has no such feature: `backend_sampling` (never), `generation_prompt` (not tracked: ""); `lora`
+is the request's own list (else none).
 """
 
 from __future__ import annotations

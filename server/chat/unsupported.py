@@ -57,7 +57,6 @@ ACCEPTED: dict[str, str] = {
 # field -> the value that leaves generation unchanged (llama.cpp's defaults).
 NOT_YET: dict[str, Any] = {
     "penalize_nl": False,
-    "lora": [],
     "image_data": [],
     "preserved_tokens": [],
     "suffix": None,  # /v1/completions' insertion point (llama-server's /infill)

@@ -244,3 +244,29 @@ def _cached(parser: argparse.ArgumentParser, flag: str, name: str, file: str | N
             " Llamba downloads nothing from a model hub"
         )
     return str(path)
+
+
+def lora_adapters(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+    """--lora FNAME[,FNAME...] (scale 1) and --lora-scaled FNAME:SCALE[,...], as llama-server's
+    common/arg.cpp reads them (CSV items, in command-line order: an adapter's id is its place);
+    --lora-init-without-apply sets every scale to 0."""
+    adapters: list[tuple[str, float]] = []
+    for kind, value in args.lora_items:
+        if not kind:
+            adapters += [(item, 1.0) for item in _csv_row(value) if item]
+            continue
+        for item in _csv_row(value):
+            parts = item.split(":")
+            if len(parts) != 2:
+                parser.error(f"--lora-scaled: {item!r}: lora-scaled format: FNAME:SCALE")
+            try:
+                adapters.append((parts[0], float(parts[1])))
+            except ValueError:
+                parser.error(f"--lora-scaled: {item!r}: the scale is not a number")
+    if args.lora_init_without_apply:
+        adapters = [(path, 0.0) for path, _ in adapters]
+    return tuple(adapters)
+
+
+def _csv_row(value: str) -> list[str]:
+    return next(csv.reader([value]), [])

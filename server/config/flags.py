@@ -66,6 +66,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add("--tags", default=None, help="the model's tags, comma-separated (listed in /v1/models)")
     add("-mm", "--mmproj", default=None, help="a multimodal projector GGUF: images in (gemma3 projectors)")
     add("--media-path", default=None, help="the folder file:// media URLs may name (none: refused)")
+    # both into one list, in command-line order (an adapter's id is its place in it)
+    add("--lora", dest="lora_items", action="append", default=[], type=lambda v: ("", v),
+        help="a LoRA adapter GGUF (comma list; repeat)")  # fmt: skip
+    add("--lora-scaled", dest="lora_items", action="append", type=lambda v: ("scaled", v),
+        help="FNAME:SCALE,...: LoRA adapters with their scales (repeat)")  # fmt: skip
+    add("--lora-init-without-apply", action="store_true", help="load the LoRA adapters at scale 0")
     add("-c", "--ctx-size", type=int, default=4096)
     add("-np", "--parallel", type=int, default=1)
     add("-b", "--batch-size", type=int, default=2048)

@@ -207,21 +207,15 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ("--lora",),
         "FNAME",
         "",
-        "ignored",
-        (
-            "not applied: Llamba does not implement it, so outputs differ from llama-server's"
-            " with it (no LoRA adapters)"
-        ),
+        "implemented",
+        "CPU backend only (CUDA refuses adapters at load); several: a comma list, or the flag repeated",
     ),
     F(
         ("--lora-scaled",),
         "FNAME:SCALE,...",
         "",
-        "ignored",
-        (
-            "not applied: Llamba does not implement it, so outputs differ from llama-server's"
-            " with it (no LoRA adapters)"
-        ),
+        "implemented",
+        "CPU backend only; FNAME:SCALE, comma lists, repeatable",
     ),
     F(
         ("--control-vector",),
@@ -612,7 +606,13 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         ),
     ),
     F(("-sps", "--slot-prompt-similarity"), "SIMILARITY", "", "implemented", ""),
-    F(("--lora-init-without-apply",), "", "", "ignored", "no effect in Llamba"),
+    F(
+        ("--lora-init-without-apply",),
+        "",
+        "",
+        "implemented",
+        "the adapters load at scale 0 (POST /lora-adapters or a request's `lora` applies them)",
+    ),
     F(("--sleep-idle-seconds",), "SECONDS", "", "implemented", ""),
     F(("--log-prompts-dir",), "PATH", "", "implemented", ""),
     F(

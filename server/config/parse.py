@@ -86,6 +86,7 @@ def _settings_values(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     values["chat_template_kwargs"] = kwargs
     values.update(flag_values.default_constraint(parser, args))
     values["reverse_prompts"] = tuple(p for p in args.reverse_prompts if p)
+    values["lora"] = flag_values.lora_adapters(parser, args)
     check_tls(parser, args)
     values["spec"] = flag_values.spec_params(parser, args)
     values["sampling"] = flag_values.sampling_params(parser, args)

@@ -61,6 +61,10 @@ class Settings(BaseModel):
     # file:// media URLs may read (llama-server's --media-path; none: file:// is refused).
     mmproj: str | None = None
     media_path: str | None = None
+    # LoRA adapters (--lora, --lora-scaled; engine/lora.py): (path, initial global scale) in flag order,
+    # their ids; --lora-init-without-apply loads them all at scale 0.
+    lora: tuple[tuple[str, float], ...] = ()
+    lora_init_without_apply: bool = False  # (already applied to `lora`'s scales)
     # Embeddings (--embedding) and rerank (--reranking: pooling rank): the routes answer only with them;
     # pooling None is the model's own (its GGUF's pooling_type, else none, as llama.cpp decides).
     embedding: bool = False

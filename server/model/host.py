@@ -25,6 +25,7 @@ from server.http import errors
 from server.model.admission import Admission
 from server.model.client import Counters, EngineClient
 from server.model.loading import Loaded, info_dict, load_model
+from server.model.lora import LoraScales
 from server.model.media import MediaEncoder
 from server.model.prompts import PromptBuilder, template_caps
 from server.state import app_state
@@ -62,6 +63,7 @@ class ModelHost:
         # Kept across sleeps: what /metrics counts, and --max-queue's live requests and the drain.
         self.counters = Counters()
         self.admission = Admission(settings.max_queue)
+        self.lora = LoraScales(settings.lora)  # the LoRA adapters' global scales (POST /lora-adapters)
         self._loaded: Loaded | None = None
         # Kept while the model sleeps (--sleep-idle-seconds): what /props, /models and /slots report.
         self._facts: Facts | None = None

@@ -15,6 +15,7 @@ from engine.api import POOLING_TYPES, ModelInfo, Pooling
 from engine.engine import Engine, EngineConfig
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from engine.llm import LLM
+from engine.lora import attach_adapters, load_adapter
 from engine.media.mmproj import load_projector
 from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate
@@ -51,6 +52,9 @@ def load_model(settings: Settings, admission: Admission, counters: Counters) -> 
     `counters` (they outlive a load while the model sleeps)."""
     s = settings
     llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock, progress=_log_progress)
+    if s.lora:  # --lora, --lora-scaled: checked against the model and hooked in, or the load fails (one line)
+        attach_adapters(llm.model, [load_adapter(path, llm.gguf) for path, _ in s.lora])
+        log.info("model.lora_adapters", adapters=[path for path, _ in s.lora])
     template = ChatTemplate.from_gguf_metadata(llm.gguf.metadata, s.chat_template)
     config = _engine_config(settings)
     draft = _load_draft(settings, llm)

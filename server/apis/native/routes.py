@@ -1,5 +1,5 @@
 """llama-server's native routes: /health /props /completion /infill /tokenize /detokenize
-/apply-template."""
+/apply-template /lora-adapters."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from server.chat.task_params import RunParams, task_params
 from server.http import errors, sse
 from server.http.request_body import json_body
 from server.model.host import ModelHost, current_model
+from server.model.lora import LoraRequestError
 from server.model.prompts import ChatInput, Prompt
 from server.state import app_state
 
@@ -63,6 +64,25 @@ async def change_props() -> Any:
         raise errors.invalid_request("the body must be a JSON object")
     if body:
         raise errors.invalid_request(f"no property can be changed at run time (asked: {sorted(body)})")
+    return {"success": True}
+
+
+@bp.get("/lora-adapters")
+async def lora_adapters() -> Any:
+    """llama-server's list of the loaded LoRA adapters with their global scales."""
+    return current_model().lora.listing()
+
+
+@bp.post("/lora-adapters")
+async def set_lora_adapters() -> Any:
+    """llama-server's POST /lora-adapters: [{id, scale}] sets the global scales (unlisted ones to 0)."""
+    body = await json_body()
+    if not isinstance(body, list):
+        raise errors.invalid_request("Request body must be an array")
+    try:
+        current_model().lora.set_global(body)
+    except LoraRequestError as exc:
+        raise errors.invalid_request(str(exc)) from None
     return {"success": True}
 
 

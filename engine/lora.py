@@ -1,0 +1,182 @@
+"""LoRA adapters (llama.cpp's GGUF adapters, `--lora`): loading, checking against the base, applying.
+
+An adapter file (convert_lora_to_gguf.py's layout) has `general.type = adapter`, `adapter.type = lora`,
+`adapter.lora.alpha` and the base's `general.architecture`; per adapted matrix W (`NAME.weight`) a pair
+`NAME.weight.lora_a` [rank, n_in] and `.lora_b` [n_out, rank]. A projection's output becomes
+W x + s B (A x) with s = scale * alpha / rank (scale where alpha is 0): llama.cpp's build_lora_mm, the
+low-rank term added after the base matmul and before the bias.
+
+Per request: a batch's rows each carry their adapter set ((adapter id, scale), ...; `Batch.lora_rows`
+groups the rows by (id, scale)). The base matmul runs once over every row, then each (adapter, scale)'s
+low-rank term only over its rows (as the MoE code runs each expert over the rows routed to it), in
+adapter-id order; a row's result depends on its own set only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.gguf import GGUFFile
+from engine.quant import dequantize
+
+if TYPE_CHECKING:
+    from engine.backend import Backend
+
+GGML_F32, GGML_F16 = 0, 1
+# The decoders whose projections take adapters (LlamaModel.run hands them each pass's rows); the others'
+# own forward passes (Gemma 4, the Qwen3.5 hybrids, the encoders) are not wired for them.
+LORA_ARCHS = ("llama", "mistral3", "gemma3", "qwen2", "qwen3", "phi3")
+# An adapter set: (adapter id, scale) pairs, scale != 0, by id (what a request runs under; () the base).
+AdapterSet = tuple[tuple[int, float], ...]
+
+
+class LoraError(ValueError):
+    """An adapter that cannot be applied to this model (one line naming the file and why)."""
+
+
+def adapter_set(pairs: Sequence[tuple[int, float]]) -> AdapterSet:
+    """The canonical set: zero scales dropped, one entry per id (the last given), sorted by id."""
+    by_id = {int(i): float(s) for i, s in pairs}
+    return tuple((i, s) for i, s in sorted(by_id.items()) if s != 0.0)
+
+
+@dataclass(frozen=True)
+class LoraWeight:
+    a: np.ndarray  # float32 [rank, n_in]
+    b: np.ndarray  # float32 [n_out, rank]
+    f16: bool  # stored as F16: llama.cpp's dot products round the inputs to float16
+
+    @property
+    def rank(self) -> int:
+        return int(self.b.shape[1])
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    path: Path
+    alpha: float
+    weights: Mapping[str, LoraWeight]  # by the base matrix's tensor name
+
+    def scale_for(self, w: LoraWeight, scale: float) -> float:
+        """llama.cpp's llama_adapter_lora_weight::get_scale, in float32."""
+        s, alpha = np.float32(scale), np.float32(self.alpha)
+        return float(s * alpha / np.float32(w.rank) if alpha else s)
+
+
+def _matrix(t: Any) -> tuple[np.ndarray, bool]:
+    if t.ggml_type == GGML_F32:
+        return np.array(t.data, dtype=np.float32), False
+    if t.ggml_type == GGML_F16:
+        return np.asarray(t.data).astype(np.float32), True
+    return dequantize(t.data, t.ggml_type, t.shape).astype(np.float32), False
+
+
+def load_adapter(path: str | Path, base: GGUFFile) -> LoraAdapter:
+    """Read and check a GGUF LoRA adapter against the base model's file; LoraError (one line) if it
+    does not fit: not an adapter, another architecture, a matrix the base lacks, a shape that differs."""
+    path = Path(path)
+    try:
+        g = GGUFFile(path)
+    except Exception as exc:
+        raise LoraError(f"LoRA adapter {path}: cannot be read ({exc})") from exc
+    meta = g.metadata
+
+    def fail(why: str) -> LoraError:
+        return LoraError(f"LoRA adapter {path}: {why}")
+
+    if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
+        kind = f"general.type {meta.get('general.type')!r}, adapter.type {meta.get('adapter.type')!r}"
+        raise fail(f"not a LoRA adapter ({kind})")
+    if "adapter.alora.invocation_tokens" in meta:
+        raise fail("an activated LoRA (aLoRA, invocation tokens) is not supported by Llamba")
+    arch, base_arch = meta.get("general.architecture"), base.metadata.get("general.architecture")
+    if arch != base_arch:
+        raise fail(f"is for architecture {arch!r}, the model is {base_arch!r}")
+    pairs: dict[str, dict[str, Any]] = {}
+    for name, t in g.tensors.items():
+        stem, _, part = name.rpartition(".")
+        if part not in ("lora_a", "lora_b"):
+            raise fail(f"tensor {name!r} has an unexpected suffix")
+        pairs.setdefault(stem, {})[part] = t
+    weights: dict[str, LoraWeight] = {}
+    for stem, pair in sorted(pairs.items()):
+        if len(pair) != 2:
+            raise fail(f"tensor pair for {stem!r} is missing one component")
+        if stem == "token_embd.weight":
+            raise fail("a LoRA on token_embd is not supported by Llamba")
+        w = dict.get(base.tensors, stem)  # not marked as read: the model's load check is done
+        if w is None:
+            raise fail(f"tensor {stem!r} does not exist in the model (wrong base model?)")
+        a, b = pair["lora_a"], pair["lora_b"]
+        n_out, n_in = w.shape
+        if a.shape[1] != n_in or b.shape[0] != n_out or a.shape[0] != b.shape[1]:
+            raise fail(
+                f"{stem!r} has lora_a {list(a.shape)} and lora_b {list(b.shape)}, the model's matrix is"
+                f" {list(w.shape)} (wrong base model?)"
+            )
+        a_f32, a16 = _matrix(a)
+        b_f32, b16 = _matrix(b)
+        weights[stem] = LoraWeight(np.ascontiguousarray(a_f32), np.ascontiguousarray(b_f32), a16 and b16)
+    alpha = float(meta.get("adapter.lora.alpha", 0.0))
+    return LoraAdapter(path, alpha, weights)
+
+
+@dataclass
+class LoraContext:
+    """A model's adapters and, during a forward pass, which rows run under which (adapter, scale)."""
+
+    backend: Backend
+    adapters: list[LoraAdapter]
+    rows: tuple[tuple[int, float, np.ndarray], ...] = ()
+    hooked: set[str] = field(default_factory=set)
+
+    def apply(self, spans: tuple[tuple[str, int], ...], x: Any, out: Any) -> None:
+        """After a projection's matmul of x into out (columns: each matrix of `spans`, (name, width)):
+        every (adapter, scale) of this pass over its rows."""
+        for adapter_id, scale, rows in self.rows:
+            adapter = self.adapters[adapter_id]
+            col = 0
+            for name, width in spans:
+                w = adapter.weights.get(name)
+                if w is not None:
+                    s = adapter.scale_for(w, scale)
+                    self.backend.lora_add(x, rows, w.a, w.b, s, w.f16, out, col)  # type: ignore[misc]
+                col += width
+
+
+def attach_adapters(model: Any, adapters: list[LoraAdapter]) -> LoraContext:
+    """Hook the adapters into the model's projections; LoraError where the backend has no LoRA kernel
+    or an adapter's matrix is not one of the projections Llamba applies them to."""
+    backend = model.backend
+    arch = getattr(getattr(model, "hp", None), "arch", "?")
+    if arch not in LORA_ARCHS:
+        raise LoraError(f"LoRA adapters apply to {', '.join(LORA_ARCHS)} models only: this one is {arch!r}")
+    if backend.lora_add is None:
+        raise LoraError(
+            f"LoRA adapters run on the CPU backend only: the {backend.name} backend has no LoRA kernel"
+        )
+    ctx = LoraContext(backend, list(adapters))
+    projections = [p for layer in getattr(model, "layers", []) for p in _projections(layer)]
+    for projection in projections:
+        for group in projection.groups:
+            ctx.hooked.update(name for name, _ in group.spans)
+    for adapter in adapters:
+        missing = sorted(set(adapter.weights) - ctx.hooked)
+        if missing:
+            raise LoraError(
+                f"LoRA adapter {adapter.path}: Llamba does not apply adapters to {missing[0]!r} of"
+                f" {type(model).__name__} ({len(missing)} such matrices)"
+            )
+    for projection in projections:
+        projection.lora = ctx
+    model.lora = ctx
+    return ctx
+
+
+def _projections(layer: Any) -> list[Any]:
+    return list(layer.projections()) if hasattr(layer, "projections") else []
