@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.apis.openapi.surface import BODIES, FIELD_NOTES, ROUTES, field_status  # noqa: E402
+from server.apis.ollama.options import NO_EFFECT  # noqa: E402
+from server.apis.openapi.surface import BODIES, FIELD_NOTES, OLLAMA_NOTES, ROUTES, field_status  # noqa: E402
 from server.config.llama_server_flags import FLAGS  # noqa: E402
 
 DOC = ROOT / "docs" / "compatibility.md"
@@ -33,7 +34,8 @@ STATUS_WORDS = {
 
 def render() -> str:
     hand_written = "\n\n".join(path.read_text().rstrip("\n") for path in HAND_WRITTEN).splitlines()
-    return "\n".join([*_flags(), "", *_routes(), "", *_fields(), "", *hand_written]) + "\n"
+    parts = [*_flags(), "", *_routes(), "", *_fields(), "", *_ollama(), "", *hand_written]
+    return "\n".join(parts) + "\n"
 
 
 def _flags() -> list[str]:
@@ -110,6 +112,23 @@ def _fields() -> list[str]:
         for name in body.fields:
             note = FIELD_NOTES.get((body.routes, name), "")
             lines.append(f"| `{name}` | {field_status(body, name)} | {note} |")
+    return lines
+
+
+def _ollama() -> list[str]:
+    lines = [
+        "## Ollama's API",
+        "",
+        "Ollama's `/api/*` routes on a single-model server (`server/apis/ollama/`), in Ollama's shapes",
+        '(0.12; errors `{"error": "..."}`, durations in nanoseconds, NDJSON streams by default). Where a',
+        "field does something other than in Ollama, or nothing:",
+        "",
+        "| where | what Llamba does |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {where} | {what} |" for where, what in OLLAMA_NOTES]
+    lines += ["", "`options` accepted without effect:", "", "| option | why |", "| --- | --- |"]
+    lines += [f"| `{name}` | {why} |" for name, why in NO_EFFECT.items()]
     return lines
 
 

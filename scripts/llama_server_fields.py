@@ -447,6 +447,14 @@ def surfaces(base_url: str) -> dict[str, Any]:
                 {line.split()[2] for line in metrics.splitlines() if line.startswith("# TYPE")}
             ),
         }
+        models = client.get("/v1/models").json()
+        result["models entry"] = typed_shape(models["models"][0])  # Ollama's shape, as llama-server fills it
+        result["models data"] = typed_shape(models["data"][0])
+        # Ollama's own routes (provenance: llama-server 0c1e570 answers 404 to each; Llamba serves them)
+        result["ollama routes"] = {
+            "GET /api/tags": client.get("/api/tags").status_code,
+            "POST /api/show": client.post("/api/show", json={"model": "m"}).status_code,
+        }
         for name, body in COUNTED.items():
             reply = client.post("/v1/messages/count_tokens", json={"model": "m", **body})
             result[f"count_tokens {name}"] = [reply.status_code, reply.json().get("input_tokens")]
@@ -488,6 +496,7 @@ def main() -> None:
     parser.add_argument("--binary-args", default="", help="more flags for the binary (space-separated)")
     parser.add_argument("--write", type=Path, help="write the outcomes here (a golden)")
     parser.add_argument("--check-sources", type=Path, help="a llama.cpp source tree: every field covered?")
+    parser.add_argument("--surfaces-only", action="store_true", help="re-record only the golden's surfaces")
     args = parser.parse_args()
     if args.check_sources:
         missing = schema_fields(args.check_sources) - SCHEMA.keys()
@@ -510,9 +519,12 @@ def main() -> None:
         revive()
     try:
         url = args.url or f"http://127.0.0.1:{args.port}"
-        results = {"cases": probe(url, revive if args.binary else None)}
-        if args.binary:  # a fresh server for the surfaces: its slots have the same history as Llamba's
-            revive()
+        if args.surfaces_only:
+            results = {"cases": json.loads(args.write.read_text())["cases"]}
+        else:
+            results = {"cases": probe(url, revive if args.binary else None)}
+            if args.binary:  # a fresh server for the surfaces: its slots have the same history as Llamba's
+                revive()
         results["surfaces"] = surfaces(url)
     finally:
         for proc in procs:

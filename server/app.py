@@ -18,6 +18,7 @@ from server.apis.anthropic import routes as anthropic
 from server.apis.embeddings import routes as embeddings
 from server.apis.native import control, metrics, slots
 from server.apis.native import routes as native
+from server.apis.ollama import routes as ollama
 from server.apis.openai import routes as openai
 from server.apis.openapi import routes as openapi
 from server.apis.responses import routes as responses
@@ -64,7 +65,8 @@ def create_app(settings: Settings, on_load_failure: Callable[[], None] | None = 
     state.install(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_size  # a larger body is a 413
     for routes in (
-        openai, anthropic, responses, control, native, embeddings, slots, metrics, stream, openapi, webui
+        openai, anthropic, ollama, responses, control, native, embeddings, slots, metrics, stream, openapi,
+        webui,
     ):  # fmt: skip
         app.register_blueprint(routes.bp)
     app.config[webui.ENABLED_KEY] = settings.webui

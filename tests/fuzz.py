@@ -48,11 +48,12 @@ def reply_problem(path: str, status: int, headers: httpx.Headers, body: bytes) -
         except ValueError:
             return f"{status} with a body that is not JSON: {body[:200]!r}"
         anthropic = path.startswith("/v1/messages")
-        ok = (
-            error.get("type") == "error" and {"type", "message"} <= set(error.get("error", {}))
-            if anthropic
-            else {"code", "message", "type"} <= set(error.get("error", {}))
-        )
+        if path.startswith("/api/"):  # Ollama's: {"error": "message"}
+            ok = isinstance(error, dict) and isinstance(error.get("error"), str)
+        elif anthropic:
+            ok = error.get("type") == "error" and {"type", "message"} <= set(error.get("error", {}))
+        else:
+            ok = {"code", "message", "type"} <= set(error.get("error", {}))
         if not ok:
             return f"{status} not in the route's error shape: {body[:200]!r}"
     return ""
@@ -76,7 +77,7 @@ def send(
             for part in reply.iter_bytes():
                 body += part
                 if len(body) >= STREAM_BYTES and reply.headers.get("content-type", "").startswith(
-                    "text/event"
+                    ("text/event", "application/x-ndjson")
                 ):
                     break
             report.record(

@@ -5,15 +5,17 @@ The calls are generated from the app's own URL map (`app.url_map.iter_rules()`, 
 test process with the settings the server under test runs with), so a route is checked the day it is
 added. Each rule's methods are asked, OPTIONS aside (a CORS preflight carries no key: browsers send
 none, so it never needs one). What is public is written here, not imported from server/http/auth.py
-(whose list it checks): reading (GET and HEAD) health, the model list and the web UI's files. Every other
-call must answer 401 in OpenAI's error shape without a key and with a wrong one, and anything but 401
-with the right one; a public call must answer without a key.
+(whose list it checks): reading (GET and HEAD) health, the model list (Ollama's too, and its version) and
+the web UI's files. Every other call must answer 401 in its route's error shape (OpenAI's; Ollama's
+`{"error": "Invalid API Key"}` under /api/) without a key and with a wrong one, and anything but 401 with
+the right one; a public call must answer without a key.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from quart import Quart
@@ -21,6 +23,7 @@ from werkzeug.routing import Rule
 
 PUBLIC_RULES = frozenset(
     {"/health", "/v1/health", "/models", "/v1/models", "/", "/index.html", "/assets/<path:relative>"}
+    | {"/api/version", "/api/tags"}  # Ollama's version and model list
 )
 PUBLIC_METHODS = frozenset({"GET", "HEAD"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -82,7 +85,16 @@ def status(client: httpx.Client, call: Call, headers: dict[str, str]) -> tuple[i
         if reply.status_code != 401 or call.method == "HEAD":
             return reply.status_code, ""
         reply.read()
-        return 401, reply.json()["error"]["type"]
+        return 401, error_type(reply.json())
+
+
+def error_type(body: dict[str, Any]) -> str:
+    """A 401's error type: OpenAI's `error.type`; Ollama's shape has only the message, whose 401 is the
+    API key's."""
+    error = body["error"]
+    if isinstance(error, dict):
+        return str(error["type"])
+    return "authentication_error" if error == "Invalid API Key" else error
 
 
 def wrong_answers(base_url: str, app: Quart, key: str, params: dict[str, str] | None = None) -> list[str]:

@@ -75,7 +75,8 @@ ENGINE_REACH: dict[str, frozenset[str] | None] = {
     "server/model/": None,  # the seam: the one place the engine is driven
     "server/config/": None,  # flags parsed into the engine's value types (sampling, speculative, KV types)
     "server/__main__.py": frozenset({"engine.cpu", "engine.model_files"}),  # the CPU level before Numba
-    "server/router/": frozenset({"engine.model_files", "engine.hf_cache"}),  # model files, not the engine
+    # model files, not the engine: the caches, and a GGUF's header (Ollama's /api/tags details)
+    "server/router/": frozenset({"engine.model_files", "engine.hf_cache", "engine.gguf", "engine.ftype"}),
 }
 
 

@@ -141,7 +141,7 @@ def test_props_slots_and_metrics_carry_llama_servers_keys(
     """Every key path llama-server writes, with its JSON type (Llamba's own keys may be there too:
     docs/compatibility.md lists them); a slot busy with a request shows its progress."""
     ours, theirs = surfaces(fresh.base_url), reference["surfaces"]
-    for part in ("props", "slots idle", "slots busy", "slots after"):
+    for part in ("props", "slots idle", "slots busy", "slots after", "models entry", "models data"):
         differ = {
             path: (ours[part].get(path), kind)
             for path, kind in theirs[part].items()

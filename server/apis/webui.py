@@ -101,7 +101,19 @@ def _etags(value: str) -> set[str]:
     return {tag.strip().removeprefix("W/") for tag in value.split(",") if tag.strip()}
 
 
+# Ollama's answer at its root, which its clients probe to find a server (server/apis/ollama/).
+OLLAMA_BANNER = "Ollama is running"
+
+
 @bp.get("/")
+async def root() -> Any:
+    """The web UI for a client that accepts HTML (browsers, and `Accept: */*`); Ollama's plain-text
+    banner for one that does not (no Accept header, as Go's HTTP client sends, or only text/plain)."""
+    if not request.accept_mimetypes.accept_html:
+        return Response(OLLAMA_BANNER, status=200, content_type="text/plain; charset=utf-8")
+    return _serve("index.html")
+
+
 @bp.get("/index.html")
 async def index() -> Any:
     return _serve("index.html")

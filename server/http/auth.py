@@ -2,8 +2,9 @@
 
 A request carries its key as `Authorization: Bearer KEY` or `X-Api-Key: KEY`. Keys are compared in
 constant time (`hmac.compare_digest`), every configured key each time, so the answer's timing says
-nothing about how much of a key was right. Public paths are an exact list: health, the model list and
-the web UI's own files; a route that merely ends in `.js` or `.html` (`/v1/responses/x.js`) is not one.
+nothing about how much of a key was right. Public paths are an exact list: health, the model list (and
+Ollama's version and model list) and the web UI's own files; a route that merely ends in `.js` or
+`.html` (`/v1/responses/x.js`) is not one.
 They are public to GET (and HEAD) only: a POST or DELETE on one (the router's download and removal of
 models at `/models`, the router's and the cluster's proxy at `/`) needs the key.
 
@@ -24,7 +25,10 @@ from quart import Quart, g, request
 from server.http import errors
 from server.http.error_handlers import error_reply
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/", "/index.html"})
+PUBLIC_PATHS = frozenset({
+    "/health", "/v1/health", "/models", "/v1/models", "/", "/index.html",
+    "/api/version", "/api/tags",  # Ollama's version and model list, as the others
+})  # fmt: skip
 PUBLIC_METHODS = frozenset({"GET", "HEAD"})
 
 

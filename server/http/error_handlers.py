@@ -1,6 +1,6 @@
 """The errors every Llamba app (a model server, the router) answers alike: in the shape its route speaks
-(Anthropic's under `/v1/messages`, OpenAI's/llama-server's elsewhere), for API errors, validation errors,
-HTTP errors and anything unexpected."""
+(Anthropic's under `/v1/messages`, Ollama's under `/api`, OpenAI's/llama-server's elsewhere), for API
+errors, validation errors, HTTP errors and anything unexpected."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from server.http import errors
 log = structlog.get_logger("server")
 
 ANTHROPIC_PREFIX = "/v1/messages"  # server/apis/anthropic/routes.py's routes
+OLLAMA_PREFIX = "/api"  # server/apis/ollama/routes.py's routes
 
 # Routes whose clients read another error shape than OpenAI's (every other route's), by path prefix.
 ERROR_SHAPES: tuple[tuple[str, Callable[[errors.APIError], dict[str, Any]]], ...] = (
     (ANTHROPIC_PREFIX, errors.anthropic_body),
+    (OLLAMA_PREFIX, errors.ollama_body),
 )
 
 

@@ -107,3 +107,8 @@ def anthropic_body(err: APIError) -> dict[str, Any]:
         "type": "error",
         "error": {"type": ANTHROPIC_TYPES.get(err.status, fallback), "message": err.message},
     }
+
+
+def ollama_body(err: APIError) -> dict[str, Any]:
+    """An error in Ollama's shape: {"error": "message"} (its /api/* routes)."""
+    return {"error": err.message}

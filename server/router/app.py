@@ -1,7 +1,7 @@
 """The router's Quart app: the front door (server/router/front_door.py) in front of its children, one per
 loaded model (a request goes to its model's: the body's `model`, else the `model` query parameter, else
 the default model), and its own routes: a model by name, load, unload, download, remove, the models'
-SSE, /openapi.json, the web UI."""
+SSE, /openapi.json, the web UI, and Ollama's API (server/router/ollama.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from quart.typing import ResponseReturnValue
 from server.apis import webui
 from server.apis.openapi.document import ModelName, cached_document
 from server.config.settings import Settings
-from server.http import errors
+from server.http import errors, sse
 from server.http.auth import install_auth
 from server.http.cors import install_cors
 from server.http.error_handlers import install_error_handlers
 from server.router import metrics as router_metrics
+from server.router import ollama
 from server.router.catalogue import Catalogue, CatalogueError, build_catalogue
 from server.router.child import Child
 from server.router.conversations import Conversations
@@ -193,7 +194,9 @@ def create_router_app(settings: Settings, catalogue: Catalogue, child_args: list
     ctx = Router(settings, catalogue, pool, events, conversations, new_client(), secret, downloads)
     app.register_blueprint(webui.bp)  # the router serves the UI itself: it answers while models load
     app.config[webui.ENABLED_KEY] = settings.webui
+    app.config[sse.UNREAD_LIMIT_KEY] = settings.stream_buffer_size  # its own streams: Ollama's pull
     app.register_blueprint(bp)
+    app.register_blueprint(ollama.bp)  # Ollama's API: its own answers, and its requests routed by name
     install_front_door(app, ctx)  # last: its catch-all proxies what no other route takes
     install_auth(app, settings.api_keys)
     install_cors(app, settings)  # the single-model server's policy: --cors-origins, else any origin
@@ -267,8 +270,8 @@ async def download() -> Any:
     """Fetch a built-in model into the cache in the background (server/router/downloads.py)."""
     name = await _model_name()
     ctx = router()
-    entry = ctx.catalogue.find(name)
-    ctx.downloads.start(ctx.pool.states[entry.id] if entry else None, name)
+    entry = ctx.catalogue.resolve(name)
+    ctx.downloads.start(ctx.pool.states[entry.id] if entry else None, entry.id if entry else name)
     return {"success": True}
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import engine.hf_cache as hf_cache
 from engine.model_files import DEFAULT_MODEL, MODELS
+from server.apis.ollama.names import same_model
 from server.config.flags import build_parser
 from server.config.ignored_flags import ALWAYS_ON, IGNORED_FLAGS
 
@@ -79,6 +80,18 @@ class Catalogue:
         if name in self.entries:
             return self.entries[name]
         return next((e for e in self.entries.values() if name in e.aliases), None)
+
+    def resolve(self, name: str) -> ModelEntry | None:
+        """The entry a request's `model` names: its id or an alias, else the same name under Ollama's rules
+        (`smollm2:latest`, `library/smollm2`, any case; `hf.co/org/repo:Q4_K_M` for a cache model), so a
+        name with a colon of its own (`org/repo:Q4_1`) is matched exactly first."""
+        found = self.find(name)
+        if found is not None:
+            return found
+        bare = name.strip().removeprefix("hf.co/").removeprefix("huggingface.co/")
+        return next(
+            (e for e in self.entries.values() for known in e.names() if same_model(bare, known)), None
+        )
 
     @property
     def default(self) -> ModelEntry:

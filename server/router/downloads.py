@@ -56,6 +56,7 @@ class Downloads:
         self._pool = pool
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
+        self.last_message: dict[str, str] = {}  # each model's last fetch line (why a fetch failed)
 
     def start(self, state: ModelState | None, name: str) -> None:
         spec = builtin_spec(state) if state is not None else None
@@ -112,6 +113,7 @@ class Downloads:
         if code != 0:
             cache_files(spec)[2].unlink(missing_ok=True)  # a killed fetch leaves its partial file
         log.info("model.download_ended", model=state.id, exit_code=code, message=last)
+        self.last_message[state.id] = last
         state.status, state.progress = UNLOADED, None
         ok = code == 0
         self._pool.events.publish(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -60,13 +61,18 @@ class Forwarder:
             self.client, lease, request.method, request_target(), request.headers, body, self.secret
         )
 
-    async def proxy_to(self, state: ModelState, body: bytes) -> Response:
-        """The request to its model's child, the child's answer streamed back to the client."""
+    async def proxy_to(
+        self, state: ModelState, body: bytes, on_lease: Callable[[Lease], None] | None = None
+    ) -> Response:
+        """The request to its model's child, the child's answer streamed back to the client; `on_lease`
+        hears of the lease before the request is sent (Ollama's keep_alive binds to its child)."""
         conversation = request.headers.get(CONVERSATION_HEADER)
         if conversation and request.method == "POST":
             return await self.forward_conversation(state, conversation, body, self._autoload())
         lease = await self.pool.acquire(state, self._autoload())
         try:
+            if on_lease is not None:
+                on_lease(lease)
             upstream = await self.send(lease, body)
         except BaseException:
             lease.release()

@@ -25,6 +25,7 @@ from server.http import errors
 from server.router.catalogue import Catalogue
 from server.router.children import ChildFactory, Children
 from server.router.events import EventHub
+from server.router.keep_alive import KeepAlive
 from server.router.state import (
     DOWNLOADING,
     FAILED,
@@ -74,9 +75,11 @@ class ModelPool:
         self._queue: OrderedDict[str, list[asyncio.Future[Lease]]] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.children = Children(spawn, events, self._spawn_task, self._pump, self._fail_waiters)
+        # Ollama's keep_alive (server/router/keep_alive.py): an idle model's child stopped on its timer.
+        self.keep_alive = KeepAlive(lambda state: self._spawn_task(self._expire(state)))
 
     def state(self, name: str) -> ModelState:
-        entry = self.catalogue.find(name)
+        entry = self.catalogue.resolve(name)
         if entry is None:
             raise errors.invalid_request(f"model '{name}' not found (GET /models lists them)")
         return self.states[entry.id]
@@ -120,11 +123,14 @@ class ModelPool:
     def _grant(self, state: ModelState) -> Lease:
         state.in_flight += 1
         state.touch()
+        self.keep_alive.busy(state)
         return Lease(self, state)
 
     def release(self, state: ModelState) -> None:
         state.in_flight -= 1
         state.touch()
+        if state.in_flight == 0:
+            self.keep_alive.idle(state)
         self._pump()
 
     # -- the queue ------------------------------------------------------------------------------------
@@ -184,6 +190,11 @@ class ModelPool:
         for waiter in self._queue.pop(state.id, []):
             if not waiter.done():
                 waiter.set_exception(err)
+
+    async def _expire(self, state: ModelState) -> None:
+        """Its keep-alive ran out: stop the model's child, unless a request took it meanwhile."""
+        if state.idle:
+            await self.stop(state, reason="keep_alive")
 
     async def stop(self, state: ModelState, reason: str = "unload", timeout: float | None = None) -> None:
         """Stop the model's child (its requests in flight end with it); its room is free once it exited."""

@@ -15,6 +15,7 @@ from server.agents.loop import AgentPlan, AgentRun, RoundStarted, ToolExecuted, 
 from server.agents.requests import request_context
 from server.agents.toolbox import Toolbox
 from server.apis.native.completion import native_final, native_partial, partial_timings
+from server.apis.ollama.models import listing_entry
 from server.apis.openai.chunks import (
     ChatChunks,
     base_fields,
@@ -415,7 +416,5 @@ async def models() -> Any:
     return {
         "object": "list",
         "data": [entry],
-        "models": [
-            {"name": entry["id"], "model": entry["id"], "type": "model", "capabilities": capabilities}
-        ],
+        "models": [await listing_entry(model, entry["id"], capabilities)],
     }

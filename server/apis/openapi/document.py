@@ -16,12 +16,19 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictStr
 from pydantic.json_schema import models_json_schema
 
 from server.agents.requests import ToolCallRequest
 from server.apis.anthropic.schemas import CountTokensRequest, MessagesRequest
 from server.apis.embeddings.schemas import EmbeddingsBody, RerankBody
+from server.apis.ollama.schemas import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+)
 from server.apis.responses.schemas import ResponsesRequest
 from server.chat.schemas import (
     ApplyTemplateRequest,
@@ -61,11 +68,48 @@ class ModelName(BaseModel):
     model: str = Field(min_length=1)
 
 
+class OllamaPullRequest(BaseModel):
+    """Ollama's /api/pull in router mode: a catalogue model to fetch (`name`: its deprecated spelling)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr = ""
+    name: StrictStr = ""
+    insecure: StrictBool = False  # accepted: the router fetches from no registry
+    stream: StrictBool | None = None  # absent: NDJSON progress; false: the last status alone
+
+
+class OllamaDeleteRequest(BaseModel):
+    """Ollama's /api/delete in router mode: a cached catalogue model to remove."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr = ""
+    name: StrictStr = ""
+
+
+class LoraScale(BaseModel):
+    """An adapter's global scale (llama-server's POST /lora-adapters item)."""
+
+    id: int = Field(ge=0)
+    scale: float
+
+
+class LoraScalesRequest(RootModel[list[LoraScale]]):
+    """llama-server's POST /lora-adapters body: the adapters' global scales, unlisted ones set to 0."""
+
+
 class AnthropicErrorReply(BaseModel):
     """Anthropic's error shape: /v1/messages and /v1/messages/count_tokens."""
 
     type: str = Field(pattern="^error$")
     error: AnthropicErrorDetail
+
+
+class OllamaErrorReply(BaseModel):
+    """Ollama's error shape: its /api/* routes."""
+
+    error: str
 
 
 @dataclass(frozen=True)
@@ -88,6 +132,7 @@ class Route:
     streams: bool = False  # may answer text/event-stream
     anthropic: bool = False  # errors in Anthropic's shape
     content: str = "application/json"  # the success reply's type
+    ollama: bool = False  # errors in Ollama's shape; `streams` means NDJSON
 
 
 _CONV_ID = Query("conv_id", "the conversation id the stream was started with (X-Conversation-Id)", True)
@@ -145,8 +190,25 @@ ROUTES: tuple[Route, ...] = (
     Route("post", ("/cors-proxy",), "the web UI's MCP proxy (--ui-mcp-proxy; else 403)", query=(_PROXY_URL,)),
     Route("get", ("/tools",), "the MCP servers' tools (with MCP servers configured)"),
     Route("post", ("/tools",), "call an MCP tool (with MCP servers configured)", ToolCallRequest),
+    Route("get", ("/lora-adapters",), "the loaded LoRA adapters and their global scales"),
+    Route("post", ("/lora-adapters",), "set the LoRA adapters' global scales", LoraScalesRequest),
     Route("get", ("/openapi.json",), "this document"),
-    Route("get", ("/", "/index.html"), "the web UI", content="text/html"),
+    Route("get", ("/",), "the web UI (HTML); Ollama's \"Ollama is running\" to a client not asking for HTML",
+          content="text/html"),
+    Route("get", ("/index.html",), "the web UI", content="text/html"),
+    Route("get", ("/api/version",), "the Ollama version this API speaks (Ollama)", ollama=True),
+    Route("get", ("/api/tags",), "the served model (Ollama)", ollama=True),
+    Route("get", ("/api/ps",), "the loaded model (Ollama)", ollama=True),
+    Route("post", ("/api/show",), "the model's details, metadata and capabilities (Ollama)",
+          OllamaShowRequest, ollama=True),
+    Route("post", ("/api/chat",), "chat (Ollama; NDJSON unless stream is false)", OllamaChatRequest,
+          streams=True, ollama=True),
+    Route("post", ("/api/generate",), "generate: templated, raw or fill-in-the-middle (Ollama)",
+          OllamaGenerateRequest, streams=True, ollama=True),
+    Route("post", ("/api/embed",), "embeddings of texts (Ollama; --embedding)", OllamaEmbedRequest,
+          ollama=True),
+    Route("post", ("/api/embeddings",), "one prompt's embedding (Ollama's older route; --embedding)",
+          OllamaEmbeddingsRequest, ollama=True),
     Route("get", ("/assets/{relative}",), "the web UI's files", content="application/octet-stream"),
 )  # fmt: skip
 
@@ -169,6 +231,13 @@ ROUTER_ROUTES: tuple[Route, ...] = (
     Route("get", ("/metrics",), "every model's metrics labelled by model, and the router's",
           query=(_MODEL_QUERY,), content="text/plain"),
     Route("get", ("/props",), "the router's settings (and the default model's)", query=(_MODEL_QUERY,)),
+    Route("get", ("/api/tags",), "every catalogue model on this machine, loaded or not (Ollama)",
+          ollama=True),
+    Route("get", ("/api/ps",), "the running models, with when their keep_alive unloads them (Ollama)",
+          ollama=True),
+    Route("post", ("/api/pull",), "fetch a built-in model into the cache (Ollama; NDJSON progress unless "
+          "stream is false)", OllamaPullRequest, streams=True, ollama=True),
+    Route("delete", ("/api/delete",), "remove a cached model (Ollama)", OllamaDeleteRequest, ollama=True),
 )  # fmt: skip
 
 
@@ -203,13 +272,17 @@ def _operation_id(method: str, path: str) -> str:
     return f"{method}_{name or 'root'}"
 
 
+def _error_model(route: Route) -> type[BaseModel]:
+    return AnthropicErrorReply if route.anthropic else OllamaErrorReply if route.ollama else ErrorReply
+
+
 def _replies(route: Route) -> dict[str, Any]:
-    error = {"application/json": {"schema": _ref(AnthropicErrorReply if route.anthropic else ErrorReply)}}
+    error = {"application/json": {"schema": _ref(_error_model(route))}}
     ok: dict[str, Any] = {route.content: {"schema": {"type": "object"}}}
     if not route.content.endswith("json"):
         ok = {route.content: {"schema": {"type": "string"}}}
     if route.streams:
-        ok["text/event-stream"] = {"schema": {"type": "string"}}
+        ok["application/x-ndjson" if route.ollama else "text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "200": {"description": "success", "content": ok},
         "4XX": {"description": "the request is wrong", "content": error},
@@ -238,6 +311,7 @@ def _operation(route: Route, path: str) -> dict[str, Any]:
 
 def _components(routes: tuple[Route, ...]) -> dict[str, Any]:
     models = {m for route in routes for m in _body_models(route)} | {ErrorReply, AnthropicErrorReply}
+    models |= {OllamaErrorReply}
     ordered = sorted(models, key=lambda m: m.__name__)
     _, defs = models_json_schema(
         [(m, "validation") for m in ordered], ref_template="#/components/schemas/{model}"
@@ -253,8 +327,8 @@ def document(version: str, router: bool = False) -> dict[str, Any]:
         for path in route.paths:
             paths.setdefault(path, {})[route.method] = _operation(route, path)
     description = (
-        "llama-server's, OpenAI's and Anthropic's HTTP APIs. Errors: OpenAI's shape "
-        "{error: {code, message, type}}, Anthropic's on /v1/messages."
+        "llama-server's, OpenAI's, Anthropic's and Ollama's HTTP APIs. Errors: OpenAI's shape "
+        "{error: {code, message, type}}, Anthropic's on /v1/messages, Ollama's {error: message} on /api."
     )
     if router:
         description += (

@@ -30,7 +30,7 @@ PROXY = "server with --ui-mcp-proxy"
 class Route:
     method: str
     path: str
-    origin: str  # llama-server | OpenAI | Anthropic | Llamba
+    origin: str  # llama-server | OpenAI | Anthropic | Ollama | Llamba
     implemented: bool
     note: str = ""
     mode: str = SERVER
@@ -92,8 +92,8 @@ ROUTES: tuple[Route, ...] = (
     R("POST", "/tokenize", "llama-server", True, "also a chat's `messages`"),
     R("POST", "/detokenize", "llama-server", True),
     R("POST", "/apply-template", "llama-server", True),
-    R("GET", "/lora-adapters", "llama-server", False, "404: no LoRA adapters"),
-    R("POST", "/lora-adapters", "llama-server", False, "404: no LoRA adapters"),
+    R("GET", "/lora-adapters", "llama-server", True, "the --lora/--lora-scaled adapters; [] without any"),
+    R("POST", "/lora-adapters", "llama-server", True, "sets the global scales; an unknown id is a 400"),
     R("GET", "/slots", "llama-server", True, "not with --no-slots"),
     R("POST", "/slots/<id_slot>", "llama-server", True, "save, restore, erase (with --slot-save-path)"),
     R(
@@ -123,6 +123,14 @@ ROUTES: tuple[Route, ...] = (
         "with --ui-mcp-proxy, forwards only x-llama-server-proxy-header-*; 403 without",
         SERVER,
     ),
+    R("GET", "/api/version", "Ollama", True, "0.12.6: the Ollama API's shapes; no API key needed"),
+    R("GET", "/api/tags", "Ollama", True, "the served model as `<alias>:latest`; no API key needed"),
+    R("GET", "/api/ps", "Ollama", True, "the loaded model (host memory: size_vram 0; never expires)"),
+    R("POST", "/api/show", "Ollama", True, "details, GGUF metadata, capabilities, template"),
+    R("POST", "/api/chat", "Ollama", True, "tools, think, format, images (--mmproj), options; NDJSON"),
+    R("POST", "/api/generate", "Ollama", True, "templated, raw, or `suffix` (FIM); `context`; NDJSON"),
+    R("POST", "/api/embed", "Ollama", True, "with --embedding; L2-normalised, `dimensions`, `truncate`"),
+    R("POST", "/api/embeddings", "Ollama", True, "with --embedding; Ollama's older route"),
     R("GET", "/tools", "llama-server", True, "the built-in tools and the MCP servers' tools", MCP),
     R("POST", "/tools", "llama-server", True, "call one tool (`stream` for exec_shell_command)", MCP),
     R("GET", "/models", "llama-server", True, "the catalogue with each model's status", ROUTER),
@@ -133,6 +141,11 @@ ROUTES: tuple[Route, ...] = (
     R("GET", "/models/sse", "llama-server", True, "model status and load-progress events", ROUTER),
     R("POST", "/models", "llama-server", True, "fetches a built-in model (PyPI) into the cache", ROUTER),
     R("DELETE", "/models", "llama-server", True, "removes a built-in model from the cache", ROUTER),
+    R("GET", "/api/tags", "Ollama", True, "every catalogue model on this machine, loaded or not", ROUTER),
+    R("GET", "/api/ps", "Ollama", True, "the running children; `expires_at` from their keep_alive", ROUTER),
+    R("POST", "/api/pull", "Ollama", True, "a built-in model fetched into the cache (PyPI); NDJSON", ROUTER),
+    R("DELETE", "/api/delete", "Ollama", True, "removes a built-in or llama.cpp cache model", ROUTER),
+    R("POST", "/api/chat", "Ollama", True, "to the named model's child; `keep_alive` unloads it", ROUTER),
 )
 
 
@@ -189,6 +202,11 @@ INDENT_NOTE = (
     "a generated line after the first whose indentation (spaces, tabs) is shorter ends the generation "
     "(`stop_type` limit), the text cut where that indentation ends, as llama-server"
 )
+LORA_NOTE = (
+    "this request's LoRA scales ([{id, scale}]; adapters it does not list run at 0), batched per row with "
+    "other adapter sets (CPU backend); an unknown id or a scale that is not a number is a 400 (llama-server "
+    "skips them)"
+)
 # What a field's status does not say.
 FIELD_NOTES: dict[tuple[str, str], str] = {
     ("/v1/completions", "suffix"): "runs as /infill (prompt = prefix); 501 naming the missing FIM tokens "
@@ -207,6 +225,8 @@ FIELD_NOTES: dict[tuple[str, str], str] = {
     ("/v1/chat/completions", "n_indent"): INDENT_NOTE,
     ("/completion", "return_tokens"): "a whole reply's `tokens` (else `[]`); each streamed chunk carries "
     "its token, as llama-server",
+    ("/completion", "lora"): LORA_NOTE,
+    ("/v1/chat/completions", "lora"): LORA_NOTE,
 }
 # llama-server's internal fields: its OpenAI layer sets them from the template; Llamba reads it itself.
 INTERNAL = ("chat_format", "chat_parser", "generation_prompt", "parse_tool_calls", "grammar_type")
@@ -235,3 +255,49 @@ def field_status(body: Body, name: str) -> str:
 
 # An unknown field (server/http/unknown_fields.py).
 UNKNOWN_STATUS = "unknown: ignored and logged once (400 with --strict-fields)"
+
+
+# Ollama's API (server/apis/ollama/): what each of its request fields does here, where that is not what
+# Ollama does, or is done without effect. docs/compatibility.md's Ollama section is generated from it and
+# from the options accepted without effect (server/apis/ollama/options.py's NO_EFFECT).
+OLLAMA_NOTES: tuple[tuple[str, str], ...] = (
+    ("`model` (every route)", "the server's model under Ollama's naming rules (`smollm2`, `smollm2:latest`, "
+     "`library/smollm2`, any case) or any of its -a aliases; another name is Ollama's 404 `model 'x' not "
+     "found` (llama-server's OpenAI route ignores `model`: Ollama clients pick from /api/tags and act on the "
+     "404); a missing one is Ollama's 400 `model is required`"),
+    ("`keep_alive` (every route)", "accepted, no effect: a single-model server cannot unload its model; "
+     "`keep_alive: 0` with no prompt answers `done_reason` \"load\" (Ollama: \"unload\"); /api/ps says the "
+     "model never expires (a router unloads: server/router)"),
+    ("`options` defaults", "the server's sampling flags (llama-server's defaults: top_p 0.95, min_p 0.05), "
+     "not Ollama's (top_p 0.9, min_p 0); an unknown option is ignored and logged once, as Ollama warns"),
+    ("`options.num_ctx`", "below the slot's context it bounds the request (a prompt of num_ctx tokens or "
+     "more is a 400, generation stops at num_ctx with done_reason \"length\"); at or above it, no effect: "
+     "the slots' size is -c / -np, fixed at start, which /api/ps reports"),
+    ("`options.num_predict: -2`", "as -1: until the slot's context is full"),
+    ("`truncate`, `shift` (chat, generate)", "accepted, no effect: a prompt too long for the slot follows "
+     "--context-shift (cut and shifted, or a 400), as on the other routes"),
+    ("`truncate` (embed)", "implemented: the input cut to the slot's context, or with false a 400"),
+    ("`template` (generate)", "400: Go templates are not run; render the prompt and send it with `raw`"),
+    ("`images` with `raw` or `suffix` (generate)", "400: images are read through the chat template only"),
+    ("`context` (generate)", "implemented: prepended to a templated or FIM prompt as tokens (its BOS not "
+     "repeated); the final object's `context` is the prompt's and the answer's tokens (none when raw, as "
+     "Ollama, or when the prompt holds images)"),
+    ("`tool_choice` (chat)", "Llamba's extension, not Ollama's: the OpenAI route's tool_choice, for a model "
+     "that writes its calls only when held to them"),
+    ("`think`", "on a template without a thinking block, true or a level is Ollama's 400 `does not support "
+     "thinking`; absent on one with a block, the model thinks (Ollama's default); false closes the block "
+     "(enable_thinking false, a budget of 0); a level is the template's `reasoning_effort`"),
+    ("`logprobs`, `top_logprobs`", "implemented: each token's log probability and the best alternatives"),
+    ("`suffix` (generate)", "implemented with the model's FIM tokens in /infill's layout; a model without "
+     "them is Ollama's 400 `does not support insert`"),
+    ("/api/tags, /api/ps `digest`", "the sha256 of the model file's path, size and modification time, not of "
+     "its bytes (Ollama's blob digest): hashing a multi-gigabyte file would take seconds to minutes"),
+    ("/api/show", "`model_info` is the GGUF's metadata (arrays over 5 items shown empty, as Ollama without "
+     "`verbose`; `verbose` does not list them) with `general.parameter_count`; no `tensors`, `license` "
+     "and `parameters` empty, `modelfile` a FROM line; `system`, `template` and `options` of the body have "
+     "no effect"),
+    ("`GET /`", "the web UI to a client that accepts HTML (a browser, `Accept: */*`); Ollama's `Ollama is "
+     "running` to one that sends no Accept header (Go's client) or only other types"),
+    ("/api/pull, /api/push, /api/create, /api/copy, /api/delete, /api/blobs", "not served (404): a "
+     "single-model server has no model store"),
+)  # fmt: skip
