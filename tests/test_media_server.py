@@ -278,3 +278,25 @@ def test_embeddings_of_content_with_an_image(embedder: ServerProcess, images: di
     )
     assert with_jpeg == again
     assert len({tuple(with_jpeg), tuple(with_png), tuple(alone)}) == 3
+
+
+def test_ollama_chat_and_generate_with_images(
+    server: ServerProcess, api: openai.OpenAI, images: dict[str, Path]
+) -> None:
+    """Ollama's `images` (base64, no data: prefix) on /api/chat and /api/generate: the same greedy answer as
+    the OpenAI route's image_url with the same image; /api/show says the model reads images."""
+    import ollama
+
+    client = ollama.Client(host=server.base_url)
+    assert "vision" in client.show("gemma3").capabilities
+    question = "What is in this image?"
+    want = api.chat.completions.create(
+        model="gemma3", messages=image_question(data_url(images["png"], "image/png"), question), **GREEDY
+    )
+    options = {"temperature": 0, "num_predict": GREEDY["max_tokens"]}
+    message = {"role": "user", "content": question, "images": [images["png"].read_bytes()]}
+    chat = client.chat(model="gemma3", messages=[message], options=options)
+    assert chat.message.content == want.choices[0].message.content
+    assert chat.prompt_eval_count == want.usage.prompt_tokens  # the image's 16 positions counted alike
+    generated = client.generate(model="gemma3", prompt=question, images=[images["png"]], options=options)
+    assert generated.response == chat.message.content  # /api/generate templates the prompt as one user turn

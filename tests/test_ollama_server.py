@@ -219,3 +219,17 @@ def test_think_splits_the_thinking_out(thinker: ollama.Client) -> None:
     assert not off.message.thinking and off.message.content
     generated = thinker.generate(model=NAME, prompt="Say hello.", think=True, options=options)
     assert generated.thinking == on.message.thinking
+
+
+def test_images_go_where_ollama_puts_them() -> None:
+    """Image i takes the i-th `[img]` of the text; the images left over go before it (Ollama's chatPrompt)."""
+    from server.apis.ollama.schemas import OllamaMessage
+    from server.apis.ollama.translate import content
+
+    def layout(text: str, images: list[str]) -> list[str]:
+        parts = content(OllamaMessage(role="user", content=text, images=images))
+        return [p["text"] if p["type"] == "text" else p["image_url"]["url"].rsplit(",", 1)[1] for p in parts]
+
+    assert layout("What is this?", ["QUFB"]) == ["QUFB", "What is this?"]
+    assert layout("a [img] b", ["QUFB", "QkJC"]) == ["QkJC", "a ", "QUFB", " b"]
+    assert layout("x [img] y [img] z", ["QUFB"]) == ["x ", "QUFB", " y [img] z"]

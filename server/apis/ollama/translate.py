@@ -97,14 +97,24 @@ def chat_message(message: OllamaMessage) -> dict[str, Any]:
 
 
 def content(message: OllamaMessage) -> str | list[dict[str, Any]]:
-    """The text, or with images the parts the media path reads (each image after the text, as
-    Ollama's templates place them)."""
+    """The text, or with images the parts the media path reads, placed as Ollama places them: image i
+    takes the i-th `[img]` placeholder of the text, and the images left over go before the text."""
     if not message.images:
         return message.content
-    parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
-    for image in message.images:
-        parts.append({"type": "image_url", "image_url": {"url": f"data:image/unknown;base64,{image}"}})
+    pieces = message.content.split("[img]")
+    inline = min(len(pieces) - 1, len(message.images))
+    parts = [image_part(image) for image in message.images[inline:]]
+    for i, piece in enumerate(pieces[: inline + 1]):
+        text = "[img]".join(pieces[inline:]) if i == inline else piece
+        if text:
+            parts.append({"type": "text", "text": text})
+        if i < inline:
+            parts.append(image_part(message.images[i]))
     return parts
+
+
+def image_part(image: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": f"data:image/unknown;base64,{image}"}}
 
 
 def format_fields(fmt: Format | None) -> dict[str, Any]:
