@@ -4,6 +4,7 @@ and UI files that stay public when the server has an API key."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import http.client
 import json
 import re
@@ -47,6 +48,9 @@ def test_index_is_html_with_a_strict_content_security_policy(client: httpx.Clien
     assert reply.headers["X-Content-Type-Options"] == "nosniff"
     assert '<script type="module" src="assets/js/main.js">' in reply.text  # relative: --api-prefix
     assert client.get("/index.html").content == reply.content
+    # the diagram frame (sandboxed by the page) alone allows inline style, for Mermaid's layout
+    frame = client.get("/assets/diagram.html").headers["Content-Security-Policy"]
+    assert "script-src 'self'" in frame and "default-src 'none'" in frame and "http" not in frame
 
 
 def test_assets_are_gzipped_when_accepted_and_typed(client: httpx.Client) -> None:
@@ -115,3 +119,18 @@ def test_every_module_the_page_imports_exists() -> None:
     for module in js.rglob("*.js"):
         for target in re.findall(r'^import .* from "(\.{1,2}/[^"]+)";$', module.read_text(), re.MULTILINE):
             assert (module.parent / target).resolve().is_file(), f"{module.name} imports missing {target}"
+
+
+def test_vendored_libraries_match_their_record() -> None:
+    """Every file under assets/vendor/ is one VERSIONS.json records (scripts/vendor_webui.py wrote it from
+    the published packages), with that sha256, and each library ships its licence."""
+    vendor = WEBUI_DIR / "assets" / "vendor"
+    record = json.loads((vendor / "VERSIONS.json").read_text())
+    recorded = {f"{lib}/{name}": sha for lib, entry in record.items() for name, sha in entry["files"].items()}
+    on_disk = {p.relative_to(vendor).as_posix() for p in vendor.rglob("*") if p.is_file()} - {"VERSIONS.json"}
+    assert on_disk == set(recorded)
+    for name, digest in recorded.items():
+        assert hashlib.sha256((vendor / name).read_bytes()).hexdigest() == digest, name
+    for lib, entry in record.items():
+        assert f"{lib}/LICENSE" in recorded and entry["version"] and entry["package"]
+    assert not [n for n in on_disk if n.endswith((".woff", ".ttf"))]  # KaTeX's fonts: woff2 only

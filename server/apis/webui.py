@@ -25,7 +25,7 @@ ENABLED_KEY = "LLAMBA_WEBUI"
 
 # Package data (pyproject), so an installed wheel serves the UI as the source tree does.
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
-COMPRESSIBLE = {".html", ".js", ".css", ".svg", ".json", ".txt", ".md"}
+COMPRESSIBLE = {".html", ".js", ".mjs", ".css", ".svg", ".json", ".txt", ".md"}
 MIN_GZIP_BYTES = 512
 TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".svg": "image/svg+xml"}
 # The page runs only its own scripts: model output can never bring code in, even if rendering slipped.
@@ -33,6 +33,14 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+# The diagram frame (assets/diagram.html, framed by the page with sandbox="allow-scripts": no origin of its
+# own, no reach into the page): Mermaid lays diagrams out with inline styles, which only this frame allows.
+# It loads nothing but its two scripts, and talks to the page only by postMessage (SVG text, sanitised there).
+FRAME_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; img-src data:; font-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'self'"
+)
+FRAME_PAGE = "assets/diagram.html"
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,8 @@ def _serve(relative: str) -> Response:
     headers = {"ETag": asset.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
     headers["X-Content-Type-Options"] = "nosniff"
     if relative.endswith(".html"):
-        headers |= {"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer"}
+        policy = FRAME_CSP if relative == FRAME_PAGE else CSP
+        headers |= {"Content-Security-Policy": policy, "Referrer-Policy": "no-referrer"}
     if asset.etag in _etags(request.headers.get("If-None-Match", "")):
         return Response(b"", status=304, headers=headers)
     body = asset.body

@@ -89,7 +89,8 @@ async def set_lora_adapters() -> Any:
 @bp.get("/props")
 async def props() -> Any:
     """llama-server's /props, every key it writes (its get_res_props), then Llamba's own: the backend,
-    the web UI switch, the reasoning settings and the tool loop."""
+    the web UI switch, whether `/tools` is served (`--tools` or MCP servers: the web UI asks it only
+    then), the reasoning settings and the tool loop."""
     model = current_model()
     info = model.model_info()
     s = model.settings
@@ -117,6 +118,7 @@ async def props() -> Any:
         "cors_proxy_enabled": s.ui_mcp_proxy,
         "backend": info.backend,
         "webui": s.webui,
+        "endpoint_tools": app_state().toolbox is not None,
         "reasoning": reasoning_props(model),
         "tool_loop": tool_loop_props(model),
     }

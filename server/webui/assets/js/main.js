@@ -40,6 +40,9 @@ class App {
     this.current = null; // the open conversation, or null for a new chat not sent yet
     this.mcpServers = []; // [{label, tools: [names]}] from GET /tools
     this.toolsLoaded = false;
+    // Whether the server has /tools (/props' endpoint_tools; an older server that does not say: asked
+    // anyway); null until /props answered.
+    this.serverTools = null;
     this.pendingServers = []; // the switches of a new chat, until its first message creates it
     this.chat = new Chat({
       store,
@@ -125,6 +128,7 @@ class App {
         this.propsVision = { model: this.model, vision, audio };
         this.attachments.setModalities(this.propsVision);
         this.settings.setServerDefaults(props.default_generation_settings?.params || {}, props.tool_loop);
+        this.serverTools = props.endpoint_tools !== false;
         $("#model-name").textContent = this.model;
         if (props.role === "router") await this.picker.show(this.model);
         this.#banner("");
@@ -148,6 +152,13 @@ class App {
 
   /** The MCP servers the chat can switch on (their tools, grouped by server); none hides the Tools. */
   async loadTools() {
+    if (this.serverTools === null) return; // no /props yet (an API key is asked for): once it answers
+    if (!this.serverTools) {
+      this.mcpServers = [];
+      this.toolsLoaded = true;
+      this.#renderTools();
+      return;
+    }
     try {
       const tools = await this.api.tools();
       const servers = new Map();
