@@ -10,10 +10,16 @@ Per request: a batch's rows each carry their adapter set ((adapter id, scale), .
 groups the rows by (id, scale)). The base matmul runs once over every row, then each (adapter, scale)'s
 low-rank term only over its rows (as the MoE code runs each expert over the rows routed to it), in
 adapter-id order; a row's result depends on its own set only.
+
+At runtime (the server's /v1/load_lora_adapter): `LoraContext.add` and `retire` swap the id -> adapter
+table for a new one (a forward pass reads whichever table is current; an id, once given, always names the
+same adapter). A retired adapter stays reachable through a weak reference while a request that runs under
+it holds it (GenerationRequest.lora_hold), and is freed when the last such request ends.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,18 +134,48 @@ def load_adapter(path: str | Path, base: GGUFFile) -> LoraAdapter:
 
 @dataclass
 class LoraContext:
-    """A model's adapters and, during a forward pass, which rows run under which (adapter, scale)."""
+    """A model's adapters (by id) and, during a forward pass, which rows run under which (adapter, scale)."""
 
     backend: Backend
-    adapters: list[LoraAdapter]
+    adapters: Mapping[int, LoraAdapter]  # replaced whole, never changed in place (add, retire)
     rows: tuple[tuple[int, float, np.ndarray], ...] = ()
     hooked: set[str] = field(default_factory=set)
+    # unloaded adapters still held by running requests (GenerationRequest.lora_hold)
+    retired: weakref.WeakValueDictionary[int, LoraAdapter] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+
+    def adapter(self, adapter_id: int) -> LoraAdapter:
+        found = self.adapters.get(adapter_id)
+        return found if found is not None else self.retired[adapter_id]
+
+    def check(self, adapter: LoraAdapter, model_name: str = "the model") -> None:
+        """LoraError unless every matrix the adapter adapts is one of the projections hooked here."""
+        missing = sorted(set(adapter.weights) - self.hooked)
+        if missing:
+            raise LoraError(
+                f"LoRA adapter {adapter.path}: Llamba does not apply adapters to {missing[0]!r} of"
+                f" {model_name} ({len(missing)} such matrices)"
+            )
+
+    def add(self, adapter_id: int, adapter: LoraAdapter) -> None:
+        """Serve `adapter` under a new id (a new table: passes under way keep reading theirs)."""
+        if adapter_id in self.adapters or adapter_id in self.retired:
+            raise ValueError(f"LoRA adapter id {adapter_id} is taken")
+        self.check(adapter)
+        self.adapters = {**self.adapters, adapter_id: adapter}
+
+    def retire(self, adapter_id: int) -> None:
+        """Stop serving an id: its adapter lives on while running requests hold it."""
+        adapter = self.adapters[adapter_id]
+        self.retired[adapter_id] = adapter
+        self.adapters = {i: a for i, a in self.adapters.items() if i != adapter_id}
 
     def apply(self, spans: tuple[tuple[str, int], ...], x: Any, out: Any) -> None:
         """After a projection's matmul of x into out (columns: each matrix of `spans`, (name, width)):
         every (adapter, scale) of this pass over its rows."""
         for adapter_id, scale, rows in self.rows:
-            adapter = self.adapters[adapter_id]
+            adapter = self.adapter(adapter_id)
             col = 0
             for name, width in spans:
                 w = adapter.weights.get(name)
@@ -149,9 +185,10 @@ class LoraContext:
                 col += width
 
 
-def attach_adapters(model: Any, adapters: list[LoraAdapter]) -> LoraContext:
-    """Hook the adapters into the model's projections; LoraError where the backend has no LoRA kernel
-    or an adapter's matrix is not one of the projections Llamba applies them to."""
+def attach_adapters(model: Any, adapters: Sequence[LoraAdapter] | Mapping[int, LoraAdapter]) -> LoraContext:
+    """Hook the adapters (a list: ids 0, 1, ...; or by id) into the model's projections; LoraError where
+    the backend has no LoRA kernel or an adapter's matrix is not one of the projections Llamba applies
+    them to. With no adapters it readies the model for adapters loaded later (LoraContext.add)."""
     backend = model.backend
     arch = getattr(getattr(model, "hp", None), "arch", "?")
     if arch not in LORA_ARCHS:
@@ -160,18 +197,14 @@ def attach_adapters(model: Any, adapters: list[LoraAdapter]) -> LoraContext:
         raise LoraError(
             f"LoRA adapters run on the CPU backend only: the {backend.name} backend has no LoRA kernel"
         )
-    ctx = LoraContext(backend, list(adapters))
+    by_id = dict(adapters) if isinstance(adapters, Mapping) else dict(enumerate(adapters))
+    ctx = LoraContext(backend, by_id)
     projections = [p for layer in getattr(model, "layers", []) for p in _projections(layer)]
     for projection in projections:
         for group in projection.groups:
             ctx.hooked.update(name for name, _ in group.spans)
-    for adapter in adapters:
-        missing = sorted(set(adapter.weights) - ctx.hooked)
-        if missing:
-            raise LoraError(
-                f"LoRA adapter {adapter.path}: Llamba does not apply adapters to {missing[0]!r} of"
-                f" {type(model).__name__} ({len(missing)} such matrices)"
-            )
+    for adapter in by_id.values():
+        ctx.check(adapter, type(model).__name__)
     for projection in projections:
         projection.lora = ctx
     model.lora = ctx

@@ -36,9 +36,6 @@ NOT_APPLIED: dict[str, str] = {
     "--yarn-beta-slow": OUTPUT + " (YaRN comes from the GGUF)",
     "--yarn-beta-fast": OUTPUT + " (YaRN comes from the GGUF)",
     "--override-kv": OUTPUT,
-    "--control-vector": OUTPUT,
-    "--control-vector-scaled": OUTPUT,
-    "--control-vector-layer-range": OUTPUT,
     "-mu": HUB,
     "-dr": HUB,
     "-hf": HUB,
@@ -80,6 +77,9 @@ NOTES: dict[str, str] = {
     " (batch invariance), so only scheduling would differ",
     "--lora": "CPU backend only (CUDA refuses adapters at load); several: a comma list, or the flag repeated",
     "--lora-scaled": "CPU backend only; FNAME:SCALE, comma lists, repeatable",
+    "--control-vector": "several: a comma list, or the flag repeated (summed); fails the load on a file for"
+    " another width",
+    "--control-vector-scaled": "FNAME:SCALE, comma lists, repeatable",
     "--lora-init-without-apply": "the adapters load at scale 0 (POST /lora-adapters or a request's `lora`"
     " applies them)",
     "--api-key": "several keys: a comma-separated list (CSV quoting), or the flag repeated",

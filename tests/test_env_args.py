@@ -142,10 +142,13 @@ def _values(action: argparse.Action, files: dict[str, str]) -> list[list[str]]:
         "spec_type": "ngram-simple", "mcp_servers_json": json.dumps(MCP), "cache_type_k": "q8_0",
         "cache_type_v": "q8_0", "cluster": "ray", "chat_template_kwargs": '{"a": 1}',
         "json_schema": '{"type": "object"}', "tools": "read_file,grep_search",
-        "tools_runtime": "docker-container:box", "log_colors": "on", "lora_items": "a.gguf:0.5", **files,
+        "tools_runtime": "docker-container:box", "log_colors": "on", "lora_items": "a.gguf:0.5",
+        "lora_modules": "sql=a.gguf", "control_vector_items": "c.gguf:0.5", **files,
     }  # fmt: skip
     if action.nargs == 0:
         return [[]]
+    if action.nargs == 2 and action.type is int:  # --control-vector-layer-range START END
+        return [["1", "5"]]
     if action.dest in special:
         return [[special[action.dest]]]
     if action.choices:

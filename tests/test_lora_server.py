@@ -154,3 +154,200 @@ def test_adapter_for_another_model_fails_the_start(tmp_path: Path) -> None:
         wait_until(health_says_it, 30, "/health naming the failure")
     finally:
         proc.stop()
+
+
+# -- adapters served as models (vLLM's names: --lora NAME=FILE, --lora-modules, /v1/load_lora_adapter) --
+KEY = "lora-admin-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def third(adapters: list[Path]) -> Path:
+    """A third adapter, loaded at runtime."""
+    return write_lora(resolve("smollm2"), adapters[0].parent / "c.gguf", seed=2, rank=4)
+
+
+@pytest.fixture(scope="module")
+def named_server(adapters: list[Path]) -> Iterator[ServerProcess]:
+    """Adapter 0 as model `sql` (--lora NAME=FILE), adapter 1 as `style` (vLLM's --lora-modules); 3 slots,
+    behind an API key."""
+    proc = ServerProcess(
+        "-m", "smollm2", "-a", "base", "-np", "3", "-c", "1536", "--api-key", KEY,
+        "--lora", f"sql={adapters[0]}", "--lora-modules", f"style={adapters[1]}",
+    ).wait_healthy()  # fmt: skip
+    yield proc
+    proc.stop()
+
+
+def _post(server: ServerProcess, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, headers=AUTH, timeout=120)
+
+
+def _chat(server: ServerProcess, n: int = 16, **fields: object) -> str:
+    body = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": n, "temperature": 0}
+    r = _post(server, "/v1/chat/completions", body | fields)
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
+def _ids(server: ServerProcess) -> dict[str, int]:
+    listed = httpx.get(server.base_url + "/lora-adapters", headers=AUTH).json()
+    return {a["name"]: a["id"] for a in listed if "name" in a}
+
+
+def _busy(server: ServerProcess) -> int:
+    slots = httpx.get(server.base_url + "/slots", headers=AUTH).json()
+    return sum(bool(slot["is_processing"]) for slot in slots)
+
+
+def _models(server: ServerProcess) -> dict[str, dict]:
+    return {m["id"]: m for m in httpx.get(server.base_url + "/v1/models").json()["data"]}
+
+
+def test_named_adapters_are_listed_as_models(named_server: ServerProcess, adapters: list[Path]) -> None:
+    models = _models(named_server)
+    assert models["sql"]["parent"] == "base" and models["sql"]["root"] == str(adapters[0])
+    assert models["style"]["parent"] == "base" and models["style"]["root"] == str(adapters[1])
+    assert "parent" not in models["base"]
+    # their global scale is 0: the base model's requests do not run under them
+    assert _ids(named_server) == {"sql": 0, "style": 1}
+    assert _chat(named_server) == _chat(named_server, lora=[])
+
+
+def test_an_adapter_model_through_the_openai_sdk_is_the_adapter_at_scale_1(
+    named_server: ServerProcess,
+) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=named_server.base_url + "/v1", api_key=KEY)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    reply = client.chat.completions.create(model="sql", messages=messages, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+    ids = _ids(named_server)
+    assert reply.choices[0].message.content == _chat(named_server, lora=[{"id": ids["sql"], "scale": 1}])
+    assert reply.choices[0].message.content != _chat(named_server, model="base")
+    other = client.completions.create(model="style", prompt=PROMPT, max_tokens=12, temperature=0)
+    body = {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "lora": [{"id": ids["style"], "scale": 1}]}
+    assert other.choices[0].text == _post(named_server, "/completion", body).json()["content"]
+    with pytest.raises(openai.NotFoundError, match="model 'nope' not found"):
+        client.chat.completions.create(model="nope", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+
+
+def test_every_generation_route_takes_the_adapter_name(named_server: ServerProcess) -> None:
+    sql = _chat(named_server, model="sql")
+    base = _chat(named_server, model="base")
+    assert sql != base
+    message = {
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    r = _post(named_server, "/v1/messages", message | {"model": "sql"})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == sql
+    ollama = message | {"stream": False, "options": {"temperature": 0, "num_predict": 16}}
+    for name, want in (("sql:latest", sql), ("base", base)):
+        r = _post(named_server, "/api/chat", ollama | {"model": name})
+        assert r.status_code == 200, r.text
+        assert r.json()["message"]["content"] == want
+    done = _post(named_server, "/completion", {"prompt": PROMPT, "n_predict": 8, "model": "sql", "lora": []})
+    assert done.status_code == 400 and "'lora' cannot be given" in done.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "shape"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "openai"),
+        ("/completion", {"prompt": "hi"}, "openai"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, "anthropic"),
+        ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}, "ollama"),
+    ],
+)
+def test_an_unknown_model_name_is_the_routes_404(
+    named_server: ServerProcess, path: str, body: dict, shape: str
+) -> None:
+    r = _post(named_server, path, body | {"model": "nope"})
+    assert r.status_code == 404, r.text
+    error = r.json()["error"]
+    message = {
+        "openai": lambda: error["message"],
+        "anthropic": lambda: error["message"],
+        "ollama": lambda: error,
+    }
+    assert message[shape]() == "model 'nope' not found"
+    if shape == "anthropic":
+        assert r.json()["type"] == "error" and error["type"] == "not_found_error"
+
+
+def test_load_and_unload_at_runtime(named_server: ServerProcess, third: Path) -> None:
+    url = named_server.base_url
+    assert (
+        httpx.post(
+            url + "/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": str(third)}
+        ).status_code
+        == 401
+    )
+    r = _post(named_server, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(third)})
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'late' added successfully."
+    try:
+        assert _models(named_server)["late"]["parent"] == "base"
+        late_id = _ids(named_server)["late"]
+        assert late_id == 2
+        late = _chat(named_server, model="late")
+        assert late == _chat(named_server, lora=[{"id": late_id, "scale": 1}])
+        assert late not in (_chat(named_server, model="base"), _chat(named_server, model="sql"))
+        again = _post(named_server, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(third)})
+        assert again.status_code == 400 and "has already been loaded" in again.text
+    finally:
+        r = _post(named_server, "/v1/unload_lora_adapter", {"lora_name": "late"})
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'late' removed successfully."
+    assert "late" not in _models(named_server)
+    gone = _post(
+        named_server,
+        "/v1/chat/completions",
+        {"model": "late", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert gone.status_code == 404 and "model 'late' not found" in gone.text
+    assert (
+        _post(named_server, "/completion", {"prompt": "x", "lora": [{"id": 2, "scale": 1}]}).status_code
+        == 400
+    )
+    r = _post(named_server, "/v1/unload_lora_adapter", {"lora_name": "late"})
+    assert r.status_code == 404 and "The lora adapter 'late' cannot be found." in r.text
+
+
+def test_a_bad_file_or_another_base_is_a_400_naming_it(named_server: ServerProcess, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.gguf"
+    r = _post(named_server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(missing)})
+    assert r.status_code == 400 and str(missing) in r.json()["error"]["message"]
+    wrong = write_lora(resolve("gemma3"), tmp_path / "gemma.gguf", layers=range(1))
+    r = _post(named_server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(wrong)})
+    assert r.status_code == 400 and "is for architecture 'gemma3', the model is 'llama'" in r.text
+    assert _post(named_server, "/v1/load_lora_adapter", {"lora_name": "x"}).status_code == 400
+    assert "x" not in _models(named_server)
+
+
+def test_two_adapter_models_and_the_base_batched_answer_as_alone(named_server: ServerProcess) -> None:
+    names = ["sql", "style", "base"]
+    alone = [_chat(named_server, n=24, model=m) for m in names]
+    assert len(set(alone)) == 3
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda m: _chat(named_server, n=24, model=m), names))
+    assert together == alone
+
+
+def test_loading_and_unloading_while_requests_run_changes_no_answer(
+    named_server: ServerProcess, third: Path
+) -> None:
+    """A long request under `sql` and one under `late`: `late` unloaded while they run, another adapter
+    loaded meanwhile; both answers are what they are alone."""
+    _post(named_server, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(third)})
+    alone = {m: _chat(named_server, n=48, model=m) for m in ("sql", "late")}
+    with ThreadPoolExecutor(2) as pool:
+        running = {m: pool.submit(_chat, named_server, 48, model=m) for m in alone}
+        wait_until(lambda: _busy(named_server) >= 2, 30, "both requests running")
+        r = _post(named_server, "/v1/unload_lora_adapter", {"lora_name": "late"})
+        assert r.status_code == 200
+        r = _post(named_server, "/v1/load_lora_adapter", {"lora_name": "later", "lora_path": str(third)})
+        assert r.status_code == 200
+        assert {m: f.result() for m, f in running.items()} == alone
+    assert _post(named_server, "/v1/unload_lora_adapter", {"lora_name": "later"}).status_code == 200

@@ -171,6 +171,8 @@ class LlamaModel:
     reads_media = True
     non_causal_media = True
     lora: LoraContext | None = None  # LoRA adapters (engine/lora.py): `run` hands them the batch's rows
+    # Control vectors (engine/control_vector.py): layer -> the direction added after its output
+    control: dict[int, Any] | None = None
 
     def __init__(
         self, g: GGUFFile, backend: Backend, on_layer: Callable[[int, int], None] | None = None
@@ -258,6 +260,8 @@ class LlamaModel:
             for il, layer in enumerate(self.layers):
                 self.attention_block(il, layer, x, on_device, kv)
                 self.ffn_block(layer, x)
+                if self.control and il in self.control:  # llama.cpp's build_cvec, after the layer's output
+                    be.add_bias_inplace(x, self.control[il])
         finally:
             if self.lora is not None:
                 self.lora.rows = ()

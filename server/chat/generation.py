@@ -25,7 +25,7 @@ from server.http import errors
 from server.model.client import EngineClient
 from server.model.constraints import ToolPlan
 from server.model.host import ModelHost
-from server.model.lora import LoraRequestError
+from server.model.lora import LoraRequestError, UnknownAdapter
 from server.model.prompts import Prompt, PromptBuilder
 from server.model.sampling import SPEC_TYPES
 
@@ -63,7 +63,7 @@ async def build_request(
     sampling = whole_context_windows(sampling, model.n_ctx_slot)
     speculative = spec_params(s, body)
     run = run_params(s, body, prompt, speculative)
-    lora, lora_params = lora_adapters(model, body)
+    lora, lora_hold, lora_params = lora_adapters(model, body)
     return GenerationRequest(
         prompt_tokens=prompt.tokens,
         media=prompt.media,
@@ -88,19 +88,40 @@ async def build_request(
         speculative=speculative,
         slot_params=task_params(sampling, run) | lora_params,
         lora=lora,
+        lora_hold=lora_hold,
     )
 
 
-def lora_adapters(model: ModelHost, body: GenerationFields) -> tuple[tuple[tuple[int, float], ...], dict]:
-    """The request's LoRA adapter set (its `lora` scales, else the global ones; a 400 naming a bad entry)
-    and its /slots params' `lora` (the request's own list, as llama-server shows it)."""
+def lora_adapters(
+    model: ModelHost, body: GenerationFields
+) -> tuple[tuple[tuple[int, float], ...], tuple[Any, ...], dict]:
+    """The request's LoRA adapter set (the adapter its `model` names, else its `lora` scales, else the
+    global ones; a 400 naming a bad entry, the route's 404 for a model name that is no adapter), the
+    adapters' weights it holds while it runs, and its /slots params' `lora` (the request's own list, as
+    llama-server shows it)."""
     asked = getattr(body, "lora", None)
     try:
-        lora = model.lora.for_request(asked)
+        lora, hold = model.lora.for_request(asked, adapter_model(model, body.model))
     except LoraRequestError as exc:
         raise errors.invalid_request(str(exc)) from None
+    except UnknownAdapter as exc:  # unloaded since the name was read
+        raise errors.not_found(f"model '{exc.args[0]}' not found") from None
     own = [{"id": i, "scale": x} for i, x in model.lora.parse(asked).items()] if asked else []
-    return lora, ({"lora": own} if own else {})
+    return lora, hold, ({"lora": own} if own else {})
+
+
+def adapter_model(model: ModelHost, asked: str | None) -> str | None:
+    """The named LoRA adapter a request's `model` asks for; None: the base model. Without named adapters
+    `model` is not read (llama-server's rule); with them (vLLM's) a name that is neither the base model's
+    (its id or an -a alias) nor an adapter's is the route's 404."""
+    lora = model.lora
+    if not asked or not lora.serves_names:
+        return None
+    if lora.is_name(asked):
+        return asked
+    if asked in (model.settings.model_alias, *model.settings.aliases):
+        return None
+    raise errors.not_found(f"model '{asked}' not found")
 
 
 def run_params(

@@ -246,26 +246,82 @@ def _cached(parser: argparse.ArgumentParser, flag: str, name: str, file: str | N
     return str(path)
 
 
-def lora_adapters(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+def lora_adapters(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]:
     """--lora FNAME[,FNAME...] (scale 1) and --lora-scaled FNAME:SCALE[,...], as llama-server's
     common/arg.cpp reads them (CSV items, in command-line order: an adapter's id is its place);
-    --lora-init-without-apply sets every scale to 0."""
+    --lora-init-without-apply sets every scale to 0. Then the named adapters (adapters as models):
+    --lora NAME=FILE items and vLLM's --lora-modules NAME=FILE or {"name": ..., "path": ...}, as (name,
+    path) pairs (their ids follow the others')."""
     adapters: list[tuple[str, float]] = []
+    named: list[tuple[str, str]] = []
     for kind, value in args.lora_items:
-        if not kind:
-            adapters += [(item, 1.0) for item in _csv_row(value) if item]
+        if kind:
+            adapters += scaled_items(parser, "--lora-scaled", value)
             continue
         for item in _csv_row(value):
-            parts = item.split(":")
-            if len(parts) != 2:
-                parser.error(f"--lora-scaled: {item!r}: lora-scaled format: FNAME:SCALE")
-            try:
-                adapters.append((parts[0], float(parts[1])))
-            except ValueError:
-                parser.error(f"--lora-scaled: {item!r}: the scale is not a number")
+            if _named_item(item):
+                name, _, path = item.partition("=")
+                named.append((name, path))
+            elif item:
+                adapters.append((item, 1.0))
+    named += [_lora_module(parser, value) for value in args.lora_modules]
     if args.lora_init_without_apply:
         adapters = [(path, 0.0) for path, _ in adapters]
-    return tuple(adapters)
+    names = [name for name, _ in named]
+    for name in names:
+        if names.count(name) > 1:
+            parser.error(f"--lora: the adapter name {name!r} is given twice")
+    return tuple(adapters), tuple(named)
+
+
+def control_vectors(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[tuple[str, float], ...]:
+    """--control-vector FNAME[,...] (scale 1) and --control-vector-scaled FNAME:SCALE[,...], as arg.cpp
+    reads them, in command-line order (they are summed)."""
+    out: list[tuple[str, float]] = []
+    for kind, value in args.control_vector_items:
+        if kind:
+            out += scaled_items(parser, "--control-vector-scaled", value)
+        else:
+            out += [(item, 1.0) for item in _csv_row(value) if item]
+    return tuple(out)
+
+
+def _named_item(item: str) -> bool:
+    """NAME=FILE: a name before '=' with no path separator in it (a file path with '=' stays a path)."""
+    name, eq, path = item.partition("=")
+    return bool(eq and name and path) and "/" not in name and not Path(item).exists()
+
+
+def _lora_module(parser: argparse.ArgumentParser, value: str) -> tuple[str, str]:
+    """One of vLLM's --lora-modules items: name=path, or {"name": ..., "path": ...}."""
+    if value.lstrip().startswith("{"):
+        try:
+            module = json.loads(value)
+            return str(module["name"]), str(module["path"])
+        except (ValueError, KeyError, TypeError):
+            parser.error(f"--lora-modules: {value!r}: expected JSON with 'name' and 'path'")
+    name, eq, path = value.partition("=")
+    if not (eq and name and path):
+        parser.error(f"--lora-modules: {value!r}: expected NAME=PATH")
+    return name, path
+
+
+def scaled_items(parser: argparse.ArgumentParser, flag: str, value: str) -> list[tuple[str, float]]:
+    """--lora-scaled / --control-vector-scaled items: FNAME:SCALE, comma-separated (arg.cpp's split)."""
+    out: list[tuple[str, float]] = []
+    for item in _csv_row(value):
+        parts = item.split(":")
+        if len(parts) != 2:
+            parser.error(f"{flag}: {item!r}: {flag[2:]} format: FNAME:SCALE")
+        try:
+            out.append((parts[0], float(parts[1])))
+        except ValueError:
+            parser.error(f"{flag}: {item!r}: the scale is not a number")
+    return out
 
 
 def _csv_row(value: str) -> list[str]:

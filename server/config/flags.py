@@ -68,10 +68,20 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add("--media-path", default=None, help="the folder file:// media URLs may name (none: refused)")
     # both into one list, in command-line order (an adapter's id is its place in it)
     add("--lora", dest="lora_items", action="append", default=[], type=lambda v: ("", v),
-        help="a LoRA adapter GGUF (comma list; repeat)")  # fmt: skip
+        help="a LoRA adapter GGUF (comma list; repeat); NAME=FILE serves it as model NAME")  # fmt: skip
     add("--lora-scaled", dest="lora_items", action="append", type=lambda v: ("scaled", v),
         help="FNAME:SCALE,...: LoRA adapters with their scales (repeat)")  # fmt: skip
     add("--lora-init-without-apply", action="store_true", help="load the LoRA adapters at scale 0")
+    # control vectors (engine/control_vector.py), both into one list in command-line order, summed
+    add("--control-vector", dest="control_vector_items", action="append", default=[], type=lambda v: ("", v),
+        help="a control vector GGUF (comma list; repeat)")  # fmt: skip
+    add("--control-vector-scaled", dest="control_vector_items", action="append", type=lambda v: ("scaled", v),
+        help="FNAME:SCALE,...: control vectors with their scales (repeat)")  # fmt: skip
+    add("--control-vector-layer-range", nargs=2, type=int, default=None, metavar=("START", "END"),
+        help="the layers the control vectors apply to, inclusive")  # fmt: skip
+    # vLLM's spelling of --lora NAME=FILE (name=path, or its JSON {"name", "path"}): adapters as models
+    add("--lora-modules", action="extend", nargs="+", default=[],
+        help="NAME=FILE ...: LoRA adapters served as models named NAME (vLLM's flag)")  # fmt: skip
     add("-c", "--ctx-size", type=int, default=4096)
     add("-np", "--parallel", type=int, default=1)
     add("-b", "--batch-size", type=int, default=2048)

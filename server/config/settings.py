@@ -65,6 +65,12 @@ class Settings(BaseModel):
     # their ids; --lora-init-without-apply loads them all at scale 0.
     lora: tuple[tuple[str, float], ...] = ()
     lora_init_without_apply: bool = False  # (already applied to `lora`'s scales)
+    # Adapters served as models (--lora NAME=FILE, vLLM's --lora-modules): (name, path); ids after `lora`'s
+    lora_named: tuple[tuple[str, str], ...] = ()
+    # Control vectors (--control-vector, --control-vector-scaled; engine/control_vector.py): (path, scale),
+    # summed; --control-vector-layer-range START END, inclusive (-1: llama.cpp's default, 1 and the last)
+    control_vectors: tuple[tuple[str, float], ...] = ()
+    control_vector_layer_range: tuple[int, int] = (-1, -1)
     # Embeddings (--embedding) and rerank (--reranking: pooling rank): the routes answer only with them;
     # pooling None is the model's own (its GGUF's pooling_type, else none, as llama.cpp decides).
     embedding: bool = False

@@ -63,7 +63,8 @@ class ModelHost:
         # Kept across sleeps: what /metrics counts, and --max-queue's live requests and the drain.
         self.counters = Counters()
         self.admission = Admission(settings.max_queue)
-        self.lora = LoraScales(settings.lora)  # the LoRA adapters' global scales (POST /lora-adapters)
+        # the LoRA adapters: global scales (POST /lora-adapters), named ones (adapters as models)
+        self.lora = LoraScales(settings.lora, settings.lora_named)
         self._loaded: Loaded | None = None
         # Kept while the model sleeps (--sleep-idle-seconds): what /props, /models and /slots report.
         self._facts: Facts | None = None
@@ -75,7 +76,7 @@ class ModelHost:
         """Load the model on a worker thread; /health answers 503 until this finishes."""
         try:
             self._loaded = loaded = await anyio.to_thread.run_sync(
-                load_model, self.settings, self.admission, self.counters
+                load_model, self.settings, self.admission, self.counters, self.lora
             )
             prompts = loaded.prompts
             caps = template_caps(prompts.template)

@@ -12,10 +12,10 @@ from typing import Any
 import structlog
 
 from engine.api import POOLING_TYPES, ModelInfo, Pooling
+from engine.control_vector import apply_control_vector, load_control_vectors
 from engine.engine import Engine, EngineConfig
 from engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from engine.llm import LLM
-from engine.lora import attach_adapters, load_adapter
 from engine.media.mmproj import load_projector
 from engine.speculative.draft import check_vocabulary
 from engine.text.chat import ChatTemplate
@@ -26,6 +26,7 @@ from server.model.client import Counters, EngineClient, Grammars
 from server.model.constraints import schema_spec
 from server.model.gbnf import gbnf_spec
 from server.model.llama_schema import SchemaError
+from server.model.lora import LoraScales
 from server.model.media import MediaEncoder
 from server.model.prompts import PromptBuilder
 
@@ -47,14 +48,20 @@ class Loaded:
     media: MediaEncoder | None = None  # --mmproj's projector
 
 
-def load_model(settings: Settings, admission: Admission, counters: Counters) -> Loaded:
+def load_model(settings: Settings, admission: Admission, counters: Counters, lora: LoraScales) -> Loaded:
     """The model of --model loaded, its engine started; the client shares the host's `admission` and
-    `counters` (they outlive a load while the model sleeps)."""
+    `counters` (they outlive a load while the model sleeps), and `lora`'s adapters are hooked in."""
     s = settings
     llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock, progress=_log_progress)
-    if s.lora:  # --lora, --lora-scaled: checked against the model and hooked in, or the load fails (one line)
-        attach_adapters(llm.model, [load_adapter(path, llm.gguf) for path, _ in s.lora])
-        log.info("model.lora_adapters", adapters=[path for path, _ in s.lora])
+    # --lora, --lora-scaled, named ones: checked against the model and hooked in, or the load fails (one line)
+    lora.attach(llm.model, llm.gguf)
+    if s.control_vectors:  # summed, checked against the model's width, or the load fails (one line)
+        apply_control_vector(
+            llm.model, load_control_vectors(s.control_vectors), *s.control_vector_layer_range
+        )
+        log.info("model.control_vectors", files=[path for path, _ in s.control_vectors])
+    if len(lora):
+        log.info("model.lora_adapters", adapters=lora.paths)
     template = ChatTemplate.from_gguf_metadata(llm.gguf.metadata, s.chat_template)
     config = _engine_config(settings)
     draft = _load_draft(settings, llm)

@@ -1,48 +1,111 @@
-"""The server's LoRA adapters (--lora, --lora-scaled): their global scales, as llama-server keeps them.
+"""The server's LoRA adapters: llama-server's global scales (--lora, --lora-scaled, /lora-adapters) and
+vLLM's adapters served as models (--lora NAME=FILE, --lora-modules, /v1/load_lora_adapter).
 
-`GET /lora-adapters` lists them ({id, path, scale, task_name, prompt_prefix}); `POST /lora-adapters` sets
-the global scales ([{id, scale}]; an adapter not listed goes to 0, as llama-server's construct_lora_list
-does). A request's own `lora` ([{id, scale}]) replaces the global scales for that request (adapters it
-does not list run at 0); a request without one runs under the global scales at the time it is built.
-Unlike llama-server (which skips them), an unknown id or a scale that is not a number is a 400 naming it.
-The weights themselves are loaded with the model (server/model/loading.py, engine/lora.py).
+`GET /lora-adapters` lists them ({id, path, scale, task_name, prompt_prefix}, and `name` for a named one);
+`POST /lora-adapters` sets the global scales ([{id, scale}]; an adapter not listed goes to 0, as
+llama-server's construct_lora_list does). A request's own `lora` ([{id, scale}]) replaces the global scales
+for that request (adapters it does not list run at 0); a request without one runs under the global scales
+at the time it is built. Unlike llama-server (which skips them), an unknown id or a scale that is not a
+number is a 400 naming it.
+
+A named adapter is a model of its own, as vLLM serves LoRA modules: listed in /v1/models with the base
+model as its `parent`, and a request whose `model` is its name runs the base under that adapter alone at
+scale 1 (the global scales do not apply to it; its own global scale starts at 0, so the base model's
+requests do not run under it). Once the server has named adapters, a request's `model` must name the base
+model or one of them (vLLM's rule: another name is the route's 404). Named adapters load and unload at
+runtime: the file is read and checked off the event loop, then the table of adapters is swapped for a new
+one (server/model/lora.py's and the engine's, engine/lora.py's LoraContext): requests running under an
+unloaded adapter finish under it, later ones naming it get the 404.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.lora import AdapterSet, adapter_set
+from engine.lora import (
+    AdapterSet,
+    LoraAdapter,
+    LoraContext,
+    LoraError,
+    adapter_set,
+    attach_adapters,
+    load_adapter,
+)
 
 
 class LoraRequestError(ValueError):
     """A `lora` list that names no loaded adapter or carries no number (the route's 400)."""
 
 
+class UnknownAdapter(LookupError):
+    """A name that is no loaded adapter (the route's 404)."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    id: int
+    path: str
+    scale: float  # its global scale (POST /lora-adapters)
+    name: str | None = None  # served as a model under this name
+    weights: LoraAdapter | None = None  # read with the model (kept while it sleeps)
+
+
 class LoraScales:
-    def __init__(self, adapters: tuple[tuple[str, float], ...]) -> None:
-        self.paths = [path for path, _ in adapters]
-        self._scales = [float(scale) for _, scale in adapters]
+    def __init__(
+        self, adapters: tuple[tuple[str, float], ...], named: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        entries = [Adapter(i, path, float(scale)) for i, (path, scale) in enumerate(adapters)]
+        entries += [Adapter(len(entries) + i, path, 0.0, name) for i, (name, path) in enumerate(named)]
+        self._entries = {entry.id: entry for entry in entries}  # replaced whole under the lock
+        self._next_id = len(entries)
+        self.serves_names = bool(named)  # a request's `model` is checked (see the module's docstring)
         self._lock = threading.Lock()
+        self._ctx: LoraContext | None = None
+        self._base: Any = None  # the model's GGUFFile, which runtime loads are checked against
+        self.unavailable: str | None = None  # why this model takes no adapters (a runtime load's 400)
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self._entries)
 
-    def listing(self) -> list[dict[str, Any]]:
-        """GET /lora-adapters: llama-server's server_task_result_get_lora::to_json."""
+    @property
+    def paths(self) -> list[str]:
+        return [entry.path for entry in self._entries.values()]
+
+    # -- the model's load ---------------------------------------------------------------------------
+    def attach(self, model: Any, base: Any) -> None:
+        """At each load of the model (a wake too): read the adapters not read yet, hook them all in; one
+        line (LoraError) where one does not fit. A model that takes no adapters is fine without any."""
         with self._lock:
-            scales = list(self._scales)
-        return [
-            {"id": i, "path": path, "scale": scale, "task_name": "", "prompt_prefix": ""}
-            for i, (path, scale) in enumerate(zip(self.paths, scales, strict=True))
-        ]
+            entries = {
+                i: e if e.weights else replace(e, weights=load_adapter(e.path, base))
+                for i, e in self._entries.items()
+            }
+            self._entries = entries
+        try:
+            self._ctx = attach_adapters(model, {i: e.weights for i, e in entries.items() if e.weights})
+        except LoraError as exc:
+            if entries:
+                raise
+            self._ctx, self.unavailable = None, str(exc)
+        self._base = base
+
+    # -- llama-server's ids and scales ----------------------------------------------------------------
+    def listing(self) -> list[dict[str, Any]]:
+        """GET /lora-adapters: llama-server's server_task_result_get_lora::to_json (`name`: Llamba's)."""
+        out = []
+        for e in self._entries.values():
+            item = {"id": e.id, "path": e.path, "scale": e.scale, "task_name": "", "prompt_prefix": ""}
+            out.append(item | ({"name": e.name} if e.name else {}))
+        return out
 
     def parse(self, value: Any, field: str = "lora") -> dict[int, float]:
         """[{id, scale}, ...] -> {id: scale}; LoraRequestError (one line naming what) if it does not fit."""
         if not isinstance(value, list):
             raise LoraRequestError(f"'{field}' must be an array of objects with 'id' and 'scale' fields")
+        entries = self._entries
         out: dict[int, float] = {}
         for entry in value:
             if not isinstance(entry, dict):
@@ -52,8 +115,8 @@ class LoraScales:
             adapter_id, scale = entry.get("id"), entry.get("scale", 0.0)
             if isinstance(adapter_id, bool) or not isinstance(adapter_id, int):
                 raise LoraRequestError(f"'{field}': 'id' must be an integer (got {adapter_id!r})")
-            if not 0 <= adapter_id < len(self.paths):
-                loaded = f"ids 0-{len(self.paths) - 1}" if self.paths else "none is loaded"
+            if adapter_id not in entries:
+                loaded = f"ids {', '.join(map(str, entries))}" if entries else "none is loaded"
                 raise LoraRequestError(f"'{field}': unknown LoRA adapter id {adapter_id} ({loaded})")
             if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
                 raise LoraRequestError(
@@ -66,11 +129,59 @@ class LoraScales:
         """POST /lora-adapters: the listed scales; every adapter not listed goes to 0 (llama-server's)."""
         scales = self.parse(value)
         with self._lock:
-            self._scales = [scales.get(i, 0.0) for i in range(len(self.paths))]
+            self._entries = {i: replace(e, scale=scales.get(i, 0.0)) for i, e in self._entries.items()}
 
-    def for_request(self, value: Any) -> AdapterSet:
-        """A request's adapter set: its own `lora` (None: not given -> the global scales)."""
-        if value is None:
-            with self._lock:
-                return adapter_set(list(enumerate(self._scales)))
-        return adapter_set(list(self.parse(value).items()))
+    def for_request(self, value: Any, model: str | None = None) -> tuple[AdapterSet, tuple[Any, ...]]:
+        """A request's adapter set and the weights it holds while it runs: the named adapter `model` at
+        scale 1 (None: no adapter named), else its own `lora` (None: not given -> the global scales)."""
+        entries = self._entries
+        if model is not None:
+            if value is not None:
+                raise LoraRequestError(f"'lora' cannot be given with the LoRA adapter model '{model}'")
+            found = [e for e in entries.values() if e.name == model]
+            if not found:
+                raise UnknownAdapter(model)
+            pairs = [(found[0].id, 1.0)]
+        elif value is None:
+            pairs = [(e.id, e.scale) for e in entries.values()]
+        else:
+            pairs = list(self.parse(value).items())
+        chosen = adapter_set(pairs)
+        return chosen, tuple(entries[i].weights for i, _ in chosen if i in entries)
+
+    # -- adapters as models ------------------------------------------------------------------------
+    def names(self) -> list[tuple[str, str]]:
+        """(name, path) of each named adapter, by id: /v1/models' entries."""
+        return [(e.name, e.path) for e in self._entries.values() if e.name]
+
+    def is_name(self, model: str) -> bool:
+        return any(e.name == model for e in self._entries.values())
+
+    def load(self, name: str, path: str) -> None:
+        """vLLM's /v1/load_lora_adapter (run on a worker thread: the file is read and checked here)."""
+        if self._ctx is None or self._base is None:
+            raise LoraRequestError(self.unavailable or "the model is not loaded")
+        if self.is_name(name):
+            raise LoraRequestError(f"The lora adapter '{name}' has already been loaded.")
+        try:
+            weights = load_adapter(path, self._base)
+            self._ctx.check(weights)
+        except LoraError as exc:
+            raise LoraRequestError(str(exc)) from None
+        with self._lock:
+            if self.is_name(name):
+                raise LoraRequestError(f"The lora adapter '{name}' has already been loaded.")
+            adapter_id, self._next_id = self._next_id, self._next_id + 1
+            self._ctx.add(adapter_id, weights)
+            self._entries = {**self._entries, adapter_id: Adapter(adapter_id, path, 0.0, name, weights)}
+            self.serves_names = True
+
+    def unload(self, name: str) -> None:
+        """vLLM's /v1/unload_lora_adapter: UnknownAdapter when no adapter has that name."""
+        with self._lock:
+            found = [e.id for e in self._entries.values() if e.name == name]
+            if not found:
+                raise UnknownAdapter(name)
+            self._entries = {i: e for i, e in self._entries.items() if i != found[0]}
+            if self._ctx is not None:
+                self._ctx.retire(found[0])

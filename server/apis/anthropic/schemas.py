@@ -309,7 +309,7 @@ class CountTokensRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = None  # one model per server: any name is answered by it
+    model: str | None = None  # one model per server: any name is answered by it, bar adapters' names
     messages: list[Message] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
@@ -333,6 +333,7 @@ class CountTokensRequest(BaseModel):
             **passed_extras(self.model_extra, self._own_fields()),
             "messages": chat_messages(self),
             "stream": stream,
+            "model": self.model,  # a LoRA adapter served as a model (server/model/lora.py)
         }
         if self.tools:
             fields["tools"] = [tool.to_chat() for tool in self.tools]

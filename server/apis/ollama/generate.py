@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.api import GenerationRequest
 from server.apis.ollama.generation import nothing, respond, thinking, within_num_ctx
+from server.apis.ollama.models import adapter_named
 from server.apis.ollama.options import Options, read_options
 from server.apis.ollama.replies import Clock, Reply, load_object
 from server.apis.ollama.schemas import OllamaGenerateRequest
@@ -34,7 +35,8 @@ async def generate_reply(model: ModelHost, body: OllamaGenerateRequest, clock: C
     if body.raw or body.suffix:
         request = await completion(model, body, options, name)
     else:
-        job = await prepare_chat(model, generate_chat(body, options, thinks), new_id("ollama"))
+        chat = generate_chat(body, options, thinks).model_copy(update={"model": adapter_named(model, name)})
+        job = await prepare_chat(model, chat, new_id("ollama"))
         request = with_context(model, job.request, body.context)
     request = within_num_ctx(request, len(request.prompt_tokens), options.num_ctx, model.n_ctx_slot)
     clock.ready()
@@ -58,7 +60,7 @@ async def completion(
     model: ModelHost, body: OllamaGenerateRequest, options: Options, name: str
 ) -> GenerationRequest:
     """A raw prompt as it is, or the FIM prompt around `suffix` (the prompt is the code before it)."""
-    fields = completion_request(body, options)
+    fields = completion_request(body, options).model_copy(update={"model": adapter_named(model, name)})
     prompts = model.prompts
     if body.suffix:
         if prompts.tokenizer.fim.missing():

@@ -37,13 +37,24 @@ def model_name(model: ModelHost) -> str:
 
 
 def resolve(model: ModelHost, asked: str) -> str:
-    """The name a request gave, checked: 400 when it gives none, 404 when it names another model."""
+    """The name a request gave, checked: 400 when it gives none, 404 when it names another model (a LoRA
+    adapter served as a model, server/model/lora.py, is one of this server's)."""
     if not asked.strip():
         raise errors.invalid_request("model is required")
+    if adapter_named(model, asked) is not None:
+        return asked
     names = [model.settings.model_alias, *model.settings.aliases, model_name(model)]
     if not any(same_model(asked, base_name(name)) or asked == name for name in names):
         raise errors.not_found(f"model '{asked}' not found")
     return asked
+
+
+def adapter_named(model: ModelHost, asked: str) -> str | None:
+    """The LoRA adapter (served as a model) an Ollama name means (`sql`, `sql:latest`), None: none."""
+    for name, _ in model.lora.names():
+        if asked == name or same_model(asked, name):
+            return name
+    return None
 
 
 def now() -> str:

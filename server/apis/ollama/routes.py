@@ -83,7 +83,10 @@ async def chat() -> Any:
     thinks = thinking(model, body.think, name)
     if body.tools and not model.prompts.describes_tools:
         raise errors.invalid_request(f'"{name}" does not support tools')
-    job = await prepare_chat(model, chat_request(body, options, thinks), new_id("ollama"))
+    chat_body = chat_request(body, options, thinks).model_copy(
+        update={"model": models.adapter_named(model, name)}
+    )
+    job = await prepare_chat(model, chat_body, new_id("ollama"))
     request = within_num_ctx(job.request, job.n_prompt, options.num_ctx, model.n_ctx_slot)
     clock.ready()
     reply = Reply(name, chat=True, prompts=model.prompts if body.logprobs else None)

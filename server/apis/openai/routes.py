@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models (and unprefixed aliases)."""
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models (and unprefixed aliases),
+and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+import structlog
 from quart import Blueprint, Response, request
 
 from engine.api import GenerationRequest, TokenEvent
@@ -44,6 +47,7 @@ from server.chat.schemas import (
 from server.http import errors, sse
 from server.http.request_body import json_body
 from server.model.host import ModelHost, current_model
+from server.model.lora import LoraRequestError, UnknownAdapter
 from server.model.prompts import Prompt, prefill_message
 from server.state import app_state
 from server.streams.journal import Recipe, ReplyIds
@@ -51,6 +55,7 @@ from server.streams.resumable import resumable, stream_recipe
 from server.streams.sessions import CONVERSATION_HEADER
 
 bp = Blueprint("openai", __name__)
+log = structlog.get_logger("server")
 
 
 # -- chat ------------------------------------------------------------------------------------------
@@ -415,6 +420,59 @@ async def models() -> Any:
     entry |= {"aliases": settings.aliases, "tags": settings.tag_list}  # the id among them (llama-server's)
     return {
         "object": "list",
-        "data": [entry],
+        "data": [entry, *adapter_entries(model, entry["id"], entry["created"])],
         "models": [await listing_entry(model, entry["id"], capabilities)],
     }
+
+
+def adapter_entries(model: ModelHost, parent: str, created: int) -> list[dict[str, Any]]:
+    """The LoRA adapters served as models, as vLLM lists its LoRA modules: `root` the adapter's file,
+    `parent` the base model's id."""
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llamacpp",
+            "root": path,
+            "parent": parent,
+        }
+        for name, path in model.lora.names()
+    ]
+
+
+# -- LoRA adapters at runtime (vLLM's routes) -------------------------------------------------------
+@bp.post("/v1/load_lora_adapter")
+async def load_lora_adapter() -> Any:
+    """vLLM's runtime load: {lora_name, lora_path} -> the adapter served as model `lora_name` (a 400
+    names a bad file, an adapter for another base, or a name in use)."""
+    model = current_model()
+    body = await json_body()
+    name, path = (body.get("lora_name"), body.get("lora_path")) if isinstance(body, dict) else (None, None)
+    if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+        raise errors.invalid_request("Both 'lora_name' and 'lora_path' must be provided.")
+    model.require_ready()
+    if name in (model.settings.model_alias, *model.settings.aliases):
+        raise errors.invalid_request(f"'{name}' is the base model's name")
+    try:
+        await anyio.to_thread.run_sync(model.lora.load, name, path)
+    except LoraRequestError as exc:
+        raise errors.invalid_request(str(exc)) from None
+    log.info("model.lora_loaded", name=name, path=path)
+    return Response(f"Success: LoRA adapter '{name}' added successfully.", 200, mimetype="text/plain")
+
+
+@bp.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter() -> Any:
+    """vLLM's runtime unload: {lora_name}; requests running under it finish, later ones get a 404."""
+    model = current_model()
+    body = await json_body()
+    name = body.get("lora_name") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise errors.invalid_request("'lora_name' must be provided.")
+    try:
+        model.lora.unload(name)
+    except UnknownAdapter:
+        raise errors.not_found(f"The lora adapter '{name}' cannot be found.") from None
+    log.info("model.lora_unloaded", name=name)
+    return Response(f"Success: LoRA adapter '{name}' removed successfully.", 200, mimetype="text/plain")

@@ -99,6 +99,19 @@ class LoraScalesRequest(RootModel[list[LoraScale]]):
     """llama-server's POST /lora-adapters body: the adapters' global scales, unlisted ones set to 0."""
 
 
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/load_lora_adapter body: the adapter file, served as model `lora_name`."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/unload_lora_adapter body."""
+
+    lora_name: str = Field(min_length=1)
+
+
 class AnthropicErrorReply(BaseModel):
     """Anthropic's error shape: /v1/messages and /v1/messages/count_tokens."""
 
@@ -180,7 +193,7 @@ ROUTES: tuple[Route, ...] = (
     Route("get", ("/health", "/v1/health"), "readiness: 200 once the model is loaded"),
     Route("get", ("/props",), "the server's settings and model"),
     Route("post", ("/props",), "change global properties (--props; none yet: an empty object)"),
-    Route("get", ("/v1/models", "/models"), "the served model"),
+    Route("get", ("/v1/models", "/models"), "the served model (and its LoRA adapters served as models)"),
     Route("get", ("/slots",), "what each slot does"),
     Route("get", ("/slots/prefixes",), "the prompt cache's block hashes, busy slots, queue"),
     Route("post", ("/slots/{id_slot}",), "save, restore or erase a slot's cache", SlotActionRequest,
@@ -192,6 +205,10 @@ ROUTES: tuple[Route, ...] = (
     Route("post", ("/tools",), "call an MCP tool (with MCP servers configured)", ToolCallRequest),
     Route("get", ("/lora-adapters",), "the loaded LoRA adapters and their global scales"),
     Route("post", ("/lora-adapters",), "set the LoRA adapters' global scales", LoraScalesRequest),
+    Route("post", ("/v1/load_lora_adapter",), "load a LoRA adapter served as a model (vLLM's)",
+          LoadLoraAdapterRequest, content="text/plain"),
+    Route("post", ("/v1/unload_lora_adapter",), "unload a LoRA adapter served as a model (vLLM's)",
+          UnloadLoraAdapterRequest, content="text/plain"),
     Route("get", ("/openapi.json",), "this document"),
     Route("get", ("/",), "the web UI (HTML); Ollama's \"Ollama is running\" to a client not asking for HTML",
           content="text/html"),

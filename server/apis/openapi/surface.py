@@ -30,7 +30,7 @@ PROXY = "server with --ui-mcp-proxy"
 class Route:
     method: str
     path: str
-    origin: str  # llama-server | OpenAI | Anthropic | Ollama | Llamba
+    origin: str  # llama-server | OpenAI | Anthropic | Ollama | vLLM | Llamba
     implemented: bool
     note: str = ""
     mode: str = SERVER
@@ -94,6 +94,8 @@ ROUTES: tuple[Route, ...] = (
     R("POST", "/apply-template", "llama-server", True),
     R("GET", "/lora-adapters", "llama-server", True, "the --lora/--lora-scaled adapters; [] without any"),
     R("POST", "/lora-adapters", "llama-server", True, "sets the global scales; an unknown id is a 400"),
+    R("POST", "/v1/load_lora_adapter", "vLLM", True, "an adapter served as a model; a bad file is a 400"),
+    R("POST", "/v1/unload_lora_adapter", "vLLM", True, "requests under it finish; an unknown name is a 404"),
     R("GET", "/slots", "llama-server", True, "not with --no-slots"),
     R("POST", "/slots/<id_slot>", "llama-server", True, "save, restore, erase (with --slot-save-path)"),
     R(
