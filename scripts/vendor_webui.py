@@ -1,4 +1,4 @@
-"""Fetch the web UI's rendering libraries (markdown, sanitiser, highlighting, math, diagrams) into
+"""Fetch the web UI's rendering libraries (markdown, sanitiser, highlighting, math, diagrams, PDF text) into
 server/webui/assets/vendor/ from the npm registry, reproducibly: each package at the version pinned in
 LIBS (`npm pack NAME@VERSION`, the published tarball, its sha512 integrity checked by npm), the files
 taken exactly as published, and every file's sha256 checked against server/webui/assets/vendor/VERSIONS.json
@@ -55,6 +55,18 @@ LIBS: dict[str, tuple[str, str, str, dict[str, str]]] = {
         },
     ),
     "mermaid": ("mermaid", "12.4.0", "MIT", {"dist/mermaid.min.js": "mermaid.min.js", "LICENSE": "LICENSE"}),
+    # pdf.js: the text of an attached PDF (loaded on the first PDF; its worker is a file of its own, which
+    # the page's CSP allows as worker-src 'self')
+    "pdfjs": (
+        "pdfjs-dist",
+        "6.5.438",
+        "Apache-2.0",
+        {
+            "build/pdf.min.mjs": "pdf.min.mjs",
+            "build/pdf.worker.min.mjs": "pdf.worker.min.mjs",
+            "LICENSE": "LICENSE",
+        },
+    ),
 }
 
 

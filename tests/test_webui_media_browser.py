@@ -84,8 +84,10 @@ def vision_page(browser: Any, vision_srv: ServerProcess) -> Iterator[Any]:  # no
     context, page, errors = tab(browser, vision_srv)
     page.goto("/")
     expect(page.locator("#model-name")).to_contain_text("gemma3")
-    # /props said the model reads images: the button is on
-    expect(page.get_by_role("button", name="Attach images")).to_be_enabled()
+    # /props said the model reads images: the button says so
+    expect(page.get_by_role("button", name="Attach files")).to_have_attribute(
+        "title", "Attach images, text files or PDFs"
+    )
     yield page
     context.close()
     assert errors.unexpected(LOAD_ERRORS) == []
@@ -100,8 +102,8 @@ def text_page(browser: Any, server: ServerProcess) -> Iterator[Any]:  # noqa: F8
     assert errors.unexpected(LOAD_ERRORS) == []
 
 
-def pick(page: Any, *paths: Path, button: str = "Attach images") -> None:
-    """Attach files through the Attach images (or audio) button's file chooser."""
+def pick(page: Any, *paths: Path, button: str = "Attach files") -> None:
+    """Attach files through the Attach files button's file chooser."""
     with page.expect_file_chooser() as chooser:
         page.get_by_role("button", name=button).click()
     chooser.value.set_files([str(p) for p in paths])
@@ -208,16 +210,16 @@ def test_an_attached_image_is_sent_shown_kept_and_resent(vision_page: Any) -> No
 
 
 def test_refusals_and_a_server_400_are_shown(vision_page: Any, tmp_path: Path) -> None:
-    """A file that is not an image is refused in the composer; an image the server cannot decode gets
-    the server's 400 message in the thread."""
+    """A file that is neither an image, a text file nor a PDF is refused in the composer; an image the
+    server cannot decode gets the server's 400 message in the thread."""
     from playwright.sync_api import expect
 
     page = vision_page
     notice = page.get_by_role("alert")
     drop(page, PNG.name, "image/png", PNG.read_bytes(), on="#sidebar")  # beside the chat: says where
-    expect(notice).to_have_text("Drop images on the chat to attach them.")
-    drop(page, "notes.txt", "text/plain", b"just text")
-    expect(notice).to_have_text("Not attached: notes.txt is not an image.")
+    expect(notice).to_have_text("Drop files on the chat to attach them.")
+    drop(page, "blob.bin", "application/octet-stream", b"\x00\x01")
+    expect(notice).to_have_text("Not attached: blob.bin is not an image, a text file or a PDF.")
     drop(page, PNG.name, "image/png", PNG.read_bytes())  # a drop attaches like the picker
     expect(notice).to_be_hidden()
     page.get_by_role("button", name=f"Remove {PNG.name}").click()
@@ -266,9 +268,8 @@ def test_a_text_only_model_refuses_images_visibly(text_page: Any) -> None:
 
     page = text_page
     posts = chat_posts(page)
-    attach = page.get_by_role("button", name="Attach images")
-    expect(attach).to_be_disabled()
-    expect(attach).to_have_attribute("title", TEXT_ONLY)  # the tooltip says why
+    attach = page.get_by_role("button", name="Attach files")
+    expect(attach).to_have_attribute("title", "Attach text files or PDFs")  # what it takes
     notice = page.get_by_role("alert")
 
     drop(page, PNG.name, "image/png", PNG.read_bytes())
@@ -277,14 +278,17 @@ def test_a_text_only_model_refuses_images_visibly(text_page: Any) -> None:
     shoot(page, "webui-image-text-only.png")
 
     page.reload()
-    expect(attach).to_be_disabled()
     expect(notice).to_be_hidden()
     assert paste(page, "image.png", "image/png", PNG.read_bytes()), "the page took the paste"
     expect(notice).to_have_text(TEXT_ONLY)
     expect(page.locator("#composer").get_by_role("img")).to_have_count(0)
     assert page.get_by_role("textbox", name="Message").input_value() == ""
     expect(page.get_by_role("button", name="Send")).to_be_disabled()  # nothing to send
-    attach.click(force=True)  # a click on the disabled button explains itself too, and opens no picker
+    with page.expect_file_chooser() as chooser:  # the picker offers text files and PDFs only
+        attach.click()
+    accept = chooser.value.element.get_attribute("accept").split(",")
+    assert "image/*" not in accept and "audio/*" not in accept and ".pdf" in accept and ".py" in accept
+    chooser.value.set_files({"name": "image.png", "mimeType": "image/png", "buffer": PNG.read_bytes()})
     expect(notice).to_have_text(TEXT_ONLY)
     assert posts == [], json.dumps(posts)[:300]
 
@@ -319,9 +323,8 @@ def audio_page(browser: Any, audio_srv: ServerProcess) -> Iterator[Any]:  # noqa
     page.goto("/")
     expect(page.locator("#model-name")).to_contain_text("smollm2")
     # /props said the model reads audio (and not images): the button is on, and says so
-    attach = page.get_by_role("button", name="Attach audio", exact=True)
-    expect(attach).to_be_enabled()
-    expect(attach).to_have_attribute("title", "Attach audio")
+    attach = page.get_by_role("button", name="Attach files", exact=True)
+    expect(attach).to_have_attribute("title", "Attach audio, text files or PDFs")
     yield page
     context.close()
     assert errors.unexpected(LOAD_ERRORS) == []
@@ -336,8 +339,9 @@ def test_an_attached_audio_file_is_sent_shown_kept_and_resent(audio_page: Any, t
     tone = tmp_path / "tone.wav"
     tone.write_bytes(TONE)
     with page.expect_file_chooser() as chooser:
-        page.get_by_role("button", name="Attach audio").click()
-    assert chooser.value.element.get_attribute("accept") == "audio/*"  # only what the model reads
+        page.get_by_role("button", name="Attach files").click()
+    accept = chooser.value.element.get_attribute("accept").split(",")
+    assert "audio/*" in accept and "image/*" not in accept  # only the media the model reads
     chooser.value.set_files(str(tone))
     chip = page.locator("#composer .audio-chip")
     expect(chip).to_have_text(tone.name)
@@ -388,8 +392,8 @@ def test_an_audio_model_refuses_images_visibly(audio_page: Any) -> None:
     notice = page.get_by_role("alert")
     drop(page, PNG.name, "image/png", PNG.read_bytes())
     expect(notice).to_have_text(NO_IMAGES)
-    drop(page, "notes.txt", "text/plain", b"just text")
-    expect(notice).to_have_text("Not attached: notes.txt is not an audio file.")
+    drop(page, "blob.bin", "application/octet-stream", b"\x00\x01")
+    expect(notice).to_have_text("Not attached: blob.bin is not an audio file, a text file or a PDF.")
     assert paste(page, "clip.wav", "audio/wav", TONE), "the page took the paste"
     expect(notice).to_be_hidden()
     expect(page.locator("#composer .audio-chip")).to_have_text("clip.wav")
@@ -401,10 +405,11 @@ def test_an_image_model_refuses_audio_visibly(vision_page: Any) -> None:
     page = vision_page
     posts = chat_posts(page)
     notice = page.get_by_role("alert")
-    attach = page.get_by_role("button", name="Attach images", exact=True)
+    attach = page.get_by_role("button", name="Attach files", exact=True)
     with page.expect_file_chooser() as chooser:
         attach.click()
-    assert chooser.value.element.get_attribute("accept") == "image/*"
+    accept = chooser.value.element.get_attribute("accept").split(",")
+    assert "image/*" in accept and "audio/*" not in accept
     chooser.value.set_files({"name": "tone.wav", "mimeType": "audio/wav", "buffer": TONE})
     expect(notice).to_have_text(NO_AUDIO)
     drop(page, "tone.wav", "audio/wav", TONE)
@@ -421,7 +426,9 @@ def test_a_text_only_model_refuses_audio_visibly(text_page: Any) -> None:
     drop(page, "tone.wav", "audio/wav", TONE)
     expect(page.get_by_role("alert")).to_have_text(NO_AUDIO)
     expect(page.locator("#composer .attachment")).to_have_count(0)
-    expect(page.get_by_role("button", name="Attach images")).to_be_disabled()
+    expect(page.get_by_role("button", name="Attach files")).to_have_attribute(
+        "title", "Attach text files or PDFs"
+    )
 
 
 def test_import_keeps_audio_as_base64_data_urls(text_page: Any) -> None:

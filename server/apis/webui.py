@@ -29,9 +29,11 @@ COMPRESSIBLE = {".html", ".js", ".mjs", ".css", ".svg", ".json", ".txt", ".md"}
 MIN_GZIP_BYTES = 512
 TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".svg": "image/svg+xml"}
 # The page runs only its own scripts: model output can never bring code in, even if rendering slipped.
+# Its one worker is pdf.js's (the text of an attached PDF), a file of its own origin.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    "connect-src 'self'; worker-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
 )
 # The diagram frame (assets/diagram.html, framed by the page with sandbox="allow-scripts": no origin of its
 # own, no reach into the page): Mermaid lays diagrams out with inline styles, which only this frame allows.

@@ -6,6 +6,7 @@
 // `GET /v1/stream?from=offset` and appends what follows, never a byte twice.
 import { SseSplitter, errorMessage } from "./api.js";
 import { newId, sleep } from "./dom.js";
+import { lastLeafUnder, normalize, pathOf, siblingsOf, subtreeIds } from "./tree.js";
 
 const SAVE_EVERY_MS = 250;
 const RETRY_MS = 2000;
@@ -32,34 +33,92 @@ export class Chat {
     return Boolean(run && !run.skipRequested && run.message.reasoning && !run.message.content);
   }
 
-  /** Send a user message (its text, and the files attached to it: [{id, name, url, kind?, format?}],
-   * images and audio files alike, kept in `images`) and stream the answer. */
-  async send(conversation, text, model, images = []) {
+  /** Send a user message (its text; the images and audio files attached to it: [{id, name, url, kind?,
+   * format?}], kept in `images`; the text files and PDFs: [{id, name, kind: "text" | "pdf", text}], kept
+   * in `files`) after the shown branch's last message, and stream the answer. */
+  async send(conversation, text, model, images = [], files = []) {
     const message = { id: newId(), role: "user", content: text, createdAt: Date.now() };
     if (images.length) message.images = images;
-    conversation.messages.push(message);
+    if (files.length) message.files = files;
+    this.#append(conversation, message);
     await this.#answer(conversation, model);
   }
 
-  /** Answer the last user message again: the answers after it are replaced. */
-  async regenerate(conversation, model) {
-    const last = conversation.messages.findLastIndex((m) => m.role === "user");
-    if (last < 0 || this.isBusy(conversation.id)) return;
-    conversation.messages.splice(last + 1);
+  /** Answer a question again: the new answer is a sibling of `answerId` (default: the shown branch's
+   * last answer), and the shown branch. */
+  async regenerate(conversation, model, answerId = null) {
+    if (this.isBusy(conversation.id)) return;
+    const find = (id) => conversation.messages.find((m) => m.id === id);
+    const target = answerId ? find(answerId) : pathOf(conversation).at(-1);
+    const question = target?.role === "assistant" ? find(target.parent) : target;
+    if (question?.role !== "user") return;
+    conversation.leaf = question.id;
     await this.#answer(conversation, model);
   }
 
-  /** Change a user message and answer it anew: everything after it is dropped. */
+  /** A changed user message: a sibling of the old one (same attachments, the new text) is the shown
+   * branch, answered anew; the old branch stays, a `<` away. */
   async edit(conversation, messageId, text, model) {
-    const at = conversation.messages.findIndex((m) => m.id === messageId && m.role === "user");
-    if (at < 0 || this.isBusy(conversation.id)) return;
-    conversation.messages.splice(at + 1);
-    conversation.messages[at].content = text;
+    const old = conversation.messages.find((m) => m.id === messageId && m.role === "user");
+    if (!old || this.isBusy(conversation.id)) return;
+    const message = { id: newId(), role: "user", content: text, createdAt: Date.now() };
+    if (old.images?.length) message.images = old.images.map((image) => ({ ...image }));
+    if (old.files?.length) message.files = old.files.map((file) => ({ ...file }));
+    this.#append(conversation, message, old.parent);
     await this.#answer(conversation, model);
+  }
+
+  /** Continue a cut answer (stopped, or ended by its length limit): the branch goes out with the answer
+   * last and `continue_final_message`, so the server writes on from its last token; what comes is
+   * appended to the same message. */
+  async continue(conversation, messageId, model) {
+    const message = conversation.messages.find((m) => m.id === messageId && m.role === "assistant");
+    if (!message || !message.content || this.isBusy(conversation.id)) return;
+    conversation.leaf = messageId;
+    const history = this.#history(pathOf(conversation));
+    const key = `${conversation.id}::${model}`;
+    Object.assign(message, { status: "streaming", stream: { key, offset: 0, completionId: null } });
+    delete message.finishReason;
+    delete message.error;
+    conversation.updatedAt = Date.now();
+    await this.#start(conversation, message, model, history, { continue_final_message: true });
+  }
+
+  /** Show another version: the branch through `messageId`, down to its newest last message. */
+  async switchTo(conversation, messageId) {
+    const message = conversation.messages.find((m) => m.id === messageId);
+    if (!message || this.isBusy(conversation.id)) return;
+    conversation.leaf = lastLeafUnder(conversation, message).id;
+    await this.store.put(conversation);
+  }
+
+  /** Delete a message and everything under it; the shown branch moves to a sibling (else the parent). */
+  async deleteBranch(conversation, messageId) {
+    const message = conversation.messages.find((m) => m.id === messageId);
+    if (!message || this.isBusy(conversation.id)) return;
+    const gone = subtreeIds(conversation, message);
+    const siblings = siblingsOf(conversation, message);
+    const at = siblings.indexOf(message);
+    const next = siblings[at - 1] || siblings[at + 1];
+    const parent = conversation.messages.find((m) => m.id === message.parent);
+    conversation.messages = conversation.messages.filter((m) => !gone.has(m.id));
+    if (gone.has(conversation.leaf)) {
+      conversation.leaf = next ? lastLeafUnder(conversation, next).id : (parent?.id ?? null);
+    }
+    conversation.updatedAt = Date.now();
+    await this.store.put(conversation);
+  }
+
+  /** Add `message` after `parent` (default: the shown branch's last message); it is the new leaf. */
+  #append(conversation, message, parent = undefined) {
+    normalize(conversation);
+    message.parent = (parent === undefined ? conversation.leaf : parent) ?? null;
+    conversation.messages.push(message);
+    conversation.leaf = message.id;
   }
 
   async #answer(conversation, model) {
-    const history = this.#history(conversation);
+    const history = this.#history(pathOf(conversation));
     const key = `${conversation.id}::${model}`;
     const reply = {
       id: newId(),
@@ -71,8 +130,12 @@ export class Chat {
       createdAt: Date.now(),
       stream: { key, offset: 0, completionId: null },
     };
-    conversation.messages.push(reply);
+    this.#append(conversation, reply);
     conversation.updatedAt = Date.now();
+    await this.#start(conversation, reply, model, history);
+  }
+
+  async #start(conversation, reply, model, history, extra = {}) {
     const run = this.#begin(conversation, reply);
     await this.store.put(conversation); // the stream state is on disk before the request leaves
     const body = {
@@ -82,10 +145,11 @@ export class Chat {
       reasoning_control: true,
       ...this.settings.sampling(),
       ...this.#tools(conversation),
+      ...extra,
     };
     let response;
     try {
-      response = await this.api.chat(body, key, run.abort.signal);
+      response = await this.api.chat(body, reply.stream.key, run.abort.signal);
     } catch (err) {
       if (!run.stopped) await this.#resume(run); // the server may have it: ask the session
       return;
@@ -146,13 +210,14 @@ export class Chat {
   }
 
   // -- internals ---------------------------------------------------------------------------------------
-  #history(conversation) {
+  /** The request's messages for a branch (its path): only that branch's messages. */
+  #history(path) {
     const messages = [];
     const system = (this.settings.get("systemPrompt") || "").trim();
     if (system) messages.push({ role: "system", content: system });
-    for (const m of conversation.messages) {
+    for (const m of path) {
       if (m.role === "assistant") messages.push(...toolTurns(m));
-      if (m.role === "user" && m.images?.some((image) => image.url))
+      if (m.role === "user" && (m.images?.some((image) => image.url) || m.files?.length))
         messages.push({ role: "user", content: contentParts(m) });
       else if ((m.role === "user" || m.role === "assistant") && m.content)
         messages.push({ role: m.role, content: m.content });
@@ -317,19 +382,27 @@ export class Chat {
   }
 }
 
-/** A user message with images or audio as OpenAI content parts: the files first (an image as an
+/** A user message with attachments as OpenAI content parts: the media first (an image as an
  * `image_url` part with its data: URL, an audio file as an `input_audio` part with its bare base64), then
- * the question about them. Every later turn sends them again, the same bytes in the same place: the
- * server's prompt cache then reuses the cells it filled with them instead of encoding them anew. */
+ * the question about them, then each text file or PDF as a text part of its own, its name in a header
+ * line and its text after it (llama.cpp's web UI's layout). Every later turn sends them again, the same
+ * bytes in the same place: the server's prompt cache then reuses the cells it filled with them. */
 function contentParts(message) {
-  const stored = message.images.filter((image) => image.url); // one lost from storage has no URL left
+  const stored = (message.images || []).filter((image) => image.url); // one lost from storage has no URL
   const parts = stored.map((item) =>
     item.kind === "audio"
       ? { type: "input_audio", input_audio: { data: base64Of(item.url), format: item.format || "wav" } }
       : { type: "image_url", image_url: { url: item.url } },
   );
   if (message.content) parts.push({ type: "text", text: message.content });
+  for (const file of message.files || []) parts.push({ type: "text", text: fileText(file) });
   return parts;
+}
+
+/** A text file's or PDF's part: "--- File: name ---" (or "--- PDF File: name ---"), then its text. */
+export function fileText(file) {
+  const label = file.kind === "pdf" ? "PDF File" : "File";
+  return `\n\n--- ${label}: ${file.name} ---\n${file.text}`;
 }
 
 /** The base64 of a data: URL, without its "data:...;base64," head (what `input_audio` takes). */

@@ -1,11 +1,12 @@
-// Start-up and wiring: settings, the server's /props and MCP servers, conversations, the composer (with
-// its image and audio attachments and Tools switches), the sidebar, dialogs.
+// Start-up and wiring: settings, the server's /props and MCP servers, conversations (message trees:
+// tree.js), the composer (with its attachments, Tools switches and context gauge), the sidebar, dialogs.
 import { Api, ApiError } from "./api.js";
 import { Chat, LIVE_STATUSES } from "./chat.js";
 import { $, h, newId, sleep } from "./dom.js";
 import { decorate } from "./icons.js";
 import { Settings } from "./settings.js";
 import { openStore } from "./store.js";
+import { pathOf } from "./tree.js";
 import { download, exportJson, parseImport } from "./transfer.js";
 import { Attachments } from "./view/attachments.js";
 import { SettingsDialog } from "./view/settings-dialog.js";
@@ -58,8 +59,12 @@ class App {
         this.chat.skipThinking(id).catch((err) => toast(`Skip thinking failed: ${err.message}`, "error")),
       onSuggestion: (text) => this.#fill(text),
       onEdit: (id, text) => this.edit(id, text),
-      onRegenerate: () => this.regenerate(),
+      onRegenerate: (id) => this.regenerate(id),
+      onContinue: (id) => this.continueAnswer(id),
+      onSwitch: (id) => this.#branch((c) => this.chat.switchTo(c, id)),
+      onDelete: (id) => this.#branch((c) => this.chat.deleteBranch(c, id)),
     });
+    this.nCtx = null; // the context of one slot (/props' default_generation_settings.n_ctx)
     this.sidebar = new Sidebar({
       list: $("#conversation-list"),
       empty: $("#empty-list"),
@@ -128,6 +133,8 @@ class App {
         this.propsVision = { model: this.model, vision, audio };
         this.attachments.setModalities(this.propsVision);
         this.settings.setServerDefaults(props.default_generation_settings?.params || {}, props.tool_loop);
+        this.nCtx = props.default_generation_settings?.n_ctx || null;
+        this.#renderGauge();
         this.serverTools = props.endpoint_tools !== false;
         $("#model-name").textContent = this.model;
         if (props.role === "router") await this.picker.show(this.model);
@@ -232,6 +239,7 @@ class App {
     this.sidebar.render(conversation?.id || null);
     this.#renderTools();
     this.#syncComposer();
+    this.#renderGauge();
     this.#closeSidebar();
   }
 
@@ -265,11 +273,13 @@ class App {
     const text = this.input.value.trim();
     const hasImages = this.attachments.items.length > 0;
     if ((!text && !hasImages) || (this.current && this.chat.isBusy(this.current.id))) return;
-    const images = this.attachments.take();
+    const attached = this.attachments.take();
+    const images = attached.filter((item) => item.kind !== "text" && item.kind !== "pdf");
+    const files = attached.filter((item) => item.kind === "text" || item.kind === "pdf");
     let conversation = this.current;
     if (!conversation) {
       const now = Date.now();
-      const title = titleFrom(text || images[0].name);
+      const title = titleFrom(text || attached[0].name);
       conversation = { id: newId(), title, createdAt: now, updatedAt: now, messages: [] };
       conversation.mcpServers = this.pendingServers;
       this.pendingServers = [];
@@ -279,7 +289,7 @@ class App {
     this.input.value = "";
     this.#autosize();
     this.#pruneServers(conversation);
-    const sending = this.chat.send(conversation, text, this.model || "default", images);
+    const sending = this.chat.send(conversation, text, this.model || "default", images, files);
     this.thread.show(conversation, this.model);
     this.sidebar.render();
     this.#syncComposer();
@@ -302,15 +312,57 @@ class App {
     await editing;
   }
 
-  /** Answer the open conversation's last question again. */
-  async regenerate() {
+  /** A new answer beside answer `id` (default: the shown branch's last) of the open conversation. */
+  async regenerate(id = null) {
     const conversation = this.current;
     if (!conversation || this.chat.isBusy(conversation.id)) return;
     this.#pruneServers(conversation);
-    const answering = this.chat.regenerate(conversation, this.model || "default");
+    const answering = this.chat.regenerate(conversation, this.model || "default", id);
     this.thread.show(conversation, this.model);
     this.#syncComposer();
     await answering;
+  }
+
+  /** Continue the cut answer `id` (the shown branch's last message). */
+  async continueAnswer(id) {
+    const conversation = this.current;
+    if (!conversation || this.chat.isBusy(conversation.id)) return;
+    this.#pruneServers(conversation);
+    const answering = this.chat.continue(conversation, id, this.model || "default");
+    this.thread.show(conversation, this.model);
+    this.#syncComposer();
+    await answering;
+  }
+
+  /** Switch versions or delete a branch of the open conversation, then draw the branch shown. */
+  async #branch(action) {
+    const conversation = this.current;
+    if (!conversation || this.chat.isBusy(conversation.id)) return;
+    await action(conversation);
+    this.thread.show(conversation, this.model);
+    this.sidebar.render(conversation.id);
+    this.#renderGauge();
+  }
+
+  /** The context gauge: the tokens the shown branch's last answer left in its slot (its prompt, cached
+   * or not, and what it wrote: timings' cache_n + prompt_n + predicted_n) of the slot's n_ctx. */
+  #renderGauge() {
+    const gauge = $("#context-gauge");
+    const last = pathOf(this.current).findLast((m) => m.role === "assistant" && m.timings);
+    const t = last?.timings;
+    if (!t || !this.nCtx) {
+      gauge.hidden = true;
+      return;
+    }
+    const used = (t.cache_n || 0) + (t.prompt_n || 0) + (t.predicted_n || 0);
+    const share = Math.min(used / this.nCtx, 1);
+    gauge.hidden = false;
+    const meter = $("#context-meter");
+    meter.max = this.nCtx;
+    meter.value = Math.min(used, this.nCtx);
+    $("#context-text").textContent =
+      `Context: ${used.toLocaleString("en")} / ${this.nCtx.toLocaleString("en")} tokens (${Math.round(share * 100)}%)`;
+    gauge.classList.toggle("context-full", share >= 0.9);
   }
 
   #onUpdate(conversation, message) {
@@ -318,6 +370,7 @@ class App {
     if (!LIVE_STATUSES.has(message.status)) {
       this.sidebar.render();
       if (conversation === this.current) this.#announce(message);
+      if (conversation === this.current) this.#renderGauge();
     }
     if (conversation === this.current) this.#syncComposer();
   }

@@ -6,8 +6,13 @@
 // "images" for both), written once with the conversation that first holds them: the conversation record
 // keeps only their ids, names (and an audio file's kind and format), so the saves while an answer streams
 // (every 250 ms) stay small. In memory, a message's `images` (audio files among them) carry their URL.
+//
+// Version 3 stores each conversation as a message tree (tree.js: every message's `parent`, the shown
+// branch's `leaf`); the upgrade turns each older, flat conversation into one branch.
+import { normalize } from "./tree.js";
+
 const DB_NAME = "llamba";
-const DB_VERSION = 2; // 2: the images store
+const DB_VERSION = 3; // 2: the images store; 3: message trees
 const CONVERSATIONS = "conversations";
 const IMAGES = "images";
 
@@ -22,10 +27,18 @@ function openDatabase(onBlocked) {
   const req = indexedDB.open(DB_NAME, DB_VERSION);
   // A tab of an older version holds the database open: the upgrade waits until it is closed.
   req.onblocked = () => onBlocked();
-  req.onupgradeneeded = () => {
+  req.onupgradeneeded = (event) => {
     const db = req.result;
     if (!db.objectStoreNames.contains(CONVERSATIONS)) {
       db.createObjectStore(CONVERSATIONS, { keyPath: "id" }).createIndex("updatedAt", "updatedAt");
+    } else if (event.oldVersion < 3) {
+      // flat conversations (versions 1, 2) become trees of one branch, in the upgrade's own transaction
+      req.transaction.objectStore(CONVERSATIONS).openCursor().onsuccess = (e) => {
+        const cursor = e.target.result;
+        if (!cursor) return;
+        cursor.update(normalize(cursor.value));
+        cursor.continue();
+      };
     }
     if (!db.objectStoreNames.contains(IMAGES)) db.createObjectStore(IMAGES, { keyPath: "id" });
   };
@@ -44,12 +57,13 @@ export async function openStore(onBlocked = () => {}) {
   ]);
   const urls = new Map(images.map((image) => [image.id, image.url]));
   for (const conversation of all) {
+    normalize(conversation);
     for (const image of imagesOf(conversation)) image.url = urls.get(image.id) || "";
   }
   return new Store(db, all, new Set(urls.keys()));
 }
 
-/** Every image attached to the conversation's messages. */
+/** Every image attached to the conversation's messages (every branch's). */
 function imagesOf(conversation) {
   return conversation.messages.flatMap((m) => m.images || []);
 }
@@ -59,6 +73,8 @@ export class Store {
     this.db = db;
     this.items = new Map(conversations.map((c) => [c.id, c]));
     this.savedImages = savedImages; // ids of the images already in IndexedDB
+    // conversation id -> the ids of the images its stored record holds (a deleted branch's go with it)
+    this.stored = new Map(conversations.map((c) => [c.id, new Set(imagesOf(c).map((i) => i.id))]));
     this.failing = new Set(); // conversation ids whose last write failed
     // Called as onError(conversation, error) when a conversation stops being saved (quota exceeded,
     // storage off), once until it is saved again: it stays in memory, the app says so.
@@ -84,16 +100,18 @@ export class Store {
   /** Save the conversation, with its images not stored yet; resolves to false (and reports through
    * onError) when the browser refused the write: the conversation is still in memory. */
   async put(conversation) {
+    normalize(conversation);
     const before = this.items.get(conversation.id);
     this.items.set(conversation.id, conversation);
     const images = imagesOf(conversation);
     const fresh = images.filter((image) => image.url && !this.savedImages.has(image.id));
-    // A conversation replaced by another object of the same id (an import) leaves the old one's images.
+    // Images no message holds any more (a deleted branch; a conversation replaced by an import) go.
     const kept = new Set(images.map((image) => image.id));
-    const dropped =
-      before && before !== conversation
-        ? imagesOf(before).filter((image) => !kept.has(image.id)).map((image) => image.id)
-        : [];
+    const had = new Set([
+      ...(this.stored.get(conversation.id) || []),
+      ...(before && before !== conversation ? imagesOf(before).map((image) => image.id) : []),
+    ]);
+    const dropped = [...had].filter((id) => !kept.has(id));
     const record = {
       ...conversation,
       messages: conversation.messages.map((m) =>
@@ -108,6 +126,7 @@ export class Store {
     if (saved) {
       for (const { id } of fresh) this.savedImages.add(id);
       for (const id of dropped) this.savedImages.delete(id);
+      this.stored.set(conversation.id, kept);
     }
     return saved;
   }
@@ -120,7 +139,10 @@ export class Store {
       tx.objectStore(CONVERSATIONS).delete(id);
       for (const imageId of images) tx.objectStore(IMAGES).delete(imageId);
     });
-    if (deleted) for (const imageId of images) this.savedImages.delete(imageId);
+    if (deleted) {
+      for (const imageId of images) this.savedImages.delete(imageId);
+      this.stored.delete(id);
+    }
     return deleted;
   }
 

@@ -1,12 +1,19 @@
-// Export and import of conversations as JSON: {"format": "llamba.conversations", "version": 1, ...}.
+// Export and import of conversations as JSON: {"format": "llamba.conversations", "version": 2, ...}.
+//
+// Version 2 (message trees): a conversation's `messages` are every message of every branch, each with
+// its `parent` (the id of the message it follows, null for a first one), and `leaf` is the id of the
+// shown branch's last message; a user message may carry `files` (text files and PDFs: {name, kind:
+// "text" | "pdf", text}). Version 1 (no `leaf`, no `parent`) was one flat branch, and imports as one.
 import { h, newId } from "./dom.js";
+import { normalize } from "./tree.js";
 
 export const FORMAT = "llamba.conversations";
+export const VERSION = 2;
 
 export function exportJson(conversations) {
   const data = {
     format: FORMAT,
-    version: 1,
+    version: VERSION,
     exportedAt: new Date().toISOString(),
     conversations: conversations.map((c) => ({
       ...c,
@@ -43,15 +50,21 @@ const num = (v, fallback) => (Number.isFinite(v) ? v : fallback);
 function cleanConversation(raw) {
   if (!raw || typeof raw !== "object" || !Array.isArray(raw.messages)) return null;
   const now = Date.now();
-  const messages = raw.messages.map(cleanMessage).filter(Boolean);
-  return {
+  const seen = new Set();
+  const messages = raw.messages
+    .map(cleanMessage)
+    .filter((m) => m && !seen.has(m.id) && seen.add(m.id)); // an id twice would make the tree ambiguous
+  const tree = typeof raw.leaf === "string" || raw.leaf === null;
+  if (!tree) for (const m of messages) delete m.parent; // version 1: one branch, in order
+  return normalize({
     id: str(raw.id) || newId(),
     title: str(raw.title).slice(0, 200) || "Imported chat",
     createdAt: num(raw.createdAt, now),
     updatedAt: num(raw.updatedAt, now),
     mcpServers: Array.isArray(raw.mcpServers) ? raw.mcpServers.filter((l) => typeof l === "string") : [],
     messages,
-  };
+    ...(tree ? { leaf: raw.leaf } : {}),
+  });
 }
 
 function cleanMessage(raw) {
@@ -61,6 +74,7 @@ function cleanMessage(raw) {
     role: raw.role,
     content: str(raw.content),
     createdAt: num(raw.createdAt, Date.now()),
+    parent: typeof raw.parent === "string" ? raw.parent : null,
   };
   if (raw.reasoning) message.reasoning = str(raw.reasoning);
   if (raw.thinkingMs) message.thinkingMs = num(raw.thinkingMs, undefined);
@@ -72,7 +86,18 @@ function cleanMessage(raw) {
     message.tools = raw.tools.filter((c) => c && typeof c === "object").map(cleanCall);
   const images = Array.isArray(raw.images) ? raw.images.map(cleanImage).filter(Boolean) : [];
   if (raw.role === "user" && images.length) message.images = images;
+  const files = Array.isArray(raw.files) ? raw.files.map(cleanFile).filter(Boolean) : [];
+  if (raw.role === "user" && files.length) message.files = files;
+  if (raw.role === "assistant" && typeof raw.model === "string") message.model = raw.model;
+  if (typeof raw.finishReason === "string") message.finishReason = raw.finishReason;
   return message;
+}
+
+/** An attached text file or PDF: its name, kind and text (nothing else is kept). */
+function cleanFile(raw) {
+  if (!raw || typeof raw.text !== "string") return null;
+  const kind = raw.kind === "pdf" ? "pdf" : "text";
+  return { id: newId(), name: str(raw.name).slice(0, 200) || "file", kind, text: raw.text };
 }
 
 /** An attached image: data: URLs of images only (nothing an <img> would fetch from elsewhere), under a

@@ -1,9 +1,12 @@
-// The open conversation: its messages, the thinking block, tool calls, status and stats; redrawn per
-// animation frame. Edit (user messages) and Regenerate (the last answer) hand their work to the app.
+// The open conversation's shown branch (tree.js): its messages, the thinking block, tool calls, status
+// and stats; redrawn per animation frame. Edit (a user message: a new version of it), Regenerate (an
+// answer: a new version), Continue (a cut answer), Delete (a message and what follows it) and the
+// `< 2/3 >` switch between a message's versions hand their work to the app.
 import { copyText, h } from "../dom.js";
 import { icon } from "../icons.js";
 import { renderMarkdown } from "../markdown.js";
-import { audioChip } from "./attachments.js";
+import { normalize, pathOf, siblingsOf } from "../tree.js";
+import { audioChip, fileChip } from "./attachments.js";
 
 const STATUS_TEXT = {
   streaming: "Streaming",
@@ -22,16 +25,18 @@ const SUGGESTIONS = [
 
 export class Thread {
   /** `chat` answers isBusy/isThinking; `onSkip(conversationId)` runs the Skip thinking button;
-   * `onEdit(messageId, text)` resends an edited user message; `onRegenerate()` answers again. */
-  constructor({ scroller, root, chat, onSkip, onSuggestion, onEdit, onRegenerate }) {
+   * `onEdit(messageId, text)` sends a new version of a user message; `onRegenerate(messageId)` a new
+   * answer beside that one; `onContinue(messageId)` continues a cut answer; `onSwitch(messageId)` shows
+   * that version's branch; `onDelete(messageId)` deletes the message and what follows it. */
+  constructor({ scroller, root, chat, onSkip, onSuggestion, onEdit, onRegenerate, onContinue, onSwitch, onDelete }) {
     this.scroller = scroller;
     this.root = root;
     this.chat = chat;
     this.onSkip = onSkip;
     this.onSuggestion = onSuggestion;
-    this.onEdit = onEdit;
-    this.onRegenerate = onRegenerate;
+    this.actions = { onEdit, onRegenerate, onContinue, onSwitch, onDelete };
     this.conversation = null;
+    this.path = [];
     this.views = new Map(); // message id -> MessageView
     this.dirty = new Set();
     this.frame = 0;
@@ -42,13 +47,15 @@ export class Thread {
     this.conversation = conversation;
     this.views.clear();
     this.dirty.clear();
-    const messages = conversation?.messages || [];
+    if (conversation) normalize(conversation);
+    const messages = (this.path = pathOf(conversation));
     if (!messages.length) {
       this.root.replaceChildren(this.#welcome(model));
       return;
     }
     this.root.replaceChildren(...messages.map((m) => this.#viewOf(m).el));
     for (const view of this.views.values()) view.render(this.#state(view.message));
+    this.wasBusy = this.chat.isBusy(conversation.id);
     this.scrollToEnd();
   }
 
@@ -56,7 +63,8 @@ export class Thread {
   update(conversation, message) {
     if (conversation !== this.conversation) return;
     if (!this.views.has(message.id)) {
-      this.show(conversation);
+      // a new message of the shown branch; one of another branch is not drawn
+      if (pathOf(conversation).includes(message)) this.show(conversation);
       return;
     }
     this.dirty.add(message.id);
@@ -70,6 +78,10 @@ export class Thread {
   #flush() {
     this.frame = 0;
     const pinned = this.scroller.scrollHeight - this.scroller.scrollTop - this.scroller.clientHeight < 120;
+    // an answer started or ended: every message's actions show or hide with it
+    const busy = this.chat.isBusy(this.conversation?.id);
+    if (busy !== this.wasBusy) for (const id of this.views.keys()) this.dirty.add(id);
+    this.wasBusy = busy;
     for (const id of this.dirty) {
       const view = this.views.get(id);
       if (view) view.render(this.#state(view.message));
@@ -80,17 +92,32 @@ export class Thread {
 
   #state(message) {
     const id = this.conversation?.id;
-    const last = this.conversation?.messages.at(-1) === message;
-    return { last, live: last && this.chat.isBusy(id), thinking: last && this.chat.isThinking(id) };
+    const last = this.path.at(-1) === message;
+    const busy = this.chat.isBusy(id);
+    const siblings = this.conversation ? siblingsOf(this.conversation, message) : [message];
+    return {
+      last,
+      busy,
+      live: last && busy,
+      thinking: last && this.chat.isThinking(id),
+      versions: { index: siblings.indexOf(message), count: siblings.length, siblings },
+    };
   }
 
   #viewOf(message) {
+    const a = this.actions;
+    const common = {
+      onSwitch: (sibling) => a.onSwitch(sibling.id),
+      onDelete: () => a.onDelete(message.id),
+    };
     const view =
       message.role === "user"
-        ? new UserView(message, (text) => this.onEdit(message.id, text))
+        ? new UserView(message, { ...common, onEdit: (text) => a.onEdit(message.id, text) })
         : new AssistantView(message, {
+            ...common,
             onSkip: () => this.onSkip(this.conversation.id),
-            onRegenerate: () => this.onRegenerate(),
+            onRegenerate: () => a.onRegenerate(message.id),
+            onContinue: () => a.onContinue(message.id),
           });
     this.views.set(message.id, view);
     return view;
@@ -134,14 +161,69 @@ function flash(button) {
   }, 1500);
 }
 
+/** `< 2/3 >`: a message's versions (its siblings in the tree); empty (no text at all) for one version. */
+class Versions {
+  constructor(onSwitch) {
+    this.onSwitch = onSwitch;
+    this.el = h("div", { class: "versions", role: "group", "aria-label": "Versions", hidden: true });
+    this.shown = "";
+  }
+
+  render({ index, count, siblings }, busy) {
+    const key = `${index}/${count}/${busy}`;
+    this.el.hidden = count < 2;
+    if (key === this.shown) return;
+    this.shown = key;
+    if (count < 2) {
+      this.el.replaceChildren();
+      return;
+    }
+    const go = (to) => () => this.onSwitch(siblings[to]);
+    const button = (label, iconName, to) =>
+      h(
+        "button",
+        {
+          type: "button",
+          class: "icon-button small",
+          "aria-label": label,
+          disabled: busy || to < 0 || to >= count,
+          onclick: go(to),
+        },
+        icon(iconName, 14),
+      );
+    this.el.replaceChildren(
+      button("Previous version", "left", index - 1),
+      h("span", { class: "versions-count" }, `${index + 1}/${count}`),
+      button("Next version", "right", index + 1),
+    );
+  }
+}
+
+function deleteButton(onDelete) {
+  return h(
+    "button",
+    {
+      type: "button",
+      class: "icon-button small delete-message",
+      "aria-label": "Delete message",
+      title: "Delete this message and everything after it",
+      onclick: () => confirm("Delete this message and everything after it?") && onDelete(),
+    },
+    icon("trash", 15),
+  );
+}
+
 class UserView {
-  constructor(message, onEdit) {
+  constructor(message, { onEdit, onSwitch, onDelete }) {
     this.message = message;
     this.onEdit = onEdit;
     this.bubble = h("div", { class: "bubble" });
     this.images = h("div", { class: "msg-images", hidden: true });
+    this.files = h("div", { class: "msg-files", hidden: true });
     this.shownImages = null; // the images array drawn in this.images (they never change once sent)
-    const edit = h(
+    this.versions = new Versions(onSwitch);
+    this.delete = deleteButton(onDelete);
+    const edit = (this.edit = h(
       "button",
       {
         type: "button",
@@ -150,13 +232,14 @@ class UserView {
         onclick: () => this.#startEdit(),
       },
       icon("pencil", 15),
-    );
+    ));
     this.body = h(
       "div",
       { class: "user-body" },
       this.images,
+      this.files,
       this.bubble,
-      h("div", { class: "user-tools" }, edit),
+      h("div", { class: "user-tools" }, this.versions.el, edit, this.delete),
     );
     this.el = h(
       "article",
@@ -165,7 +248,15 @@ class UserView {
     );
   }
 
-  render() {
+  render({ versions, busy } = {}) {
+    if (versions) this.versions.render(versions, busy);
+    this.edit.hidden = this.delete.hidden = Boolean(busy);
+    const files = this.message.files || [];
+    if (this.shownFiles !== files) {
+      this.shownFiles = files;
+      this.files.hidden = !files.length;
+      this.files.replaceChildren(...files.map((file) => fileChip(file)));
+    }
     const images = this.message.images || [];
     if (this.shownImages !== images) {
       this.shownImages = images;
@@ -186,10 +277,7 @@ class UserView {
   #startEdit() {
     const box = h("textarea", { class: "edit-box", "aria-label": "Edit message text", rows: 3 });
     box.value = this.message.content;
-    const cancel = () => {
-      form.replaceWith(this.body);
-      this.render();
-    };
+    const cancel = () => form.replaceWith(this.body);
     const form = h(
       "form",
       {
@@ -260,7 +348,7 @@ function pretty(json) {
 }
 
 class AssistantView {
-  constructor(message, { onSkip, onRegenerate }) {
+  constructor(message, { onSkip, onRegenerate, onContinue, onSwitch, onDelete }) {
     this.message = message;
     this.status = h("span", { class: "status", hidden: true });
     this.summaryLabel = h("span", { class: "thinking-label" });
@@ -304,7 +392,24 @@ class AssistantView {
       { type: "button", class: "icon-button small", "aria-label": "Regenerate", onclick: onRegenerate },
       icon("refresh", 15),
     );
-    this.foot = h("div", { class: "msg-foot" }, this.stats, copy, this.regenerate);
+    this.continue = h(
+      "button",
+      { type: "button", class: "button ghost small continue", onclick: onContinue, hidden: true },
+      icon("skip", 14),
+      "Continue",
+    );
+    this.versions = new Versions(onSwitch);
+    this.delete = deleteButton(onDelete);
+    this.foot = h(
+      "div",
+      { class: "msg-foot" },
+      this.stats,
+      this.versions.el,
+      copy,
+      this.regenerate,
+      this.continue,
+      this.delete,
+    );
     const meta = h(
       "div",
       { class: "msg-meta" },
@@ -334,7 +439,7 @@ class AssistantView {
     this.autoOpen = false;
   }
 
-  render({ live, thinking, last }) {
+  render({ live, thinking, last, busy, versions }) {
     const m = this.message;
     this.#renderThinking(m, live, thinking);
     this.#renderTools(m.tools || [], live);
@@ -353,8 +458,12 @@ class AssistantView {
     this.error.textContent = m.error || "";
     this.stats.textContent = statsText(m.timings);
     this.stats.title = statsTitle(m.timings);
-    this.foot.hidden = live || (!m.content && !m.timings && !m.tools?.length);
-    this.regenerate.hidden = !last;
+    this.foot.hidden = live;
+    this.versions.render(versions, busy);
+    this.regenerate.hidden = this.delete.hidden = busy;
+    // a cut answer: stopped, lost, or ended by its token limit
+    const cut = m.finishReason === "length" || m.status === "stopped" || m.status === "lost";
+    this.continue.hidden = busy || !last || !m.content || !cut;
   }
 
   #renderTools(calls, live) {
