@@ -48,6 +48,7 @@ class ModelSpec:
     parts: tuple[tuple[str, str], ...]
     aliases: tuple[str, ...] = ()
     zipped: ZippedMember | None = None  # the parts are slices of a zip archive holding the model
+    embeds_only: bool = False  # an encoder: served with --embeddings (a router starts its child so)
 
 
 SMOLLM2 = ModelSpec(
@@ -89,6 +90,7 @@ MINILM = ModelSpec(
     sha256="263215c3cadd6e16740741a7624ab4cbb6c8e777688bd5331ecfbf5681c2f8ed",
     parts=(("litemem==0.1.3", "litemem/models/all-MiniLM-L6-v2-Q8_0.gguf"),),
     aliases=("minilm",),
+    embeds_only=True,
 )
 GPT4ALL_SLICE = 94_371_840  # bytes per slice of gpt4all.zip (slices 001..008 come before the member)
 NOMIC_EMBED = ModelSpec(
@@ -107,6 +109,7 @@ NOMIC_EMBED = ModelSpec(
         compressed_size=251_925_895,
         crc32=0xC2895549,
     ),
+    embeds_only=True,
 )
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (SMOLLM2, GEMMA3, QWEN25_CODER, MINILM, NOMIC_EMBED)}
 DEFAULT_MODEL = SMOLLM2.name

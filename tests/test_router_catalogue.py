@@ -183,3 +183,12 @@ def test_cache_models_in_the_catalogue_and_presets_naming_them(hub: Path, tmp_pa
     assert {e.id for e in build_catalogue(None, preset).entries.values() if e.hidden} == {
         "org/tiny-GGUF:Q4_K_M"
     }
+
+
+def test_builtin_encoders_start_with_embeddings(tmp_path: Path) -> None:
+    """An encoder answers embeddings only: its child gets --embeddings (else /v1/embeddings and Ollama's
+    /api/embed answer 501 through the router); generating models get no flag of their own."""
+    cat = build_catalogue(None, None)
+    assert cat.entries["all-minilm-l6-v2"].args == ("--embeddings",)
+    assert cat.entries["nomic-embed-text-v1.5"].args == ("--embeddings",)
+    assert cat.entries["smollm2"].args == ()

@@ -107,7 +107,8 @@ class Catalogue:
 def build_catalogue(models_dir: Path | None, preset: Path | None) -> Catalogue:
     cat = Catalogue()
     for spec in MODELS.values():
-        cat.add(ModelEntry(spec.name, spec.name, "builtin", aliases=(*spec.aliases, spec.filename)))
+        args = ("--embeddings",) if spec.embeds_only else ()  # an encoder answers nothing else
+        cat.add(ModelEntry(spec.name, spec.name, "builtin", args, aliases=(*spec.aliases, spec.filename)))
     for name, path in hf_cache.list_models():
         cat.add(ModelEntry(name, str(path), "cache"))
     if models_dir is not None:

@@ -96,12 +96,12 @@ def details(model: ModelHost) -> dict[str, Any]:
 
 
 def capabilities(model: ModelHost) -> list[str]:
-    """What Ollama's clients look for: completion (a generating model) or embedding (an encoder, or a
-    server run with --embedding), tools (a template with tool support), thinking (a template with a
+    """What Ollama's clients look for: completion (a generating model), embedding (a server
+    run with --embedding), tools (a template with tool support), thinking (a template with a
     thinking block), vision/audio (an --mmproj projector), insert (FIM tokens)."""
     info = model.model_info()
     caps = ["completion"] if info.generates else []
-    if model.settings.embedding or not info.generates:
+    if model.settings.embedding:  # an encoder without --embeddings answers /api/embed 501, as llama-server
         caps.append("embedding")
     if info.generates:
         prompts = model.prompts  # 503 while the model loads
