@@ -143,7 +143,8 @@ def _values(action: argparse.Action, files: dict[str, str]) -> list[list[str]]:
         "cache_type_v": "q8_0", "cluster": "ray", "chat_template_kwargs": '{"a": 1}',
         "json_schema": '{"type": "object"}', "tools": "read_file,grep_search",
         "tools_runtime": "docker-container:box", "log_colors": "on", "lora_items": "a.gguf:0.5",
-        "lora_modules": "sql=a.gguf", "control_vector_items": "c.gguf:0.5", **files,
+        "lora_modules": "sql=a.gguf", "control_vector_items": "c.gguf:0.5", "ui_config": '{"theme": "dark"}',
+        **files,
     }  # fmt: skip
     if action.nargs == 0:
         return [[]]
@@ -171,7 +172,8 @@ def test_every_parsed_option_reaches_settings(tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text('{"type": "object"}')
     files = {"chat_template_file": str(tmp_path / "t.jinja"), "api_key_file": str(tmp_path / "keys"),
              "mcp_servers_config": str(tmp_path / "mcp.json"), "grammar_file": str(tmp_path / "g.gbnf"),
-             "json_schema_file": str(tmp_path / "s.json")}  # fmt: skip
+             "json_schema_file": str(tmp_path / "s.json"),
+             "ui_config_file": str(tmp_path / "s.json")}  # fmt: skip
     base = parse_settings([], {})[0]
     parser = build_parser()
     assert not set(parser._option_string_actions) & (set(IGNORED_FLAGS) | set(ALWAYS_ON))

@@ -71,7 +71,7 @@ def switch_server(page: Any, label: str, on: bool = True) -> None:
     if toggle.get_attribute("aria-expanded") != "true":
         toggle.click()
     box = page.get_by_role("group", name="MCP servers for this conversation").get_by_role(
-        "checkbox", name=label
+        "checkbox", name=label, exact=True
     )
     box.set_checked(on)
     expect(box).to_be_checked(checked=on)

@@ -23,6 +23,10 @@ the function tools the client declared.
   function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran;
   so are calls that wait for the client's approval (`AgentPlan.approval`: the Responses API's
   `require_approval`; `awaiting`), which are not run.
+- Approval. A chat request's `approved_tools` (Llamba's; the web UI fills it after its permission
+  prompt) names the tools that write or run commands (not read-only) the user allowed: any other such
+  call is not run, and its result (an error the model reads) says so. The UI then asks the user, and
+  answers again with the tool approved. Without the field every offered tool runs.
 - Calls. A Responses request's `max_tool_calls` bounds the MCP calls of the run (`AgentLimits.max_calls`):
   a call past it is not run (its result says so) and the next round may only answer.
 - Faults. A call that fails, times out, or whose server crashed becomes an error result the model reads
@@ -87,6 +91,14 @@ class AgentPlan:
     # The tools (by the name the model calls them) whose calls wait for the client's approval (Responses
     # API: an mcp_approval_request item ends the run instead of the call).
     approval: frozenset[str] = frozenset()
+    # The request's approved_tools (None: not given): a tool that writes or runs commands and is not
+    # named here (by either name) is not run; its result tells the model so (`unapproved`).
+    approved: frozenset[str] | None = None
+
+    def unapproved(self, tool: Tool) -> bool:
+        if self.approved is None or getattr(tool, "read_only", False):
+            return False
+        return tool.name not in self.approved and tool.tool not in self.approved
 
 
 def agent_limits(settings: Settings, body: ChatCompletionRequest) -> AgentLimits:
@@ -157,7 +169,8 @@ async def agent_plan(
     about = {tool.name: spec.server_description for spec, listed in offered for tool in listed}
     definitions = tuple(d for d in (definition(t, about[t.name]) for t in tools.values()) if d is not None)
     usable = {d.function.name: tools[d.function.name] for d in definitions}
-    return AgentPlan(usable, definitions, limits, context(), frozenset(asks & usable.keys()))
+    approved = None if body.approved_tools is None else frozenset(body.approved_tools)
+    return AgentPlan(usable, definitions, limits, context(), frozenset(asks & usable.keys()), approved)
 
 
 async def offered_tools(mcp: Toolbox, spec: McpServerTool, limits: AgentLimits) -> list[Tool]:
@@ -322,6 +335,7 @@ class AgentRun:
             "tool_choice": self.round_choice(index),
             "max_tool_rounds": None,
             "tool_timeout": None,
+            "approved_tools": None,
             "max_tokens": budget if budget < 0 else budget - self.n_generated,
             "max_completion_tokens": None,
             "n_predict": None,
@@ -458,6 +472,9 @@ class AgentRun:
 async def run_call(mcp: Toolbox, plan: AgentPlan, call: ToolCall) -> ToolExecuted:
     """One MCP call of the plan's tools, as the model reads its outcome (never an exception)."""
     tool = plan.tools[call.name]
+    if plan.unapproved(tool):
+        log.info("agents.tool_unapproved", tool=call.name)
+        return ToolExecuted.of(call, ToolResult(error=unapproved_text(call.name)))
     try:
         arguments = json.loads(call.arguments or "{}")
     except ValueError:
@@ -473,6 +490,10 @@ async def run_call(mcp: Toolbox, plan: AgentPlan, call: ToolCall) -> ToolExecute
     seconds = round(time.monotonic() - begin, 3)
     log.info("agents.tool_call", tool=call.name, seconds=seconds, error=result.error)
     return ToolExecuted.of(call, result)
+
+
+def unapproved_text(name: str) -> str:
+    return f"not run: the user has not approved {name} (it writes or runs commands); do not retry it"
 
 
 async def refused(call: ToolCall, cap: int) -> ToolExecuted:

@@ -272,6 +272,10 @@ class ToolFields(BaseModel):
     # The server-side tool loop's per-request limits (only with `mcp` tools; server/agents/loop.py).
     max_tool_rounds: int | None = Field(default=None, ge=1)
     tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call
+    # Llamba's: the tools that write or run commands (GET /tools' permissions.write) the user approved;
+    # given, the loop runs no other such tool (its call's result is an error the model reads). The web UI
+    # fills it after its permission prompt. None: every offered tool runs.
+    approved_tools: list[str] | None = None
     # Set by Llamba's own tool loop, never read from a body: its tools stay described in the prompt, even
     # under tool_choice auto on a template without tool support (server/agents/loop.py says why).
     _keep_tools: bool = PrivateAttr(default=False)
@@ -290,8 +294,12 @@ class ToolFields(BaseModel):
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
         if choice == "required" and not names and not labels:
             raise ValueError('tool_choice "required" needs tools')
-        if not labels and (self.max_tool_rounds is not None or self.tool_timeout is not None):
-            raise ValueError("max_tool_rounds and tool_timeout apply to mcp tools only: the request has none")
+        limits = (self.max_tool_rounds, self.tool_timeout, self.approved_tools)
+        if not labels and any(v is not None for v in limits):
+            raise ValueError(
+                "max_tool_rounds, tool_timeout and approved_tools apply to mcp tools only: "
+                "the request has none"
+            )
         return self
 
     def function_tools(self) -> list[FunctionTool]:

@@ -130,6 +130,19 @@ def json_object(parser: argparse.ArgumentParser, flag: str, text: str | None) ->
     return value
 
 
+def ui_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """--ui-config JSON or --ui-config-file PATH (the later one on the command line wins, as in
+    llama-server, where both set one value; here the file when both are given): the web UI's defaults,
+    served as /props' ui_settings. Not a JSON object, or a file that cannot be read, exits 2."""
+    if args.ui_config_file is not None:
+        try:
+            text = Path(args.ui_config_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            parser.error(f"--ui-config-file: cannot read {args.ui_config_file}: {exc.strerror or exc}")
+        return json_object(parser, "--ui-config-file", text)
+    return json_object(parser, "--ui-config", args.ui_config)
+
+
 def stream_journal(parser: argparse.ArgumentParser, value: str | None) -> Path | None:
     """--stream-journal DIR: created if missing; a file, or a folder this process cannot write in,
     exits 2 naming it."""

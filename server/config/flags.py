@@ -371,6 +371,10 @@ def _tool_flags(p: argparse.ArgumentParser) -> None:
         help="serve /cors-proxy?url= for the web UI's MCP client "
         "(only x-llama-server-proxy-header-* headers are sent)")  # fmt: skip
     add("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy", action="store_false")
+    add("--ui-config", "--webui-config", dest="ui_config", default=None, metavar="JSON",
+        help="JSON object of the web UI's default settings (/props' ui_settings)")  # fmt: skip
+    add("--ui-config-file", "--webui-config-file", dest="ui_config_file", default=None, metavar="PATH",
+        help="a file with --ui-config's JSON object")  # fmt: skip
     add("-ag", "--agent", dest="agent", action="store_true", default=False,
         help="--tools all and --ui-mcp-proxy")  # fmt: skip
     add("-no-ag", "--no-agent", dest="agent", action="store_false")

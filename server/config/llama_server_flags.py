@@ -465,14 +465,8 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         "",
     ),
     F(("--api-prefix",), "PREFIX", "LLAMA_ARG_API_PREFIX", "implemented", ""),
-    F(("--ui-config", "--webui-config"), "JSON", "LLAMA_ARG_UI_CONFIG", "ignored", "no effect in Llamba"),
-    F(
-        ("--ui-config-file", "--webui-config-file"),
-        "PATH",
-        "LLAMA_ARG_UI_CONFIG_FILE",
-        "ignored",
-        "no effect in Llamba",
-    ),
+    F(("--ui-config", "--webui-config"), "JSON", "LLAMA_ARG_UI_CONFIG", "implemented", ""),
+    F(("--ui-config-file", "--webui-config-file"), "PATH", "LLAMA_ARG_UI_CONFIG_FILE", "implemented", ""),
     F(
         ("--ui-mcp-proxy", "--webui-mcp-proxy", "--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
         "",

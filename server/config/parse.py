@@ -82,6 +82,7 @@ def _settings_values(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     values["cors_origins"] = flag_values.cors_origins(args.cors_origins)
     values.update(flag_values.tool_settings(parser, args))
     values["api_prefix"] = flag_values.api_prefix(parser, args.api_prefix)
+    values["ui_settings"] = flag_values.ui_settings(parser, args)
     kwargs = flag_values.json_object(parser, "--chat-template-kwargs", args.chat_template_kwargs)
     values["chat_template_kwargs"] = kwargs
     values.update(flag_values.default_constraint(parser, args))

@@ -155,6 +155,8 @@ class Settings(BaseModel):
     tools_runtime: str | None = None
     tools_regex_timeout: float = 5.0  # seconds the patterns of one grep/glob search may take in all
     ui_mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy for the web UI's MCP client
+    # --ui-config / --ui-config-file: the web UI's default settings (/props' ui_settings), under the user's
+    ui_settings: dict[str, Any] = {}
     # Stored Responses API responses: how many are kept, and the folder that keeps them across restarts.
     responses_max: int = 1000
     responses_dir: Path | None = None

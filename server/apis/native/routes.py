@@ -108,7 +108,7 @@ async def props() -> Any:
         "endpoint_props": s.props,
         "endpoint_metrics": s.metrics,
         "ui": s.webui,
-        "ui_settings": {},
+        "ui_settings": s.ui_settings,
         "chat_template": model.template_source(),
         "chat_template_caps": model.template_caps(),
         "bos_token": info.bos_token,

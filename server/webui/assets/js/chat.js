@@ -15,8 +15,10 @@ const RETRY_MS = 2000;
 export const LIVE_STATUSES = new Set(["streaming", "resuming", "loading"]);
 
 export class Chat {
-  constructor({ store, api, settings, onUpdate }) {
+  constructor({ store, api, settings, onUpdate, toolsFor = null }) {
     this.store = store;
+    // (conversation) -> the request's `mcp` tools fields ({tools, approved_tools?}); default: its servers
+    this.toolsFor = toolsFor;
     this.api = api;
     this.settings = settings;
     this.onUpdate = onUpdate; // (conversation, message) after every visible change
@@ -75,7 +77,7 @@ export class Chat {
     const message = conversation.messages.find((m) => m.id === messageId && m.role === "assistant");
     if (!message || !message.content || this.isBusy(conversation.id)) return;
     conversation.leaf = messageId;
-    const history = this.#history(pathOf(conversation));
+    const history = this.#history(pathOf(conversation), conversation.preset);
     const key = `${conversation.id}::${model}`;
     Object.assign(message, { status: "streaming", stream: { key, offset: 0, completionId: null } });
     delete message.finishReason;
@@ -118,7 +120,7 @@ export class Chat {
   }
 
   async #answer(conversation, model) {
-    const history = this.#history(pathOf(conversation));
+    const history = this.#history(pathOf(conversation), conversation.preset);
     const key = `${conversation.id}::${model}`;
     const reply = {
       id: newId(),
@@ -138,13 +140,17 @@ export class Chat {
   async #start(conversation, reply, model, history, extra = {}) {
     const run = this.#begin(conversation, reply);
     await this.store.put(conversation); // the stream state is on disk before the request leaves
+    // The conversation's preset over the settings; custom JSON fields last, but never the messages or
+    // the stream switch this page needs.
+    const preset = conversation.preset || null;
     const body = {
       model,
+      reasoning_control: true,
+      ...this.settings.sampling(preset),
+      ...this.#tools(conversation),
+      ...this.settings.custom(preset),
       messages: history,
       stream: true,
-      reasoning_control: true,
-      ...this.settings.sampling(),
-      ...this.#tools(conversation),
       ...extra,
     };
     let response;
@@ -165,9 +171,12 @@ export class Chat {
   #tools(conversation) {
     const servers = conversation.mcpServers || [];
     if (!servers.length) return {};
-    const tools = servers.map((label) => ({ type: "mcp", server_label: label }));
-    const rounds = this.settings.get("maxToolRounds");
-    return rounds ? { tools, max_tool_rounds: rounds } : { tools };
+    const fields = this.toolsFor
+      ? this.toolsFor(conversation)
+      : { tools: servers.map((label) => ({ type: "mcp", server_label: label })) };
+    if (!fields.tools?.length) return {};
+    const rounds = this.settings.value("maxToolRounds", conversation.preset);
+    return rounds ? { ...fields, max_tool_rounds: rounds } : fields;
   }
 
   /** Stop: end the session on the server (frees the slot), then drop our request; keep the partial text. */
@@ -211,9 +220,9 @@ export class Chat {
 
   // -- internals ---------------------------------------------------------------------------------------
   /** The request's messages for a branch (its path): only that branch's messages. */
-  #history(path) {
+  #history(path, preset = null) {
     const messages = [];
-    const system = (this.settings.get("systemPrompt") || "").trim();
+    const system = (this.settings.value("systemPrompt", preset) || "").trim();
     if (system) messages.push({ role: "system", content: system });
     for (const m of path) {
       if (m.role === "assistant") messages.push(...toolTurns(m));

@@ -1,5 +1,6 @@
-// Start-up and wiring: settings, the server's /props and MCP servers, conversations (message trees:
-// tree.js), the composer (with its attachments, Tools switches and context gauge), the sidebar, dialogs.
+// Start-up and wiring: settings (with the server's UI config and the presets), the server's /props and
+// tools, conversations (message trees: tree.js), the composer (with its attachments, Tools switches,
+// preset picker and context gauge), the sidebar, dialogs (settings, a tool's permission prompt).
 import { Api, ApiError } from "./api.js";
 import { Chat, LIVE_STATUSES } from "./chat.js";
 import { $, h, newId, sleep } from "./dom.js";
@@ -39,17 +40,23 @@ class App {
       (text) => this.#banner(text),
     );
     this.current = null; // the open conversation, or null for a new chat not sent yet
-    this.mcpServers = []; // [{label, tools: [names]}] from GET /tools
+    // [{label, tools: [{name, write}]}] from GET /tools; `write`: a built-in tool that writes or runs
+    // commands, which asks the user before it runs (MCP tools run once their server is switched on)
+    this.mcpServers = [];
     this.toolsLoaded = false;
     // Whether the server has /tools (/props' endpoint_tools; an older server that does not say: asked
     // anyway); null until /props answered.
     this.serverTools = null;
-    this.pendingServers = []; // the switches of a new chat, until its first message creates it
+    // the switches and preset of a new chat, until its first message creates it
+    this.pendingServers = [];
+    this.pendingToolsOff = [];
+    this.pendingPreset = null;
     this.chat = new Chat({
       store,
       api: this.api,
       settings: this.settings,
       onUpdate: (c, m) => this.#onUpdate(c, m),
+      toolsFor: (c) => this.#requestTools(c),
     });
     this.thread = new Thread({
       scroller: $("#messages"),
@@ -82,6 +89,7 @@ class App {
       notice: $("#settings-notice"),
       settings: this.settings,
       onSaved: () => this.#settingsSaved(),
+      onPreset: () => this.#renderPresets(),
     });
     this.input = $("#message");
     this.attachments = new Attachments({
@@ -132,7 +140,9 @@ class App {
         const audio = props.modalities ? Boolean(props.modalities.audio) : null;
         this.propsVision = { model: this.model, vision, audio };
         this.attachments.setModalities(this.propsVision);
-        this.settings.setServerDefaults(props.default_generation_settings?.params || {}, props.tool_loop);
+        const params = props.default_generation_settings?.params || {};
+        this.settings.setServerDefaults(params, props.tool_loop, props.ui_settings);
+        this.settings.applyTheme();
         this.nCtx = props.default_generation_settings?.n_ctx || null;
         this.#renderGauge();
         this.serverTools = props.endpoint_tools !== false;
@@ -170,10 +180,12 @@ class App {
       const tools = await this.api.tools();
       const servers = new Map();
       for (const tool of tools) {
-        if (!servers.has(tool.server)) servers.set(tool.server, []);
-        servers.get(tool.server).push(tool.tool);
+        const builtin = tool.type === "server"; // llama-server's built-in tools carry no server: "builtin"
+        const label = tool.server || (builtin ? "builtin" : "");
+        if (!servers.has(label)) servers.set(label, []);
+        servers.get(label).push({ name: tool.tool, write: builtin && Boolean(tool.permissions?.write) });
       }
-      this.mcpServers = [...servers].map(([label, names]) => ({ label, tools: names }));
+      this.mcpServers = [...servers].map(([label, list]) => ({ label, tools: list }));
       this.toolsLoaded = true;
     } catch (err) {
       const locked = err instanceof ApiError && err.status === 401; // the key prompt is already up
@@ -193,9 +205,11 @@ class App {
   #renderTools() {
     $("#composer-tools").hidden = !this.mcpServers.length;
     const on = new Set(this.current ? this.current.mcpServers || [] : this.pendingServers);
+    const off = new Set(this.current ? this.current.toolsOff || [] : this.pendingToolsOff);
     $("#tools-list").replaceChildren(
       ...this.mcpServers.map(({ label, tools }) => {
-        const hint = h("span", { class: "server-tools", id: `tools-of-${label}` }, tools.join(", "));
+        const names = tools.map((t) => t.name).join(", ");
+        const hint = h("span", { class: "server-tools", id: `tools-of-${label}` }, names);
         const box = h("input", {
           type: "checkbox",
           "aria-label": label,
@@ -203,7 +217,28 @@ class App {
           checked: on.has(label),
           onchange: () => this.#toggleServer(label, box.checked),
         });
-        return h("label", { class: "server-switch" }, box, h("span", { class: "server-name" }, label), hint);
+        const server = h(
+          "label",
+          { class: "server-switch" },
+          box,
+          h("span", { class: "server-name" }, label),
+          hint,
+        );
+        // each tool's own switch, for this conversation (while its server is on)
+        const switches = tools.map((tool) => {
+          const toolBox = h("input", {
+            type: "checkbox",
+            "aria-label": tool.name,
+            checked: !off.has(tool.name),
+            disabled: !on.has(label),
+            onchange: () => this.#toggleTool(tool.name, toolBox.checked),
+          });
+          const badge = tool.write
+            ? h("span", { class: "tool-writes", title: "Asks before it runs" }, "writes")
+            : null;
+          return h("label", { class: "tool-switch" }, toolBox, tool.name, badge);
+        });
+        return h("div", { class: "server-group" }, server, h("div", { class: "tool-switches" }, switches));
       }),
     );
     const count = [...on].filter((label) => this.mcpServers.some((s) => s.label === label)).length;
@@ -219,6 +254,101 @@ class App {
       await this.store.put(this.current);
     }
     this.#renderTools();
+  }
+
+  async #toggleTool(name, enabled) {
+    const list = this.current ? this.current.toolsOff || [] : this.pendingToolsOff;
+    const next = enabled ? list.filter((n) => n !== name) : [...new Set([...list, name])];
+    if (!this.current) this.pendingToolsOff = next;
+    else {
+      this.current.toolsOff = next;
+      await this.store.put(this.current);
+    }
+  }
+
+  /** The request's `mcp` tools for a conversation: its servers on, each narrowed to the tools left on
+   * (allowed_tools), and, where a tool that writes or runs commands is on, `approved_tools`: those the
+   * user allowed, with every other tool on (the server runs no unapproved writing tool). */
+  #requestTools(conversation) {
+    const off = new Set(conversation.toolsOff || []);
+    const approved = new Set(conversation.approvedTools || []);
+    const tools = [];
+    const enabled = [];
+    for (const label of conversation.mcpServers || []) {
+      const server = this.mcpServers.find((s) => s.label === label);
+      const names = server ? server.tools.filter((t) => !off.has(t.name)) : null;
+      if (names && !names.length) continue; // every tool of it off: the server is left out
+      const entry = { type: "mcp", server_label: label };
+      if (names && names.length < server.tools.length) entry.allowed_tools = names.map((t) => t.name);
+      tools.push(entry);
+      enabled.push(...(names || []));
+    }
+    if (!enabled.some((t) => t.write)) return { tools };
+    const allowed = enabled.filter((t) => !t.write || approved.has(t.name)).map((t) => t.name);
+    return { tools, approved_tools: allowed };
+  }
+
+  #needsPermission(name) {
+    return this.mcpServers.some((s) => s.tools.some((t) => t.name === name && t.write));
+  }
+
+  /** After an answer: a call of a writing tool the server did not run (not approved) asks the user once;
+   * allowed, the tool is approved for the conversation and the answer is written again. */
+  async #checkPermission(conversation, message) {
+    if (message.role !== "assistant" || message.permissionAsked) return;
+    const approved = new Set(conversation.approvedTools || []);
+    const call = (message.tools || []).find(
+      (c) => c.isError && this.#needsPermission(c.name) && !approved.has(c.name),
+    );
+    if (!call) return;
+    message.permissionAsked = true;
+    await this.store.put(conversation);
+    const dialog = $("#permission-dialog");
+    $("#permission-title").textContent = `Allow ${call.name}?`;
+    $("#permission-text").textContent =
+      `The model wants to use ${call.name}, which writes files or runs commands on the server. ` +
+      "It was not run. Allow it for this conversation and answer again?";
+    $("#permission-args").textContent = call.arguments || "{}";
+    dialog.returnValue = "";
+    dialog.showModal();
+    $("#permission-deny").focus();
+    const choice = await new Promise((resolve) =>
+      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }),
+    );
+    if (choice !== "allow") return;
+    conversation.approvedTools = [...approved, call.name];
+    await this.store.put(conversation);
+    if (this.current === conversation) await this.regenerate(message.id);
+  }
+
+  // -- presets ---------------------------------------------------------------------------------------
+  /** The composer's preset picker: the saved presets, and the open conversation's own (an imported one
+   * may have a preset this browser has not saved). */
+  #renderPresets() {
+    const picker = $("#preset-picker");
+    const chosen = this.current ? this.current.preset || null : this.pendingPreset;
+    const names = this.settings.presets.map((p) => p.name);
+    if (chosen && !names.includes(chosen.name)) names.push(chosen.name);
+    $("#preset-pick").hidden = !names.length;
+    picker.replaceChildren(
+      h("option", { value: "" }, "Default settings"),
+      ...names.map((name) => h("option", { value: name }, name)),
+    );
+    picker.value = chosen?.name || "";
+  }
+
+  async #pickPreset(name) {
+    const saved = this.settings.presets.find((p) => p.name === name);
+    const own = this.current?.preset?.name === name ? this.current.preset : null;
+    const found = saved || own;
+    const preset = found ? { name, values: structuredClone(found.values) } : null;
+    if (!this.current) this.pendingPreset = preset;
+    else {
+      if (preset) this.current.preset = preset;
+      else delete this.current.preset;
+      await this.store.put(this.current);
+    }
+    toast(preset ? `Preset “${name}” for this conversation` : "Default settings for this conversation");
   }
 
   #banner(text) {
@@ -238,6 +368,7 @@ class App {
     this.thread.show(conversation, this.model);
     this.sidebar.render(conversation?.id || null);
     this.#renderTools();
+    this.#renderPresets();
     this.#syncComposer();
     this.#renderGauge();
     this.#closeSidebar();
@@ -282,7 +413,11 @@ class App {
       const title = titleFrom(text || attached[0].name);
       conversation = { id: newId(), title, createdAt: now, updatedAt: now, messages: [] };
       conversation.mcpServers = this.pendingServers;
+      conversation.toolsOff = this.pendingToolsOff;
+      if (this.pendingPreset) conversation.preset = this.pendingPreset;
       this.pendingServers = [];
+      this.pendingToolsOff = [];
+      this.pendingPreset = null;
       this.store.items.set(conversation.id, conversation);
       this.open(conversation.id);
     }
@@ -371,6 +506,8 @@ class App {
       this.sidebar.render();
       if (conversation === this.current) this.#announce(message);
       if (conversation === this.current) this.#renderGauge();
+      if (conversation === this.current && message.status === "done")
+        this.#checkPermission(conversation, message);
     }
     if (conversation === this.current) this.#syncComposer();
   }
@@ -404,6 +541,7 @@ class App {
       this.#syncComposer();
     });
     $("#stop").addEventListener("click", () => this.current && this.chat.stop(this.current.id));
+    $("#preset-picker").addEventListener("change", (event) => this.#pickPreset(event.target.value));
     $("#tools-toggle").addEventListener("click", () => {
       const panel = $("#tools-panel");
       panel.hidden = !panel.hidden;

@@ -4,7 +4,11 @@
 // its `parent` (the id of the message it follows, null for a first one), and `leaf` is the id of the
 // shown branch's last message; a user message may carry `files` (text files and PDFs: {name, kind:
 // "text" | "pdf", text}). Version 1 (no `leaf`, no `parent`) was one flat branch, and imports as one.
+// Optional fields of a conversation (version 2 readers that do not know them drop them): `preset`, the
+// preset picked for it ({name, values}: its settings by field name, settings.js), `toolsOff`, the tools
+// switched off, and `approvedTools`, the writing tools the user allowed.
 import { h, newId } from "./dom.js";
+import { PRESET_FIELDS } from "./settings.js";
 import { normalize } from "./tree.js";
 
 export const FORMAT = "llamba.conversations";
@@ -61,10 +65,30 @@ function cleanConversation(raw) {
     title: str(raw.title).slice(0, 200) || "Imported chat",
     createdAt: num(raw.createdAt, now),
     updatedAt: num(raw.updatedAt, now),
-    mcpServers: Array.isArray(raw.mcpServers) ? raw.mcpServers.filter((l) => typeof l === "string") : [],
+    mcpServers: strings(raw.mcpServers),
+    toolsOff: strings(raw.toolsOff),
+    approvedTools: strings(raw.approvedTools),
+    ...cleanPreset(raw.preset),
     messages,
     ...(tree ? { leaf: raw.leaf } : {}),
   });
+}
+
+function strings(v) {
+  return Array.isArray(v) ? v.filter((s) => typeof s === "string") : [];
+}
+
+/** A conversation's preset: its name and the known fields of its values (numbers, strings, a samplers
+ * list), as `{preset}`; {} when there is none. */
+function cleanPreset(raw) {
+  if (!raw || typeof raw !== "object" || typeof raw.name !== "string" || !raw.values) return {};
+  const values = {};
+  for (const name of PRESET_FIELDS) {
+    const v = raw.values[name];
+    if (Number.isFinite(v) || typeof v === "string") values[name] = v;
+    else if (Array.isArray(v) && v.every((x) => typeof x === "string")) values[name] = v;
+  }
+  return { preset: { name: raw.name.slice(0, 100), values } };
 }
 
 function cleanMessage(raw) {
@@ -90,6 +114,7 @@ function cleanMessage(raw) {
   if (raw.role === "user" && files.length) message.files = files;
   if (raw.role === "assistant" && typeof raw.model === "string") message.model = raw.model;
   if (typeof raw.finishReason === "string") message.finishReason = raw.finishReason;
+  if (raw.permissionAsked === true) message.permissionAsked = true;
   return message;
 }
 

@@ -1,12 +1,18 @@
-// The Settings dialog: fields from settings.FIELDS, server defaults shown where the user set nothing.
+// The Settings dialog: fields from settings.FIELDS, server defaults shown where the user set nothing
+// (the UI config's, else the server's); "Add preset" keeps the form's preset fields under a name.
 import { h } from "../dom.js";
-import { FIELDS } from "../settings.js";
+import { FIELDS, parseCustom } from "../settings.js";
+import { toast } from "./toast.js";
 
 export class SettingsDialog {
-  constructor({ dialog, form, fields, notice, settings, onSaved }) {
-    Object.assign(this, { dialog, form, notice, settings, onSaved });
+  constructor({ dialog, form, fields, notice, settings, onSaved, onPreset }) {
+    Object.assign(this, { dialog, form, notice, settings, onSaved, onPreset });
     this.inputs = new Map(FIELDS.map((f) => [f.name, input(f)]));
     fields.replaceChildren(...FIELDS.map((f) => row(f, this.inputs.get(f.name))));
+    const custom = this.inputs.get("custom");
+    custom.addEventListener("input", () => custom.setCustomValidity(customError(custom.value)));
+    this.presetName = dialog.querySelector("#preset-name");
+    dialog.querySelector("#save-preset").addEventListener("click", () => this.#savePreset());
     form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.#save();
@@ -21,6 +27,7 @@ export class SettingsDialog {
     for (const [name, el] of this.inputs) {
       const value = this.settings.shown(name); // 0 is a value: no `||` here
       el.value = String(value === "" && name === "theme" ? "system" : value);
+      el.setCustomValidity?.("");
     }
     this.notice.hidden = !notice;
     this.notice.textContent = notice;
@@ -30,22 +37,54 @@ export class SettingsDialog {
 
   #reset() {
     for (const field of FIELDS) {
-      if (field.prop) this.inputs.get(field.name).value = String(this.settings.defaults[field.name] ?? "");
+      if (field.prop) this.inputs.get(field.name).value = this.settings.shown(field.name, {});
     }
   }
 
+  #values() {
+    return Object.fromEntries([...this.inputs].map(([name, el]) => [name, el.value]));
+  }
+
+  #savePreset() {
+    const name = this.presetName.value.trim();
+    if (!name) {
+      this.presetName.setCustomValidity("Name the preset");
+      this.presetName.reportValidity();
+      this.presetName.setCustomValidity("");
+      return;
+    }
+    if (!this.form.reportValidity()) return;
+    const preset = this.settings.savePreset(name, this.#values());
+    this.presetName.value = "";
+    toast(`Preset “${name}” saved`);
+    this.onPreset(preset);
+  }
+
   #save() {
-    const values = Object.fromEntries([...this.inputs].map(([name, el]) => [name, el.value]));
-    this.settings.save(values);
+    this.settings.save(this.#values());
     this.dialog.close();
     this.onSaved();
   }
 }
 
+/** Why a custom JSON text is refused ("" when it is empty or a JSON object). */
+function customError(text) {
+  try {
+    parseCustom(text);
+    return "";
+  } catch (err) {
+    return `Custom JSON: ${err.message}`;
+  }
+}
+
 function input(field) {
   const id = `setting-${field.name}`;
-  if (field.kind === "textarea")
-    return h("textarea", { id, name: field.name, rows: 3, placeholder: field.placeholder });
+  if (field.kind === "textarea" || field.kind === "json") {
+    const rows = field.kind === "json" ? 2 : 3;
+    const attrs = { id, name: field.name, rows, placeholder: field.placeholder, spellcheck: "false" };
+    if (field.kind === "textarea") delete attrs.spellcheck;
+    return h("textarea", attrs);
+  }
   if (field.kind === "select") {
     return h(
       "select",
@@ -67,7 +106,7 @@ function input(field) {
 }
 
 function row(field, el) {
-  const wide = field.kind === "textarea" || field.kind === "password";
+  const wide = ["textarea", "json", "password"].includes(field.kind);
   const hint = field.hint ? h("span", { class: "field-hint" }, field.hint) : null;
   return h(
     "div",
