@@ -54,7 +54,7 @@ LIBS: dict[str, tuple[str, str, str, dict[str, str]]] = {
             "LICENSE": "LICENSE",
         },
     ),
-    "mermaid": ("mermaid", "12.4.0", "MIT", {"dist/mermaid.min.js": "mermaid.min.js", "LICENSE": "LICENSE"}),
+    "mermaid": ("mermaid", "11.12.2", "MIT", {"dist/mermaid.min.js": "mermaid.min.js", "LICENSE": "LICENSE"}),
     # pdf.js: the text of an attached PDF (loaded on the first PDF; its worker is a file of its own, which
     # the page's CSP allows as worker-src 'self')
     "pdfjs": (

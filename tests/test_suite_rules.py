@@ -195,3 +195,13 @@ def test_goldens_are_read_through_the_conftest() -> None:
             if isinstance(node, ast.Constant) and node.value in ("golden", "tests/golden"):
                 elsewhere.append(f"{path.name}:{node.lineno}")
     assert elsewhere == []
+
+
+MAX_TRACKED_BYTES = 5 * 1024 * 1024  # models, builds and caches never go into git; vendored files stay small
+
+
+def test_no_tracked_file_is_over_5_mib() -> None:
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    paths = [REPO / name for name in tracked.decode().split("\0") if name]
+    large = [str(p.relative_to(REPO)) for p in paths if p.is_file() and p.stat().st_size > MAX_TRACKED_BYTES]
+    assert not large, f"tracked files over 5 MiB: {large}"
