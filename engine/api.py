@@ -161,6 +161,9 @@ class GenerationRequest:
     # The LoRA adapters it runs under: (adapter id, scale) pairs, zero scales left out, by id
     # (engine/lora.py's adapter_set); () the base model. Its cached cells are reused only under this set.
     lora: tuple[tuple[int, float], ...] = ()
+    # The position `lora` applies from (an aLoRA's activation, engine/lora.py's `activation`): the prompt's
+    # tokens before it run as the base model's, and their cells are reused as the base's.
+    lora_from: int = 0
     # Those adapters' weights (engine/lora.py's LoraAdapter), held while the request lives: an adapter
     # unloaded at runtime meanwhile is freed only after the requests running under it end.
     lora_hold: tuple[Any, ...] = field(default=(), repr=False, compare=False)

@@ -189,9 +189,9 @@ class Backend:
     layernorm: Callable[..., None] | None = None
     gelu: Callable[..., None] | None = None
     encoder_attention: Callable[..., None] | None = None
-    # LoRA adapters (engine/lora.py): lora_add(x, rows, a, b, scale, f16, out, col) adds scale * B (A x)
-    # over x's rows into out[rows, col:] (engine/cpu/lora.py). None: not built for this backend (adapters
-    # are refused at load, in one line).
+    # LoRA adapters (engine/lora.py): lora_add(x, rows, weight, scale, out, col) adds scale * B (A x) of a
+    # LoraWeight over x's rows into out[rows, col:] (engine/cpu/lora.py, engine/cuda/lora.py). None: not
+    # built for this backend (adapters are refused at load, in one line).
     lora_add: Callable[..., None] | None = None
 
     def pack_router_weight(self, data: Any, qtype: int, shape: tuple[int, int]) -> Any:
@@ -270,7 +270,7 @@ def _kernels(matmul: Any, ops: Any) -> dict[str, Any]:
 
 def cuda_backend() -> Backend:
     """The numba-cuda kernels: weights uploaded once at pack time, arrays allocated on the device."""
-    from engine.cuda import arrays, matmul, ops, sampling
+    from engine.cuda import arrays, lora, matmul, ops, sampling
 
     return Backend(
         name="CUDA",
@@ -290,6 +290,7 @@ def cuda_backend() -> Backend:
         scatter_cells=arrays.scatter_cells,
         lock_weights=_weights_not_on_host,
         combine_experts=_on_host(_combine_experts, arrays.download, arrays.upload),
+        lora_add=lora.lora_add,
     )
 
 

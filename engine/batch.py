@@ -28,6 +28,7 @@ class BatchPart:
     want_hidden: bool = False
     media: PartMedia | None = None  # its rows that take a medium's embeddings instead of a token's
     lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapters its rows run under (engine/lora.py)
+    lora_from: int = 0  # ... its rows at this position and after (an aLoRA's activation); those before: none
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,9 @@ class Batch:
         lora: dict[tuple[int, float], list[int]] = {}
         for part in parts:
             base, n = len(tokens), len(part.tokens)
+            first = base + min(n, max(0, part.lora_from - part.start))  # the first row under part.lora
             for key in part.lora:
-                lora.setdefault(key, []).extend(range(base, base + n))
+                lora.setdefault(key, []).extend(range(first, base + n))
             tokens.extend(part.tokens)
             positions.extend(range(part.start, part.start + n))
             if part.media is not None:
@@ -80,6 +82,7 @@ class Batch:
                 outputs.append(base + n - 1)
             if part.want_hidden:
                 hidden.extend(range(base, base + n))
+        lora = {key: rows for key, rows in lora.items() if rows}
         batch = cls(
             np.asarray(tokens, dtype=np.int32),
             np.asarray(positions, dtype=np.int32),

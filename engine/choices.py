@@ -60,7 +60,7 @@ class Choices:
             n = len(leader_slot.tokens)
             self.pool.memory.copy(leader_slot.id, slot.id, n)
             slot.tokens = list(leader_slot.tokens)
-            slot.lora = leader_slot.lora
+            slot.lora, slot.lora_from = leader_slot.lora, leader_slot.lora_from
             slot.seq.held = False
             ready.append(slot)
         seq.forks = []

@@ -11,6 +11,13 @@ groups the rows by (id, scale)). The base matmul runs once over every row, then 
 low-rank term only over its rows (as the MoE code runs each expert over the rows routed to it), in
 adapter-id order; a row's result depends on its own set only.
 
+Activated LoRA (aLoRA: `adapter.alora.invocation_tokens`), as llama-server runs it: where every adapter
+of a request's set is an aLoRA (one at most), it applies from one token before the last occurrence of its
+invocation sequence in the prompt (`activation`); the rows before that position run as the base's
+(`BatchPart.lora_from`), so their cells are the base's and are reused as such by slots and the prompt
+cache (`shared_cells`); a prompt without the invocation runs as the base. The kernels are the backend's
+`lora_add` (engine/cpu/lora.py, engine/cuda/lora.py).
+
 At runtime (the server's /v1/load_lora_adapter): `LoraContext.add` and `retire` swap the id -> adapter
 table for a new one (a forward pass reads whichever table is current; an id, once given, always names the
 same adapter). A retired adapter stays reachable through a weak reference while a request that runs under
@@ -19,6 +26,7 @@ it holds it (GenerationRequest.lora_hold), and is freed when the last such reque
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +64,12 @@ class LoraWeight:
     a: np.ndarray  # float32 [rank, n_in]
     b: np.ndarray  # float32 [n_out, rank]
     f16: bool  # stored as F16: llama.cpp's dot products round the inputs to float16
+    # B transposed, [rank, n_out] contiguous: the CPU kernel's up-projection walks it a row per rank
+    # (engine/cpu/lora.py says why)
+    bt: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bt", np.ascontiguousarray(self.b.T))
 
     @property
     def rank(self) -> int:
@@ -67,6 +81,12 @@ class LoraAdapter:
     path: Path
     alpha: float
     weights: Mapping[str, LoraWeight]  # by the base matrix's tensor name
+    # llama.cpp's adapter metadata (`adapter.lora.task_name`, `.prompt_prefix`): /lora-adapters shows them;
+    # a task name is also the name an adapter loaded without one is served as a model under
+    task_name: str = ""
+    prompt_prefix: str = ""
+    # an activated LoRA's (aLoRA) `adapter.alora.invocation_tokens`: () for a plain adapter
+    invocation_tokens: tuple[int, ...] = ()
 
     def scale_for(self, w: LoraWeight, scale: float) -> float:
         """llama.cpp's llama_adapter_lora_weight::get_scale, in float32."""
@@ -98,8 +118,6 @@ def load_adapter(path: str | Path, base: GGUFFile) -> LoraAdapter:
     if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
         kind = f"general.type {meta.get('general.type')!r}, adapter.type {meta.get('adapter.type')!r}"
         raise fail(f"not a LoRA adapter ({kind})")
-    if "adapter.alora.invocation_tokens" in meta:
-        raise fail("an activated LoRA (aLoRA, invocation tokens) is not supported by Llamba")
     arch, base_arch = meta.get("general.architecture"), base.metadata.get("general.architecture")
     if arch != base_arch:
         raise fail(f"is for architecture {arch!r}, the model is {base_arch!r}")
@@ -129,7 +147,53 @@ def load_adapter(path: str | Path, base: GGUFFile) -> LoraAdapter:
         b_f32, b16 = _matrix(b)
         weights[stem] = LoraWeight(np.ascontiguousarray(a_f32), np.ascontiguousarray(b_f32), a16 and b16)
     alpha = float(meta.get("adapter.lora.alpha", 0.0))
-    return LoraAdapter(path, alpha, weights)
+    invocation = tuple(int(t) for t in meta.get("adapter.alora.invocation_tokens", ()))
+    text = {k: str(meta.get(f"adapter.lora.{k}", "")) for k in ("task_name", "prompt_prefix")}
+    return LoraAdapter(path, alpha, weights, invocation_tokens=invocation, **text)
+
+
+def shared_cells(held: AdapterSet, held_from: int, wanted: AdapterSet, wanted_from: int) -> float:
+    """How many leading cells computed under adapter set `held` from position `held_from` on (the base
+    below it) serve a request under `wanted` from `wanted_from`: all of them (inf) under the same set from
+    the same position, else those below the first position where either applies an adapter (an aLoRA's
+    prefix is the base's, and can be reused from a base prompt and back)."""
+    if held == wanted and (not held or held_from == wanted_from):
+        return math.inf
+    return min(held_from if held else math.inf, wanted_from if wanted else math.inf)
+
+
+def last_occurrence(tokens: Sequence[int], pattern: Sequence[int]) -> int:
+    """Where the last occurrence of `pattern` in `tokens` starts (-1: none), found as llama-server scans
+    for an aLoRA's invocation: backwards, one token at a time, a mismatch restarting at the pattern's last
+    token without comparing that token again (so in [A, B, B] it misses [A, B]: its answer, kept)."""
+    want = len(pattern) - 1
+    for i in range(len(tokens) - 1, -1, -1):
+        if tokens[i] == pattern[want]:
+            if want == 0:
+                return i
+            want -= 1
+        else:
+            want = len(pattern) - 1
+    return -1
+
+
+def activation(
+    lora: AdapterSet, adapters: Mapping[int, LoraAdapter], prompt: Sequence[int]
+) -> tuple[AdapterSet, int]:
+    """A request's adapter set and the position its adapters apply from, as llama-server's
+    launch_slot_with_task reads aLoRAs: only where every adapter of the set is an aLoRA (with a plain one
+    among them the aLoRA applies throughout), the set must hold one (LoraError otherwise, llama-server's
+    400); its invocation sequence's last occurrence in the prompt starting at i, the adapter applies from
+    position i - 1 on (llama-server processes the tokens before i - 1 without it: convert_lora_to_gguf.py
+    drops the invocation string's first token, which the adapters were trained to activate at), and where
+    the prompt has no occurrence the request runs as the base."""
+    invocations = [adapters[i].invocation_tokens if i in adapters else () for i, _ in lora]
+    if not lora or not all(invocations):
+        return lora, 0
+    if len(lora) != 1:
+        raise LoraError("Cannot run multiple aLoRAs in a single request")
+    start = last_occurrence(prompt, invocations[0])
+    return ((), 0) if start < 0 else (lora, max(0, start - 1))
 
 
 @dataclass
@@ -181,7 +245,7 @@ class LoraContext:
                 w = adapter.weights.get(name)
                 if w is not None:
                     s = adapter.scale_for(w, scale)
-                    self.backend.lora_add(x, rows, w.a, w.b, s, w.f16, out, col)  # type: ignore[misc]
+                    self.backend.lora_add(x, rows, w, s, out, col)  # type: ignore[misc]
                 col += width
 
 
@@ -195,7 +259,8 @@ def attach_adapters(model: Any, adapters: Sequence[LoraAdapter] | Mapping[int, L
         raise LoraError(f"LoRA adapters apply to {', '.join(LORA_ARCHS)} models only: this one is {arch!r}")
     if backend.lora_add is None:
         raise LoraError(
-            f"LoRA adapters run on the CPU backend only: the {backend.name} backend has no LoRA kernel"
+            "LoRA adapters run on the CPU and CUDA backends only:"
+            f" the {backend.name} backend has no LoRA kernel"
         )
     by_id = dict(adapters) if isinstance(adapters, Mapping) else dict(enumerate(adapters))
     ctx = LoraContext(backend, by_id)

@@ -140,7 +140,7 @@ class Scheduler:
                 slot_log.prompt_chunk(slot, seq, n_batch)
                 continue
             want = "all" if seq.drafts else ("none" if seq.pending else "last")
-            parts.append(_generation_part(slot.id, len(slot.tokens), seq, chunk, want, media))
+            parts.append(_generation_part(slot, seq, chunk, want, media))
             slot.tokens.extend(chunk + seq.drafts)
             if not seq.generating:
                 slot_log.prompt_chunk(slot, seq, n_batch)
@@ -211,7 +211,7 @@ class Scheduler:
         n_discard = discard_count(n_past, n_keep, seq.request.n_discard)
         assert self.shift_kv is not None
         self.shift_kv(slot.id, n_keep + n_discard, n_past, -n_discard)
-        slot.tokens = slot.tokens[:n_keep] + slot.tokens[n_keep + n_discard :]
+        _drop_cells(slot, n_keep, n_discard)
         self.pool.memory.truncate(slot.id, len(slot.tokens))
         seq.truncated = True
 
@@ -250,11 +250,23 @@ class Scheduler:
                 self.cancel(slot.seq.request.request_id, reason, error)
 
 
+def _drop_cells(slot: Slot, n_keep: int, n_discard: int) -> None:
+    """A context shift's slot: its tokens after n_keep + n_discard moved to n_keep, and an aLoRA's
+    activation with its cells (one among the discarded: to n_keep)."""
+    slot.tokens = slot.tokens[:n_keep] + slot.tokens[n_keep + n_discard :]
+    if slot.lora_from > n_keep:
+        slot.lora_from = max(n_keep, slot.lora_from - n_discard)
+
+
 def _generation_part(
-    slot_id: int, start: int, seq: Sequence, chunk: list[int], want: WantLogits, media: PartMedia | None
+    slot: Slot, seq: Sequence, chunk: list[int], want: WantLogits, media: PartMedia | None
 ) -> BatchPart:
-    """A generating sequence's part of a step: its chunk and drafts, under its request's LoRA adapters."""
-    return BatchPart(slot_id, start, chunk + seq.drafts, want, media=media, lora=seq.request.lora)
+    """A generating sequence's part of a step: its chunk and drafts, under its request's LoRA adapters
+    from the slot's activation position on (an aLoRA's; a context shift moves it with the cells)."""
+    tokens = chunk + seq.drafts
+    return BatchPart(
+        slot.id, len(slot.tokens), tokens, want, media=media, lora=slot.lora, lora_from=slot.lora_from
+    )
 
 
 def encoder_refused(request: Request, emit: Emit, n_ubatch: int) -> bool:

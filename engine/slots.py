@@ -17,6 +17,7 @@ import structlog
 
 from engine import slot_log
 from engine.api import EmbeddingRequest, GenerationRequest, SlotProgress, SlotSnapshot
+from engine.lora import shared_cells
 from engine.media.chunks import cut_before_media
 from engine.memory.base import SequenceMemory
 from engine.memory.hybrid import DEFAULT_MIN_STEP, HybridMemory, checkpoint_positions
@@ -45,6 +46,7 @@ class Slot:
     prompt: Sequence[int] = ()
     text: list[str] = field(default_factory=list)
     lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapter set its cells were computed under
+    lora_from: int = 0  # ... from this position on (an aLoRA's activation; the cells before: the base's)
 
     @property
     def busy(self) -> bool:
@@ -115,12 +117,11 @@ class SlotPool:
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        prompt, lora = request.prompt_tokens, _lora(request)
+        prompt = request.prompt_tokens
 
         def similarity(s: Slot) -> float:
-            if s.lora != lora:  # cells computed under other adapters are no prefix of this request's
-                return 0.0
-            return common_prefix(s.tokens, prompt) / len(s.tokens) if s.tokens else 0.0
+            # cells computed under other adapters are no prefix of this request's
+            return _reusable(s, request) / len(s.tokens) if s.tokens else 0.0
 
         best = max(idle, key=similarity)
         if request.cache_prompt and similarity(best) > self.slot_similarity:
@@ -134,13 +135,13 @@ class SlotPool:
     def claim(self, slot: Slot, request: GenerationRequest | EmbeddingRequest) -> int:
         """Prepare `slot` for `request`: the prompt tokens whose cells it keeps (at least one is left)."""
         prompt, lora = request.prompt_tokens, _lora(request)
-        reuse = common_prefix(slot.tokens, prompt) if request.cache_prompt and slot.lora == lora else 0
+        reuse = _reusable(slot, request) if request.cache_prompt else 0
         if self.prompt_cache is not None:
             self._save_replaced(slot, reuse)
             if request.cache_prompt:
                 log.debug("engine.prompt_cache", slot=slot.id, detail="updating prompt cache")
                 reuse = self._load_cached(slot, prompt, reuse, lora)
-        slot.lora = lora
+        slot.lora, slot.lora_from = lora
         if self.clear_idle:
             self._clear_idle(slot)
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, to produce logits
@@ -184,7 +185,7 @@ class SlotPool:
             held = min(len(slot.tokens), int(self.memory.lengths[slot.id]))
             if slot is claimed or slot.busy or held == 0:
                 continue
-            if self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held), slot.lora):
+            if self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held), *_tag(slot)):
                 # llama-server's debug line, its tests read it
                 log.debug(
                     "engine.idle_slot_cached", slot=slot.id, n_tokens=held, tag="__TEST_TAG_CACHE_IDLE_SLOT__"
@@ -196,14 +197,14 @@ class SlotPool:
         """Keep the slot's state in the host cache when this request discards more than a tail of it."""
         held = min(len(slot.tokens), int(self.memory.lengths[slot.id]))
         if held - reuse > SAVE_TAIL and self.prompt_cache is not None:
-            self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held), slot.lora)
+            self.prompt_cache.save(slot.tokens[:held], self.memory.read(slot.id, held), *_tag(slot))
 
     def _load_cached(
-        self, slot: Slot, prompt: list[int], reuse: int, lora: tuple[tuple[int, float], ...]
+        self, slot: Slot, prompt: list[int], reuse: int, lora: tuple[tuple[tuple[int, float], ...], int]
     ) -> int:
-        """Load the host cache's best prefix of `prompt` (under LoRA set `lora`) into the slot if it beats
-        the slot's own."""
-        hit = self.prompt_cache.best(prompt, lora) if self.prompt_cache is not None else None
+        """Load the host cache's best prefix of `prompt` (computed as under LoRA set and position `lora`)
+        into the slot if it beats the slot's own."""
+        hit = self.prompt_cache.best(prompt, *lora) if self.prompt_cache is not None else None
         if hit is None:
             return reuse
         n = hit.entry.state.restorable(hit.n_keep)  # recurrent state: its whole length or a checkpoint
@@ -214,9 +215,20 @@ class SlotPool:
         return n
 
 
-def _lora(request: GenerationRequest | EmbeddingRequest) -> tuple[tuple[int, float], ...]:
-    """The LoRA adapter set a request's cells are computed under (an embedding runs on the base)."""
-    return request.lora if isinstance(request, GenerationRequest) else ()
+def _lora(request: GenerationRequest | EmbeddingRequest) -> tuple[tuple[tuple[int, float], ...], int]:
+    """The LoRA adapter set a request's cells are computed under and the position it applies from (an
+    embedding runs on the base)."""
+    return (request.lora, request.lora_from) if isinstance(request, GenerationRequest) else ((), 0)
+
+
+def _tag(slot: Slot) -> tuple[tuple[tuple[int, float], ...], int]:
+    return slot.lora, slot.lora_from
+
+
+def _reusable(slot: Slot, request: GenerationRequest | EmbeddingRequest) -> int:
+    """How many of the slot's cells serve as `request`'s prefix: the common tokens computed alike."""
+    alike = shared_cells(*_tag(slot), *_lora(request))
+    return int(min(common_prefix(slot.tokens, request.prompt_tokens), alike))
 
 
 def _progress(seq: Sequence | EmbeddingSequence) -> SlotProgress:

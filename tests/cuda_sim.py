@@ -75,7 +75,7 @@ def small_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         yield
         return
-    from engine.cuda import arrays, matmul, ops, sampling
+    from engine.cuda import arrays, lora, matmul, ops, sampling
 
     monkeypatch.setattr(arrays, "MAX_BLOCKS", 3)  # blocks stride over several jobs each
     monkeypatch.setattr(arrays, "THREADS", 64)
@@ -84,6 +84,7 @@ def small_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(matmul, "SPLITS", {1: 2, 8: 2})
     monkeypatch.setattr(matmul, "ROWS_THREADS", 32)
     monkeypatch.setattr(sampling, "THREADS", 32)
+    monkeypatch.setattr(lora, "SUM_THREADS", 16)
     # The simulator's launcher polls its threads in a loop; switching the GIL more often than the 5 ms
     # default lets the kernel threads run (measured 2-3x faster on the whole-model test).
     interval = sys.getswitchinterval()

@@ -7,6 +7,10 @@ ggml ne (n_in, rank)) and `.lora_b` (numpy [n_out, rank], ggml ne (rank, n_out))
 values are random (a fixed seed) and scaled per matrix so that at scale 1 the low-rank term is about
 `strength` of the base matrix's output (by root-mean-square over random inputs): the logits move
 visibly, the text stays text. Nothing here was trained: these adapters exist to test the arithmetic.
+
+`task_name` writes llama.cpp's `adapter.lora.task_name` (the name an unnamed adapter is served under as a
+model); `invocation_tokens` makes it an activated LoRA (aLoRA): `adapter.alora.invocation_tokens`, a
+UINT32 array, as convert_lora_to_gguf.py writes it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def write_lora(
     strength: float = 0.08,
     targets: tuple[str, ...] = TARGETS,
     layers: range | None = None,
+    task_name: str = "",
+    invocation_tokens: tuple[int, ...] = (),
 ) -> Path:
     """Write a synthetic LoRA adapter for the base GGUF `base` to `out` (dtype F32 or F16); returns `out`."""
     import gguf
@@ -47,6 +53,11 @@ def write_lora(
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
     writer.add_name(f"synthetic LoRA r{rank} seed {seed} for {g.path.name}")
+    if task_name:
+        writer.add_string(gguf.Keys.Adapter.LORA_TASK_NAME, task_name)
+    if invocation_tokens:
+        key, uint32 = gguf.Keys.Adapter.ALORA_INVOCATION_TOKENS, gguf.GGUFValueType.UINT32
+        writer.add_key_value(key, [int(t) for t in invocation_tokens], gguf.GGUFValueType.ARRAY, uint32)
     np_type = np.float32 if dtype == "F32" else np.float16
     for il in layers if layers is not None else range(n_layer):
         for target in targets:

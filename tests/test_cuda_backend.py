@@ -23,6 +23,7 @@ from tests.cuda_sim import cuda, small_launches  # noqa: F401  (sets up the simu
 from engine import backend as backends
 from engine.batch import Batch, BatchPart
 from engine.gguf import GGUFFile, Tensor, TensorTable
+from engine.lora import LoraAdapter, LoraWeight, attach_adapters
 from engine.memory.kv import KVCache
 from engine.models import load_model
 from engine.quant import BLOCK_LAYOUTS, QType
@@ -253,6 +254,52 @@ def test_whole_model_forward_matches_cpu(make: Any) -> None:
         where = f"step {step}, row {row}, logit {col}: CUDA {got[row, col]:.4g}, CPU {want[row, col]:.4g}"
         assert err < 3e-2, f"logits differ by {err:.3g} of their range ({where})"
         assert np.abs(want).max() > 0.1  # the random model produces real signal
+
+
+def tiny_adapter(g: FakeGGUF, rank: int = 4) -> LoraAdapter:
+    """A random rank-4 adapter on every projection of tiny_llama, F32 on layer 0 and F16 on layer 1."""
+    rng = np.random.default_rng(5)
+    weights = {}
+    for name, t in g.tensors.items():
+        if name.startswith("blk.") and len(t.shape) == 2:
+            n_out, n_in = t.shape
+            f16 = name.startswith("blk.1.")
+            a = (rng.standard_normal((rank, n_in)) / np.sqrt(n_in)).astype(np.float32)
+            b = (rng.standard_normal((n_out, rank)) * 0.2).astype(np.float32)
+            if f16:
+                a, b = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
+            weights[name] = LoraWeight(a, b, f16)
+    return LoraAdapter(Path("tiny-lora.gguf"), 8.0, weights)
+
+
+@pytest.mark.slow  # 3.5 min in the simulator on two shared cores; the kernel's own tests are fast
+def test_whole_model_with_an_adapter_matches_cpu() -> None:
+    """tiny_llama with a LoRA adapter on one of two sequences (engine/cuda/lora.py in every projection):
+    the CUDA logits are the CPU's within the base comparison's bound, the adapted sequence's far from the
+    base's, the other sequence's as close to the base's as without adapters."""
+    g = tiny_llama()
+    adapter = tiny_adapter(g)
+
+    def run(backend: backends.Backend, lora: tuple[tuple[int, float], ...]) -> list[np.ndarray]:
+        model = load_model(g, backend)
+        attach_adapters(model, [adapter])
+        kv = model.new_cache(2, 16)
+        prompt = Batch.of([BatchPart(0, 0, [1, 5, 9, 2, 7, 3], lora=lora), BatchPart(1, 0, [4, 4, 8], "all")])
+        decode = Batch.of([BatchPart(0, 6, [11], lora=lora), BatchPart(1, 3, [6])])
+        return [np.asarray(model.forward(batch, kv)) for batch in (prompt, decode)]
+
+    on = ((0, 1.0),)
+    cpu, cpu_base, gpu = (
+        run(backends.cpu_backend(), on),
+        run(backends.cpu_backend(), ()),
+        run(backends.cuda_backend(), on),
+    )
+    for want, base, got in zip(cpu, cpu_base, gpu, strict=True):
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < 3e-2, f"logits differ by {err:.3g} of their range"
+        gap = np.abs(got[0] - want[0]).max()
+        assert np.abs(got[0] - base[0]).max() > 5 * gap  # the adapter acts on its sequence
+        assert np.abs(got[1:] - base[1:]).max() / np.abs(base).max() < 3e-2  # not on the other
 
 
 @pytest.mark.slow  # 35-40 s each in the simulator; the CPU paths of these families are in test_archs

@@ -291,6 +291,67 @@ def test_weights_stay_quantized_on_the_device() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# LoRA's low-rank term (engine/cuda/lora.py): numpy reference, the CPU twin, batch independence, uploads.
+
+
+def _lora_reference(x: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float, f16: bool):  # type: ignore[no-untyped-def]
+    """scale * B (A x[rows]) in float64, F16 adapters' inputs (x, then A x) rounded to float16 first."""
+    xr = x[rows].astype(np.float64)
+    if f16:
+        xr = xr.astype(np.float16).astype(np.float64)
+    t = (xr @ a.T.astype(np.float64)).astype(np.float32)
+    if f16:
+        t = t.astype(np.float16)
+    return (t.astype(np.float64) @ b.T.astype(np.float64)) * scale
+
+
+@pytest.mark.parametrize("f16", [False, True])
+def test_lora_add_matches_numpy_and_cpu(f16: bool) -> None:
+    from engine.cpu.lora import lora_add as cpu_lora_add
+    from engine.cuda.lora import lora_add
+    from engine.lora import LoraWeight
+
+    x, base = rand(6, 80), rand(6, 40)
+    w = LoraWeight(rand(4, 80) / 10, rand(30, 4) / 10, f16)
+    rows = np.array([0, 2, 5], dtype=np.int64)
+    out = cuda.to_device(base)
+    lora_add(cuda.to_device(x), rows, w, 0.75, out, 7)
+    got = out.copy_to_host()
+    want = base.astype(np.float64)
+    want[rows, 7:37] += _lora_reference(x, rows, w.a, w.b, 0.75, f16)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    untouched = [1, 3, 4]
+    np.testing.assert_array_equal(got[untouched], base[untouched])
+    np.testing.assert_array_equal(got[:, :7], base[:, :7])
+    np.testing.assert_array_equal(got[:, 37:], base[:, 37:])
+    on_cpu = base.copy()
+    cpu_lora_add(x, rows, w, 0.75, on_cpu, 7)
+    np.testing.assert_allclose(got, on_cpu, rtol=1e-5, atol=1e-6)
+
+
+def test_lora_add_rows_are_batch_independent_and_weights_uploaded_once() -> None:
+    """A row's bits do not depend on the rows sharing its call; A and B go to the device once per weight,
+    and leave with it; host x and out work too (uploaded, written back)."""
+    from engine.cuda import lora
+    from engine.lora import LoraWeight
+
+    x = rand(9, 70)
+    w = LoraWeight(rand(3, 70), rand(20, 3), False)
+    alone, together = np.zeros((9, 20), np.float32), np.zeros((9, 20), np.float32)
+    lora.lora_add(x, np.array([4]), w, 2.0, alone, 0)
+    first = lora.uploaded(w)
+    lora.lora_add(x, np.arange(9), w, 2.0, together, 0)
+    np.testing.assert_array_equal(alone[4], together[4])
+    assert lora.uploaded(w)[0] is first[0] and lora.uploaded(w)[1] is first[1]
+    key = id(w)
+    del w
+    import gc
+
+    gc.collect()
+    assert key not in lora._DEVICE
+
+
+# ---------------------------------------------------------------------------------------------------
 # Array hooks and sampling.
 
 

@@ -14,7 +14,16 @@ import pytest
 from engine.batch import Batch, BatchPart
 from engine.cpu.lora import lora_add
 from engine.gguf import GGUFFile
-from engine.lora import LoraError, adapter_set, attach_adapters, load_adapter
+from engine.lora import (
+    LoraError,
+    LoraWeight,
+    activation,
+    adapter_set,
+    attach_adapters,
+    last_occurrence,
+    load_adapter,
+    shared_cells,
+)
 from engine.model_files import resolve
 from tests.conftest import load_golden
 from tests.synthetic_lora import sha256, write_lora
@@ -50,7 +59,7 @@ def test_lora_add_matches_numpy(f16: bool) -> None:
     rows = np.array([0, 3, 6], dtype=np.int64)
     base = rng.standard_normal((7, 50)).astype(np.float32)
     out = base.copy()
-    lora_add(x, rows, a, b, 0.75, f16, out, 5)
+    lora_add(x, rows, LoraWeight(a, b, f16), 0.75, out, 5)
     want = base.astype(np.float64)
     want[rows, 5:45] += _reference(x, rows, a, b, 0.75, f16)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
@@ -67,9 +76,9 @@ def test_lora_add_is_row_independent() -> None:
     a = rng.standard_normal((4, 64)).astype(np.float32)
     b = rng.standard_normal((32, 4)).astype(np.float32)
     alone = np.zeros((9, 32), np.float32)
-    lora_add(x, np.array([4]), a, b, 2.0, False, alone, 0)
+    lora_add(x, np.array([4]), LoraWeight(a, b, False), 2.0, alone, 0)
     together = np.zeros((9, 32), np.float32)
-    lora_add(x, np.arange(9), a, b, 2.0, False, together, 0)
+    lora_add(x, np.arange(9), LoraWeight(a, b, False), 2.0, together, 0)
     np.testing.assert_array_equal(alone[4], together[4])
 
 
@@ -126,7 +135,7 @@ def test_a_backend_without_the_kernel_refuses_adapters(tmp_path: Path, smollm2_l
     )
     cuda_like = dataclasses.replace(smollm2_llm.backend, name="CUDA", lora_add=None)
     model = SimpleNamespace(backend=cuda_like, layers=smollm2_llm.model.layers, hp=smollm2_llm.model.hp)
-    with pytest.raises(LoraError, match="CPU backend only: the CUDA backend has no LoRA kernel"):
+    with pytest.raises(LoraError, match="CPU and CUDA backends only: the CUDA backend has no LoRA kernel"):
         attach_adapters(model, [adapter])
     other = SimpleNamespace(backend=smollm2_llm.backend, layers=[], hp=SimpleNamespace(arch="gemma4"))
     with pytest.raises(LoraError, match="models only: this one is 'gemma4'"):
@@ -249,3 +258,65 @@ def test_rows_under_other_adapters_change_no_bits(tmp_path: Path, smollm2_llm) -
                 alone[step], together[s][step], err_msg=f"sequence {s}, step {step}"
             )
     assert not np.array_equal(together[0][0], together[2][0])  # the adapter does change the logits
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activated LoRA (aLoRA): llama-server's rule, and a sequence's rows before its activation as the base's.
+
+INVOCATION = (504, 3458)  # two real SmolLM2 token ids: the synthetic aLoRA's invocation sequence
+
+
+def test_alora_activation_rule() -> None:
+    """The last occurrence of the invocation starting at i: the adapter applies from i - 1 (llama-server's
+    pre-invocation batch stops there); none in the prompt: the base; two aLoRAs: refused; an aLoRA with a
+    plain adapter applies throughout (llama-server's lora_all_alora)."""
+    alora = SimpleNamespace(invocation_tokens=(7, 8))
+    plain = SimpleNamespace(invocation_tokens=())
+    adapters = {0: alora, 1: plain, 2: alora}
+    assert activation(((0, 1.0),), adapters, [1, 7, 8, 5, 7, 8, 9]) == (((0, 1.0),), 3)
+    assert activation(((0, 1.0),), adapters, [7, 8, 9]) == (((0, 1.0),), 0)
+    assert activation(((0, 1.0),), adapters, [1, 7, 5, 8]) == ((), 0)
+    assert activation(((0, 1.0), (1, 0.5)), adapters, [1, 2]) == (((0, 1.0), (1, 0.5)), 0)
+    assert activation((), adapters, [7, 8]) == ((), 0)
+    with pytest.raises(LoraError, match="Cannot run multiple aLoRAs in a single request"):
+        activation(((0, 1.0), (2, 1.0)), adapters, [7, 8])
+    # llama-server's backward scan restarts at the pattern's end without re-reading the mismatched token
+    assert last_occurrence([1, 2, 2], [1, 2]) == -1
+    assert last_occurrence([1, 2, 3, 1, 2], [1, 2]) == 3
+
+
+def test_cells_are_shared_below_the_first_adapted_position() -> None:
+    on = ((0, 1.0),)
+    assert shared_cells((), 0, (), 0) == shared_cells(on, 4, on, 4) == float("inf")
+    assert shared_cells((), 0, on, 4) == shared_cells(on, 4, (), 0) == 4
+    assert shared_cells(on, 4, on, 6) == 4 and shared_cells(on, 0, (), 0) == 0
+    assert shared_cells(on, 3, ((1, 1.0),), 5) == 3
+
+
+def test_alora_rows_before_the_activation_are_the_base(tmp_path: Path, smollm2_llm) -> None:  # type: ignore[no-untyped-def]
+    """A prompt holding the invocation, in one pass: the rows before its activation are the base's bits,
+    the rows from it on differ, and equal the reference computation (the prefix under the base, then the
+    rest under the adapter, in two passes)."""
+    llm = smollm2_llm
+    path = write_lora(llm.path, tmp_path / "alora.gguf", seed=3, invocation_tokens=INVOCATION)
+    adapter = load_adapter(path, llm.gguf)
+    assert adapter.invocation_tokens == INVOCATION
+    attach_adapters(llm.model, [adapter])
+    prompt = [1, 57, 1767, 12, 13, *INVOCATION, 30, 22, 10]
+    lora, start = activation(((0, 1.0),), {0: adapter}, prompt)
+    assert (lora, start) == (((0, 1.0),), 4)  # invocation at 5: from 4 on
+
+    def run(parts: list[BatchPart]) -> np.ndarray:
+        kv = llm.model.new_cache(1, 64)
+        return np.concatenate([llm.model.forward(Batch.of([p]), kv) for p in parts])
+
+    base = run([BatchPart(0, 0, prompt, "all")])
+    mixed = run([BatchPart(0, 0, prompt, "all", lora=lora, lora_from=start)])
+    np.testing.assert_array_equal(mixed[:start], base[:start])
+    assert all(not np.array_equal(mixed[i], base[i]) for i in range(start, len(prompt)))
+    reference = run(
+        [BatchPart(0, 0, prompt[:start], "all"), BatchPart(0, start, prompt[start:], "all", lora=lora)]
+    )
+    np.testing.assert_array_equal(mixed, reference)
+    # absent from the prompt: the request runs as the base
+    assert activation(((0, 1.0),), {0: adapter}, prompt[:5] + prompt[7:]) == ((), 0)

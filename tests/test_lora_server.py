@@ -351,3 +351,71 @@ def test_loading_and_unloading_while_requests_run_changes_no_answer(
         assert r.status_code == 200
         assert {m: f.result() for m, f in running.items()} == alone
     assert _post(named_server, "/v1/unload_lora_adapter", {"lora_name": "later"}).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------
+# An adapter named by its file (llama.cpp's adapter.lora.task_name) and an activated LoRA (aLoRA).
+
+INVOKE = " Answer:"
+
+
+@pytest.fixture(scope="module")
+def invocation() -> tuple[int, ...]:
+    from engine.gguf import GGUFFile
+    from engine.text.tokenizer import Tokenizer
+
+    return tuple(Tokenizer.from_gguf(GGUFFile(resolve("smollm2"))).encode(INVOKE, add_special=False))
+
+
+@pytest.fixture(scope="module")
+def file_named_server(
+    tmp_path_factory: pytest.TempPathFactory, invocation: tuple[int, ...]
+) -> Iterator[ServerProcess]:
+    """Adapter 0 carries the task name `sql-helper`, adapter 1 is an aLoRA invoked by INVOKE; both at
+    scale 0 (--lora-init-without-apply); 2 slots, --cache-ram on."""
+    folder, base = tmp_path_factory.mktemp("lora-meta"), resolve("smollm2")
+    named = write_lora(base, folder / "named.gguf", seed=4, task_name="sql-helper")
+    alora = write_lora(base, folder / "alora.gguf", seed=5, strength=0.3, invocation_tokens=invocation)
+    proc = ServerProcess(
+        "-m", "smollm2", "-np", "2", "-c", "1024", "--lora-init-without-apply",
+        "--lora", str(named), "--lora", str(alora),
+    ).wait_healthy()  # fmt: skip
+    yield proc
+    proc.stop()
+
+
+def test_an_adapter_named_by_its_file_is_a_model(
+    file_named_server: ServerProcess, invocation: tuple[int, ...]
+) -> None:
+    """/lora-adapters shows the file's task name (and the aLoRA's invocation, llama-server's fields); the
+    task name is a model of /v1/models that runs the adapter at scale 1; other model names still run the
+    base, as without named adapters."""
+    server = file_named_server
+    listed = httpx.get(server.base_url + "/lora-adapters").json()
+    assert listed[0]["task_name"] == "sql-helper" and listed[0]["name"] == "sql-helper"
+    assert listed[1]["alora_invocation_tokens"] == list(invocation)
+    assert listed[1]["alora_invocation_string"] == INVOKE
+    assert listed[1]["task_name"] == "" and "name" not in listed[1]
+    assert _models(server)["sql-helper"]["parent"]
+    adapted = text(server, model="sql-helper")
+    assert adapted == text(server, lora=[{"id": 0, "scale": 1}])
+    assert adapted != text(server, model="some-client-default")
+
+
+def test_an_alora_applies_from_its_invocation(
+    file_named_server: ServerProcess, invocation: tuple[int, ...]
+) -> None:
+    """Without the invocation in the prompt an aLoRA request is the base's; with it, it is not, and the
+    base request's cells before the activation (one token before the invocation, llama-server's) are
+    reused from the slot; the same aLoRA request again reuses its whole prompt."""
+    server, alora = file_named_server, [{"id": 1, "scale": 1.0}]
+    assert text(server, lora=alora) == text(server)
+    prompt = PROMPT + INVOKE
+    base = complete(server, prompt=prompt, cache_prompt=True, id_slot=0).json()
+    adapted = complete(server, prompt=prompt, cache_prompt=True, id_slot=0, lora=alora).json()
+    assert adapted["content"] != base["content"]
+    n_prompt = base["timings"]["prompt_n"] + base["timings"]["cache_n"]
+    assert adapted["timings"]["cache_n"] == n_prompt - len(invocation) - 1
+    again = complete(server, prompt=prompt, cache_prompt=True, id_slot=0, lora=alora).json()
+    assert again["content"] == adapted["content"]
+    assert again["timings"]["cache_n"] == n_prompt - 1

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.lora import shared_cells
 from engine.memory.base import MemoryState
 
 MIN_KEEP = 0.25  # llama-server skips an entry when less than this share of its tokens would be kept
@@ -23,12 +24,15 @@ MIN_KEEP = 0.25  # llama-server skips an entry when less than this share of its 
 class CacheEntry:
     tokens: tuple[int, ...]
     state: MemoryState  # host memory: KV cells, recurrent state and its checkpoints
-    # The LoRA adapter set the cells were computed under (engine/lora.py): reused only under the same
+    # The LoRA adapter set the cells were computed under (engine/lora.py), from position `tag_from` on
+    # (an aLoRA's activation; the cells before it are the base's): reused as engine/lora.py's shared_cells
+    # allows
     tag: tuple[tuple[int, float], ...] = ()
+    tag_from: int = 0
 
     @property
-    def key(self) -> tuple[tuple[tuple[int, float], ...], tuple[int, ...]]:
-        return self.tag, self.tokens
+    def key(self) -> tuple[Any, tuple[int, ...]]:
+        return (self.tag, self.tag_from), self.tokens
 
     @property
     def n_bytes(self) -> int:
@@ -65,29 +69,36 @@ class PromptCache:
         """The token sequences whose states are kept (a cluster replica's cache summary)."""
         return [entry.tokens for entry in self._entries.values()]
 
-    def save(self, tokens: list[int], state: MemoryState, tag: tuple[tuple[int, float], ...] = ()) -> bool:
-        """Keep a slot's state (computed under LoRA set `tag`); False when it is empty, covered by an entry
-        already, or over the limit."""
-        entry = CacheEntry(tuple(tokens), state, tag)
+    def save(
+        self,
+        tokens: list[int],
+        state: MemoryState,
+        tag: tuple[tuple[int, float], ...] = (),
+        tag_from: int = 0,
+    ) -> bool:
+        """Keep a slot's state (computed under LoRA set `tag` from position `tag_from` on); False when it is
+        empty, covered by an entry already, or over the limit."""
+        entry = CacheEntry(tuple(tokens), state, tag, tag_from)
         if not tokens or not self._fits(entry.n_bytes):
             return False
-        if any(_covers(old, entry.tokens, tag) for old in self._entries.values()):
+        if any(_covers(old, entry) for old in self._entries.values()):
             return False  # an entry already holds this state and more
-        for old in [e.key for e in self._entries.values() if _covers(entry, e.tokens, e.tag)]:
+        for old in [e.key for e in self._entries.values() if _covers(entry, e)]:
             self._remove(old)  # the new entry extends it: the old one is redundant
         self._entries[entry.key] = entry
         self.n_bytes += entry.n_bytes
         self._evict()
         return True
 
-    def best(self, prompt: list[int], tag: tuple[tuple[int, float], ...] = ()) -> CacheHit | None:
-        """The entry (of LoRA set `tag`) sharing the longest prefix with `prompt`, if it keeps at least
-        MIN_KEEP of its tokens."""
+    def best(
+        self, prompt: list[int], tag: tuple[tuple[int, float], ...] = (), tag_from: int = 0
+    ) -> CacheHit | None:
+        """The entry sharing the longest prefix with `prompt` computed alike (under LoRA set `tag` from
+        `tag_from` on), if it keeps at least MIN_KEEP of its tokens."""
         best: CacheHit | None = None
         for entry in self._entries.values():
-            if entry.tag != tag:
-                continue
-            n = entry.state.restorable(common_prefix(entry.tokens, prompt))
+            alike = shared_cells(entry.tag, entry.tag_from, tag, tag_from)
+            n = entry.state.restorable(int(min(common_prefix(entry.tokens, prompt), alike)))
             if n >= MIN_KEEP * len(entry.tokens) and n > 0 and (best is None or n > best.n_keep):
                 best = CacheHit(entry, n)
         if best is not None:
@@ -105,12 +116,12 @@ class PromptCache:
         self.n_bytes -= self._entries.pop(key).n_bytes
 
 
-def _covers(entry: CacheEntry, tokens: tuple[int, ...], tag: tuple[tuple[int, float], ...] = ()) -> bool:
-    """Whether `entry` can give the state of `tokens` under LoRA set `tag` (a recurrent one only at a
-    checkpoint)."""
-    n = len(tokens)
+def _covers(entry: CacheEntry, other: CacheEntry) -> bool:
+    """Whether `entry` can give `other`'s state: its tokens under the same LoRA set from the same position
+    (a recurrent one only at a checkpoint)."""
+    n, tokens = len(other.tokens), other.tokens
     return (
-        entry.tag == tag
+        (entry.tag, entry.tag_from) == (other.tag, other.tag_from)
         and n <= len(entry.tokens)
         and entry.tokens[:n] == tokens
         and entry.state.restorable(n) == n

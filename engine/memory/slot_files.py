@@ -223,7 +223,8 @@ def slot_action(
         state, n_bytes = read_slot(path, identity, memory.n_ctx)
         memory.write(slot.id, state.memory())
         slot.tokens = state.tokens
-        slot.lora = ()  # a slot file records no LoRA set: its cells count as the base model's
+        # a slot file records no LoRA set: its cells count as the base model's
+        slot.lora, slot.lora_from = (), 0
         counts = {"n_restored": len(state.tokens), "n_read": n_bytes}
     ms = 1e3 * (time.perf_counter() - start)
     return {"id_slot": slot.id, "filename": path.name, **counts, "timings": {f"{action}_ms": ms}}

@@ -64,6 +64,10 @@ async def build_request(
     speculative = spec_params(s, body)
     run = run_params(s, body, prompt, speculative)
     lora, lora_hold, lora_params = lora_adapters(model, body)
+    try:  # an aLoRA applies from its invocation in the prompt on (none there: the base)
+        lora, lora_from = model.lora.activated(lora, lora_hold, prompt.tokens)
+    except LoraRequestError as exc:
+        raise errors.invalid_request(str(exc)) from None
     return GenerationRequest(
         prompt_tokens=prompt.tokens,
         media=prompt.media,
@@ -88,6 +92,7 @@ async def build_request(
         speculative=speculative,
         slot_params=task_params(sampling, run) | lora_params,
         lora=lora,
+        lora_from=lora_from,
         lora_hold=lora_hold,
     )
 
@@ -115,10 +120,12 @@ def adapter_model(model: ModelHost, asked: str | None) -> str | None:
     `model` is not read (llama-server's rule); with them (vLLM's) a name that is neither the base model's
     (its id or an -a alias) nor an adapter's is the route's 404."""
     lora = model.lora
-    if not asked or not lora.serves_names:
+    if not asked:
         return None
-    if lora.is_name(asked):
+    if lora.is_name(asked):  # also an adapter named by its file's task name (no check of other names)
         return asked
+    if not lora.serves_names:
+        return None
     if asked in (model.settings.model_alias, *model.settings.aliases):
         return None
     raise errors.not_found(f"model '{asked}' not found")

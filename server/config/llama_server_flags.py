@@ -208,14 +208,15 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         "FNAME",
         "",
         "implemented",
-        "CPU backend only (CUDA refuses adapters at load); several: a comma list, or the flag repeated",
+        "CPU and CUDA backends; aLoRAs (invocation tokens) as llama-server; an adapter whose file gives a"
+        " task name is also served as a model under it; several: a comma list, or the flag repeated",
     ),
     F(
         ("--lora-scaled",),
         "FNAME:SCALE,...",
         "",
         "implemented",
-        "CPU backend only; FNAME:SCALE, comma lists, repeatable",
+        "as --lora; FNAME:SCALE, comma lists, repeatable",
     ),
     F(
         ("--control-vector",),

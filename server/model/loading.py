@@ -54,7 +54,7 @@ def load_model(settings: Settings, admission: Admission, counters: Counters, lor
     s = settings
     llm = LLM.load(s.model, device=s.device, n_threads=s.threads, mlock=s.mlock, progress=_log_progress)
     # --lora, --lora-scaled, named ones: checked against the model and hooked in, or the load fails (one line)
-    lora.attach(llm.model, llm.gguf)
+    lora.attach(llm.model, llm.gguf, llm.tokenizer)
     if s.control_vectors:  # summed, checked against the model's width, or the load fails (one line)
         apply_control_vector(
             llm.model, load_control_vectors(s.control_vectors), *s.control_vector_layer_range

@@ -1,7 +1,8 @@
 """The server's LoRA adapters: llama-server's global scales (--lora, --lora-scaled, /lora-adapters) and
 vLLM's adapters served as models (--lora NAME=FILE, --lora-modules, /v1/load_lora_adapter).
 
-`GET /lora-adapters` lists them ({id, path, scale, task_name, prompt_prefix}, and `name` for a named one);
+`GET /lora-adapters` lists them ({id, path, scale, task_name, prompt_prefix} from the file's metadata,
+an aLoRA's alora_invocation_string and alora_invocation_tokens, as llama-server; `name` for a named one);
 `POST /lora-adapters` sets the global scales ([{id, scale}]; an adapter not listed goes to 0, as
 llama-server's construct_lora_list does). A request's own `lora` ([{id, scale}]) replaces the global scales
 for that request (adapters it does not list run at 0); a request without one runs under the global scales
@@ -16,12 +17,20 @@ model or one of them (vLLM's rule: another name is the route's 404). Named adapt
 runtime: the file is read and checked off the event loop, then the table of adapters is swapped for a new
 one (server/model/lora.py's and the engine's, engine/lora.py's LoraContext): requests running under an
 unloaded adapter finish under it, later ones naming it get the 404.
+
+An adapter given without a name (--lora FILE) whose file carries a task name (`adapter.lora.task_name`,
+the adapter name llama.cpp reads) is also served as a model under that name (unless another adapter has
+it), keeping its global scale; such names alone do not make the server check a request's `model`.
+
+An activated LoRA (aLoRA, `adapter.alora.invocation_tokens`) applies from its invocation in the prompt
+on (engine/lora.py's `activation`); a request that enables two of them is a 400, llama-server's.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,6 +39,7 @@ from engine.lora import (
     LoraAdapter,
     LoraContext,
     LoraError,
+    activation,
     adapter_set,
     attach_adapters,
     load_adapter,
@@ -53,6 +63,19 @@ class Adapter:
     weights: LoraAdapter | None = None  # read with the model (kept while it sleeps)
 
 
+def _aliased(entries: dict[int, Adapter]) -> dict[int, Adapter]:
+    """Unnamed adapters whose file gives a task name, named after it where no other adapter has it."""
+    taken = {e.name for e in entries.values() if e.name}
+    out = {}
+    for i, e in entries.items():
+        alias = e.weights.task_name if e.weights and not e.name else ""
+        if alias and alias not in taken:
+            taken.add(alias)
+            e = replace(e, name=alias)
+        out[i] = e
+    return out
+
+
 class LoraScales:
     def __init__(
         self, adapters: tuple[tuple[str, float], ...], named: tuple[tuple[str, str], ...] = ()
@@ -66,6 +89,8 @@ class LoraScales:
         self._ctx: LoraContext | None = None
         self._base: Any = None  # the model's GGUFFile, which runtime loads are checked against
         self.unavailable: str | None = None  # why this model takes no adapters (a runtime load's 400)
+        # token ids -> their text, llama-server's pieces one after another (an aLoRA's invocation string)
+        self._render: Callable[[tuple[int, ...]], str] = lambda ids: ""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -75,15 +100,18 @@ class LoraScales:
         return [entry.path for entry in self._entries.values()]
 
     # -- the model's load ---------------------------------------------------------------------------
-    def attach(self, model: Any, base: Any) -> None:
+    def attach(self, model: Any, base: Any, tokenizer: Any = None) -> None:
         """At each load of the model (a wake too): read the adapters not read yet, hook them all in; one
-        line (LoraError) where one does not fit. A model that takes no adapters is fine without any."""
+        line (LoraError) where one does not fit. A model that takes no adapters is fine without any.
+        `tokenizer` renders aLoRA invocations for the listing."""
         with self._lock:
             entries = {
                 i: e if e.weights else replace(e, weights=load_adapter(e.path, base))
                 for i, e in self._entries.items()
             }
-            self._entries = entries
+            self._entries = entries = _aliased(entries)
+        if tokenizer is not None:
+            self._render = lambda ids: b"".join(map(tokenizer.token_to_piece, ids)).decode("utf-8", "replace")
         try:
             self._ctx = attach_adapters(model, {i: e.weights for i, e in entries.items() if e.weights})
         except LoraError as exc:
@@ -97,7 +125,12 @@ class LoraScales:
         """GET /lora-adapters: llama-server's server_task_result_get_lora::to_json (`name`: Llamba's)."""
         out = []
         for e in self._entries.values():
-            item = {"id": e.id, "path": e.path, "scale": e.scale, "task_name": "", "prompt_prefix": ""}
+            w = e.weights
+            item = {"id": e.id, "path": e.path, "scale": e.scale}
+            item |= {"task_name": w.task_name if w else "", "prompt_prefix": w.prompt_prefix if w else ""}
+            if w and w.invocation_tokens:
+                item["alora_invocation_string"] = self._render(w.invocation_tokens)
+                item["alora_invocation_tokens"] = list(w.invocation_tokens)
             out.append(item | ({"name": e.name} if e.name else {}))
         return out
 
@@ -148,6 +181,14 @@ class LoraScales:
             pairs = list(self.parse(value).items())
         chosen = adapter_set(pairs)
         return chosen, tuple(entries[i].weights for i, _ in chosen if i in entries)
+
+    def activated(self, lora: AdapterSet, hold: tuple[Any, ...], prompt: list[int]) -> tuple[AdapterSet, int]:
+        """A request's adapter set and the position it applies from, given its prompt (an aLoRA's
+        invocation, engine/lora.py's `activation`); LoraRequestError for two aLoRAs at once."""
+        try:
+            return activation(lora, {i: w for (i, _), w in zip(lora, hold, strict=True)}, prompt)
+        except LoraError as exc:
+            raise LoraRequestError(str(exc)) from None
 
     # -- adapters as models ------------------------------------------------------------------------
     def names(self) -> list[tuple[str, str]]:

@@ -206,8 +206,8 @@ INDENT_NOTE = (
 )
 LORA_NOTE = (
     "this request's LoRA scales ([{id, scale}]; adapters it does not list run at 0), batched per row with "
-    "other adapter sets (CPU backend); an unknown id or a scale that is not a number is a 400 (llama-server "
-    "skips them)"
+    "other adapter sets (CPU and CUDA backends; an aLoRA from its invocation in the prompt on); an unknown "
+    "id or a scale that is not a number is a 400 (llama-server skips them)"
 )
 # What a field's status does not say.
 FIELD_NOTES: dict[tuple[str, str], str] = {
