@@ -425,6 +425,83 @@ def test_the_tool_loop_runs_a_builtin_tool_in_the_requests_cwd(client: httpx.Cli
     assert result_message["content"] == "the answer is 42\n" and result_message["is_error"] is False
 
 
+WRITE_ASKED = {
+    "messages": [
+        {
+            "role": "user",
+            "content": 'Write hello to notes.txt: call write_file with {"path": "notes.txt", '
+            '"content": "hello"}.',
+        }
+    ],
+    "tools": [{"type": "mcp", "server_label": "builtin", "allowed_tools": ["write_file"]}],
+    "tool_choice": {"type": "function", "function": {"name": "write_file"}},
+    "approved_tools": [],
+    "max_tool_rounds": 1,
+    "temperature": 0,
+    "max_tokens": 60,
+}
+
+
+def test_an_unapproved_write_pauses_the_run_and_an_approval_resumes_it(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    cwd = {"x-tool-cwd": str(tmp_path)}
+    reply = client.post("/v1/chat/completions", json=WRITE_ASKED, headers=cwd)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["pending_approval"] == ["write_file"]
+    assert choice["intermediate_messages"] == []  # nothing of the round ran
+    [pending] = choice["message"]["tool_calls"]
+    assert pending["function"]["name"] == "write_file"
+    assert json.loads(pending["function"]["arguments"]) == {"path": "notes.txt", "content": "hello"}
+    assert list(tmp_path.iterdir()) == []  # paused before the write
+
+    # Sent again unapproved: a 400, and still nothing written.
+    again = {**WRITE_ASKED, "messages": [*WRITE_ASKED["messages"], choice["message"]]}
+    refused = client.post("/v1/chat/completions", json=again, headers=cwd)
+    assert refused.status_code == 400 and "approved_tools" in refused.json()["error"]["message"]
+    assert list(tmp_path.iterdir()) == []
+
+    # Approved: the pending call runs first (its result streamed), then the model answers.
+    with client.stream(
+        "POST", "/v1/chat/completions", json={**again, "approved_tools": ["write_file"], "stream": True},
+        headers=cwd,
+    ) as stream:  # fmt: skip
+        assert stream.status_code == 200
+        chunks = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data: {")]
+    first = chunks[0]["choices"][0]["delta"]
+    assert first["role"] == "tool" and first["tool_call_id"] == pending["id"] and first["is_error"] is False
+    assert (tmp_path / "notes.txt").read_text() == "hello"
+    finish = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finish[-1]["finish_reason"] in ("stop", "length") and "pending_approval" not in finish[-1]
+    assert any(c["choices"][0]["delta"].get("role") == "assistant" for c in chunks[1:] if c["choices"])
+
+
+def test_a_denied_call_is_answered_by_the_client_and_the_model_goes_on(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    cwd = {"x-tool-cwd": str(tmp_path)}
+    paused = client.post("/v1/chat/completions", json=WRITE_ASKED, headers=cwd).json()["choices"][0]
+    [pending] = paused["message"]["tool_calls"]
+    denied = {"role": "tool", "tool_call_id": pending["id"], "content": "The user denied running write_file."}
+    body = {**WRITE_ASKED, "messages": [*WRITE_ASKED["messages"], paused["message"], denied]}
+    reply = client.post("/v1/chat/completions", json=body, headers=cwd)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    # the resumed run is past its forced round: the model answers (max_tool_rounds 1), nothing is written
+    assert choice["finish_reason"] in ("stop", "length") and "pending_approval" not in choice
+    assert choice["message"]["content"] and "tool_calls" not in choice["message"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_approved_tools_a_write_runs_and_no_run_pauses(client: httpx.Client, tmp_path: Path) -> None:
+    body = {key: value for key, value in WRITE_ASKED.items() if key != "approved_tools"}
+    reply = client.post("/v1/chat/completions", json=body, headers={"x-tool-cwd": str(tmp_path)})
+    choice = reply.json()["choices"][0]
+    assert "pending_approval" not in choice and len(choice["intermediate_messages"]) == 2
+    assert (tmp_path / "notes.txt").read_text() == "hello"
+
+
 # -- /cors-proxy -----------------------------------------------------------------------------------
 class Echo(BaseHTTPRequestHandler):
     """Answers with the method, path, headers and body it received, plus headers the proxy must drop."""

@@ -209,6 +209,22 @@ def test_default_router_serves_a_chat_without_model(make_router) -> None:  # typ
     assert props["role"] == "router" and props["total_slots"] == 1  # the default model's props under it
 
 
+def test_ui_config_reaches_the_routers_props(make_router, preset: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """--ui-config-file given to the router: /props' ui_settings (what the web UI reads) before any model
+    runs and once the default one does (its child inherits the flag; the router's value is served)."""
+    config = {"top_k": 7, "systemMessage": "Be brief."}
+    (tmp_path / "ui.json").write_text(json.dumps(config))
+    proc = make_router("--models-preset", str(preset), "--ui-config-file", str(tmp_path / "ui.json"))
+    props = httpx.get(proc.base_url + "/props", timeout=10).json()
+    assert props["role"] == "router" and props["ui_settings"] == config
+    load(proc, props["default_model"])
+    props = httpx.get(proc.base_url + "/props", timeout=10).json()
+    assert "default_generation_settings" in props and props["ui_settings"] == config
+    # a child serves the same (the flag reached it), as single-model mode does
+    child = httpx.get(proc.base_url + "/props", params={"model": props["default_model"]}, timeout=10).json()
+    assert child["ui_settings"] == config
+
+
 def test_load_unload_and_no_autoload(make_router, preset: Path) -> None:  # type: ignore[no-untyped-def]
     proc = make_router("--models-preset", str(preset), "--no-models-autoload")
     page = httpx.get(proc.base_url + "/", timeout=10)  # the router serves the web UI itself

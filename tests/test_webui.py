@@ -67,6 +67,30 @@ def test_assets_are_gzipped_when_accepted_and_typed(client: httpx.Client) -> Non
     assert client.get("/assets/favicon.svg").headers["Content-Type"].startswith("image/svg+xml")
 
 
+def test_the_web_app_manifest_is_served_and_names_its_icons(client: httpx.Client) -> None:
+    page = client.get("/").text
+    assert '<link rel="manifest" href="assets/manifest.webmanifest" />' in page  # relative: --api-prefix
+    assert 'name="theme-color"' in page
+    reply = client.get("/assets/manifest.webmanifest")
+    assert reply.status_code == 200
+    assert reply.headers["Content-Type"] == "application/manifest+json; charset=utf-8"
+    manifest = json.loads(reply.text)
+    assert manifest["name"] == "Llamba" and manifest["short_name"] == "Llamba"
+    assert manifest["display"] == "standalone" and manifest["start_url"] == manifest["scope"] == "../"
+    assert re.fullmatch(r"#[0-9a-f]{6}", manifest["theme_color"])
+    sizes = {}
+    for icon in manifest["icons"]:
+        image = client.get(f"/assets/{icon['src']}")
+        assert image.status_code == 200 and image.headers["Content-Type"].startswith(icon["type"])
+        if icon["type"] == "image/png":  # the size the manifest says is the PNG's own (IHDR width, height)
+            assert image.content[:8] == b"\x89PNG\r\n\x1a\n"
+            width, height = int.from_bytes(image.content[16:20]), int.from_bytes(image.content[20:24])
+            assert icon["sizes"] == f"{width}x{height}"
+            assert len(image.content) < 20_000  # small: a quantised palette
+        sizes[icon["sizes"]] = icon["type"]
+    assert sizes == {"any": "image/svg+xml", "192x192": "image/png", "512x512": "image/png"}
+
+
 def test_etag_revalidation_answers_304(client: httpx.Client) -> None:
     first = client.get("/assets/css/app.css")
     etag = first.headers["ETag"]

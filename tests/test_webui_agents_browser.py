@@ -32,7 +32,7 @@ from tests.test_webui_browser import (
     shoot,
     wait_status,
 )
-from tests.webui_browser import DESKTOP, PageErrors, browser  # noqa: F401
+from tests.webui_browser import DESKTOP, PageErrors, app_page, browser  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +54,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def page(browser: Any, srv: ServerProcess) -> Iterator[Any]:  # noqa: F811
-    context = browser.new_context(viewport=DESKTOP, base_url=srv.base_url)
-    tab = context.new_page()
-    errors = PageErrors(tab)
-    open_app(tab)
-    yield tab
-    context.close()
-    assert errors.unexpected(LOAD_ERRORS) == []
+    with app_page(browser, srv.base_url, LOAD_ERRORS) as tab:
+        yield tab
 
 
 def switch_server(page: Any, label: str, on: bool = True) -> None:

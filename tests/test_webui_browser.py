@@ -15,9 +15,17 @@ import httpx
 import pytest
 
 from tests.server_process import LIVENESS_S, REPO, ServerProcess, wait_until
-from tests.webui_browser import DESKTOP, PHONE, PageErrors, artifact, browser  # noqa: F401
+from tests.webui_browser import (  # noqa: F401
+    DESKTOP,
+    LOAD_ERRORS,
+    PHONE,
+    PageErrors,
+    app_page,
+    artifact,
+    browser,
+    open_app,
+)
 
-LOAD_ERRORS = "Failed to load resource"  # Chromium logs every non-2xx fetch; the tests cause some on purpose
 LONG_STORY = "Tell me a very long story about dragons."
 
 
@@ -30,22 +38,8 @@ def srv() -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def page(browser: Any, srv: ServerProcess) -> Iterator[Any]:  # noqa: F811
-    context = browser.new_context(viewport=DESKTOP, base_url=srv.base_url)
-    tab = context.new_page()
-    errors = PageErrors(tab)
-    open_app(tab)
-    yield tab
-    context.close()
-    assert errors.unexpected(LOAD_ERRORS) == []
-
-
-def open_app(page: Any) -> None:
-    from playwright.sync_api import expect
-
-    page.goto("/")
-    expect(page.locator("#model-name")).to_contain_text(
-        "smollm2"
-    )  # the -m name, llama-server's default alias
+    with app_page(browser, srv.base_url, LOAD_ERRORS) as tab:
+        yield tab
 
 
 def settings(page: Any, **fields: str) -> None:

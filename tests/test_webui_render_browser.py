@@ -16,7 +16,7 @@ import pytest
 
 from tests.server_process import ServerProcess
 from tests.test_webui_browser import import_json, open_app, shoot
-from tests.webui_browser import DESKTOP, PageErrors, browser  # noqa: F401
+from tests.webui_browser import DESKTOP, PageErrors, app_page, browser  # noqa: F401
 
 RICH_ANSWER = "\n".join(
     [
@@ -66,13 +66,8 @@ def srv() -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def page(browser: Any, srv: ServerProcess) -> Iterator[Any]:  # noqa: F811
-    context = browser.new_context(viewport=DESKTOP, base_url=srv.base_url)
-    tab = context.new_page()
-    errors = PageErrors(tab)
-    open_app(tab)
-    yield tab
-    context.close()
-    assert errors.unexpected() == []
+    with app_page(browser, srv.base_url) as tab:  # no error allowed, not even a failed load
+        yield tab
 
 
 def history(title: str, answers: list[str]) -> dict[str, Any]:
@@ -89,7 +84,8 @@ def open_imported(page: Any, title: str, answers: list[str]) -> None:
 
 
 def test_a_default_server_page_load_makes_no_failing_request(browser: Any, srv: ServerProcess) -> None:  # noqa: F811
-    """No tools configured: /props says so (endpoint_tools false) and the page never asks /tools."""
+    """No tools configured: /props says so (endpoint_tools false) and the page never asks /tools; its web
+    app manifest (with its icons) loads and Chromium reads it without error."""
     props = httpx.get(srv.base_url + "/props", timeout=30).json()
     assert props["endpoint_tools"] is False
     context = browser.new_context(viewport=DESKTOP, base_url=srv.base_url)
@@ -100,6 +96,25 @@ def test_a_default_server_page_load_makes_no_failing_request(browser: Any, srv: 
     page.on("response", lambda r: r.status >= 400 and failed.append(f"{r.status} {r.url}"))
     page.on("request", lambda r: asked.append(r.url))
     open_app(page)
+    page.wait_for_load_state("networkidle")
+    # Installable: Chromium's own reading of the page's web app manifest finds no error, and its icons load
+    manifest = context.new_cdp_session(page).send("Page.getAppManifest")
+    assert manifest["url"].endswith("/assets/manifest.webmanifest") and manifest["errors"] == []
+    icons = page.evaluate(
+        """async (url) => {
+            const manifest = await (await fetch(url)).json();
+            return Promise.all(manifest.icons.map(async (icon) => {
+                const reply = await fetch(new URL(icon.src, url));
+                return [icon.sizes, reply.status, reply.headers.get("content-type").split(";")[0]];
+            }));
+        }""",
+        manifest["url"],
+    )
+    assert sorted(icons) == [
+        ["192x192", 200, "image/png"],
+        ["512x512", 200, "image/png"],
+        ["any", 200, "image/svg+xml"],
+    ]
     page.wait_for_load_state("networkidle")
     context.close()
     assert failed == []

@@ -21,12 +21,11 @@ from tests.test_webui_browser import (
     chat_posts,
     import_json,
     last_message,
-    open_app,
     send,
     settings,
     wait_status,
 )
-from tests.webui_browser import DESKTOP, PageErrors, browser  # noqa: F401
+from tests.webui_browser import app_page, browser  # noqa: F401
 
 UI_CONFIG = {"top_k": 7, "systemMessage": "Be brief.", "typ_p": 0.9}
 
@@ -45,18 +44,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def page(browser: Any, srv: ServerProcess, tmp_path: Path) -> Iterator[Any]:  # noqa: F811
-    context = browser.new_context(viewport=DESKTOP, base_url=srv.base_url)
-    tab = context.new_page()
-    # The built-in tools work in the test's own folder (x-tool-cwd), never in the repository.
-    tab.route(
-        "**/v1/chat/completions",
-        lambda route: route.continue_(headers={**route.request.headers, "x-tool-cwd": str(tmp_path)}),
-    )
-    errors = PageErrors(tab)
-    open_app(tab)
-    yield tab
-    context.close()
-    assert errors.unexpected(LOAD_ERRORS) == []
+    with app_page(browser, srv.base_url, LOAD_ERRORS, tool_cwd=tmp_path) as tab:  # the test's own folder
+        yield tab
 
 
 def dialog(page: Any) -> Any:
@@ -187,7 +176,40 @@ def test_a_preset_is_picked_per_conversation_and_survives_reload_and_export(page
     assert posts[0]["body"]["top_p"] == 0.5 and posts[0]["body"]["max_tokens"] == 4
 
 
-def test_tools_switches_and_the_permission_prompt_before_a_write(page: Any, tmp_path: Path) -> None:
+def test_a_preset_is_deleted_in_settings(page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page.get_by_role("button", name="Settings", exact=True).click()
+    form = dialog(page)
+    saved = form.get_by_role("list", name="Saved presets")
+    expect(saved).to_be_hidden()  # none yet
+    for name, top_p in (("Gone", "0.4"), ("Kept", "0.6")):
+        form.get_by_label("Top-p", exact=True).fill(top_p)
+        form.get_by_label("Preset name").fill(name)
+        form.get_by_role("button", name="Add preset").click()
+    expect(saved.get_by_role("listitem")).to_have_count(2)
+    picker = page.get_by_role("combobox", name="Preset for this conversation")
+    expect(picker.locator("option")).to_have_text(["Default settings", "Gone", "Kept"])
+
+    form.get_by_role("button", name="Delete preset “Gone”").click()
+    expect(saved.get_by_role("listitem")).to_have_count(1)
+    expect(saved.get_by_role("button", name="Delete preset “Kept”")).to_be_visible()
+    expect(picker.locator("option")).to_have_text(["Default settings", "Kept"])
+    form.get_by_role("button", name="Cancel").click()
+    stored = page.evaluate("() => JSON.parse(localStorage.getItem('llamba.presets'))")
+    assert [p["name"] for p in stored] == ["Kept"] and stored[0]["values"]["top_p"] == 0.6
+
+    page.reload()
+    expect(picker.locator("option")).to_have_text(["Default settings", "Kept"])
+    page.get_by_role("button", name="Settings", exact=True).click()
+    dialog(page).get_by_role("button", name="Delete preset “Kept”").click()
+    expect(dialog(page).get_by_role("list", name="Saved presets")).to_be_hidden()
+    expect(page.locator("#preset-pick")).to_be_hidden()  # no preset left to pick
+
+
+def ask_for_a_write(page: Any) -> list[dict[str, Any]]:
+    """Switch on the built-in write_file alone, force its call (Custom JSON's tool_choice; one round),
+    and send; returns the chat requests the page sends from then on."""
     from playwright.sync_api import expect
 
     forced = {"tool_choice": {"type": "function", "function": {"name": "write_file"}}}
@@ -203,30 +225,80 @@ def test_tools_switches_and_the_permission_prompt_before_a_write(page: Any, tmp_
     expect(read).to_be_checked()
     read.uncheck()
     expect(panel.get_by_text("writes", exact=True)).to_have_count(1)  # write_file asks before it runs
-
     posts = chat_posts(page)
     send(page, "Write the word hello to the file notes.txt.")
-    wait_status(page, "done", timeout=180)
+    return posts
+
+
+def paused_prompt(page: Any, posts: list[dict[str, Any]], tmp_path: Path) -> Any:
+    """The answer paused before the write: the prompt shows the call's arguments; nothing is written."""
+    from playwright.sync_api import expect
+
+    prompt = page.get_by_role("dialog", name="Allow write_file?")
+    expect(prompt).to_be_visible(timeout=180_000)
     body = posts[0]["body"]
     assert body["tools"] == [{"type": "mcp", "server_label": "builtin", "allowed_tools": ["write_file"]}]
     assert body["approved_tools"] == []
-    [call] = last_message(page)["tools"]
-    assert call["name"] == "write_file" and call["isError"] is True
-    assert "not approved" in call["result"]
-    assert list(tmp_path.iterdir()) == []  # the tool did not run
+    message = last_message(page)
+    assert message["pendingApproval"] == ["write_file"] and message["finishReason"] == "tool_calls"
+    [call] = message["tools"]
+    assert call["name"] == "write_file" and call["waiting"] is True and "result" not in call
+    expect(prompt).to_contain_text("It has not run")
+    assert json.loads(prompt.locator("pre").inner_text()) == json.loads(call["arguments"])  # the call's
+    expect(page.get_by_text("Waits for your approval")).to_be_visible()
+    assert list(tmp_path.iterdir()) == []  # the prompt is up before the write
+    return prompt
 
-    prompt = page.get_by_role("dialog", name="Allow write_file?")
-    expect(prompt).to_be_visible()
-    expect(prompt).to_contain_text("It was not run")
+
+# The paused answer went on and ended: not waiting any more, done, with its own finish reason.
+RESUMED = """() => {
+    const m = window.llamba.current.messages.at(-1);
+    return window.llamba.chat.runs.size === 0 && !m.pendingApproval && m.status === "done" &&
+        Boolean(m.finishReason) && m.finishReason !== "tool_calls";
+}"""
+
+
+def wait_resumed(page: Any) -> None:
+    page.wait_for_function(RESUMED, timeout=180_000)
+    wait_status(page, "done")
+
+
+def test_the_permission_prompt_comes_before_a_write_and_allow_runs_it(page: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    posts = ask_for_a_write(page)
+    prompt = paused_prompt(page, posts, tmp_path)
     prompt.get_by_role("button", name="Allow for this conversation").click()
     expect(prompt).to_be_hidden()
-    page.wait_for_function(
-        "() => window.llamba.chat.runs.size === 0 && window.llamba.current.messages.length === 3"
-    )
-    wait_status(page, "done", timeout=180)
-    assert posts[1]["body"]["approved_tools"] == ["write_file"]
-    [again] = last_message(page)["tools"]
-    assert again["name"] == "write_file" and "not approved" not in again["result"]
-    stored = page.evaluate("() => window.llamba.current.approvedTools")
-    assert stored == ["write_file"]
+    wait_resumed(page)
+    assert len(posts) == 2
+    resumed = posts[1]["body"]
+    assert resumed["approved_tools"] == ["write_file"]
+    assert resumed["messages"][-1]["role"] == "assistant"  # the paused call, which the server now runs
+    assert resumed["messages"][-1]["tool_calls"][0]["function"]["name"] == "write_file"
+    written = list(tmp_path.rglob("*"))
+    assert [f for f in written if f.is_file()], "the allowed write did not run"
+    message = last_message(page)
+    assert page.evaluate("() => window.llamba.current.messages.length") == 2  # the same answer went on
+    assert message["tools"][0]["isError"] is False and "pendingApproval" not in message
+    assert page.evaluate("() => window.llamba.current.approvedTools") == ["write_file"]
     expect(page.get_by_role("dialog", name="Allow write_file?")).to_be_hidden()
+
+
+def test_deny_answers_the_call_and_the_model_goes_on_without_writing(page: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    posts = ask_for_a_write(page)
+    prompt = paused_prompt(page, posts, tmp_path)
+    prompt.get_by_role("button", name="Deny").click()
+    expect(prompt).to_be_hidden()
+    wait_resumed(page)
+    resumed = posts[1]["body"]
+    assert resumed["approved_tools"] == []
+    assert resumed["messages"][-1]["role"] == "tool"
+    assert resumed["messages"][-1]["content"] == "The user denied running write_file."
+    message = last_message(page)
+    assert message["tools"][0]["isError"] is True and message["content"]  # the answer went on
+    assert message["finishReason"] in ("stop", "length") and "pendingApproval" not in message
+    assert list(tmp_path.iterdir()) == []
+    assert page.evaluate("() => window.llamba.current.approvedTools || []") == []

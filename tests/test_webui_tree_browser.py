@@ -29,7 +29,7 @@ from tests.test_webui_browser import (
     settings,
     wait_status,
 )
-from tests.webui_browser import DESKTOP, PageErrors, browser  # noqa: F401
+from tests.webui_browser import DESKTOP, PageErrors, app_page, browser  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +41,8 @@ def srv() -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def page(browser: Any, srv: ServerProcess) -> Iterator[Any]:  # noqa: F811
-    context = browser.new_context(viewport=DESKTOP, base_url=srv.base_url)
-    tab = context.new_page()
-    errors = PageErrors(tab)
-    tab.on("dialog", lambda d: d.accept())
-    open_app(tab)
-    yield tab
-    context.close()
-    assert errors.unexpected(LOAD_ERRORS) == []
+    with app_page(browser, srv.base_url, LOAD_ERRORS, accept_dialogs=True) as tab:
+        yield tab
 
 
 def shown(page: Any) -> list[str]:

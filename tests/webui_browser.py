@@ -3,6 +3,7 @@ download, ever), plus helpers that act on the page the way a person would, by ac
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ CHROMIUM_ARGS = [
 ARTIFACTS = REPO / "tests" / "artifacts"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
+LOAD_ERRORS = "Failed to load resource"  # Chromium logs every non-2xx fetch; the tests cause some on purpose
 
 
 def missing_browser() -> str | None:
@@ -76,3 +78,40 @@ class PageErrors:
 
     def unexpected(self, *allowed: str) -> list[str]:
         return [e for e in self.errors if not any(a in e for a in allowed)]
+
+
+def open_app(page: Any) -> None:
+    """The app at /, once /props answered (the model's name shows: the -m name, llama-server's alias)."""
+    from playwright.sync_api import expect
+
+    page.goto("/")
+    expect(page.locator("#model-name")).to_contain_text("smollm2")
+
+
+@contextlib.contextmanager
+def app_page(
+    browser: Any,
+    base_url: str,
+    *allowed: str,
+    viewport: dict[str, int] = DESKTOP,
+    tool_cwd: Path | None = None,
+    accept_dialogs: bool = False,
+) -> Iterator[Any]:
+    """A page of its own browser context (its own storage) on the app, open; on leaving, the context is
+    closed and the page must have had no uncaught exception and no console error but those naming one of
+    `allowed`. `tool_cwd`: the built-in tools of its chats work there (x-tool-cwd), never in the
+    repository. `accept_dialogs`: confirm() and friends answer yes (Delete asks)."""
+    context = browser.new_context(viewport=viewport, base_url=base_url)
+    page = context.new_page()
+    if tool_cwd is not None:
+        page.route(
+            "**/v1/chat/completions",
+            lambda route: route.continue_(headers={**route.request.headers, "x-tool-cwd": str(tool_cwd)}),
+        )
+    if accept_dialogs:
+        page.on("dialog", lambda d: d.accept())
+    errors = PageErrors(page)
+    open_app(page)
+    yield page
+    context.close()
+    assert errors.unexpected(*allowed) == []

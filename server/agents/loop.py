@@ -23,10 +23,18 @@ the function tools the client declared.
   function tools are returned to it (finish_reason tool_calls) after the MCP calls of the same round ran;
   so are calls that wait for the client's approval (`AgentPlan.approval`: the Responses API's
   `require_approval`; `awaiting`), which are not run.
-- Approval. A chat request's `approved_tools` (Llamba's; the web UI fills it after its permission
-  prompt) names the tools that write or run commands (not read-only) the user allowed: any other such
-  call is not run, and its result (an error the model reads) says so. The UI then asks the user, and
-  answers again with the tool approved. Without the field every offered tool runs.
+- Approval. A chat request's `approved_tools` (Llamba's; the web UI fills it) names the tools that write
+  or run commands (not read-only) the user allowed. A round that calls any other such tool pauses the
+  run before anything of that round runs: the reply ends there with finish_reason "tool_calls", the
+  round's calls in its assistant message as a client's function calls are, and `pending_approval` (the
+  names of the tools that wait) on the choice (the whole reply's, or the stream's finish chunk). The
+  client asks the user, then sends the conversation again ending in that assistant message
+  (`resumption`): with the tool now in approved_tools, the calls of the server's tools that have no
+  tool message yet run first (their results streamed as usual) and the run goes on; a call the user
+  denied is answered by the client's own tool message (the web UI's "The user denied running NAME."),
+  which the model reads. A resumed run counts as past its first round (tool_choice is then "auto":
+  the forced call was made). A call still unapproved in a resumption is a 400. Without the field every
+  offered tool runs and no run pauses.
 - Calls. A Responses request's `max_tool_calls` bounds the MCP calls of the run (`AgentLimits.max_calls`):
   a call past it is not run (its result says so) and the next round may only answer.
 - Faults. A call that fails, times out, or whose server crashed becomes an error result the model reads
@@ -91,8 +99,8 @@ class AgentPlan:
     # The tools (by the name the model calls them) whose calls wait for the client's approval (Responses
     # API: an mcp_approval_request item ends the run instead of the call).
     approval: frozenset[str] = frozenset()
-    # The request's approved_tools (None: not given): a tool that writes or runs commands and is not
-    # named here (by either name) is not run; its result tells the model so (`unapproved`).
+    # The request's approved_tools (None: not given): a call of a tool that writes or runs commands and is
+    # not named here (by either name) pauses the run before it (`unapproved`, `AgentRun.pending`).
     approved: frozenset[str] | None = None
 
     def unapproved(self, tool: Tool) -> bool:
@@ -315,12 +323,26 @@ class AgentRun:
         self.finish_reason = "stop"
         self.error: errors.APIError | None = None  # a later round could not be prepared
         self.awaiting: list[ToolCall] = []  # MCP calls waiting for the client's approval (not run)
+        self.pending: list[ToolCall] = []  # calls of unapproved writing tools: the run paused before them
         self._first: ChatJob | None = None
         self._client_calls: list[ToolCall] = []
+        self._resumed: list[ToolCall] | None = None  # a paused run's calls, now approved, to run first
 
     async def start(self) -> ChatJob:
         self._first = await self.prepare(self.round_body(0), self.answer_only(0))
         return self._first
+
+    async def open(self) -> None:
+        """The chat route's start: a paused run's continuation (`resumption`; a 400 for a call still not
+        approved) runs its approved calls first and prepares its first round after them, in `events()`;
+        any other run prepares its first round now, so its 4xx come before any byte."""
+        self._resumed = resumption(self.body, self.plan)
+        if self._resumed is None:
+            await self.start()
+
+    def pending_approval(self) -> list[str]:
+        """The tools whose calls wait for the user's approval (the run paused before them), by name."""
+        return sorted({c.name for c in self.pending})
 
     @property
     def n_generated(self) -> int:
@@ -340,7 +362,7 @@ class AgentRun:
             "max_completion_tokens": None,
             "n_predict": None,
         }
-        if index > 0:
+        if index > 0 or self.messages:
             added = [ChatMessage.model_validate(m) for m in self.messages]
             update |= {"messages": [*self.body.messages, *added]}
             update |= {"continue_final_message": None, "add_generation_prompt": None}
@@ -373,6 +395,13 @@ class AgentRun:
 
     async def _rounds(self) -> AsyncIterator[AgentEvent]:
         job, index = self._first, 0
+        if self._resumed is not None:  # a paused run goes on: its approved calls, then its next round
+            async with contextlib.aclosing(self.execute(self._resumed)) as results:
+                async for result in results:
+                    self.messages.append(result.message())
+                    yield result
+            index = 1
+            job = await self.next_job(index)
         while job is not None:
             yield RoundStarted(index, job)
             current = Round(job, sum(len(r.outcome.tool_calls) for r in self.rounds))
@@ -385,6 +414,11 @@ class AgentRun:
             mine = [c for c in calls if c.name in self.plan.tools]
             self.finish_reason = current.outcome.finish_reason
             if self.finish_reason != "tool_calls" or not mine:
+                self._client_calls = calls
+                return
+            self.pending = [c for c in mine if self.plan.unapproved(self.plan.tools[c.name])]
+            if self.pending:  # the user decides first: nothing of this round runs, the reply ends here
+                log.info("agents.run_paused", pending_approval=self.pending_approval())
                 self._client_calls = calls
                 return
             current.executed = True
@@ -411,7 +445,7 @@ class AgentRun:
             return await self.prepare(self.round_body(index), self.answer_only(index))
         except errors.APIError as exc:
             self.finish_reason = "length"
-            if exc.error_type != "exceed_context_size_error":
+            if exc.error_type != "exceed_context_size_error" or not self.rounds:  # no round: no answer
                 self.error = exc
             return None
 
@@ -436,6 +470,8 @@ class AgentRun:
     def final_outcome(self) -> Outcome:
         """The final assistant message: the last round's, unless its MCP calls ran (its text and those
         calls are then intermediate messages): only the client's calls are left."""
+        if not self.rounds:  # a resumed run whose first round could not start (`error` says why)
+            return Outcome()
         last = self.rounds[-1]
         final = last.outcome.final
         if final is not None:
@@ -490,6 +526,41 @@ async def run_call(mcp: Toolbox, plan: AgentPlan, call: ToolCall) -> ToolExecute
     seconds = round(time.monotonic() - begin, 3)
     log.info("agents.tool_call", tool=call.name, seconds=seconds, error=result.error)
     return ToolExecuted.of(call, result)
+
+
+def resumption(body: ChatCompletionRequest, plan: AgentPlan) -> list[ToolCall] | None:
+    """The calls a paused run runs first when the client sends it again, or None when the request does not
+    resume one: without approved_tools (a client that never pauses), or when the conversation does not end
+    in an assistant message calling the plan's tools followed only by tool messages. The calls of the
+    plan's tools with no tool message yet are returned; one the user still has not approved is a 400."""
+    if plan.approved is None:
+        return None
+    messages, answered = body.messages, set()
+    at = len(messages) - 1
+    while at >= 0 and messages[at].role == "tool":
+        answered.add(messages[at].tool_call_id)
+        at -= 1
+    turn = messages[at] if at >= 0 else None
+    if turn is None or turn.role != "assistant" or not turn.tool_calls:
+        return None
+    calls = [
+        ToolCall(c.id or "", c.function.name, arguments_text(c.function.arguments)) for c in turn.tool_calls
+    ]
+    if not any(c.name in plan.tools for c in calls):
+        return None  # a client's own function calls: its loop, not this one's
+    waiting = [c for c in calls if c.name in plan.tools and c.id not in answered]
+    refused = [c.name for c in waiting if plan.unapproved(plan.tools[c.name])]
+    if refused:
+        raise errors.invalid_request(
+            f"'approved_tools': the call of {refused[0]!r} waits for the user's approval: name the tool in "
+            "approved_tools, or answer the call with a tool message"
+        )
+    return waiting
+
+
+def arguments_text(arguments: str | dict[str, Any] | None) -> str:
+    """An earlier call's arguments as the JSON text a tool call carries (clients send text or an object)."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments or {})
 
 
 def unapproved_text(name: str) -> str:

@@ -25,11 +25,18 @@ ENABLED_KEY = "LLAMBA_WEBUI"
 
 # Package data (pyproject), so an installed wheel serves the UI as the source tree does.
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
-COMPRESSIBLE = {".html", ".js", ".mjs", ".css", ".svg", ".json", ".txt", ".md"}
+COMPRESSIBLE = {".html", ".js", ".mjs", ".css", ".svg", ".json", ".txt", ".md", ".webmanifest"}
 MIN_GZIP_BYTES = 512
-TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".svg": "image/svg+xml"}
+# The web app manifest (installable as an app) by its registered type: Python's mimetypes may not know it.
+TYPES = {
+    ".js": "text/javascript",
+    ".mjs": "text/javascript",
+    ".svg": "image/svg+xml",
+    ".webmanifest": "application/manifest+json",
+}
 # The page runs only its own scripts: model output can never bring code in, even if rendering slipped.
-# Its one worker is pdf.js's (the text of an attached PDF), a file of its own origin.
+# Its one worker is pdf.js's (the text of an attached PDF), a file of its own origin. The web app manifest
+# and its icons are its own files too (default-src 'self' covers manifest-src).
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; worker-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "

@@ -273,8 +273,8 @@ class ToolFields(BaseModel):
     max_tool_rounds: int | None = Field(default=None, ge=1)
     tool_timeout: float | None = Field(default=None, gt=0)  # seconds, each MCP call
     # Llamba's: the tools that write or run commands (GET /tools' permissions.write) the user approved;
-    # given, the loop runs no other such tool (its call's result is an error the model reads). The web UI
-    # fills it after its permission prompt. None: every offered tool runs.
+    # given, a call of any other such tool pauses the loop before it (finish_reason tool_calls with
+    # `pending_approval`; server/agents/loop.py). The web UI fills it. None: every offered tool runs.
     approved_tools: list[str] | None = None
     # Set by Llamba's own tool loop, never read from a body: its tools stay described in the prompt, even
     # under tool_choice auto on a template without tool support (server/agents/loop.py says why).

@@ -94,6 +94,7 @@ class Router:
         own = {"role": "router", "models_max": s.models_max, "max_instances": s.models_max}
         own["model_alias"] = default_id  # what a chat without `model` runs on
         own |= {"models_autoload": s.models_autoload, "default_model": default_id, "build_info": "b0-llamba"}
+        own["ui_settings"] = s.ui_settings  # --ui-config(-file): the page's defaults, loaded model or not
         default = self.pool.states[default_id]
         if default.status not in RUNNING or default.stopping:
             return own | {"is_sleeping": False}

@@ -164,22 +164,33 @@ class ChatChunks:
         return native_final(self.model, self.body, gen, final, index, has_new_line=index in self.new_line)
 
     def finish(
-        self, final: TokenEvent | None, index: int = 0, timings: bool = True, verbose: Any = None
+        self,
+        final: TokenEvent | None,
+        index: int = 0,
+        timings: bool = True,
+        verbose: Any = None,
+        fields: dict[str, Any] | None = None,
     ) -> list[bytes]:
         """A choice's finish chunk (after its role chunk, if no token opened it), with its timings (unless
-        they go on the usage chunk) and `__verbose`."""
+        they go on the usage chunk), `__verbose`, and `fields`: more of the choice's own (a paused tool
+        loop's `pending_approval`)."""
         top = final_timings(final) if timings else {}
         if verbose is not None:
             top["__verbose"] = verbose
-        return [*self.open(index), self.chunk({}, final_reason(final), index, top)]
+        return [*self.open(index), self.chunk({}, final_reason(final), index, top, **(fields or {}))]
 
     def end(
-        self, final: TokenEvent | None, usage_fields: dict[str, Any], n: int = 1, verbose: Any = None
+        self,
+        final: TokenEvent | None,
+        usage_fields: dict[str, Any],
+        n: int = 1,
+        verbose: Any = None,
+        fields: dict[str, Any] | None = None,
     ) -> list[bytes]:
-        """The finish chunk (`n` choices: theirs came as they finished), the usage chunk if asked for,
-        and [DONE]. The timings ride on the last of them, as llama-server's."""
+        """The finish chunk (`n` choices: theirs came as they finished; `fields` on the one's), the usage
+        chunk if asked for, and [DONE]. The timings ride on the last of them, as llama-server's."""
         usage = bool((self.body.stream_options or {}).get("include_usage"))
-        out = self.finish(final, timings=not usage, verbose=verbose) if n == 1 else []
+        out = self.finish(final, timings=not usage, verbose=verbose, fields=fields) if n == 1 else []
         if usage:
             timings = final_timings(final) if n == 1 else {}
             out.append(sse.event({**self.head, "choices": [], "usage": usage_fields, **timings}))

@@ -229,7 +229,7 @@ async def agent_completion(
         return await prepare_chat(model, round_body, completion_id, answer_only)
 
     run = AgentRun(model, body, plan, manager, prepare)
-    await run.start()  # the first round's 400s come before any byte
+    await run.open()  # the first round's 400s come before any byte (a resumed run's: its own 400s)
     created = int(time.time())
     if body.stream:
         head = base_fields(model, "chat.completion.chunk", completion_id, created)
@@ -242,7 +242,7 @@ async def agent_completion(
     if run.error is not None:
         raise run.error
     out = run.final_outcome()
-    choice = chat_choice(model, body, out) | {"intermediate_messages": run.messages}
+    choice = chat_choice(model, body, out) | {"intermediate_messages": run.messages} | paused(run)
     reply: dict[str, Any] = {
         **base_fields(model, "chat.completion", completion_id, created),
         "choices": [choice],
@@ -250,7 +250,7 @@ async def agent_completion(
     }
     if out.timings:
         reply["timings"] = out.timings.as_dict()
-    if wants_verbose(model, body):
+    if wants_verbose(model, body) and run.rounds:
         last = run.rounds[-1]
         reply["__verbose"] = chat_verbose(model, body, last.job.request, out) | {"rounds": run.verbose()}
     return reply
@@ -279,8 +279,14 @@ async def agent_stream(run: AgentRun, chunks: ChatChunks) -> AsyncIterator[bytes
     verbose = chunks.verbose(run.rounds[-1].job.request, final) if run.rounds else None
     if verbose is not None:
         verbose |= {"rounds": run.verbose()}
-    for data in chunks.end(final, run.usage(), verbose=verbose):
+    for data in chunks.end(final, run.usage(), verbose=verbose, fields=paused(run)):
         yield data
+
+
+def paused(run: AgentRun) -> dict[str, Any]:
+    """A paused run's choice field (Llamba's): the tools whose calls wait for the user's approval."""
+    names = run.pending_approval()
+    return {"pending_approval": names} if names else {}
 
 
 # -- completions -----------------------------------------------------------------------------------

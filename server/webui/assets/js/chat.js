@@ -86,6 +86,28 @@ export class Chat {
     await this.#start(conversation, message, model, history, { continue_final_message: true });
   }
 
+  /** Go on with an answer the server paused before a tool that writes or runs commands
+   * (`pendingApproval`): the calls the user denied (`denied`: tool names) get a result saying so, the
+   * branch goes out ending in the paused round's calls (the server runs the others, now approved, first)
+   * and what comes is appended to the same message. */
+  async resumeTools(conversation, messageId, model, denied = []) {
+    const message = conversation.messages.find((m) => m.id === messageId && m.role === "assistant");
+    if (!message?.pendingApproval || this.isBusy(conversation.id)) return;
+    for (const call of (message.tools || []).filter((c) => c.waiting && denied.includes(c.name))) {
+      Object.assign(call, { result: `The user denied running ${call.name}.`, isError: true });
+      delete call.waiting;
+    }
+    conversation.leaf = messageId;
+    const history = this.#history(pathOf(conversation), conversation.preset);
+    const key = `${conversation.id}::${model}`;
+    // the resumed stream numbers its calls from 0 again: they go after this message's
+    message.toolBase = (message.tools || []).length;
+    Object.assign(message, { status: "streaming", stream: { key, offset: 0, completionId: null } });
+    for (const field of ["pendingApproval", "finishReason", "error"]) delete message[field];
+    conversation.updatedAt = Date.now();
+    await this.#start(conversation, message, model, history);
+  }
+
   /** Show another version: the branch through `messageId`, down to its newest last message. */
   async switchTo(conversation, messageId) {
     const message = conversation.messages.find((m) => m.id === messageId);
@@ -225,7 +247,10 @@ export class Chat {
     const system = (this.settings.value("systemPrompt", preset) || "").trim();
     if (system) messages.push({ role: "system", content: system });
     for (const m of path) {
-      if (m.role === "assistant") messages.push(...toolTurns(m));
+      // a paused answer last: the request ends in its waiting calls (its text went with them)
+      const paused = m === path.at(-1) && m.role === "assistant" && Boolean(m.pendingApproval?.length);
+      if (m.role === "assistant") messages.push(...toolTurns(m, paused));
+      if (paused) continue;
       if (m.role === "user" && (m.images?.some((image) => image.url) || m.files?.length))
         messages.push({ role: "user", content: contentParts(m) });
       else if ((m.role === "user" || m.role === "assistant") && m.content)
@@ -310,7 +335,7 @@ export class Chat {
     const delta = choice?.delta || {};
     if (delta.role === "tool") return applyToolResult(message, delta);
     if (delta.role === "assistant") message.round = (message.round ?? -1) + 1;
-    for (const step of delta.tool_calls || []) applyToolStep(message, step);
+    for (const step of delta.tool_calls || []) applyToolStep(message, step, message.toolBase || 0);
     if (delta.reasoning_content) {
       message.thinkingStartedAt ??= Date.now();
       message.reasoning = (message.reasoning || "") + delta.reasoning_content;
@@ -320,6 +345,7 @@ export class Chat {
       message.content += delta.content;
     }
     if (choice?.finish_reason) message.finishReason = choice.finish_reason;
+    if (choice?.pending_approval?.length) markWaiting(message, choice.pending_approval);
   }
 
   #endThinking(message) {
@@ -384,6 +410,8 @@ export class Chat {
     message.status = status;
     if (error) message.error = error;
     delete message.stream;
+    // a resumed answer cut before its calls ran: they wait for nobody now (no result, not resent)
+    if (!message.pendingApproval) for (const call of message.tools || []) delete call.waiting;
     run.conversation.updatedAt = Date.now();
     if (this.runs.get(run.conversation.id) === run) this.runs.delete(run.conversation.id);
     this.store.put(run.conversation);
@@ -422,9 +450,9 @@ function base64Of(url) {
 // -- tool calls run by the server (the `mcp` tools) -------------------------------------------------
 // message.tools holds each call in stream order: {id, name, arguments, round, result?, isError?}. Call
 // indices run on across a run's rounds; each round opens with an assistant delta.
-function applyToolStep(message, step) {
+function applyToolStep(message, step, base) {
   message.tools ??= [];
-  const call = (message.tools[step.index] ??= {
+  const call = (message.tools[base + step.index] ??= {
     id: "",
     name: "",
     arguments: "",
@@ -440,26 +468,40 @@ function applyToolResult(message, delta) {
   if (!call) return;
   call.result = delta.content ?? "";
   call.isError = Boolean(delta.is_error);
+  delete call.waiting;
+}
+
+/** A paused answer (the stream's `pending_approval`: the tools that wait for the user): its last round's
+ * calls, none run, wait for the user's decision. */
+function markWaiting(message, names) {
+  message.pendingApproval = [...names];
+  const last = message.round ?? 0;
+  for (const call of message.tools || []) {
+    if (call.round === last && call.result === undefined) call.waiting = true;
+  }
 }
 
 /** An answer's tool rounds as the messages the server added (assistant calls, then their results), so
  * the next request's prompt repeats this one's and its cached prefix is reused. Unanswered calls (a
- * stopped run) are left out. */
-function toolTurns(message) {
+ * stopped run) are left out, unless the answer is `paused` and they wait for the user (`waiting`): the
+ * request then ends in them (with the answer's text so far), and the server runs those the user allowed. */
+function toolTurns(message, paused = false) {
   const turns = [];
-  const done = (message.tools || []).filter((c) => c.result !== undefined);
+  const done = (message.tools || []).filter((c) => c.result !== undefined || (paused && c.waiting));
   for (const round of [...new Set(done.map((c) => c.round))]) {
     const calls = done.filter((c) => c.round === round);
+    const waits = paused && calls.some((c) => c.waiting);
     turns.push({
       role: "assistant",
-      content: null,
+      content: waits && message.content ? message.content : null,
       tool_calls: calls.map((c) => ({
         id: c.id,
         type: "function",
         function: { name: c.name, arguments: c.arguments },
       })),
     });
-    for (const c of calls) turns.push({ role: "tool", tool_call_id: c.id, name: c.name, content: c.result });
+    for (const c of calls.filter((call) => call.result !== undefined))
+      turns.push({ role: "tool", tool_call_id: c.id, name: c.name, content: c.result });
   }
   return turns;
 }

@@ -51,6 +51,7 @@ class App {
     this.pendingServers = [];
     this.pendingToolsOff = [];
     this.pendingPreset = null;
+    this.asking = false; // a permission prompt is up (one at a time)
     this.chat = new Chat({
       store,
       api: this.api,
@@ -288,37 +289,34 @@ class App {
     return { tools, approved_tools: allowed };
   }
 
-  #needsPermission(name) {
-    return this.mcpServers.some((s) => s.tools.some((t) => t.name === name && t.write));
-  }
-
-  /** After an answer: a call of a writing tool the server did not run (not approved) asks the user once;
-   * allowed, the tool is approved for the conversation and the answer is written again. */
+  /** An answer the server paused before a tool that writes or runs commands (`pendingApproval`) asks the
+   * user, tool by tool: “Allow NAME?” with the call's arguments. Allowed tools are approved for the
+   * conversation; then the answer goes on (Chat.resumeTools: the server runs the allowed calls, a denied
+   * one's result says so). Dismissed (Escape), it asks again when the conversation is opened. */
   async #checkPermission(conversation, message) {
-    if (message.role !== "assistant" || message.permissionAsked) return;
+    if (message?.role !== "assistant" || !message.pendingApproval?.length || this.asking) return;
+    if (conversation !== this.current || this.chat.isBusy(conversation.id)) return;
     const approved = new Set(conversation.approvedTools || []);
-    const call = (message.tools || []).find(
-      (c) => c.isError && this.#needsPermission(c.name) && !approved.has(c.name),
-    );
-    if (!call) return;
-    message.permissionAsked = true;
+    const denied = [];
+    this.asking = true;
+    try {
+      for (const name of message.pendingApproval) {
+        const call = (message.tools || []).find((c) => c.waiting && c.name === name);
+        const choice = await askPermission(name, call?.arguments);
+        if (choice === "allow") approved.add(name);
+        else if (choice === "deny") denied.push(name);
+        else return;
+      }
+    } finally {
+      this.asking = false;
+    }
+    conversation.approvedTools = [...approved];
     await this.store.put(conversation);
-    const dialog = $("#permission-dialog");
-    $("#permission-title").textContent = `Allow ${call.name}?`;
-    $("#permission-text").textContent =
-      `The model wants to use ${call.name}, which writes files or runs commands on the server. ` +
-      "It was not run. Allow it for this conversation and answer again?";
-    $("#permission-args").textContent = call.arguments || "{}";
-    dialog.returnValue = "";
-    dialog.showModal();
-    $("#permission-deny").focus();
-    const choice = await new Promise((resolve) =>
-      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }),
-    );
-    if (choice !== "allow") return;
-    conversation.approvedTools = [...approved, call.name];
-    await this.store.put(conversation);
-    if (this.current === conversation) await this.regenerate(message.id);
+    if (this.current !== conversation) return;
+    const answering = this.chat.resumeTools(conversation, message.id, this.model || "default", denied);
+    this.thread.show(conversation, this.model);
+    this.#syncComposer();
+    await answering;
   }
 
   // -- presets ---------------------------------------------------------------------------------------
@@ -372,6 +370,7 @@ class App {
     this.#syncComposer();
     this.#renderGauge();
     this.#closeSidebar();
+    if (conversation) this.#checkPermission(conversation, pathOf(conversation).at(-1));
   }
 
   newChat() {
@@ -651,6 +650,30 @@ class App {
     } catch (err) {
       toast(`Import failed: ${err.message}`, "error", 6000);
     }
+  }
+}
+
+/** The permission prompt for one tool: "allow", "deny", or "" (dismissed). */
+async function askPermission(name, args) {
+  const dialog = $("#permission-dialog");
+  $("#permission-title").textContent = `Allow ${name}?`;
+  $("#permission-text").textContent =
+    `The model wants to use ${name}, which writes files or runs commands on the server. ` +
+    "It has not run: allow it for this conversation, or deny this call?";
+  $("#permission-args").textContent = pretty(args || "{}");
+  dialog.returnValue = "";
+  dialog.showModal();
+  $("#permission-deny").focus();
+  await new Promise((resolve) => dialog.addEventListener("close", resolve, { once: true }));
+  return dialog.returnValue;
+}
+
+/** A call's JSON arguments indented for reading (as the model wrote them when they are not JSON). */
+function pretty(json) {
+  try {
+    return JSON.stringify(JSON.parse(json), null, 2);
+  } catch {
+    return json;
   }
 }
 

@@ -114,7 +114,10 @@ function cleanMessage(raw) {
   if (raw.role === "user" && files.length) message.files = files;
   if (raw.role === "assistant" && typeof raw.model === "string") message.model = raw.model;
   if (typeof raw.finishReason === "string") message.finishReason = raw.finishReason;
-  if (raw.permissionAsked === true) message.permissionAsked = true;
+  const waiting = Array.isArray(raw.pendingApproval)
+    ? raw.pendingApproval.filter((name) => typeof name === "string")
+    : [];
+  if (raw.role === "assistant" && waiting.length) message.pendingApproval = waiting;
   return message;
 }
 
@@ -147,7 +150,7 @@ function cleanCall(raw) {
   if (typeof raw.result === "string") {
     call.result = raw.result;
     call.isError = raw.isError === true;
-  }
+  } else if (raw.waiting === true) call.waiting = true;
   return call;
 }
 

@@ -1,5 +1,6 @@
 // The Settings dialog: fields from settings.FIELDS, server defaults shown where the user set nothing
-// (the UI config's, else the server's); "Add preset" keeps the form's preset fields under a name.
+// (the UI config's, else the server's); "Add preset" keeps the form's preset fields under a name, and
+// each saved preset has its Delete button (a conversation that picked it keeps its own copy).
 import { h } from "../dom.js";
 import { FIELDS, parseCustom } from "../settings.js";
 import { toast } from "./toast.js";
@@ -12,6 +13,7 @@ export class SettingsDialog {
     const custom = this.inputs.get("custom");
     custom.addEventListener("input", () => custom.setCustomValidity(customError(custom.value)));
     this.presetName = dialog.querySelector("#preset-name");
+    this.presetList = dialog.querySelector("#preset-list");
     dialog.querySelector("#save-preset").addEventListener("click", () => this.#savePreset());
     form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -31,6 +33,7 @@ export class SettingsDialog {
     }
     this.notice.hidden = !notice;
     this.notice.textContent = notice;
+    this.#renderPresets();
     this.dialog.showModal();
     (notice ? this.inputs.get("apiKey") : this.inputs.get("systemPrompt")).focus();
   }
@@ -57,7 +60,41 @@ export class SettingsDialog {
     const preset = this.settings.savePreset(name, this.#values());
     this.presetName.value = "";
     toast(`Preset “${name}” saved`);
+    this.#renderPresets();
     this.onPreset(preset);
+  }
+
+  /** The saved presets, each with its Delete button. */
+  #renderPresets() {
+    const names = this.settings.presets.map((p) => p.name);
+    this.presetList.hidden = !names.length;
+    this.presetList.replaceChildren(
+      ...names.map((name) =>
+        h(
+          "li",
+          { class: "preset-item" },
+          h("span", { class: "preset-name" }, name),
+          h(
+            "button",
+            {
+              type: "button",
+              class: "button ghost small",
+              "aria-label": `Delete preset “${name}”`,
+              onclick: () => this.#deletePreset(name),
+            },
+            "Delete",
+          ),
+        ),
+      ),
+    );
+  }
+
+  #deletePreset(name) {
+    this.settings.deletePreset(name);
+    toast(`Preset “${name}” deleted`);
+    this.#renderPresets();
+    this.presetName.focus(); // the button is gone: focus stays in the dialog
+    this.onPreset(null);
   }
 
   #save() {

@@ -332,7 +332,8 @@ class ToolBlock {
     this.el.setAttribute("aria-label", `Tool call ${call.name}`);
     this.el.classList.toggle("is-error", Boolean(call.isError));
     this.name.textContent = call.name;
-    this.state.textContent = pending ? (live ? "Running…" : "No result") : call.isError ? "Error" : "Done";
+    const idle = call.waiting ? "Waits for your approval" : "No result";
+    this.state.textContent = pending ? (live ? "Running…" : idle) : call.isError ? "Error" : "Done";
     this.args.textContent = pretty(call.arguments);
     this.resultHead.hidden = this.result.hidden = pending;
     this.result.textContent = call.result ?? "";
