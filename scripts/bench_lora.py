@@ -10,7 +10,7 @@ second (all tokens / wall time from the first request to the last answer) of eac
 --rounds, and the ratios the issue asks for (adapters / base on Llamba >= 0.8; Llamba / llama-server
 with the adapters >= 2).
 
-    .venv/bin/python scripts/bench_lora.py -m qwen2.5-coder-1.5b \\
+    .venv/bin/python scripts/bench_lora.py -m qwen2.5-coder \\
         --llama-server ~/.cache/llamba/reference/llama-server-build/bin/llama-server
 
 Run it on an idle machine (check `uptime`); without --llama-server only Llamba is measured.
@@ -116,7 +116,7 @@ async def measure(server: Server, n_predict: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("-m", "--model", default="qwen2.5-coder")
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary (0c1e570: `make llama-server`)")
     p.add_argument("-n", "--n-predict", type=int, default=64)
     p.add_argument("-t", "--threads", type=int, default=2)

@@ -50,7 +50,17 @@ MiB = 2**20
 # `make llama-server` builds llama.cpp 0c1e570 natively here (scripts/build_llama_server.sh); its libs
 # serve llama-cpp-python through LLAMA_CPP_LIB_PATH.
 LLAMA_CPP = reference_dir() / "llama-server-build" / "bin"
-OWN_LEVEL = "avx512-vnni"  # this machine's; Llamba runs it without LLAMBA_CPU_LEVEL (its own target)
+
+
+def own_level() -> str:
+    """This machine's level: Llamba runs it without LLAMBA_CPU_LEVEL (its own target), against llama.cpp
+    built natively here (avx512-vnni on the VM of 2026-12-06, avx2 on the AMD EPYC of 2026-12-07)."""
+    from engine.cpu import isa
+
+    return isa.current().level.name
+
+
+OWN_LEVEL = own_level()
 MEDIAN = re.compile(r"^(pp\d+|tg\d+): median ratio ([\d.]+)")
 
 
@@ -112,12 +122,8 @@ def measure(path: str, n_steps: int) -> None:
 
 def references(args: argparse.Namespace) -> dict[str, dict[str, str] | None]:
     """Per Llamba level, the environment that runs the like-for-like llama.cpp (None: no such build)."""
-    refs: dict[str, dict[str, str] | None] = {
-        OWN_LEVEL: {"LLAMA_CPP_LIB_PATH": str(args.native_lib)},
-        "avx2": {},
-        "avx-vnni": None,
-        "portable": None,
-    }
+    refs: dict[str, dict[str, str] | None] = {"avx2": {}, "avx-vnni": None, "portable": None}
+    refs[OWN_LEVEL] = {"LLAMA_CPP_LIB_PATH": str(args.native_lib)}
     for item in args.lib:
         level, _, folder = item.partition("=")
         refs[level] = {"LLAMA_CPP_LIB_PATH": folder}
@@ -134,7 +140,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="2b,a3b", help="2b, a3b or both (default)")
     p.add_argument("--layers", type=int, default=12, help="a3b's layers (default 12 of 40)")
-    p.add_argument("--levels", default=f"{OWN_LEVEL},avx2", help="Llamba's levels (each vs its llama.cpp)")
+    levels = ",".join(dict.fromkeys([OWN_LEVEL, "avx2"]))
+    p.add_argument("--levels", default=levels, help="Llamba's levels (each vs its llama.cpp)")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds of pp512 and tg128")
     p.add_argument("--steps", type=int, default=16, help="decode steps counted for the bytes per token")
     p.add_argument("--llama-python", help="a Python with llama-cpp-python 0.3.36 (required)")
