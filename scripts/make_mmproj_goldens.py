@@ -1,5 +1,6 @@
 """llama.cpp's mtmd on a synthetic projector -> tests/golden/mmproj_gemma3.{npz,json}, or with
-`--projector llava` -> tests/golden/mmproj_llava.{npz,json}.
+`--projector llava` -> tests/golden/mmproj_llava.{npz,json}, with `--projector idefics3` ->
+tests/golden/mmproj_idefics3.{npz,json}.
 
 Run it with the Python that has llama-cpp-python 0.3.36 (llama.cpp 0c1e570, its `llama_cpp.mtmd_cpp`
 bindings); the projector is written by tests/synthetic_mmproj.py in Llamba's venv (`--writer-python`),
@@ -30,6 +31,18 @@ settings and images; its image tokens are decoded causally (mtmd_decode_use_non_
 attention on (llama.cpp's own attention-path spread, which the tests' bounds are set against). The
 gradient PNG is not written again in this mode, only checked.
 
+`--projector idefics3`: the "tiny" SmolVLM projector (write_idefics3_mmproj, type `idefics3`; seed 0) in
+front of the SYNTHETIC SmolVLM text model (tests/synthetic_smolvlm.py: the real SmolLM2-135M-Instruct
+with SmolVLM's added tokens, written in Llamba's venv like the projector; its sha256 and its base file's
+recorded), the llava settings, and a third image, the 100x33 tests/golden/mmproj_wide.png (written
+here): a 3 x 1 grid. Its `<image>_embd` are every image chunk's rows in prompt order (the tiles row by
+row, then the overview), and the json's chunks hold the text mtmd puts around each. Run it with the
+bindings pointed at llama.cpp's native build:
+
+    L=~/.cache/llamba/reference/llama-cpp-python-0.3.36/llama-server-build/bin
+    LLAMA_CPP_LIB_PATH=$L MTMD_CPP_LIB=$L /tmp/llcpp/bin/python scripts/make_mmproj_goldens.py \
+        --projector idefics3
+
 Each evaluation runs twice (a fresh KV cache each time); the script fails unless both agree and the
 values are finite and not constant. Nothing here imports Llamba's engine but engine.reference_data.
 """
@@ -41,6 +54,7 @@ import ctypes
 import datetime
 import hashlib
 import json
+import os
 import shlex
 import struct
 import subprocess
@@ -60,6 +74,7 @@ MODELS = Path.home() / ".cache" / "llamba" / "models"
 PRESET, SEED = "tiny", 0
 N_CTX, N_BATCH, N_THREADS = 1024, 512, 2
 GRADIENT = "mmproj_gradient.png"
+WIDE = "mmproj_wide.png"  # 100x33: idefics3's odd-height rounding and a one-row grid
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,8 @@ class Setup:
     prompt_after: str
     non_causal: bool  # mtmd_decode_use_non_causal
     text_fa: bool  # also record the logits with the text model's flash attention on
+    model_writer: tuple[str, ...] = ()  # a synthetic text model: `python -m` these then the path
+    extra_images: tuple[str, ...] = ()  # PNGs of tests/golden/ written by this mode
 
 
 SETUPS = {
@@ -94,6 +111,17 @@ SETUPS = {
         "What is in this image?<|im_end|>\n<|im_start|>assistant\n",
         non_causal=False,
         text_fa=True,
+    ),
+    "idefics3": Setup(
+        ("--idefics3",),
+        "tests/synthetic_mmproj.py (write_idefics3_mmproj)",
+        Path("smolvlm-text.gguf"),
+        "<|im_start|>user\n",
+        "What is in this image?<|im_end|>\n<|im_start|>assistant\n",
+        non_causal=False,
+        text_fa=True,
+        model_writer=("tests.synthetic_smolvlm",),
+        extra_images=(WIDE,),
     ),
 }
 
@@ -123,6 +151,15 @@ def gradient() -> np.ndarray:
     """64x48: red grows left to right, green top to bottom, blue along the diagonal."""
     y, x = np.mgrid[0:48, 0:64]
     return np.stack([x * 4, y * 5, (x + y) * 2], axis=-1)
+
+
+def wide() -> np.ndarray:
+    """100x33: stripes of red across, green down, blue a checkerboard of 5-pixel squares."""
+    y, x = np.mgrid[0:33, 0:100]
+    return np.stack([(x * 37) % 256, (y * 59) % 256, ((x // 5 + y // 5) % 2) * 200 + 20], axis=-1)
+
+
+PNGS = {GRADIENT: gradient, WIDE: wide}
 
 
 def test_image() -> Path:
@@ -214,13 +251,14 @@ class Runner:
             mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))
         )
         image_type = mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE
-        c = next(c for c in all_chunks if mtmd.mtmd_input_chunk_get_type(c) == image_type)
-        n = mtmd.mtmd_input_chunk_get_n_tokens(c)
-        assert mtmd.mtmd_encode_chunk(ctx, c) == 0
-        ptr = mtmd.mtmd_get_output_embd(ctx)
-        out = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
+        rows = []  # every image chunk's embeddings in prompt order (idefics3: its tiles, the overview)
+        for c in (c for c in all_chunks if mtmd.mtmd_input_chunk_get_type(c) == image_type):
+            n = mtmd.mtmd_input_chunk_get_n_tokens(c)
+            assert mtmd.mtmd_encode_chunk(ctx, c) == 0
+            ptr = mtmd.mtmd_get_output_embd(ctx)
+            rows.append(np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy())
         mtmd.mtmd_input_chunks_free(chunks)
-        return out
+        return np.concatenate(rows)
 
     def logits(self, image: Path, text_fa: bool = False) -> tuple[list[dict], np.ndarray]:
         lctx = self.lctx_fa if text_fa else self.lctx
@@ -248,7 +286,7 @@ def prompt(setup: Setup) -> str:
     return setup.prompt_before + mtmd.mtmd_default_marker().decode() + setup.prompt_after
 
 
-def evaluate(runner: Runner, name: str, image: Path, png: Path, arrays: dict[str, np.ndarray]) -> dict:
+def evaluate(runner: Runner, name: str, image: Path, arrays: dict[str, np.ndarray]) -> dict:
     """One image's arrays (into `arrays`) and its json record."""
     embd = runner.embd(image, False)
     assert np.array_equal(embd, runner.embd(image, False)), name
@@ -268,7 +306,9 @@ def evaluate(runner: Runner, name: str, image: Path, png: Path, arrays: dict[str
         arrays[f"{name}_pixels"] = runner.pixels
     top = np.argsort(-logits, kind="stable")[:10]
     record = {
-        "image": f"tests/golden/{GRADIENT}" if image == png else "llama.cpp tools/mtmd/test-1.jpeg",
+        "image": f"tests/golden/{image.name}"
+        if image.suffix == ".png"
+        else "llama.cpp tools/mtmd/test-1.jpeg",
         "image_sha256": sha256(image),
         "width_height": list(runner.size),
         "chunks": info,
@@ -284,18 +324,31 @@ def evaluate(runner: Runner, name: str, image: Path, png: Path, arrays: dict[str
     return record
 
 
+def command() -> str:
+    """How this ran: the library path variables the bindings were pointed with, the interpreter, the args."""
+    env = [f"{k}={os.environ[k]}" for k in ("LLAMA_CPP_LIB_PATH", "MTMD_CPP_LIB") if k in os.environ]
+    return " ".join([*env, shlex.join([sys.executable, "scripts/make_mmproj_goldens.py", *sys.argv[1:]])])
+
+
+def text_model(setup: Setup, model: Path) -> dict:
+    record = {"file": model.name, "sha256": sha256(model)}
+    if setup.model_writer:  # SYNTHETIC: say what it was written from
+        base = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        writer = setup.model_writer[0].replace(".", "/") + ".py"
+        record |= {"writer": f"{writer} (SYNTHETIC)", "base": {"file": base.name, "sha256": sha256(base)}}
+    return record
+
+
 def metadata(setup: Setup, model: Path, mmproj_sha: str, arrays: dict, record: dict) -> dict:
     flash_attn = "off (projector, text model); *_embd_fa: the projector's default (auto: on)"
     if setup.text_fa:
         flash_attn += "; *_logits_fa: the text model's on"
     return {
         "source": "llama-cpp-python 0.3.36 (llama.cpp 0c1e570), libmtmd via llama_cpp.mtmd_cpp",
-        "command": shlex.join(
-            ["/tmp/llcpp-avx2/bin/python", "scripts/make_mmproj_goldens.py", *sys.argv[1:]]
-        ),
+        "command": command(),
         "date": datetime.date.today().isoformat(),
         "mmproj": {"writer": setup.writer, "preset": PRESET, "seed": SEED, "sha256": mmproj_sha},
-        "text_model": {"file": model.name, "sha256": sha256(model)},
+        "text_model": text_model(setup, model),
         "settings": {
             "device": "CPU",
             "n_threads": N_THREADS,
@@ -323,25 +376,32 @@ def main() -> None:
     setup = SETUPS[args.projector]
     model = args.model or setup.model
 
-    png = GOLDEN / GRADIENT
-    if args.projector == "gemma3":
-        png.write_bytes(png_bytes(gradient()))
-    assert png.read_bytes() == png_bytes(gradient()), png
-    images = {"test1": test_image(), "gradient": png}
+    written = (GRADIENT,) if args.projector == "gemma3" else setup.extra_images
+    for name in written:
+        (GOLDEN / name).write_bytes(png_bytes(PNGS[name]()))
+    images = {"test1": test_image(), "gradient": GOLDEN / GRADIENT}
+    images |= {
+        name.removeprefix("mmproj_").removesuffix(".png"): GOLDEN / name for name in setup.extra_images
+    }
+    for name in (GRADIENT, *setup.extra_images):  # not written again: checked
+        assert (GOLDEN / name).read_bytes() == png_bytes(PNGS[name]()), name
     arrays: dict[str, np.ndarray] = {}
     record: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         mmproj = Path(tmp) / f"mmproj-{PRESET}.gguf"
         writer = [args.writer_python, "-m", "tests.synthetic_mmproj", *setup.writer_args]
         subprocess.run([*writer, str(mmproj), PRESET, str(SEED)], cwd=ROOT, check=True)
+        if setup.model_writer and args.model is None:  # a synthetic text model, written the tests' way
+            model = Path(tmp) / model.name
+            subprocess.run([args.writer_python, "-m", *setup.model_writer, str(model)], cwd=ROOT, check=True)
         runner = Runner(mmproj, model, setup)
         for name, image in images.items():
-            record[name] = evaluate(runner, name, image, png, arrays)
+            record[name] = evaluate(runner, name, image, arrays)
         mmproj_sha = sha256(mmproj)
+        meta = metadata(setup, model, mmproj_sha, arrays, record)
     assert not np.array_equal(arrays["test1_embd"], arrays["gradient_embd"])
     stem = f"mmproj_{args.projector}"
     np.savez_compressed(GOLDEN / f"{stem}.npz", **arrays)
-    meta = metadata(setup, model, mmproj_sha, arrays, record)
     (GOLDEN / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps({k: {kk: v[kk] for kk in ("chunks", "top10")} for k, v in record.items()}))
 

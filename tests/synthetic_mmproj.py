@@ -224,10 +224,112 @@ def _llava_keys(w: gguf.GGUFWriter, hp: LlavaVision, preset: str, seed: int) -> 
     w.add_bool("clip.use_gelu", False)  # CLIP's hidden_act is quick_gelu
 
 
+@dataclass(frozen=True)
+class Idefics3Vision:
+    image_size: int  # one tile's side
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_embd_text: int
+    scale_factor: int  # the pixel shuffle's s
+    longest_edge: int  # clip.vision.preproc_image_size
+    eps: float = 1e-6  # SigLIP's layer_norm_eps
+
+    @property
+    def n_tile_tokens(self) -> int:
+        return (self.image_size // self.patch_size // self.scale_factor) ** 2
+
+
+IDEFICS3_PRESETS = {
+    # 64/8 = 8x8 patches a tile, shuffled 2x2 -> 16 tokens a tile; up to 3x3 tiles (longest edge 192) and
+    # the overview; projects to SmolLM2-135M's n_embd (SmolVLM-256M's text model is its size).
+    "tiny": Idefics3Vision(64, 8, 128, 512, 2, 4, 576, 2, 192),
+    # SmolVLM-256M's SigLIP (512/16 = 32x32 patches, shuffled 4x4 -> 64 tokens a tile, up to 4x4 tiles).
+    "smolvlm-256m": Idefics3Vision(512, 16, 768, 3072, 12, 12, 576, 4, 2048),
+}
+SIGLIP_MEAN = SIGLIP_STD = (0.5, 0.5, 0.5)  # SmolVLM's preprocessor_config.json
+
+
+def write_idefics3_mmproj(path: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
+    """SmolVLM's projector (type `idefics3`) as conversion/smolvlm.py writes one: the MmprojModel keys, then
+    projector type, layer-norm epsilon, scale factor, use_gelu and preproc_image_size (the longest edge);
+    `.embeddings.` tensors float32 (the patch conv, its bias, the positions), other 2-D matrices float16
+    (mm.model.fc too: the connector's bias-free Linear [n_embd_text, n_embd * s^2]), norms and biases
+    float32. Same bytes for the same arguments; returns the path."""
+    hp = IDEFICS3_PRESETS[preset]
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    _idefics3_keys(w, hp, preset, seed)
+
+    def normal(shape: tuple[int, ...], scale: float, dtype: type = np.float16) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)
+
+    def linear(name: str, rows: int, cols: int, bias: bool = True, scale: float = 1.0) -> None:
+        w.add_tensor(f"{name}.weight", normal((rows, cols), scale * cols**-0.5))
+        if bias:
+            w.add_tensor(f"{name}.bias", normal((rows,), 0.02, np.float32))
+
+    def norm(name: str) -> None:
+        w.add_tensor(f"{name}.weight", normal((hp.n_embd,), 0.1, np.float32) + np.float32(1.0))
+        w.add_tensor(f"{name}.bias", normal((hp.n_embd,), 0.02, np.float32))
+
+    e, p = hp.n_embd, hp.patch_size
+    w.add_tensor("v.patch_embd.weight", normal((e, 3, p, p), (3 * p * p) ** -0.5, np.float32))
+    w.add_tensor("v.patch_embd.bias", normal((e,), 0.02, np.float32))
+    w.add_tensor("v.position_embd.weight", normal(((hp.image_size // p) ** 2, e), 0.3, np.float32))
+    for il in range(hp.n_layer):
+        blk = f"v.blk.{il}"
+        for proj in ("attn_k", "attn_v", "attn_q", "attn_out"):
+            linear(f"{blk}.{proj}", e, e)
+        norm(f"{blk}.ln1")
+        linear(f"{blk}.ffn_up", hp.n_ff, e)  # SigLIP's fc1
+        linear(f"{blk}.ffn_down", e, hp.n_ff)  # fc2
+        norm(f"{blk}.ln2")
+    norm("v.post_ln")
+    # scaled so an image row's norm is near SmolLM2's token embeddings', as LLAVA_OUT_SCALE
+    linear("mm.model.fc", hp.n_embd_text, e * hp.scale_factor**2, bias=False, scale=IDEFICS3_OUT_SCALE)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+IDEFICS3_OUT_SCALE = 0.1
+
+
+def _idefics3_keys(w: gguf.GGUFWriter, hp: Idefics3Vision, preset: str, seed: int) -> None:
+    """conversion/smolvlm.py's keys (after MmprojModel's), in its order."""
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_name(f"synthetic-idefics3-{preset}")
+    w.add_description(f"synthetic SmolVLM projector, random weights (seed {seed}), not a trained model")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_uint32(gguf.Keys.ClipVision.PROJECTION_DIM, hp.n_embd_text)
+    w.add_uint32(gguf.Keys.ClipVision.IMAGE_SIZE, hp.image_size)
+    w.add_uint32(gguf.Keys.ClipVision.PATCH_SIZE, hp.patch_size)
+    w.add_uint32(gguf.Keys.ClipVision.EMBEDDING_LENGTH, hp.n_embd)
+    w.add_uint32(gguf.Keys.ClipVision.FEED_FORWARD_LENGTH, hp.n_ff)
+    w.add_uint32(gguf.Keys.ClipVision.BLOCK_COUNT, hp.n_layer)
+    w.add_uint32(gguf.Keys.ClipVision.Attention.HEAD_COUNT, hp.n_head)
+    w.add_array(gguf.Keys.ClipVision.IMAGE_MEAN, list(SIGLIP_MEAN))
+    w.add_array(gguf.Keys.ClipVision.IMAGE_STD, list(SIGLIP_STD))
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "idefics3")
+    w.add_float32(gguf.Keys.ClipVision.Attention.LAYERNORM_EPS, hp.eps)
+    w.add_uint32(gguf.Keys.ClipVision.Projector.SCALE_FACTOR, hp.scale_factor)
+    w.add_bool(gguf.Keys.ClipVision.USE_GELU, True)
+    w.add_uint32(gguf.Keys.ClipVision.PREPROC_IMAGE_SIZE, hp.longest_edge)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     writer = write_gemma3_mmproj
     if args[0] == "--llava":
         writer, args = write_llava_mmproj, args[1:]
+    elif args[0] == "--idefics3":
+        writer, args = write_idefics3_mmproj, args[1:]
     out, *rest = args
     writer(out, rest[0] if rest else "tiny", int(rest[1]) if len(rest) > 1 else 0)

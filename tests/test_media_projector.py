@@ -183,7 +183,7 @@ def llama_cpp_resize(img: np.ndarray, width: int, height: int, algo: str) -> np.
 
 def resample_rows(line: np.ndarray, out_size: int, algo: str) -> np.ndarray:
     """One line [n, 3] resampled to [out_size, 3] (precompute_weights and one pass)."""
-    support_1, bits = (1.0 if algo == "bilinear" else 2.0), 22
+    support_1, bits = {"bilinear": 1.0, "bicubic": 2.0, "lanczos": 3.0}[algo], 22
     in_size = line.shape[0]
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
@@ -207,7 +207,13 @@ def resample_rows(line: np.ndarray, out_size: int, algo: str) -> np.ndarray:
     return result
 
 
+def sinc(v: float) -> float:
+    return 1.0 if v == 0.0 else math.sin(v * math.pi) / (v * math.pi)
+
+
 def resample_filter(x: float, algo: str) -> float:
+    if algo == "lanczos":  # sinc(x) sinc(x / 3) on [-3, 3), as the C lambda (no abs: the bound is one-sided)
+        return sinc(x) * sinc(x / 3.0) if -3.0 <= x < 3.0 else 0.0
     x = abs(x)
     if algo == "bilinear":
         return 1.0 - x if x < 1.0 else 0.0
@@ -220,7 +226,7 @@ def resample_filter(x: float, algo: str) -> float:
 SIZES = [((5, 7), (3, 11)), ((9, 4), (13, 2)), ((6, 6), (6, 10)), ((16, 3), (5, 16)), ((1, 8), (4, 1))]
 
 
-@pytest.mark.parametrize("algo", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("algo", ["bilinear", "bicubic", "lanczos"])
 @pytest.mark.parametrize(("src", "dst"), SIZES)
 def test_resize_is_llama_cpps_bit_for_bit(algo: str, src: tuple[int, int], dst: tuple[int, int]) -> None:
     """Up and down in each direction at once: Pillow's own resize would part from llama.cpp's where it

@@ -5,7 +5,8 @@ from the image's content hash, so a follow-up question about the same image matc
 as llama-server's media chunks match by their hash. The request carries each marker's embeddings
 (`MediaChunk`); a step's batch takes the rows its prompt chunk covers (`part_media`). A non-causal
 chunk's run is never split across steps (`cut_before_media`): it must be whole, as mtmd decodes it in
-one batch; a causal one may be fed in pieces, as mtmd splits it into batches.
+one batch; a causal one may be fed in pieces, as mtmd splits it into batches. An image mtmd cuts into
+several chunks (idefics3's tiles) is a `SlicedImage`: each chunk its own marker, text between them.
 """
 
 from __future__ import annotations
@@ -30,9 +31,33 @@ class MediaChunk:
         return int(self.embeddings.shape[0])
 
 
-def marker_of(content: bytes) -> int:
-    """A negative int32 id from the content's hash (the same image, the same id, in any request)."""
-    digest = hashlib.sha256(content).digest()
+@dataclass(frozen=True)
+class TokenText:
+    """Text mtmd puts between a medium's chunks as one token: the first of the vocabulary whose text it is
+    (mtmd's lookup_token), not the text tokenized."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class SlicedImage:
+    """An image mtmd encodes as several chunks with text between them (idefics3's tiles and overview),
+    in prompt order: text to tokenize (special tokens parsed), a `TokenText`, or a chunk's float32
+    [n_tokens, n_embd] rows."""
+
+    pieces: tuple[str | TokenText | np.ndarray, ...]
+
+    @property
+    def embeddings(self) -> list[np.ndarray]:
+        return [p for p in self.pieces if not isinstance(p, str | TokenText)]
+
+
+def marker_of(content: bytes, index: int = 0) -> int:
+    """A negative int32 id from the content's hash (the same image, the same id, in any request); chunk
+    `index` > 0 of one medium (a tile) hashes the index too, so each chunk's run has its own id."""
+    digest = hashlib.sha256(
+        content if index == 0 else content + b"\0chunk" + index.to_bytes(4, "little")
+    ).digest()
     return -1 - (int.from_bytes(digest[:4], "little") & 0x7FFFFFFF)
 
 

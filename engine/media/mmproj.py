@@ -1,12 +1,13 @@
 """A projector GGUF (`--mmproj`, general.architecture `clip`): its hyper-parameters and the loader.
 
 The keys and tensor names are llama.cpp's (tools/mtmd/clip-impl.h, read as clip.cpp's load_hparams reads
-them). Two projector types are built: `gemma3` (SigLIP + Gemma 3's pooling projector, engine/media/
-vision.py) and `mlp` (llava-1.5's CLIP + two-layer MLP, engine/media/llava.py) without
-image_grid_pinpoints (llava-1.6's llava-uhd slicing is not built); any other, a file without a vision
-encoder, or an encoder option the backend has no kernel for is refused at load with one line naming it,
-and so is a file with tensors the projector left unread (a norm or bias skipped silently would change
-every embedding).
+them). Three projector types are built: `gemma3` (SigLIP + Gemma 3's pooling projector, engine/media/
+vision.py), `mlp` (llava-1.5's CLIP + two-layer MLP, engine/media/llava.py) without
+image_grid_pinpoints (llava-1.6's llava-uhd slicing is not built) and `idefics3` (SmolVLM's SigLIP, tiles
+and pixel shuffle, engine/media/idefics3.py) with clip.vision.preproc_image_size; any other, a file
+without a vision encoder, or an encoder option the backend has no kernel for is refused at load with one
+line naming it, and so is a file with tensors the projector left unread (a norm or bias skipped silently
+would change every embedding).
 """
 
 from __future__ import annotations
@@ -18,22 +19,33 @@ from typing import Any
 from engine.backend import Backend
 from engine.gguf import GGUFFile
 from engine.media.audio import AudioProjector, UnsupportedAudioProjector, load_audio_projector
+from engine.media.idefics3 import Idefics3Projector
 from engine.media.llava import LlavaProjector
 from engine.media.vision import FLOAT_TYPES, Projector, tower_sizes
 
-SUPPORTED_PROJECTORS = ("gemma3", "mlp")
+SUPPORTED_PROJECTORS = ("gemma3", "mlp", "idefics3")
 # clip.cpp's defaults per projector type: Gemma 3 pools 4x4 patches (tinygemma3 says otherwise in
 # clip.vision.projector.scale_factor) and resizes bilinearly; llava's `mlp` keeps every patch, resizes
-# bicubically (clip.cpp's default) and pads with image_pad_color {122, 116, 104}.
+# bicubically (clip.cpp's default) and pads with image_pad_color {122, 116, 104}; idefics3 resizes with
+# Lanczos (its llava-uhd defaults) and has no default scale factor (clip.cpp's 1 fails its assert).
 DEFAULT_MERGE = {"gemma3": 4}
-RESIZE_ALGO = {"gemma3": "bilinear"}
+RESIZE_ALGO = {"gemma3": "bilinear", "idefics3": "lanczos"}
 PAD_COLOR = {"mlp": (122, 116, 104)}
 # The vision feed-forward activations built per type (clip.cpp's hparams.ffn_op): llava-1.5's CLIP
 # runs quick GELU (clip.use_gelu false), on the host (llava.py).
-FFN_OPS = {"gemma3": ("gelu",), "mlp": ("gelu", "gelu_quick")}
+FFN_OPS = {"gemma3": ("gelu",), "mlp": ("gelu", "gelu_quick"), "idefics3": ("gelu",)}
 PINPOINTS = "clip.vision.image_grid_pinpoints"
-# A conv and a transposed matrix: float only (llava's mm.0 / mm.2 may be any type the backend packs).
+PREPROC_SIZE = "clip.vision.preproc_image_size"
+# The tensors each type cannot run without, checked before anything is packed.
+REQUIRED = {
+    "gemma3": ("v.patch_embd.weight", "mm.input_projection.weight"),
+    "mlp": ("v.patch_embd.weight", "mm.0.weight", "mm.2.weight"),
+    "idefics3": ("v.patch_embd.weight", "mm.model.fc.weight"),
+}
+# A conv and a transposed matrix: float only (llava's mm.0 / mm.2 and idefics3's mm.model.fc may be any
+# type the backend packs).
 FLOAT_ONLY = ("v.patch_embd.weight", "mm.input_projection.weight")
+PROJECTORS = {"gemma3": Projector, "mlp": LlavaProjector, "idefics3": Idefics3Projector}
 
 
 class UnsupportedProjector(ValueError):
@@ -60,6 +72,7 @@ class ProjectorHParams:
     resize_algo: str
     pad_color: tuple[int, int, int] = (0, 0, 0)  # the fixed-size resize's border
     feature_layers: tuple[int, ...] = ()  # clip.vision.feature_layer: where llava's encoder stops
+    longest_edge: int = 0  # clip.vision.preproc_image_size: idefics3's resize target, 0 when absent
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> ProjectorHParams:
@@ -85,6 +98,7 @@ class ProjectorHParams:
             resize_algo=RESIZE_ALGO.get(kind, "bicubic"),
             pad_color=PAD_COLOR.get(kind, (0, 0, 0)),
             feature_layers=tuple(int(v) for v in meta.get("clip.vision.feature_layer", ())),
+            longest_edge=int(meta.get(PREPROC_SIZE, 0)),
         )
 
     @property
@@ -145,7 +159,7 @@ def check_tensors(g: GGUFFile, hp: ProjectorHParams) -> None:
     if hp.n_patches_side < hp.n_merge:
         raise UnsupportedProjector(f"{name}: {hp.n_patches_side} patches a side cannot pool by {hp.n_merge}")
     llava = hp.projector_type == "mlp"
-    for tensor in ("v.patch_embd.weight", "mm.0.weight", "mm.2.weight") if llava else FLOAT_ONLY:
+    for tensor in REQUIRED[hp.projector_type]:
         if tensor not in t:
             raise UnsupportedProjector(f"{name}: {tensor} is missing")
         if tensor in FLOAT_ONLY and t[tensor].ggml_type not in FLOAT_TYPES:
@@ -157,6 +171,8 @@ def check_tensors(g: GGUFFile, hp: ProjectorHParams) -> None:
         raise UnsupportedProjector(f"{name}: {rows} learned positions for {n_pos} rows")
     if llava:
         check_llava(g, hp)
+    if hp.projector_type == "idefics3":
+        check_idefics3(g, hp)
 
 
 def check_llava(g: GGUFFile, hp: ProjectorHParams) -> None:
@@ -173,7 +189,25 @@ def check_llava(g: GGUFFile, hp: ProjectorHParams) -> None:
         raise UnsupportedProjector(f"{name}: mm.0 / mm.2 do not chain from the encoder's {hp.n_embd}")
 
 
-def load_projector(path: str | Path, backend: Backend) -> Projector | LlavaProjector | AudioProjector:
+def check_idefics3(g: GGUFFile, hp: ProjectorHParams) -> None:
+    """idefics3 shuffles s x s patches into one row (s > 1: clip.cpp asserts it), and only the longest-edge
+    slicing is built: files without preproc_image_size take llava-uhd's generic slices in llama.cpp."""
+    name, t = g.path.name, g.tensors
+    if hp.n_merge < 2:
+        raise UnsupportedProjector(f"{name}: idefics3 needs clip.vision.projector.scale_factor > 1")
+    if hp.longest_edge <= 0:
+        raise UnsupportedProjector(f"{name} lacks {PREPROC_SIZE}: older idefics3 files' slicing is not built")
+    cols = t["mm.model.fc.weight"].shape[1]
+    if cols != hp.n_embd * hp.n_merge**2:
+        raise UnsupportedProjector(
+            f"{name}: mm.model.fc reads {cols}, not {hp.n_merge}^2 x the encoder's {hp.n_embd}"
+        )
+
+
+AnyProjector = Projector | LlavaProjector | Idefics3Projector | AudioProjector
+
+
+def load_projector(path: str | Path, backend: Backend) -> AnyProjector:
     """The projector of an mmproj GGUF on `backend`; UnsupportedProjector (one line) when it cannot run."""
     g = GGUFFile(path)
     meta = g.metadata
@@ -194,7 +228,7 @@ def load_projector(path: str | Path, backend: Backend) -> Projector | LlavaProje
             f"{g.path.name}: the vision feed-forward's {hp.ffn_op} is not built (built: {', '.join(built)})"
         )
     check_tensors(g, hp)
-    projector = (LlavaProjector if hp.projector_type == "mlp" else Projector)(g, hp, backend)
+    projector = PROJECTORS[hp.projector_type](g, hp, backend)
     unread = g.tensors.unread()
     if unread:
         shown = ", ".join(unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")

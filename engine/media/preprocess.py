@@ -23,7 +23,7 @@ import numpy as np
 
 PRECISION_BITS = 32 - 8 - 2  # mtmd-image.cpp's (and Pillow's) fixed-point weights: 22 fractional bits
 MAX_TARGET = 65536  # resize_pillow's bound on a target side
-_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "lanczos": 3.0}
 
 
 class MediaError(ValueError):
@@ -51,10 +51,26 @@ def decode_image(data: bytes) -> np.ndarray:
     return np.ascontiguousarray(rgb)
 
 
+def _sinc(v: float) -> float:
+    if v == 0.0:
+        return 1.0
+    pi_v = v * math.pi
+    return math.sin(pi_v) / pi_v
+
+
+def _lanczos(x: np.ndarray) -> np.ndarray:
+    """Lanczos-3 on [-3, 3) as the C lambda computes it: libm's sin per tap (math.sin is the C library's;
+    a vectorised sin may differ in the last bit, and the weights are rounded to 22 bits after)."""
+    flat = [_sinc(v) * _sinc(v / 3.0) if -3.0 <= v < 3.0 else 0.0 for v in x.ravel().tolist()]
+    return np.asarray(flat, dtype=np.float64).reshape(x.shape)
+
+
 def _filter(algo: str) -> Callable[[np.ndarray], np.ndarray]:
-    """mtmd-image.cpp's resample_filter: the triangle, or the cubic with Pillow's a = -0.5."""
+    """mtmd-image.cpp's resample_filter: the triangle, the cubic with Pillow's a = -0.5, or Lanczos-3."""
     if algo == "bilinear":
         return lambda x: np.where(np.abs(x) < 1.0, 1.0 - np.abs(x), 0.0)
+    if algo == "lanczos":
+        return _lanczos
 
     def cubic(x: np.ndarray) -> np.ndarray:
         a, x = -0.5, np.abs(x)

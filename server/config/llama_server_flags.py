@@ -409,7 +409,8 @@ FLAGS: tuple[LlamaServerFlag, ...] = (
         "FILE",
         "LLAMA_ARG_MMPROJ",
         "implemented",
-        "projector type gemma3 (images); other projector types are refused at start with one line",
+        "projector types gemma3, mlp (llava-1.5), idefics3 (SmolVLM) for images, ultravox for audio;"
+        " other projector types are refused at start with one line",
     ),
     F(
         ("-mmu", "--mmproj-url"),

@@ -27,7 +27,7 @@ from server.model.constraints import schema_spec
 from server.model.gbnf import gbnf_spec
 from server.model.llama_schema import SchemaError
 from server.model.lora import LoraScales
-from server.model.media import MediaEncoder
+from server.model.media import MediaEncoder, vocab_lookups
 from server.model.prompts import PromptBuilder
 
 log = structlog.get_logger("server")
@@ -72,6 +72,8 @@ def load_model(settings: Settings, admission: Admission, counters: Counters, lor
             "model.rerank_without_classifier", detail="no cls.output in the model: scores are not trained"
         )
     projector = _load_projector(settings, llm)
+    # the tokens a projector puts between its chunks (idefics3's), found or the load fails (one line)
+    lookups = vocab_lookups(llm.tokenizer, getattr(projector, "lookup_texts", ()))
     engine = Engine(llm, config, draft)
     _log_progress("compile", 0.0)  # the engine's start compiles (or loads) every kernel in a warm-up batch
     engine.start()
@@ -92,7 +94,7 @@ def load_model(settings: Settings, admission: Admission, counters: Counters, lor
         n_vocab=llm.tokenizer.n_vocab,
     )
     client = EngineClient(engine, grammars, pooling, settings, admission, counters)
-    media = MediaEncoder(projector, engine, config.n_ubatch) if projector is not None else None
+    media = MediaEncoder(projector, engine, config.n_ubatch, lookups) if projector is not None else None
     return Loaded(llm.info(), engine, prompts, client, media)
 
 
