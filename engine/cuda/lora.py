@@ -25,14 +25,14 @@ from numba import cuda, float32
 from numba.types import float16
 
 from engine.cuda.arrays import THREADS, DeviceArray, blocks, device, elem_blocks, ids, write_back
+from engine.cuda.ops import MAX_THREADS, block_sum
 
 if TYPE_CHECKING:
     from engine.lora import LoraWeight
 
 __all__ = ["lora_add", "uploaded"]
 
-SUM_THREADS = 128  # threads of a `down` block (a power of two): the inputs' sums reduce over them
-MAX_SUM_THREADS = 256  # the shared sums' size: SUM_THREADS may not exceed it
+SUM_THREADS = 128  # threads of a `down` block (a power of two, <= ops.MAX_THREADS): its sums reduce
 
 # id(weight) -> (weak reference to it, device A, device B transposed); the weight's finalizer drops the entry
 _DEVICE: dict[int, tuple[weakref.ref[Any], DeviceArray, DeviceArray]] = {}
@@ -61,7 +61,7 @@ def lora_add(x: Any, rows: np.ndarray, w: LoraWeight, scale: float, out: Any, co
     a, b = uploaded(w)
     dx, dout, drows = device(x), device(out), ids(rows)
     t = cuda.device_array((n_rows, w.rank), dtype=np.float32)
-    _down[blocks(n_rows * w.rank), min(SUM_THREADS, MAX_SUM_THREADS)](dx, drows, a, w.f16, t)
+    _down[blocks(n_rows * w.rank), min(SUM_THREADS, MAX_THREADS)](dx, drows, a, w.f16, t)
     n = n_rows * b.shape[1]
     _up[elem_blocks(n, THREADS), THREADS](t, drows, b, np.float32(scale), np.int32(col), dout)
     write_back(out, dout)
@@ -73,7 +73,7 @@ def lora_add(x: Any, rows: np.ndarray, w: LoraWeight, scale: float, out: Any, co
 
 def _down_py(x, rows, a, f16, t):  # type: ignore[no-untyped-def]
     """t[i, r] = sum over k of x[rows[i], k] * a[r, k]: a block per (i, r), a fixed tree over its threads."""
-    sm = cuda.shared.array(MAX_SUM_THREADS, float32)
+    sm = cuda.shared.array(MAX_THREADS, float32)
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
     rank, n_in = a.shape[0], a.shape[1]
@@ -88,16 +88,9 @@ def _down_py(x, rows, a, f16, t):  # type: ignore[no-untyped-def]
                 v = float32(float16(v))
             acc += v * a[r, k]
         sm[tid] = acc
-        stride = n // 2
-        while stride > 0:
-            cuda.syncthreads()
-            if tid < stride:
-                sm[tid] += sm[tid + stride]
-            stride //= 2
-        cuda.syncthreads()
+        total = block_sum(sm, tid, n)  # every thread gets it; sm may be refilled at once
         if tid == 0:
-            t[i, r] = float32(float16(sm[0])) if f16 else sm[0]
-        cuda.syncthreads()  # sm is refilled by the next job
+            t[i, r] = float32(float16(total)) if f16 else total
 
 
 def _up_py(t, rows, bt, scale, col, out):  # type: ignore[no-untyped-def]
