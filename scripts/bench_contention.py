@@ -41,10 +41,20 @@ BURN = "while True: pass"
 class Server:
     """A Llamba or llama-server process on a free port."""
 
-    def __init__(self, kind: str, binary: str | None, model: Path, threads: int, extra: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        binary: str | None,
+        model: Path,
+        threads: int,
+        extra: str = "",
+        both: tuple[str, ...] = (),
+    ) -> None:
+        """`extra`: more flags for Llamba; `both`: more flags for either kind (scripts/bench_lora.py's)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         common = ["-m", str(model), "--port", str(self.port), "-np", "16", "-c", "8192", "-t", str(threads)]
+        common += both
         if kind == "llamba":
             cmd = [sys.executable, "-m", "server", *common, *shlex.split(extra)]
         else:

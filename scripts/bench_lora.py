@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.model_files import resolve  # noqa: E402
-from tests.server_process import free_port  # noqa: E402
+from scripts.bench_contention import Server  # noqa: E402  (-np 16 -c 8192, as this benchmark needs)
 from tests.synthetic_lora import write_lora  # noqa: E402
 
 STREAMS = 16
@@ -48,38 +46,6 @@ def adapters(base: Path, work: Path, rank: int, dtype: str) -> list[Path]:
             write_lora(base, path, rank=rank, alpha=2.0 * rank, seed=seed, dtype=dtype)
         paths.append(path)
     return paths
-
-
-class Server:
-    """Llamba or llama-server on a free port with the adapters loaded, not applied."""
-
-    def __init__(self, cmd: list[str], model: Path, loras: list[Path], threads: int, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        args = ["-m", str(model), "--port", str(self.port), "-np", str(STREAMS), "-c", str(STREAMS * 512)]
-        args += ["-t", str(threads), "--lora-init-without-apply"]
-        for path in loras:
-            args += ["--lora", str(path)]
-        self.log = log.open("wb")
-        self.proc = subprocess.Popen([*cmd, *args], stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited: see {self.log.name}"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise TimeoutError(self.url)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 async def one_stream(client: httpx.AsyncClient, i: int, n_predict: int, with_lora: bool) -> int:
@@ -127,13 +93,12 @@ def main() -> None:
     args = p.parse_args()
     model = resolve(args.model)
     loras = adapters(model, args.work, args.rank, args.dtype)
-    kinds = {"llamba": [sys.executable, "-m", "server"]}
-    if args.llama_server:
-        kinds["llama-server"] = [args.llama_server, "-tb", str(args.threads), "--no-webui"]
+    kinds = ["llamba", "llama-server"] if args.llama_server else ["llamba"]
+    both = ("--lora-init-without-apply", *(f for path in loras for f in ("--lora", str(path))))
     results: dict[str, dict[str, list[float]]] = {k: {"base": [], "adapters": []} for k in kinds}
     for rnd in range(args.rounds):
-        for kind, cmd in kinds.items():
-            server = Server(cmd, model, loras, args.threads, args.work / f"{kind}.log")
+        for kind in kinds:
+            server = Server(kind, args.llama_server, model, args.threads, both=both)
             try:
                 server.wait_ready()
                 figures = asyncio.run(measure(server, args.n_predict))
