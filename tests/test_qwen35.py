@@ -234,7 +234,11 @@ def test_server_serves_the_hybrid(golden: dict, tmp_path: Path) -> None:
     for reply in replies:
         (step,) = reply["completion_probabilities"]
         assert step["id"] == int(last.argmax())
-        assert [top["id"] for top in step["top_logprobs"]] == np.argsort(-last)[:3].tolist()
+        # llama.cpp's second and third are 0.028 apart, inside the 3e-2 each value is held to: which comes
+        # first is a near tie (CI at avx512-vnni kept llama.cpp's order; native avx2 on AMD znver3 swaps it)
+        assert sorted(top["id"] for top in step["top_logprobs"]) == sorted(np.argsort(-last)[:3].tolist())
+        ours = [top["logprob"] for top in step["top_logprobs"]]
+        assert ours == sorted(ours, reverse=True)
         for top in step["top_logprobs"]:
             assert top["logprob"] == pytest.approx(logprobs[top["id"]], abs=3e-2)
 

@@ -381,12 +381,14 @@ class FreeDrafts(StepCosts):
 
 
 def test_a_weaker_draft_model_keeps_the_output(smollm2_llm: LLM, plain_outputs: list[list[int]]) -> None:
-    """The target with half its layers as the draft: some drafts refused, the output unchanged."""
+    """The target's first 24 layers of 30 as the draft: some drafts refused, the output unchanged. (Half
+    its layers drafted too badly to be sure of any acceptance: 0 of 41 at avx2 on AMD znver3; 24 layers:
+    20 of 92 there.)"""
     weak = LLM.load("smollm2")
-    weak.model.layers = weak.model.layers[:15]
-    weak.model.hp = replace(weak.model.hp, n_layer=15)
+    weak.model.layers = weak.model.layers[:24]
+    weak.model.hp = replace(weak.model.hp, n_layer=24)
     engine = Engine(smollm2_llm, EngineConfig(n_slots=4, n_ctx=4 * 1024), draft=weak)
-    # Priced by this CPU's steps, a draft model half the target's size is not worth its passes and the
+    # Priced by this CPU's steps, a draft model 4/5 of the target's size is not worth its passes and the
     # policy soon stops asking it: free drafts keep it drafting, refused or not.
     engine.scheduler.drafts.policy.costs = FreeDrafts()
     engine.start()
