@@ -23,7 +23,10 @@ models: $(STAMP)
 reference: $(STAMP)
 	$(BIN)/python -m engine.reference_data
 
+# The default model's kernels compiled for this CPU's level before the server starts (cli/compile.py):
+# a fresh install pays the JIT here (~45 s on two cores), not on its first request; warm, this only loads.
 serve: models
+	$(BIN)/llamba-compile
 	$(BIN)/llamba-server --port $(PORT)
 
 # Headless Chromium for the web UI tests: Debian's package (Playwright never downloads a browser). Best effort

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from engine import jit_cache
+from engine.cpu import isa
+from tests.conftest import not_applicable
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,9 +33,14 @@ def _checkout(at: Path) -> Path:
     return at
 
 
-def _probe(checkout: Path, cache: Path) -> dict[str, int]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CACHE")}
+def _probe(checkout: Path, cache: Path, level: str | None = None) -> dict[str, int]:
+    """The probe's cache hits and misses; `level`: compiled for that CPU level (LLAMBA_CPU_LEVEL)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_CACHE", "NUMBA_CPU", isa.LEVEL_ENV))
+    }
     env |= {"NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": str(checkout)}
+    if level is not None:
+        env[isa.LEVEL_ENV] = level
     out = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=checkout, env=env, capture_output=True, text=True, check=True
     )
@@ -67,3 +74,19 @@ def test_the_digest_covers_the_kernels_and_the_modules_they_import() -> None:
     assert "engine/cpu/matmul/intrinsics.py" in names  # no kernel of its own: the intrinsics they inline
     assert {"engine/cpu/simd.py", "engine/cpu/isa.py"} <= names  # the level's instructions, through it
     assert "engine/scheduler.py" not in names
+
+
+def test_a_kernel_compiled_for_one_level_is_never_loaded_at_another(tmp_path: Path) -> None:
+    """Serving loads only kernels of its own level: Numba's index keys each overload by the compile target
+    (CPU name and features) besides the sources' digest, so a cache filled at one level misses at another
+    (llamba-compile fills it per level, cli/compile.py)."""
+    host = isa.host_features()
+    runnable = [level.name for level in reversed(isa.LEVELS) if level.needs <= host]
+    if len(runnable) < 2:
+        not_applicable(f"this CPU executes one level only ({runnable[0]})")
+    low, high = runnable[:2]  # portable and the next one up
+    cache, checkout = tmp_path / "numba", _checkout(tmp_path / "one")
+    assert _probe(checkout, cache, low) == {"hits": 0, "misses": 1}
+    assert _probe(checkout, cache, high) == {"hits": 0, "misses": 1}
+    assert _probe(checkout, cache, low) == {"hits": 1, "misses": 0}
+    assert _probe(checkout, cache, high) == {"hits": 1, "misses": 0}

@@ -1,0 +1,50 @@
+"""llamba-compile: compile the kernels a model needs at this CPU's level ahead of the first start.
+
+A fresh install's first `llamba-server` otherwise spends its first ~45 s (SmolLM2, two cores) compiling
+kernels before it answers. `make serve` runs this after fetching the model, so that time is spent while
+installing and the server's start loads every kernel from the cache (about 2 s to the first reply).
+
+It takes llama-server's command line (`llamba-compile -m smollm2 -c 4096`; none: the default model) and
+runs the server's own model load and engine warm-up, then stops. The kernels land in NUMBA_CACHE_DIR,
+keyed by the level's compile target and a digest of the kernel sources (engine/jit_cache.py): a server
+started later with the same sources at the same level loads them; an upgrade or another level compiles
+again (tests/test_jit_cache.py), so a stale kernel is never served.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def cached_kernels(cache: str | None) -> int:
+    """How many compiled kernels the JIT cache folder holds (Numba writes one .nbc file per overload)."""
+    return sum(1 for _ in Path(cache).rglob("*.nbc")) if cache else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
+    from engine.cpu import isa
+    from server.config.parse import parse_settings
+    from server.model.host import ModelHost
+    from server.model.loading import load_model
+
+    settings, _ = parse_settings(sys.argv[1:] if argv is None else argv)
+    cache = os.environ.get("NUMBA_CACHE_DIR")  # set by engine/__init__.py when the environment did not
+    before = cached_kernels(cache)
+    host = ModelHost(settings)
+    loaded = load_model(settings, host.admission, host.counters, host.lora)
+    loaded.engine.stop()
+    level = isa.current()
+    print(
+        f"llamba-compile: {loaded.info.path.name} ready at level {level.level.name} (target {level.cpu}) "
+        f"in {time.perf_counter() - start:.1f} s; {cached_kernels(cache) - before} kernels compiled "
+        f"into {cache}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
