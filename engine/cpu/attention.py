@@ -136,10 +136,12 @@ def _attention(
 @njit(parallel=True, **_KERNEL)
 def _run_parallel(plan, long_tokens, q, k_bits, v_bits, seq_ids, positions, scale, parts, out) -> None:  # type: ignore[no-untyped-def]
     job_start = plan[3]
+    # np.int64(job): a prange index is uint64 in the parallel body, int64 where Numba types the loop
+    # first, and each type compiles its own copy of the callee (the serial path's int64 is the one kept)
     for job in prange(job_start[len(job_start) - 1]):
-        _run_job(job, plan, q, k_bits, v_bits, seq_ids, positions, scale, parts, out)
+        _run_job(np.int64(job), plan, q, k_bits, v_bits, seq_ids, positions, scale, parts, out)
     for job in prange(len(long_tokens) * q.shape[1]):
-        _merge_job(job, long_tokens, plan[1], parts, out)
+        _merge_job(np.int64(job), long_tokens, plan[1], parts, out)
 
 
 @njit(**_KERNEL)

@@ -127,7 +127,7 @@ def _quantize_serial(x: np.ndarray, kind: int, xq: np.ndarray, xd: np.ndarray, x
 @njit(parallel=True, **_EXACT)
 def _quantize_parallel(x: np.ndarray, kind: int, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
     for t in prange(x.shape[0]):
-        _quantize_rows(x, t, kind, xq, xd, xs)
+        _quantize_rows(x, np.int64(t), kind, xq, xd, xs)  # one callee type (engine/cpu/attention.py)
 
 
 @njit(**_EXACT)

@@ -87,7 +87,7 @@ def _float_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             x0 = x[t0 + t, n_cols - 1]
             for r in range(ROWS):
                 acc[t, r] = _madd(to_f32(w0[r]), x0, acc[t, r])
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(inline="always")

@@ -42,7 +42,7 @@ def _iq4_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                     v = wq[r]
                     s32[t, r] += np.int32(IQ4_LEVELS[v & 15]) * xlo + np.int32(IQ4_LEVELS[v >> 4]) * xhi
         _iq4_add_block(acc, s32, d, sc, per_sub_block, g, b, xd, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(inline="always")
@@ -92,7 +92,7 @@ def _iq4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
         for half in range(2):
             _iq4_half_vnni(flat_sums, qs_g, b, half, xb, xh, t0, n_tok)
             _iq4_add_block(acc, sums, d, sc, per_sub_block, g, b, xd, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)

@@ -82,7 +82,7 @@ def _k16_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 for r in range(ROWS):
                     low = np.float32(sclo[r]) * xa + np.float32(schi[r]) * xb
                     acc[t, r] -= np.float32(4.0) * f16_to_f32(dq[r]) * low
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(**_KERNEL)

@@ -86,7 +86,7 @@ def _mxfp4_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                     v = wq[r]
                     s32[t, r] += np.int32(MXFP4_LEVELS[v & 15]) * xlo + np.int32(MXFP4_LEVELS[v >> 4]) * xhi
         _add_blocks(acc, s32, sc, g, b, xd, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(inline="always")
@@ -121,7 +121,7 @@ def _mxfp4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             for r in range(ROWS):
                 low[t, r] += high[t, r]
         _add_blocks(acc, low, sc, g, b, xd, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)

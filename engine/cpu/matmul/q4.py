@@ -75,7 +75,7 @@ def _q4_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                         s16[t, r] += np.int16(v & 15) * xlo + np.int16(v >> 4) * xhi
             _q4_add_half(acc, s16, d, g, b, xd, t0, n_tok)
         _q4_add_min(acc, d, m, kind, g, b, xs, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 # The VNNI twin of _q4_tile: every tile size on vpdpbusd (_quad_sums: 4 unsigned weight bytes of a row
@@ -111,7 +111,7 @@ def _q4_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 _quad_sums1(flat_sums, qs_g, first, xb, t0, b * 8 + half * 2)
             _q4_add_half(acc, sums, d, g, b, xd, t0, n_tok)
         _q4_add_min(acc, d, m, kind, g, b, xs, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)

@@ -105,7 +105,7 @@ def _q4k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                         scaled = np.int32(np.int32(scq[r]) * np.int32(s16[t, r]))
                         blocks[bb, t, r] = scaled if half == 0 else np.int32(blocks[bb, t, r] + scaled)
         _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(inline="always")
@@ -155,7 +155,7 @@ def _q4k_record_tile_to(a, g, go, t0, n_tok) -> None:  # type: ignore[no-untyped
         dm = (at + Q4K_D) // 2
         dq, mq = rec16_g[dm : dm + ROWS], rec16_g[dm + ROWS : dm + 2 * ROWS]
         _k_superblock_lanes(acc, blocks, dq, mq, mn[g], sb * 8 * ROWS, True, xd, xsum, sb, t0, n_tok)
-    _store_tile(acc, out, go, t0, n_tok)
+    _store_tile(acc, out, np.int64(go), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)

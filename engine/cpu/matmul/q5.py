@@ -70,7 +70,7 @@ def _q5_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 xst, xsumt = xs[t0 + t, b], xsum[t0 + t, b]
                 for r in range(ROWS):
                     acc[t, r] += np.float32(16.0) * f16_to_f32(dq[r]) * xsumt + f16_to_f32(mq[r]) * xst
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)
@@ -136,7 +136,7 @@ def _q5_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                 xst, xsumt = xs[t0 + t, b], xsum[t0 + t, b]
                 for r in range(ROWS):
                     acc[t, r] += np.float32(16.0) * f16_to_f32(dq[r]) * xsumt + f16_to_f32(mq[r]) * xst
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)

@@ -52,7 +52,7 @@ def _q5k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                         scaled = np.int32(np.int32(scq[r]) * np.int32(np.int32(s16[t, r]) + offset))
                         blocks[bb, t, r] = scaled if half == 0 else np.int32(blocks[bb, t, r] + scaled)
         _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)
@@ -89,7 +89,7 @@ def _q5k_tile_vnni(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             else:
                 _q5k_block_sums1(flat_blocks, bb * 256, qs_g, at, qh_g, qh_at, xb, t0, b * 8, sc_g, sc_at)
         _k_superblock(acc, blocks, d, m, mn, True, xd, xsum, g, sb, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(parallel=True, **_KERNEL)

@@ -72,7 +72,7 @@ def _q6k_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
                         scaled = np.int32(lo + hi)
                         blocks[bb, t, r] = scaled if half == 0 else np.int32(blocks[bb, t, r] + scaled)
         _k_superblock(acc, blocks, d, d, d, False, xd, xd, g, sb, t0, n_tok)
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 # Every tile on VNNI CPUs: the unsigned 6-bit weights on vpdpbusd, minus 32 x the activations' sum of
@@ -116,7 +116,7 @@ def _q6k_row_quad_tile_to(a, g, go, t0, n_tok) -> None:  # type: ignore[no-untyp
             else:
                 _q6k_block(flat_blocks, bb * 256, qs_g, at, qh_g, xb, t0, b, sc_g, x16, n_tok)
         _k_superblock(acc, blocks, d, d, d, False, xd, xd, g, sb, t0, n_tok)
-    _store_tile(acc, out, go, t0, n_tok)
+    _store_tile(acc, out, np.int64(go), np.int64(t0), n_tok)
 
 
 @njit(**_KERNEL)

@@ -49,7 +49,7 @@ def _q8_tile(a, g, t0, n_tok) -> None:  # type: ignore[no-untyped-def]
             xdt = xd[t0 + t, b]
             for r in range(ROWS):
                 acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(sums[t, r])
-    _store_tile(acc, out, g, t0, n_tok)
+    _store_tile(acc, out, np.int64(g), np.int64(t0), n_tok)
 
 
 @njit(inline="always")
@@ -79,7 +79,7 @@ def _q8_tile_vnni_to(a, g, go, t0, n_tok) -> None:  # type: ignore[no-untyped-de
             xdt = xd[t0 + t, b]
             for r in range(ROWS):
                 acc[t, r] += f16_to_f32(dq[r]) * xdt * np.float32(sums[t * ROWS + r])
-    _store_tile(acc, out, go, t0, n_tok)
+    _store_tile(acc, out, np.int64(go), np.int64(t0), n_tok)
 
 
 @njit(**_KERNEL)

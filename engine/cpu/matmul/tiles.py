@@ -117,6 +117,8 @@ def _zero_tile(acc: np.ndarray, n_tok: int) -> None:
             acc[t, r] = 0
 
 
+# The tiles call it with np.int64(g), np.int64(t0): a row group from a prange is uint64, t0 a literal 0 in
+# one kernel and a variable in the next, and each mix compiled a copy of its own (16 for SmolLM2, now 4).
 @njit(**_KERNEL)
 def _store_tile(acc: np.ndarray, out: np.ndarray, g: int, t0: int, n_tok: int) -> None:
     n_valid = min(ROWS, out.shape[1] - g * ROWS)
