@@ -1,8 +1,9 @@
 """llamba-compile: compile the kernels a model needs at this CPU's level ahead of the first start.
 
-A fresh install's first `llamba-server` otherwise spends its first ~45 s (SmolLM2, two cores) compiling
-kernels before it answers. `make serve` runs this after fetching the model, so that time is spent while
-installing and the server's start loads every kernel from the cache (about 2 s to the first reply).
+A fresh install's first `llamba-server` otherwise compiles kernels before it answers (SmolLM2 at avx2 on
+two cores: first reply after 75 s). `make serve` runs this after fetching the model (62 s there), so that
+time is spent while installing and the server's start loads every kernel from the cache (first reply
+3.6-4.0 s; docs/performance.md "Start-up").
 
 It takes llama-server's command line (`llamba-compile -m smollm2 -c 4096`; none: the default model) and
 runs the server's own model load and engine warm-up, then stops. The kernels land in NUMBA_CACHE_DIR,
