@@ -26,6 +26,7 @@ from engine.api import ControlResult, EmbeddingRequest, EngineSnapshot, Generati
 from engine.batch import Batch, BatchPart
 from engine.handle import RequestHandle
 from engine.llm import LLM
+from engine.lora import lora_context
 from engine.memory.base import SequenceMemory
 from engine.memory.checkpoints import DEFAULT_MAX_COUNT
 from engine.memory.hybrid import DEFAULT_MIN_STEP, HybridMemory
@@ -270,7 +271,8 @@ class Engine:
 
     def slot_action(self, slot_id: int, action: str, path: Path | None) -> concurrent.futures.Future[dict]:
         """save/restore/erase a slot's cells (engine/memory/slot_files.py) at the next step."""
-        return self.call(lambda: slot_action(self.pool[slot_id], self.memory, self.identity, action, path))
+        memory, lora = self.memory, lora_context(self.llm.model)
+        return self.call(lambda: slot_action(self.pool[slot_id], memory, self.identity, action, path, lora))
 
     # -- engine thread ------------------------------------------------------------------------------
     def _command(self, fn: Callable[[], None]) -> None:

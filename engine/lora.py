@@ -26,6 +26,7 @@ it holds it (GenerationRequest.lora_hold), and is freed when the last such reque
 
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,17 @@ AdapterSet = tuple[tuple[int, float], ...]
 
 class LoraError(ValueError):
     """An adapter that cannot be applied to this model (one line naming the file and why)."""
+
+
+def adapter_digest(adapter: LoraAdapter) -> bytes:
+    """16 bytes naming an adapter across servers (slot files): sha256 over its file's name, as a slot
+    file names its model."""
+    return hashlib.sha256(adapter.path.name.encode()).digest()[:16]
+
+
+def lora_context(model: Any) -> LoraContext | None:
+    """The adapters attach_adapters hooked into `model` (None: it never took adapters)."""
+    return getattr(model, "lora", None)
 
 
 def adapter_set(pairs: Sequence[tuple[int, float]]) -> AdapterSet:

@@ -29,10 +29,10 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def lora_server(adapters: list[Path]) -> Iterator[ServerProcess]:
-    """Adapter 0 at scale 1 (--lora), adapter 1 at 0.5 (--lora-scaled); 3 slots."""
+    """Adapter 0 at scale 1 (--lora), adapter 1 at 0.5 (--lora-scaled); 3 slots; slot files beside them."""
     proc = ServerProcess(
         "-m", "smollm2", "-np", "3", "-c", "1536", "--lora", str(adapters[0]),
-        "--lora-scaled", f"{adapters[1]}:0.5",
+        "--lora-scaled", f"{adapters[1]}:0.5", "--slot-save-path", str(adapters[0].parent),
     ).wait_healthy()  # fmt: skip
     yield proc
     proc.stop()
@@ -117,6 +117,26 @@ def test_cached_prefix_is_not_reused_under_another_adapter_set(lora_server: Serv
     again = complete(lora_server, **adapted).json()
     assert again["timings"]["cache_n"] > 0 and again["content"] == second["content"]
     assert first["content"] != second["content"]
+
+
+def test_a_restored_slot_keeps_the_adapter_set_its_cells_came_from(lora_server: ServerProcess) -> None:
+    """A slot saved after a request under adapter 0 and restored: a base request reuses none of its cells
+    (they are adapter 0's), the same adapter request reuses them and answers as before."""
+
+    def slot(action: str) -> None:
+        r = httpx.post(lora_server.base_url + f"/slots/0?action={action}", json={"filename": "adapted.bin"})
+        assert r.status_code == 200, r.text
+
+    prompt = "A slot saved under an adapter, then restored: its cells were computed"
+    adapted = {"prompt": prompt, "lora": [{"id": 0, "scale": 1.0}], "cache_prompt": True, "id_slot": 0}
+    first = complete(lora_server, **adapted).json()
+    slot("save")
+    slot("restore")
+    base = complete(lora_server, prompt=prompt, lora=[], cache_prompt=True, id_slot=0).json()
+    assert base["timings"]["cache_n"] == 0
+    slot("restore")
+    again = complete(lora_server, **adapted).json()
+    assert again["timings"]["cache_n"] > 0 and again["content"] == first["content"]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine.backend import cpu_backend
+from engine.lora import LoraAdapter, LoraContext, adapter_digest
 from engine.memory.kv import KVCache
 from engine.memory.slot_files import (
     ModelIdentity,
@@ -17,9 +18,11 @@ from engine.memory.slot_files import (
     SlotState,
     check_filename,
     read_slot,
+    slot_action,
     slot_path,
     write_slot,
 )
+from engine.slots import Slot
 from tests.server_process import LIVENESS_S, ServerProcess, wait_until
 
 TINY_CACHE = KVCache(2, 3, 16, 4, 8, cpu_backend())
@@ -99,6 +102,70 @@ def test_foreign_model_and_oversized_files_are_refused(tmp_path: Path) -> None:
         read_slot(tmp_path / "s.bin", IDENTITY, n_ctx=4)
     with pytest.raises(SlotFileError, match="not found"):
         read_slot(tmp_path / "missing.bin", IDENTITY, n_ctx=16)
+
+
+def test_a_version_3_file_reads_as_the_base_models(tmp_path: Path) -> None:
+    """Files saved before the LoRA set was recorded: the same bytes without it, under version 3."""
+    write_slot(tmp_path / "s.bin", IDENTITY, small_state())
+    data = (tmp_path / "s.bin").read_bytes()
+    header = 56  # engine/memory/slot_files.py's _HEADER, then 8 bytes saying no adapters
+    old = data[:8] + (3).to_bytes(4, "little") + data[12:header] + data[header + 8 :]
+    (tmp_path / "v3.bin").write_bytes(old)
+    back, _ = read_slot(tmp_path / "v3.bin", IDENTITY, n_ctx=16)
+    assert back.tokens == small_state().tokens and back.adapters == () and back.adapters_from == 0
+
+
+# -- the LoRA set a slot's cells were computed under ----------------------------------------------------
+def adapters(*names: str, first_id: int = 0) -> LoraContext:
+    served = {first_id + i: LoraAdapter(Path("/adapters") / name, 8.0, {}) for i, name in enumerate(names)}
+    return LoraContext(cpu_backend(), served)
+
+
+def test_the_adapter_set_survives_a_save_and_a_restore_on_another_server(tmp_path: Path) -> None:
+    """Saved under ids 0 and 1 (an aLoRA from position 3), restored where the same files have ids 5
+    and 4: the slot carries the new ids, so prefix reuse compares the right set."""
+    kv = KVCache(2, 3, 16, 4, 8, cpu_backend())
+    identity = ModelIdentity.of(kv, n_vocab=100, model_name="tiny.gguf")
+    slot = Slot(0, tokens=[1, 2, 3, 4, 5], lora=((0, 1.0), (1, 0.5)), lora_from=3)
+    kv.write_cells(0, small_state().k, small_state().v)
+    slot_action(slot, kv, identity, "save", tmp_path / "s.bin", adapters("a.gguf", "b.gguf"))
+    state, _ = read_slot(tmp_path / "s.bin", identity, n_ctx=16)
+    assert state.adapters == (
+        (adapter_digest(adapters("a.gguf").adapters[0]), 1.0),
+        (state.adapters[1][0], 0.5),
+    )
+    other = Slot(1)
+    slot_action(other, kv, identity, "restore", tmp_path / "s.bin", adapters("b.gguf", "a.gguf", first_id=4))
+    assert other.lora == ((4, 0.5), (5, 1.0)) and other.lora_from == 3 and other.tokens == slot.tokens
+
+
+def test_a_file_saved_under_an_adapter_not_loaded_is_refused_and_the_slot_kept(tmp_path: Path) -> None:
+    kv = KVCache(2, 3, 16, 4, 8, cpu_backend())
+    identity = ModelIdentity.of(kv, n_vocab=100, model_name="tiny.gguf")
+    kv.write_cells(0, small_state().k, small_state().v)
+    slot_action(Slot(0, tokens=[1, 2, 3, 4, 5], lora=((0, 1.0),)), kv, identity, "save", tmp_path / "s.bin",
+                adapters("a.gguf"))  # fmt: skip
+    kept = Slot(1, tokens=[9], lora=((0, 1.0),))
+    for served in (adapters("b.gguf"), None):
+        with pytest.raises(SlotFileError, match="saved under a LoRA adapter this server has not loaded"):
+            slot_action(kept, kv, identity, "restore", tmp_path / "s.bin", served)
+    assert kept.tokens == [9] and kept.lora == ((0, 1.0),)
+    base = Slot(0, tokens=[1, 2, 3, 4, 5])  # a base slot's file restores without any adapter
+    slot_action(base, kv, identity, "save", tmp_path / "base.bin", None)
+    slot_action(kept, kv, identity, "restore", tmp_path / "base.bin", adapters("a.gguf"))
+    assert kept.tokens == [1, 2, 3, 4, 5] and kept.lora == () and kept.lora_from == 0
+
+
+def test_a_slot_computed_under_an_unloaded_adapter_is_not_saved(tmp_path: Path) -> None:
+    kv = KVCache(2, 3, 16, 4, 8, cpu_backend())
+    identity = ModelIdentity.of(kv, n_vocab=100, model_name="tiny.gguf")
+    kv.write_cells(0, small_state().k, small_state().v)
+    served = adapters("a.gguf")
+    served.retire(0)  # held by no request: gone
+    slot = Slot(0, tokens=[1, 2, 3, 4, 5], lora=((0, 1.0),))
+    with pytest.raises(SlotFileError, match="unloaded"):
+        slot_action(slot, kv, identity, "save", tmp_path / "s.bin", served)
+    assert not (tmp_path / "s.bin").exists()
 
 
 # -- the cache's cells ---------------------------------------------------------------------------------
