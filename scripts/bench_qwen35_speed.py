@@ -21,8 +21,10 @@ One command for issue 49's speed acceptance:
    built for this CPU (cmake GGML_NATIVE, `--native-lib`, run through llama-cpp-python with
    LLAMA_CPP_LIB_PATH), Llamba's avx2 against llama-cpp-python 0.3.36's AVX2 build (`--llama-python`),
    avx-vnni and portable against a build named by `--lib LEVEL=DIR` (none is built by default: the
-   level is then skipped with a line saying so). llama.cpp runs with LLAMA_ARG_REPACK=0 (no extra
-   buffer types: this VM lists AMX, whose tiles crash) and OMP_WAIT_POLICY=PASSIVE.
+   level is then skipped with a line saying so; `scripts/build_llama_server.sh portable` builds the
+   portable one, and its pp512 takes minutes a repetition: SSE2 only, scalar K-quant dot products).
+   llama.cpp runs with LLAMA_ARG_REPACK=0 (no extra buffer types: this VM lists AMX, whose tiles crash)
+   and OMP_WAIT_POLICY=PASSIVE.
 
 Check the load (uptime, printed before and after every pair run) before reading the figures: the ratios
 compare the same seconds, but a busy machine slows the two unevenly.
