@@ -12,25 +12,24 @@ SDIST="$(.venv/bin/python -c "from engine.reference_data import fetch_sdist; pri
 REF="$(dirname "$SDIST")"
 SRC="$REF/llama.cpp-0c1e570"
 BUILD="$REF/llama-server-build"
+TARGET=llama-server
+BUILT="$BUILD/bin/llama-server"
+FLAGS=()
 if [ "${1:-}" = portable ]; then
   BUILD="$REF/llama-portable-build"
+  TARGET=llama
+  BUILT="$BUILD/bin"
+  FLAGS=(-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF
+    -DGGML_SSE42=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_FMA=OFF
+    -DGGML_F16C=OFF -DGGML_BMI2=OFF)
 fi
 if [ ! -f "$SRC/CMakeLists.txt" ]; then
   mkdir -p "$SRC"
   tar -xzf "$SDIST" -C "$SRC" --strip-components=3 llama_cpp_python-0.3.36/vendor/llama.cpp
 fi
-if [ "${1:-}" = portable ]; then
-  cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_SSE42=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF \
-    -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF >/dev/null
-  ninja -C "$BUILD" llama
-  echo "$BUILD/bin"
-  exit 0
-fi
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
-ninja -C "$BUILD" llama-server
-echo "$BUILD/bin/llama-server"
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "${FLAGS[@]}" >/dev/null
+ninja -C "$BUILD" "$TARGET"
+echo "$BUILT"
 # On a VM that lists AMX without enabling its tiles, run it with LLAMA_ARG_REPACK=0 (--no-repack), and
 # with OMP_WAIT_POLICY=PASSIVE on a busy 2-core machine.
