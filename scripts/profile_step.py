@@ -42,9 +42,9 @@ class Profiler:
         self.weight_names: dict[int, str] = {}
 
     def timed(self, name: str, fn: Callable[..., None]) -> Callable[..., None]:
-        def run(*args: Any) -> None:
+        def run(*args: Any, **kwargs: Any) -> None:
             start = time.perf_counter()
-            fn(*args)
+            fn(*args, **kwargs)
             label = name
             if name == "matmul":
                 label = "matmul " + self.weight_names.get(id(args[1]), "?")

@@ -277,7 +277,7 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
             sums_type, packed_type, _, xb_type, _, _ = sig.args
             at0, row, col = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
-            quads = [_nibble_quads(context, builder, packed_type, args[1], at0, q) for q in (0, 1)]
+            quads = _Quads(2, lambda q: _nibble_quads(context, builder, packed_type, args[1], at0, q))
             acc = _dpbusd_quads(
                 context, builder, n_tok, chains, quads, xb_type, args[3], row, col, max_weight=15
             )
@@ -287,6 +287,26 @@ def _quad_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
         return types.void(sums, packed, packed_at, xb, row0, col0), codegen
 
     return quad_sums
+
+
+class _Quads:
+    """A block's weight quads, emitted where a tile first reads each (quads[q][lane][part]), again after
+    `forget`: decoded all up front, a 4-token AVX2 tile kept 16 weight vectors live beside its 8 int16
+    sums and spilled (LLVM follows the IR's order here)."""
+
+    def __init__(self, count: int, make) -> None:  # type: ignore[no-untyped-def]
+        self.count, self.make, self.made = count, make, {}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, q: int):  # type: ignore[no-untyped-def]
+        if q not in self.made:
+            self.made[q] = self.make(q)
+        return self.made[q]
+
+    def forget(self) -> None:
+        self.made = {}
 
 
 def _plus(builder, value, n: int):  # type: ignore[no-untyped-def]
@@ -306,11 +326,17 @@ def _dpbusd_quads(
     signed=False,
     max_weight=127,
     parts=(0, 1),
+    by=None,
+    done=None,
+    whole_lanes=False,
 ):  # type: ignore[no-untyped-def]
     """acc[t][lane] (`chains` partial sums): vpdpbusd of quads[q][lane] = (unsigned bytes of positions
     4q.., of 16 + 4q..; signed bytes with `signed`, simd.dot_signed) with the activations
     xb[row + t, col + q] and xb[row + t, col + q + 4] (only `parts` of the two). Weights up to
-    max_weight let AVX2 add several products in int16 before widening them (simd.word_budget)."""
+    max_weight let AVX2 add several products in int16 before widening them (simd.word_budget), times
+    by(lane)'s int16 factors where `by` is given (simd.widen_words). done(lanes, acc) is called as soon as
+    those lanes' sums are complete: a 4-token AVX2 tile's lane 0 stored before lane 1 starts keeps its
+    8 sums out of lane 1's registers."""
     xb_array = context.make_array(xb_type)(context, builder, xb)
     dot = simd.dot_signed if signed else simd.dot_unsigned
     # The products go in chunks, each widened once:
@@ -323,13 +349,25 @@ def _dpbusd_quads(
     #   x 32 rows alone fill the 16 ymm registers. Int16 sums for 4 tokens beside them spilled: Qwen2.5-
     #   Coder's pp512 ran 0.82x llama.cpp's against 1.03x without them (decode: 0.95x -> 1.14x with them;
     #   2026-12-05, bench_pairs --interleave, 4 rounds each).
+    # - `whole_lanes` (Q4_K's records, Q6_K's row quads): in tiles of 4, one 16-row lane at a time, every
+    #   token's int16 sums of a chunk as big as the budget allows (Q4_K: the whole block, 8 registers),
+    #   widened once (by the scales: `by`) and handed to `done` before the next lane starts, the weights
+    #   decoded where first used, the activations loaded again for lane 1 (_reload_barrier). Q4_K's
+    #   4-token block went from 126 to 103 cycles (llvm-mca, znver3; 131 stack accesses to 3); Q4_K
+    #   8960 x 1536, one thread: 0.61x the time at T = 64 (scripts/ab_matmul.py --rev 1b03426,
+    #   NUMBA_NUM_THREADS=1, 2026-12-07). The other formats, measured so, were no faster (Q4_0, Q4_1: the
+    #   same; Q5_K, Q5_1: 1.3-1.5x slower): their weights are shuffled per lane and their budget or their
+    #   float epilogue per half block decides.
     budget = 1 if signed else simd.word_budget(max_weight)
-    group = budget if n_tok <= 2 else min(2, budget)
+    group = budget if n_tok <= 2 or whole_lanes else min(2, budget)
     acc = [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)]
     steps = [(q, part) for q in range(len(quads)) for part in parts]
     size = group if group > 1 else len(parts)
-    steps_outer = group > 1 and n_tok <= 2
+    steps_outer = group > 1 and (n_tok <= 2 or whole_lanes)
     for lanes in ((0,), (1,)) if n_tok > 2 and simd.WORD_SUMS else ((0, 1),):
+        if lanes == (1,) and whole_lanes:
+            _reload_barrier(builder)
+            quads.forget()
         for first in range(0, len(steps), size):
             chunk = list(enumerate(steps[first : first + size], first))
             words = [[None, None] for _ in range(n_tok)]
@@ -356,9 +394,26 @@ def _dpbusd_quads(
                     words[t][lane] = simd.word_dot(builder, words[t][lane], quads[q][lane][part], x)
                     if step == chunk[-1][0]:
                         c[(first // group) % chains] = simd.widen_words(
-                            builder, c[(first // group) % chains], words[t][lane]
+                            builder, c[(first // group) % chains], words[t][lane], by and by(lane)
                         )
+        if done is not None:
+            done(lanes, acc)
     return acc
+
+
+def _reload_barrier(builder) -> None:  # type: ignore[no-untyped-def]
+    """An empty asm that may touch memory: loads after it are not merged with those before. Between
+    the two 16-row lanes of a 4-token AVX2 tile, LLVM otherwise kept lane 0's 32 broadcast activations
+    for lane 1 and spilled them (161 stack accesses a block; llvm-mca, znver3)."""
+    barrier = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}", side_effect=True)
+    builder.call(barrier, [])
+
+
+def _chain_total(builder, chains):  # type: ignore[no-untyped-def]
+    total = chains[0]
+    for partial in chains[1:]:
+        total = builder.add(total, partial)
+    return total
 
 
 def _chain_totals(builder, acc):  # type: ignore[no-untyped-def]
@@ -381,18 +436,49 @@ def _store_rows(context, builder, array_type, array, at, t: int, lane: int, valu
     builder.store(value, _vector_at(context, builder, array_type, array, index, _V16I32), align=4)
 
 
-def _scaled_block_sums(context, builder, n_tok, chains, quads, xb_type, xb, row, col, sc, out, max_weight):  # type: ignore[no-untyped-def]
+def _scaled_block_sums(
+    context, builder, n_tok, chains, quads, xb_type, xb, row, col, sc, out, max_weight, whole_lanes=False
+):  # type: ignore[no-untyped-def]
     """The body of _q4k_block_sums and _q5k_block_sums: quads[q] are positions 4q.. and 16 + 4q.. per
-    16-row lane (unsigned bytes, 4 a row), sc = (type, array, at), out = (type, array, at)."""
-    acc = _dpbusd_quads(context, builder, n_tok, chains, quads, xb_type, xb, row, col, max_weight=max_weight)
+    16-row lane (unsigned bytes, 4 a row), sc = (type, array, at), out = (type, array, at); whole_lanes
+    as _dpbusd_quads."""
     sc_type, sc_array, sc_at = sc
-    scales = [
-        _widen_bytes16(context, builder, sc_type, sc_array, _plus(builder, sc_at, 16 * lane), signed=False)
-        for lane in (0, 1)
-    ]
-    for t, per_lane in enumerate(_chain_totals(builder, acc)):
-        for lane, total in enumerate(per_lane):
-            _store_rows(context, builder, out[0], out[1], out[2], t, lane, builder.mul(total, scales[lane]))
+
+    def scales(lane: int):  # type: ignore[no-untyped-def]
+        at = _plus(builder, sc_at, 16 * lane)
+        return _widen_bytes16(context, builder, sc_type, sc_array, at, signed=False)
+
+    # AVX2 widens the int16 sums by the scales (vpmaddwd by s twice a lane): the product comes free.
+    by = (lambda lane: _word_pairs(builder, scales(lane))) if simd.WORD_SUMS else None
+
+    def store(lanes, acc) -> None:  # type: ignore[no-untyped-def]
+        for lane in lanes:
+            factor = None if by else scales(lane)
+            for t in range(n_tok):
+                total = _chain_total(builder, acc[t][lane])
+                scaled = total if by else builder.mul(total, factor)
+                _store_rows(context, builder, out[0], out[1], out[2], t, lane, scaled)
+
+    _dpbusd_quads(
+        context,
+        builder,
+        n_tok,
+        chains,
+        quads,
+        xb_type,
+        xb,
+        row,
+        col,
+        max_weight=max_weight,
+        by=by,
+        done=store,
+        whole_lanes=whole_lanes,
+    )
+
+
+def _word_pairs(builder, values):  # type: ignore[no-untyped-def]
+    """Each int32 lane's value (below 2^15) in both its int16 halves: vpmaddwd's factor for a row."""
+    return builder.or_(values, builder.shl(values, _splat(16)))
 
 
 def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
@@ -410,11 +496,11 @@ def _q4k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             out_at, at0, row, col, sc_at = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 6, 8)
             )
-            quads = [_nibble_quads(context, builder, packed_type, args[2], at0, q, None) for q in range(4)]
+            quads = _Quads(4, lambda q: _nibble_quads(context, builder, packed_type, args[2], at0, q, None))
             sc = (sc_type, args[7], sc_at)
             out = (out_type, args[0], out_at)
             _scaled_block_sums(
-                context, builder, n_tok, chains, quads, xb_type, args[4], row, col, sc, out, 15
+                context, builder, n_tok, chains, quads, xb_type, args[4], row, col, sc, out, 15, True
             )
             return context.get_dummy_value()
 
@@ -474,10 +560,12 @@ def _q5k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
             out_at, at0, qh_at0, row, col, sc_at = (
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 5, 7, 8, 10)
             )
-            quads = [
-                _five_bit_quads(context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q)
-                for q in range(4)
-            ]
+            quads = _Quads(
+                4,
+                lambda q: _five_bit_quads(
+                    context, builder, packed_type, args[2], at0, qh_type, args[4], qh_at0, q
+                ),
+            )
             sc = (sc_type, args[9], sc_at)
             out = (out_type, args[0], out_at)
             _scaled_block_sums(
@@ -539,7 +627,7 @@ def _centred_half_sums(n_tok: int, chains: int, weights, offset_bits: int):  # t
                 context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 6, 7, 9)
             )
             xh_array = context.make_array(xh_type)(context, builder, args[8])
-            quads = [weights(context, builder, sig, args, at0, qh_at0, q) for q in (0, 1)]
+            quads = _Quads(2, lambda q: weights(context, builder, sig, args, at0, qh_at0, q))
             signed = offset_bits == 0
             acc = _dpbusd_quads(
                 context, builder, n_tok, chains, quads, xb_type, args[5], row, col, signed, 31
@@ -586,7 +674,7 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
                 [[[_splat(0) for _ in range(chains)] for _ in (0, 1)] for _ in range(n_tok)] for _ in (0, 1)
             ]
             if simd.WORD_SUMS:  # AVX2: each part's int16 pair sums in _dpbusd_quads
-                quads = [quad(q) for q in range(4)]
+                quads = _Quads(4, quad)
                 for part in (0, 1):
                     acc[part] = _dpbusd_quads(
                         context,
@@ -600,6 +688,7 @@ def _q6k_block_sums(n_tok: int, chains: int):  # type: ignore[no-untyped-def]
                         col,
                         max_weight=63,
                         parts=(part,),
+                        whole_lanes=True,
                     )
             else:  # both parts per quad and token, as measured on VNNI (one part after the other: Gemma 3's
                 # pp512 1.42x llama.cpp's against 1.55x)
