@@ -133,9 +133,10 @@ def dot_unsigned(builder, acc, weights, x):  # type: ignore[no-untyped-def]
 
 
 # AVX2's products leave vpmaddubsw as int16 pair sums; where a caller's weights are small, several of
-# them add up in int16 (vpaddw) before one vpmaddwd widens them: two instructions per dot product where
-# `dot_unsigned` takes three. `word_budget` says how many fit for weights up to a maximum: the pair sums
-# of 4-bit weights are at most 2 x 15 x 127 = 3810, so 8 fit (Q4_K's whole block); 5-bit 4, 6-bit 2.
+# them add up in int16 (vpaddsw, see word_dot) before one vpmaddwd widens them: two instructions per dot
+# product where `dot_unsigned` takes three. `word_budget` says how many fit for weights up to a maximum:
+# the pair sums of 4-bit weights are at most 2 x 15 x 127 = 3810, so 8 fit (Q4_K's whole block); 5-bit
+# 4, 6-bit 2.
 WORD_SUMS = not VNNI and TARGET.level.byte_dot
 
 
