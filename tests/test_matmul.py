@@ -105,6 +105,28 @@ def test_float_odd_width() -> None:
     check(QType.F32, quant.pack_weight(weights, QType.F32, weights.shape), weights, x)
 
 
+@pytest.mark.parametrize("qtype", [QType.F32, QType.F16, QType.BF16], ids=lambda q: q.name)
+def test_float_kernels_agree_to_the_bit(qtype: QType) -> None:
+    """The float kernel runs panels of 16 rows x 6, 4, 2, 1 tokens on the 256-bit FMA levels and tiles
+    of 32 rows x 8, 4, 2, 1 elsewhere (engine/cpu/matmul/floats.py): one fma per product in position
+    order in both, so a 23-token batch (panels 6, 6, 6, 4 then a token alone) gives each token's
+    outputs bit for bit as it gets alone and as the tiles give them; 70 rows: a last group of 6."""
+    from engine.cpu.matmul.floats import _matmul_float
+
+    rows, cols = 70, 45
+    data = random_blocks(qtype, rows, cols)
+    w = quant.pack_weight(data, qtype, (rows, cols))
+    x = RNG.standard_normal((23, cols)).astype(np.float32)
+    if qtype == QType.BF16:
+        x = bf16(x)  # as dispatch rounds them
+    batched = run_matmul(w, x)
+    alone = np.concatenate([run_matmul(w, x[t : t + 1]) for t in range(len(x))])
+    np.testing.assert_array_equal(batched, alone)
+    tiles = np.full_like(batched, np.nan)
+    _matmul_float(x, w.f, tiles)
+    np.testing.assert_array_equal(batched, tiles)
+
+
 def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
     """Every quant at the value whose int16 products are largest: nibble 15 where the kernel sums
     unsigned nibbles (Q4_0, Q4_1, Q4_K), the most negative centred value where it sums q - 16 (Q5_0, Q5_K)

@@ -15,15 +15,18 @@ Jobs are (query tile, head): up to QUERY_TILE consecutive tokens of one input ov
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
 
 from engine.cpu.lanes import ORDERED, exp_and_sum
+from engine.cpu.matmul.floats import FLOAT_PANELS, panel_sums1, panel_sums2, panel_sums4, panel_sums6
+from engine.cpu.matmul.tiles import _alloca_f32
 
 _KERNEL = {"cache": True, "nogil": True, "fastmath": ORDERED, "error_model": "numpy"}
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 MASKED = np.float32(-1e30)  # a masked score: finite, and exp(MASKED - max) underflows to 0
 QUERY_TILE = 32
+PANEL = 16  # keys (scores) or value dimensions (outputs) of one panel (engine/cpu/matmul/floats.py)
 SERIAL_WORK = 200_000  # below this many multiply-adds a call runs on the calling thread
 
 
@@ -44,7 +47,9 @@ def encoder_attention(
     without). Query head h reads kv head h // (n_heads / n_kv_heads)."""
     tiles = _query_tiles(spans)
     work = int(np.sum((spans[:, 1] - spans[:, 0]).astype(np.int64))) * q.shape[1] * q.shape[2]
-    kt = np.empty((k.shape[1], k.shape[2], k.shape[0]), np.float32)  # kt[h, i, t] = k[t, h, i]
+    # kt[h, i, t] = k[t, h, i]; PANEL columns past the last key, zeros, so a panel may read past an input
+    kt = np.empty((k.shape[1], k.shape[2], k.shape[0] + PANEL), np.float32)
+    kt[:, :, k.shape[0] :] = 0.0
     args = (q, kt, v, spans, positions, causal, window, slopes, np.float32(scale), tiles, out)
     if work < SERIAL_WORK:
         _transpose_keys(k, kt)
@@ -120,10 +125,47 @@ def _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, til
     t0, t1 = tiles[tile], tiles[tile + 1]
     lo, hi = spans[t0, 0], spans[t0, 1]
     probs = np.empty((t1 - t0, hi - lo), np.float32)
-    _tile_scores(q[t0:t1, h], kt[kv_h], lo, probs)  # the head's whole matrix: rows of unit stride
+    if FLOAT_PANELS:
+        _panel_products(q[t0:t1, h], kt[kv_h, :, lo:], probs)
+    else:
+        _tile_scores(q[t0:t1, h], kt[kv_h], lo, probs)  # the head's whole matrix: rows of unit stride
     for tt in range(t1 - t0):
         _softmax(probs[tt], positions, t0 + tt, lo, causal, window, slopes[h], scale)
-    _tile_weighted_rows(probs, v, lo, kv_h, out[t0:t1, h])
+    if FLOAT_PANELS and v.shape[2] % PANEL == 0:
+        _panel_products(probs, v[lo:hi, kv_h], out[t0:t1, h])
+    else:
+        _tile_weighted_rows(probs, v, lo, kv_h, out[t0:t1, h])
+
+
+# On the 256-bit FMA levels both products are panels (engine/cpu/matmul/floats.py's panel_sums: up to 6
+# queries x 16 keys or value dimensions in registers, one fma per product in the same order as the
+# tiles below, so the same bits). The tiles keep their sums in a local array, a load and a store per
+# vector of products: MiniLM's attention, 4 inputs of 128 tokens, 2 threads (2026-12-07, EPYC znver3):
+# MEASURE.
+@njit(**_KERNEL)
+def _panel_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[t, c] = the sum over k, in order, of x[t, k] * w[k, c] (c < out.shape[1]; w readable to the
+    next multiple of PANEL columns)."""
+    panel = carray(_alloca_f32(256), (8, 32))
+    n_tok, n_out = out.shape
+    for col in range(0, n_out, PANEL):
+        width = min(PANEL, n_out - col)
+        t = 0
+        while t < n_tok:
+            left = n_tok - t
+            n = 6 if left >= 6 else 4 if left >= 4 else 2 if left >= 2 else 1
+            if n == 6:
+                panel_sums6(panel, w, x, t, col)
+            elif n == 4:
+                panel_sums4(panel, w, x, t, col)
+            elif n == 2:
+                panel_sums2(panel, w, x, t, col)
+            else:
+                panel_sums1(panel, w, x, t, col)
+            for tt in range(n):
+                for c in range(width):
+                    out[t + tt, col + c] = panel[tt, c]
+            t += n
 
 
 KEY_CHUNK = 128  # keys whose scores the tile accumulates together (32 x 128 floats: 16 KB)

@@ -19,7 +19,9 @@ Q5_K and Q6_K scale in llama.cpp's order instead: each (sub-)block's integer sum
 scale, added in int32 over the 256-weight super-block, then one float scaling (mins likewise).
 
 Float path (F16, BF16, F32; `floats`): the weights are converted to float per position (once per token
-tile) and multiplied by the unquantized activations with FMAs (BF16's rounded to bf16 first).
+tile) and multiplied by the unquantized activations with FMAs (BF16's rounded to bf16 first). On the
+256-bit FMA levels in panels of 16 rows by up to 6 tokens (`panel_sums`, vcvtph2ps for F16), which the
+encoder attention reuses for its two products; the same bits as the tiles.
 
 One compiled signature per type: the tile sizes (8, 4, 2, 1 tokens) are inlined into the kernel with
 constant loop bounds (`tiles`), and the parallel loop runs over row groups only. A module per format

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads
 
-from engine.cpu.matmul.floats import _matmul_float, _round_to_bf16
+from engine.cpu.matmul.floats import _round_to_bf16, matmul_float
 from engine.cpu.matmul.intrinsics import BYTE_DOT
 from engine.cpu.matmul.iq4 import _matmul_iq4_nl, _matmul_iq4_nl_vnni, _matmul_iq4_xs, _matmul_iq4_xs_vnni
 from engine.cpu.matmul.k16 import _matmul_q2k, _matmul_q3k
@@ -137,9 +137,9 @@ _MATMUL = {
     ),
     QType.Q8_0: lambda x, w, out: (_matmul_q8_vnni if BYTE_DOT else _matmul_q8)(x, w.qs, w.d, out),
     QType.MXFP4: lambda x, w, out: (_matmul_mxfp4_vnni if BYTE_DOT else _matmul_mxfp4)(x, w.qs, w.sc, out),
-    QType.F32: lambda x, w, out: _matmul_float(x, w.f, out),
-    QType.F16: lambda x, w, out: _matmul_float(x, w.f, out),
-    QType.BF16: lambda x, w, out: _matmul_float(_round_to_bf16(x), w.f, out),
+    QType.F32: lambda x, w, out: matmul_float(x, w.f, out),
+    QType.F16: lambda x, w, out: matmul_float(x, w.f, out),
+    QType.BF16: lambda x, w, out: matmul_float(_round_to_bf16(x), w.f, out),
 }
 
 _GET_ROWS = {

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine.cpu import isa
+from engine.cpu import isa, simd
 from engine.cpu.matmul.tiles import (
     _EXACT,
     _KERNEL,
+    _alloca_f32,
     _each_tile,
     _lanes,
     _store_tile,
@@ -106,3 +108,153 @@ def _matmul_float(x, f, out) -> None:  # type: ignore[no-untyped-def]
     a = (f, x, out)
     for g in prange(f.shape[0]):
         _each_tile(x.shape[0], _float_tile, a, _float_tokens, a, g)
+
+
+# Panels: the float kernel of the 256-bit FMA levels (avx2, avx-vnni). The tiles above keep 8 tokens x 32
+# rows of sums, 32 ymm registers where AVX2 has 16: they spilled, and converted each f16 weight with
+# integer shifts (five instructions a vector). A panel is 16 rows (two ymm of sums a token) by up to 6
+# tokens: 12 sums, two weight vectors (one vcvtph2ps each) and a broadcast fill the 16 registers, one
+# fma per product in the same order (position after position), so the same bits as the tiles. nomic-
+# embed's 2304 x 768 F16 matrix, 240 tokens, one thread (2026-12-07, EPYC znver3): 24-31 GFLOP/s in the
+# tiles, 75 in panels of 6 tokens (65 with 4, 36 with 3 tokens x 32 rows). Tiles of 1 and 2 tokens take
+# all 32 rows (4 and 8 sums: a chain of fma latency a vector is too short with 2).
+FLOAT_PANELS = HAS_FMA and not simd.WIDE
+PANEL_ROWS = 16
+_F32 = ir.FloatType()
+_V8F32 = ir.VectorType(_F32, 8)
+_I64 = ir.IntType(64)
+
+
+def _float_vector(builder, ptr, dtype):  # type: ignore[no-untyped-def]
+    """The 8 weights at ptr as <8 x float>: float32 as they are, f16 bits by vcvtph2ps (fpext of half
+    vectors, F16C), bf16 bits (int16) shifted into the top half of a float."""
+    if isinstance(dtype, types.Float):
+        return builder.load(builder.bitcast(ptr, _V8F32.as_pointer()), align=4)
+    v8i16 = ir.VectorType(ir.IntType(16), 8)
+    raw = builder.load(builder.bitcast(ptr, v8i16.as_pointer()), align=2)
+    if dtype.signed:
+        v8i32 = ir.VectorType(ir.IntType(32), 8)
+        return builder.bitcast(builder.shl(builder.zext(raw, v8i32), ir.Constant(v8i32, [16] * 8)), _V8F32)
+    return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), 8)), _V8F32)
+
+
+def _panel_sums(n_tok: int, n_vec: int):  # type: ignore[no-untyped-def]
+    """An intrinsic: panel[t, :8 n_vec] = the sum over every position k < x.shape[1], in order, of
+    w[k, col + r] x x[t0 + t, k], one fma per product. w is any 2-D float32, f16 (uint16) or bf16 (int16)
+    array whose rows (positions) may be strided but whose columns are contiguous, x any 2-D float32 array
+    with contiguous rows; columns col .. col + 8 n_vec of w must be readable."""
+
+    @intrinsic
+    def panel_sums(typingctx, panel, w, x, t0, col):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            panel_type, w_type, x_type = sig.args[:3]
+            t0_, col_ = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (3, 4))
+            w_array = context.make_array(w_type)(context, builder, args[1])
+            x_array = context.make_array(x_type)(context, builder, args[2])
+            panel_array = context.make_array(panel_type)(context, builder, args[0])
+            first = cgutils.get_item_pointer(
+                context, builder, w_type, w_array, [ir.Constant(_I64, 0), col_], wraparound=False
+            )
+            first = builder.bitcast(first, ir.IntType(8).as_pointer())
+            step = builder.extract_value(w_array.strides, 0)  # bytes from one position to the next
+            element = context.get_value_type(w_type.dtype).as_pointer()
+            x_rows = [
+                cgutils.get_item_pointer(
+                    context, builder, x_type, x_array, [_plus(builder, t0_, t), ir.Constant(_I64, 0)]
+                )
+                for t in range(n_tok)
+            ]
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V8F32, [_V8F32] * 3), "llvm.fma.v8f32"
+            )
+            zero = ir.Constant(_V8F32, [0.0] * 8)
+            sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(n_vec)] for _ in range(n_tok)]
+            with cgutils.for_range(builder, builder.extract_value(x_array.shape, 1)) as loop:
+                at = builder.bitcast(builder.gep(first, [builder.mul(loop.index, step)]), element)
+                weights = [
+                    _float_vector(builder, builder.gep(at, [ir.Constant(_I64, 8 * j)]), w_type.dtype)
+                    for j in range(n_vec)
+                ]
+                for t in range(n_tok):
+                    xt = builder.load(builder.gep(x_rows[t], [loop.index]))
+                    xv = builder.insert_element(ir.Constant(_V8F32, ir.Undefined), xt, ir.Constant(_I64, 0))
+                    xv = builder.shuffle_vector(
+                        xv, xv, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
+                    )
+                    for j in range(n_vec):
+                        total = builder.call(fma, [weights[j], xv, builder.load(sums[t][j])])
+                        builder.store(total, sums[t][j])
+            for t in range(n_tok):
+                for j in range(n_vec):
+                    index = [ir.Constant(_I64, t), ir.Constant(_I64, 8 * j)]
+                    ptr = cgutils.get_item_pointer(context, builder, panel_type, panel_array, index)
+                    builder.store(
+                        builder.load(sums[t][j]), builder.bitcast(ptr, _V8F32.as_pointer()), align=4
+                    )
+            return context.get_dummy_value()
+
+        return types.void(panel, w, x, t0, col), codegen
+
+    return panel_sums
+
+
+def _plus(builder, value, n: int):  # type: ignore[no-untyped-def]
+    return builder.add(value, ir.Constant(_I64, n))
+
+
+panel_sums6 = _panel_sums(6, 2)
+panel_sums4 = _panel_sums(4, 2)
+panel_sums2 = _panel_sums(2, 2)
+panel_sums1 = _panel_sums(1, 2)
+_panel2_wide = _panel_sums(2, 4)
+_panel1_wide = _panel_sums(1, 4)
+
+
+@njit(**_NO_CONTRACT)
+def _store_panel(panel: np.ndarray, out: np.ndarray, row0: int, t0: int, n_tok: int, n_rows: int) -> None:
+    n_valid = min(n_rows, out.shape[1] - row0)
+    for t in range(n_tok):
+        for r in range(n_valid):
+            out[t0 + t, row0 + r] = panel[t, r]
+
+
+@njit(**_NO_CONTRACT)
+def _float_panels(x: np.ndarray, f: np.ndarray, out: np.ndarray, g: int) -> None:
+    """Row group g's outputs for every token: 6-token panels of 16 rows (4 for the rest of 4 or 5),
+    then the last tokens in tiles of 2 and 1 over all 32 rows."""
+    panel = carray(_alloca_f32(256), (8, 32))
+    w = f[g].reshape((x.shape[1], ROWS))  # w[k, r]: row g * 32 + r at position k
+    n_tok = x.shape[0]
+    big = n_tok - n_tok % 6 + (4 if n_tok % 6 >= 4 else 0)
+    for col in range(0, ROWS, PANEL_ROWS):
+        if g * ROWS + col >= out.shape[1]:
+            break
+        t0 = 0
+        while t0 < big:
+            if big - t0 >= 6:
+                panel_sums6(panel, w, x, t0, col)
+                _store_panel(panel, out, g * ROWS + col, t0, 6, PANEL_ROWS)
+                t0 += 6
+            else:
+                panel_sums4(panel, w, x, t0, col)
+                _store_panel(panel, out, g * ROWS + col, t0, 4, PANEL_ROWS)
+                t0 += 4
+    t0 = big
+    while t0 < n_tok:
+        if n_tok - t0 >= 2:
+            _panel2_wide(panel, w, x, t0, 0)
+            _store_panel(panel, out, g * ROWS, t0, 2, ROWS)
+            t0 += 2
+        else:
+            _panel1_wide(panel, w, x, t0, 0)
+            _store_panel(panel, out, g * ROWS, t0, 1, ROWS)
+            t0 += 1
+
+
+@njit(parallel=True, **_NO_CONTRACT)
+def _matmul_float_panels(x, f, out) -> None:  # type: ignore[no-untyped-def]
+    for g in prange(f.shape[0]):
+        _float_panels(x, f, out, np.int64(g))
+
+
+matmul_float = _matmul_float_panels if FLOAT_PANELS else _matmul_float

@@ -797,6 +797,12 @@ def _q8_quad_sums(n_tok: int):  # type: ignore[no-untyped-def]
             col = builder.shl(block, ir.Constant(ir.IntType(64), 3))
             xb_array = context.make_array(xb_type)(context, builder, args[3])
             xs_array = context.make_array(xs_type)(context, builder, args[4])
+            if simd.WORD_SUMS:
+                xb = (xb_type, xb_array)
+                _q8_row_set_sums(
+                    context, builder, n_tok, (sums_type, args[0]), (packed_type, args[1], at0), xb, row, col
+                )
+                return context.get_dummy_value()
             offset = simd.SIGNED_BY_OFFSET
             dot = simd.dot_unsigned if offset else simd.dot_signed
             acc = [[[_splat(0)] for _ in (0, 1)] for _ in range(n_tok)]
@@ -824,6 +830,75 @@ def _q8_quad_sums(n_tok: int):  # type: ignore[no-untyped-def]
         return types.void(sums, packed, packed_at, xb, xs, row0, b), codegen
 
     return q8_quad_sums
+
+
+def _unpack(builder, a, b, width: int, high: bool):  # type: ignore[no-untyped-def]
+    """vpunpck{l,h}{bw,wd}: in each 128-bit half, the low (or high) elements of a and b interleaved
+    (elements of `width` bytes; a, b and the result 32 bytes)."""
+    n = 32 // width
+    vector = ir.VectorType(ir.IntType(8 * width), n)
+    half, take = n // 2, n // 4
+    mask = []
+    for h in (0, 1):
+        first = h * half + (take if high else 0)
+        for i in range(first, first + take):
+            mask += [i, n + i]
+    mixed = builder.shuffle_vector(
+        builder.bitcast(a, vector),
+        builder.bitcast(b, vector),
+        ir.Constant(ir.VectorType(ir.IntType(32), n), mask),
+    )
+    return builder.bitcast(mixed, _V8I32)
+
+
+_V8I32 = ir.VectorType(ir.IntType(32), 8)
+_V32I8 = ir.VectorType(ir.IntType(8), 32)
+# Rows of a row set's <16 x i32> sums, in lane order (set 1: each + 8): the unpacks leave rows 0-3 and
+# 16-19 in the first ymm, 4-7 and 20-23 in the second.
+_SET_ROWS = [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23]
+
+
+def _q8_row_set_sums(context, builder, n_tok, sums, packed, xb, row, col) -> None:  # type: ignore[no-untyped-def]
+    """AVX2's Q8_0 block sums for a tile of n_tok tokens, into sums[t * 32 + r] as _q8_quad_sums: the
+    4 positions of a quad (32 row bytes each) transposed into row quads by in-lane unpacks (bytes, then
+    words: 4 instructions for 16 rows), one row set of 16 rows (0-7 and 16-23, then 8-15 and 24-31) at a
+    time so a set's 4 x 2 ymm of sums stay in registers. The cross-lane shuffle of _transposed_quads
+    cost 11 instructions a lane, and both lanes' sums of 4 tokens spilled (llvm-mca, znver3: 458 cycles
+    for two blocks of 4 tokens, 514 stack accesses)."""
+    (sums_type, sums_array), (packed_type, packed_array, at0), (xb_type, xb_array) = sums, packed, xb
+    for row_set in (0, 1):
+        if row_set:
+            _reload_barrier(builder)
+        acc = [_splat(0) for _ in range(n_tok)]
+        for q in range(QK // 4):
+            positions = [
+                builder.load(
+                    _vector_at(
+                        context,
+                        builder,
+                        packed_type,
+                        packed_array,
+                        _plus(builder, at0, (4 * q + i) * ROWS),
+                        _V32I8,
+                    ),
+                    align=1,
+                )
+                for i in range(4)
+            ]
+            pairs = [_unpack(builder, positions[i], positions[i + 1], 1, bool(row_set)) for i in (0, 2)]
+            quads = [_unpack(builder, pairs[0], pairs[1], 2, high) for high in (False, True)]
+            weights = simd._joined(builder, *quads)
+            for t in range(n_tok):
+                x = _broadcast_at(
+                    context, builder, xb_type, xb_array, _plus(builder, row, t), _plus(builder, col, q)
+                )
+                acc[t] = simd.dot_signed(builder, acc[t], weights, x)
+        for t in range(n_tok):
+            for part in (0, 1):  # rows 8 row_set + 0..7, then 16 + 8 row_set + 0..7
+                lanes = ir.Constant(_V8I32, [_SET_ROWS.index(r + 16 * part) for r in range(8)])
+                value = builder.shuffle_vector(acc[t], acc[t], lanes)
+                at = ir.Constant(ir.IntType(64), t * ROWS + 16 * part + 8 * row_set)
+                builder.store(value, _vector_at(context, builder, sums_type, sums_array, at, _V8I32), align=4)
 
 
 # Tiles of 4 and 8 tokens: vpdpbusd does twice vpdpwssd's multiplies per instruction, and the sums stay
