@@ -79,8 +79,8 @@ def uptime() -> str:
 
 def llama_cpp_encode(python: str, lib: Path | None, mmproj: Path, image: Path, rounds: int) -> list[float]:
     env = dict(os.environ, LLAMA_ARG_REPACK="0", OMP_WAIT_POLICY="PASSIVE")
-    if lib is not None:
-        env["LLAMA_CPP_LIB_PATH"] = str(lib)
+    if lib is not None:  # llama_cpp finds libllama there, llama_cpp.mtmd_cpp its libmtmd by its own variable
+        env["LLAMA_CPP_LIB_PATH"] = env["MTMD_CPP_LIB"] = str(lib)
     args = [python, "-c", MTMD_ENCODE, str(MODEL), str(mmproj), str(image), str(rounds)]
     out = subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout
     return [float(line) for line in out.split()]

@@ -18,7 +18,17 @@ import numpy as np
 from numba import carray, njit, prange
 
 from engine.cpu.lanes import ORDERED, exp_and_sum
-from engine.cpu.matmul.floats import FLOAT_PANELS, panel_sums1, panel_sums2, panel_sums4, panel_sums6
+from engine.cpu.matmul.floats import (
+    FLOAT_PANELS,
+    narrow_sums1,
+    narrow_sums2,
+    narrow_sums4,
+    narrow_sums6,
+    panel_sums1,
+    panel_sums2,
+    panel_sums4,
+    panel_sums6,
+)
 from engine.cpu.matmul.tiles import _alloca_f32
 
 _KERNEL = {"cache": True, "nogil": True, "fastmath": ORDERED, "error_model": "numpy"}
@@ -131,7 +141,7 @@ def _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, til
         _tile_scores(q[t0:t1, h], kt[kv_h], lo, probs)  # the head's whole matrix: rows of unit stride
     for tt in range(t1 - t0):
         _softmax(probs[tt], positions, t0 + tt, lo, causal, window, slopes[h], scale)
-    if FLOAT_PANELS and v.shape[2] % PANEL == 0:
+    if FLOAT_PANELS and v.shape[2] % 8 == 0:
         _panel_products(probs, v[lo:hi, kv_h], out[t0:t1, h])
     else:
         _tile_weighted_rows(probs, v, lo, kv_h, out[t0:t1, h])
@@ -145,7 +155,7 @@ def _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, til
 @njit(**_KERNEL)
 def _panel_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out[t, c] = the sum over k, in order, of x[t, k] * w[k, c] (c < out.shape[1]; w readable to the
-    next multiple of PANEL columns)."""
+    next multiple of PANEL columns, or of 8 where the last panel is 8 wide or less)."""
     panel = carray(_alloca_f32(256), (8, 32))
     n_tok, n_out = out.shape
     for col in range(0, n_out, PANEL):
@@ -154,14 +164,23 @@ def _panel_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         while t < n_tok:
             left = n_tok - t
             n = 6 if left >= 6 else 4 if left >= 4 else 2 if left >= 2 else 1
-            if n == 6:
-                panel_sums6(panel, w, x, t, col)
+            if width > 8:
+                if n == 6:
+                    panel_sums6(panel, w, x, t, col)
+                elif n == 4:
+                    panel_sums4(panel, w, x, t, col)
+                elif n == 2:
+                    panel_sums2(panel, w, x, t, col)
+                else:
+                    panel_sums1(panel, w, x, t, col)
+            elif n == 6:
+                narrow_sums6(panel, w, x, t, col)
             elif n == 4:
-                panel_sums4(panel, w, x, t, col)
+                narrow_sums4(panel, w, x, t, col)
             elif n == 2:
-                panel_sums2(panel, w, x, t, col)
+                narrow_sums2(panel, w, x, t, col)
             else:
-                panel_sums1(panel, w, x, t, col)
+                narrow_sums1(panel, w, x, t, col)
             for tt in range(n):
                 for c in range(width):
                     out[t + tt, col + c] = panel[tt, c]

@@ -887,7 +887,7 @@ def _q8_row_set_sums(context, builder, n_tok, sums, packed, xb, row, col) -> Non
             ]
             pairs = [_unpack(builder, positions[i], positions[i + 1], 1, bool(row_set)) for i in (0, 2)]
             quads = [_unpack(builder, pairs[0], pairs[1], 2, high) for high in (False, True)]
-            weights = simd._joined(builder, *quads)
+            weights = builder.shuffle_vector(quads[0], quads[1], ir.Constant(_V16I32, list(range(16))))
             for t in range(n_tok):
                 x = _broadcast_at(
                     context, builder, xb_type, xb_array, _plus(builder, row, t), _plus(builder, col, q)
