@@ -20,6 +20,7 @@ from numba import carray, njit, prange
 from engine.cpu.lanes import ORDERED, exp_and_sum
 from engine.cpu.matmul.floats import (
     FLOAT_PANELS,
+    PANEL_ROWS,
     narrow_sums1,
     narrow_sums2,
     narrow_sums4,
@@ -28,6 +29,7 @@ from engine.cpu.matmul.floats import (
     panel_sums2,
     panel_sums4,
     panel_sums6,
+    store_panel,
 )
 from engine.cpu.matmul.tiles import _alloca_f32
 
@@ -36,7 +38,6 @@ F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 MASKED = np.float32(-1e30)  # a masked score: finite, and exp(MASKED - max) underflows to 0
 QUERY_TILE = 32
-PANEL = 16  # keys (scores) or value dimensions (outputs) of one panel (engine/cpu/matmul/floats.py)
 SERIAL_WORK = 200_000  # below this many multiply-adds a call runs on the calling thread
 
 
@@ -57,8 +58,8 @@ def encoder_attention(
     without). Query head h reads kv head h // (n_heads / n_kv_heads)."""
     tiles = _query_tiles(spans)
     work = int(np.sum((spans[:, 1] - spans[:, 0]).astype(np.int64))) * q.shape[1] * q.shape[2]
-    # kt[h, i, t] = k[t, h, i]; PANEL columns past the last key, zeros, so a panel may read past an input
-    kt = np.empty((k.shape[1], k.shape[2], k.shape[0] + PANEL), np.float32)
+    # kt[h, i, t] = k[t, h, i]; PANEL_ROWS columns past the last key, zeros, so a panel may read past an input
+    kt = np.empty((k.shape[1], k.shape[2], k.shape[0] + PANEL_ROWS), np.float32)
     kt[:, :, k.shape[0] :] = 0.0
     args = (q, kt, v, spans, positions, causal, window, slopes, np.float32(scale), tiles, out)
     if work < SERIAL_WORK:
@@ -155,11 +156,11 @@ def _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, til
 @njit(**_KERNEL)
 def _panel_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out[t, c] = the sum over k, in order, of x[t, k] * w[k, c] (c < out.shape[1]; w readable to the
-    next multiple of PANEL columns, or of 8 where the last panel is 8 wide or less)."""
+    next multiple of PANEL_ROWS columns, or of 8 where the last panel is 8 wide or less)."""
     panel = carray(_alloca_f32(256), (8, 32))
     n_tok, n_out = out.shape
-    for col in range(0, n_out, PANEL):
-        width = min(PANEL, n_out - col)
+    for col in range(0, n_out, PANEL_ROWS):
+        width = min(PANEL_ROWS, n_out - col)
         t = 0
         while t < n_tok:
             left = n_tok - t
@@ -181,9 +182,7 @@ def _panel_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
                 narrow_sums2(panel, w, x, t, col)
             else:
                 narrow_sums1(panel, w, x, t, col)
-            for tt in range(n):
-                for c in range(width):
-                    out[t + tt, col + c] = panel[tt, c]
+            store_panel(panel, out, col, t, n, PANEL_ROWS)
             t += n
 
 

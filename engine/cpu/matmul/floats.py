@@ -9,6 +9,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine.cpu import isa, simd
+from engine.cpu.matmul.intrinsics import _plus
 from engine.cpu.matmul.tiles import (
     _EXACT,
     _KERNEL,
@@ -198,10 +199,6 @@ def _panel_sums(n_tok: int, n_vec: int):  # type: ignore[no-untyped-def]
     return panel_sums
 
 
-def _plus(builder, value, n: int):  # type: ignore[no-untyped-def]
-    return builder.add(value, ir.Constant(_I64, n))
-
-
 panel_sums6 = _panel_sums(6, 2)
 panel_sums4 = _panel_sums(4, 2)
 panel_sums2 = _panel_sums(2, 2)
@@ -216,7 +213,7 @@ _panel1_wide = _panel_sums(1, 4)
 
 
 @njit(**_NO_CONTRACT)
-def _store_panel(panel: np.ndarray, out: np.ndarray, row0: int, t0: int, n_tok: int, n_rows: int) -> None:
+def store_panel(panel: np.ndarray, out: np.ndarray, row0: int, t0: int, n_tok: int, n_rows: int) -> None:
     n_valid = min(n_rows, out.shape[1] - row0)
     for t in range(n_tok):
         for r in range(n_valid):
@@ -238,21 +235,21 @@ def _float_panels(x: np.ndarray, f: np.ndarray, out: np.ndarray, g: int) -> None
         while t0 < big:
             if big - t0 >= 6:
                 panel_sums6(panel, w, x, t0, col)
-                _store_panel(panel, out, g * ROWS + col, t0, 6, PANEL_ROWS)
+                store_panel(panel, out, g * ROWS + col, t0, 6, PANEL_ROWS)
                 t0 += 6
             else:
                 panel_sums4(panel, w, x, t0, col)
-                _store_panel(panel, out, g * ROWS + col, t0, 4, PANEL_ROWS)
+                store_panel(panel, out, g * ROWS + col, t0, 4, PANEL_ROWS)
                 t0 += 4
     t0 = big
     while t0 < n_tok:
         if n_tok - t0 >= 2:
             _panel2_wide(panel, w, x, t0, 0)
-            _store_panel(panel, out, g * ROWS, t0, 2, ROWS)
+            store_panel(panel, out, g * ROWS, t0, 2, ROWS)
             t0 += 2
         else:
             _panel1_wide(panel, w, x, t0, 0)
-            _store_panel(panel, out, g * ROWS, t0, 1, ROWS)
+            store_panel(panel, out, g * ROWS, t0, 1, ROWS)
             t0 += 1
 
 
