@@ -15,29 +15,27 @@ Jobs are (query tile, head): up to QUERY_TILE consecutive tokens of one input ov
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import njit, prange
 
 from engine.cpu.lanes import ORDERED, exp_and_sum
 from engine.cpu.matmul.floats import (
     FLOAT_PANELS,
     PANEL_ROWS,
-    narrow_sums1,
-    narrow_sums2,
-    narrow_sums4,
-    narrow_sums6,
-    panel_sums1,
-    panel_sums2,
-    panel_sums4,
-    panel_sums6,
-    store_panel,
+    add_narrow1,
+    add_narrow2,
+    add_narrow4,
+    add_narrow6,
+    add_sums1,
+    add_sums2,
+    add_sums4,
+    add_sums6,
 )
-from engine.cpu.matmul.tiles import _alloca_f32
 
 _KERNEL = {"cache": True, "nogil": True, "fastmath": ORDERED, "error_model": "numpy"}
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 MASKED = np.float32(-1e30)  # a masked score: finite, and exp(MASKED - max) underflows to 0
-QUERY_TILE = 32
+QUERY_TILE = 24  # a multiple of 6: the panels' widest (engine/cpu/matmul/floats.py)
 SERIAL_WORK = 200_000  # below this many multiply-adds a call runs on the calling thread
 
 
@@ -61,34 +59,39 @@ def encoder_attention(
     # kt[h, i, t] = k[t, h, i]; PANEL_ROWS columns past the last key, zeros, so a panel may read past an input
     kt = np.empty((k.shape[1], k.shape[2], k.shape[0] + PANEL_ROWS), np.float32)
     kt[:, :, k.shape[0] :] = 0.0
-    args = (q, kt, v, spans, positions, causal, window, slopes, np.float32(scale), tiles, out)
+    vh = np.empty((v.shape[1], v.shape[0], v.shape[2]), np.float32)  # vh[h, t] = v[t, h]
+    args = (q, kt, vh, spans, positions, causal, window, slopes, np.float32(scale), tiles, out)
     if work < SERIAL_WORK:
-        _transpose_keys(k, kt)
+        _by_head(k, v, kt, vh)
         _run_serial(*args)
     else:
-        _transpose_keys_parallel(k, kt)
+        _by_head_parallel(k, v, kt, vh)
         _run_parallel(*args)
 
 
-# The keys are transposed once per call, each kv head its own [dim, tokens] matrix: a job transposing its
-# input's keys for itself repeated it for every query tile (128 tiles of a 4096-token SigLIP image).
+# The keys and values are laid out by head once per call, the keys transposed ([dim, tokens] a head): a
+# job transposing its input's keys for itself repeated it for every query tile (128 tiles of a 4096-token
+# SigLIP image). The values' rows of one head were 16 x 72 floats apart in a SigLIP layer's [tokens,
+# heads, dim]: a stride of 4608 bytes fills only 8 of L1's 64 sets, so a 16-column panel of 512 value
+# rows came from L2 (weighted values 19.9 -> 22.3 GMAC/s with the rows contiguous, one thread, 2026-12-08).
 @njit(**_KERNEL)
-def _transpose_keys(k: np.ndarray, kt: np.ndarray) -> None:
+def _by_head(k: np.ndarray, v: np.ndarray, kt: np.ndarray, vh: np.ndarray) -> None:
     for h in range(k.shape[1]):
-        _transpose_head(k, kt, h)
+        _head(k, v, kt, vh, h)
 
 
 @njit(parallel=True, **_KERNEL)
-def _transpose_keys_parallel(k: np.ndarray, kt: np.ndarray) -> None:
+def _by_head_parallel(k: np.ndarray, v: np.ndarray, kt: np.ndarray, vh: np.ndarray) -> None:
     for h in prange(k.shape[1]):
-        _transpose_head(k, kt, h)
+        _head(k, v, kt, vh, h)
 
 
 @njit(inline="always", **_KERNEL)
-def _transpose_head(k: np.ndarray, kt: np.ndarray, h: int) -> None:
+def _head(k: np.ndarray, v: np.ndarray, kt: np.ndarray, vh: np.ndarray, h: int) -> None:
     for t in range(k.shape[0]):
         for i in range(k.shape[2]):
             kt[h, i, t] = k[t, h, i]
+        vh[h, t] = v[t, h]
 
 
 @njit(**_KERNEL)
@@ -106,17 +109,17 @@ def _query_tiles(spans: np.ndarray) -> np.ndarray:
 
 
 @njit(**_KERNEL)
-def _run_serial(q, kt, v, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
+def _run_serial(q, kt, vh, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
     n_heads = q.shape[1]
     for job in range((len(tiles) - 1) * n_heads):
-        _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, tiles, out)
+        _run_job(job, q, kt, vh, spans, positions, causal, window, slopes, scale, tiles, out)
 
 
 @njit(parallel=True, **_KERNEL)
-def _run_parallel(q, kt, v, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
+def _run_parallel(q, kt, vh, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
     n_heads = q.shape[1]
     for job in prange((len(tiles) - 1) * n_heads):
-        _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, tiles, out)
+        _run_job(job, q, kt, vh, spans, positions, causal, window, slopes, scale, tiles, out)
 
 
 # Scores as a tile of queries against every key of the input at once: keys transposed (kt[i, j], key j's
@@ -127,7 +130,7 @@ def _run_parallel(q, kt, v, spans, positions, causal, window, slopes, scale, til
 # the scores, whose tile stays in L1): one query at a time re-read every key and value of the input per
 # query, which made a SigLIP layer's attention (4096 tokens, 16 heads of 72) take 14 s of 18 (2 threads).
 @njit(**_KERNEL)
-def _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
+def _run_job(job, q, kt, vh, spans, positions, causal, window, slopes, scale, tiles, out) -> None:  # type: ignore[no-untyped-def]
     """One head of one query tile: scores over the tile's input, softmax, the weighted value rows."""
     n_heads, n_tiles = q.shape[1], len(tiles) - 1
     # head-major: a thread's consecutive jobs share a head's keys and values (in cache, not re-read)
@@ -135,54 +138,72 @@ def _run_job(job, q, kt, v, spans, positions, causal, window, slopes, scale, til
     kv_h = h // (n_heads // kt.shape[0])
     t0, t1 = tiles[tile], tiles[tile + 1]
     lo, hi = spans[t0, 0], spans[t0, 1]
-    probs = np.empty((t1 - t0, hi - lo), np.float32)
-    if FLOAT_PANELS:
-        _panel_products(q[t0:t1, h], kt[kv_h, :, lo:], probs)
+    n = hi - lo
+    if FLOAT_PANELS:  # scores in whole panels of keys (kt has PANEL_ROWS zero keys past the last)
+        probs = np.zeros((t1 - t0, -(-n // PANEL_ROWS) * PANEL_ROWS), np.float32)
+        _add_products(q[t0:t1, h], kt[kv_h, :, lo:], probs)
     else:
+        probs = np.empty((t1 - t0, n), np.float32)
         _tile_scores(q[t0:t1, h], kt[kv_h], lo, probs)  # the head's whole matrix: rows of unit stride
     for tt in range(t1 - t0):
-        _softmax(probs[tt], positions, t0 + tt, lo, causal, window, slopes[h], scale)
-    if FLOAT_PANELS and v.shape[2] % 8 == 0:
-        _panel_products(probs, v[lo:hi, kv_h], out[t0:t1, h])
+        _softmax(probs[tt, :n], positions, t0 + tt, lo, causal, window, slopes[h], scale)
+    if FLOAT_PANELS and vh.shape[2] % 8 == 0:
+        _panel_weighted_rows(probs[:, :n], vh[kv_h, lo:hi], out[t0:t1, h])
     else:
-        _tile_weighted_rows(probs, v, lo, kv_h, out[t0:t1, h])
+        _tile_weighted_rows(probs[:, :n], vh[kv_h, lo:hi], out[t0:t1, h])
 
 
-# On the 256-bit FMA levels both products are panels (engine/cpu/matmul/floats.py's panel_sums: up to 6
-# queries x 16 keys or value dimensions in registers, one fma per product in the same order as the
-# tiles below, so the same bits). The tiles keep their sums in a local array, a load and a store per
-# vector of products: MiniLM's attention, 4 inputs of 128 tokens, 2 threads (2026-12-07, EPYC znver3):
-# MEASURE.
+# On the 256-bit FMA levels both products are panels (engine/cpu/matmul/floats.py's add_sums: up to 6
+# queries x 16 keys or value dimensions in registers, one fma per product in the same order as the tiles
+# below, so the same bits), summed straight into the scores and the output. One SigLIP layer (4096 tokens,
+# 16 heads of 72, 2 threads, 2026-12-08, EPYC znver3): 2.0-2.35 s with the panels stored through a scratch
+# panel, every value row of the input in one pass and tiles of 32 queries (a panel of 2 in each); 1.5 s
+# with VALUE_CHUNK value rows at a time (they stay in L1 across the tile's panels) and tiles of 24 (4
+# panels of 6); 0.96 s with the softmax's unmasked loop vectorized (_softmax).
+VALUE_CHUNK = 128
+
+
 @njit(**_KERNEL)
-def _panel_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """out[t, c] = the sum over k, in order, of x[t, k] * w[k, c] (c < out.shape[1]; w readable to the
-    next multiple of PANEL_ROWS columns, or of 8 where the last panel is 8 wide or less)."""
-    panel = carray(_alloca_f32(256), (8, 32))
+def _panel_weighted_rows(probs: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+    """out[tt] = the sum over j, in order, of probs[tt, j] * v[j]: VALUE_CHUNK rows at a time, each output's
+    fma chain continued from chunk to chunk."""
+    acc = np.zeros(out.shape, np.float32)
+    n = probs.shape[1]
+    for j0 in range(0, n, VALUE_CHUNK):
+        j1 = min(n, j0 + VALUE_CHUNK)
+        _add_products(probs[:, j0:j1], v[j0:j1], acc)
+    out[:, :] = acc
+
+
+@njit(**_KERNEL)
+def _add_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[t, c] += the products x[t, k] * w[k, c] for every k in order, one fma each (from zeros: the sum
+    in order). Columns in panels of PANEL_ROWS and a last one of 8 where fewer are left: w's columns
+    readable and out's writable to the end of each panel."""
     n_tok, n_out = out.shape
     for col in range(0, n_out, PANEL_ROWS):
-        width = min(PANEL_ROWS, n_out - col)
+        wide = n_out - col > 8
         t = 0
         while t < n_tok:
             left = n_tok - t
             n = 6 if left >= 6 else 4 if left >= 4 else 2 if left >= 2 else 1
-            if width > 8:
+            if wide:
                 if n == 6:
-                    panel_sums6(panel, w, x, t, col)
+                    add_sums6(out, w, x, t, col)
                 elif n == 4:
-                    panel_sums4(panel, w, x, t, col)
+                    add_sums4(out, w, x, t, col)
                 elif n == 2:
-                    panel_sums2(panel, w, x, t, col)
+                    add_sums2(out, w, x, t, col)
                 else:
-                    panel_sums1(panel, w, x, t, col)
+                    add_sums1(out, w, x, t, col)
             elif n == 6:
-                narrow_sums6(panel, w, x, t, col)
+                add_narrow6(out, w, x, t, col)
             elif n == 4:
-                narrow_sums4(panel, w, x, t, col)
+                add_narrow4(out, w, x, t, col)
             elif n == 2:
-                narrow_sums2(panel, w, x, t, col)
+                add_narrow2(out, w, x, t, col)
             else:
-                narrow_sums1(panel, w, x, t, col)
-            store_panel(panel, out, col, t, n, PANEL_ROWS)
+                add_narrow1(out, w, x, t, col)
             t += n
 
 
@@ -227,28 +248,33 @@ def _softmax(s, positions, t, lo, causal, window, slope, scale) -> None:  # type
     n = s.shape[0]
     p = positions[t]
     best = MASKED
-    for j in range(n):
-        pj = positions[lo + j]
-        if not _visible(p, pj, causal, window):
-            s[j] = MASKED
-        elif slope != F0:
-            s[j] = s[j] * scale + slope * np.float32(-abs(pj - p))
-        else:
+    if causal or window > 0 or slope != F0:
+        for j in range(n):
+            pj = positions[lo + j]
+            if not _visible(p, pj, causal, window):
+                s[j] = MASKED
+            elif slope != F0:
+                s[j] = s[j] * scale + slope * np.float32(-abs(pj - p))
+            else:
+                s[j] = s[j] * scale
+            best = max(best, s[j])  # a max is exact in any order
+    else:  # every key visible, no bias: a loop LLVM vectorizes (a SigLIP layer 1.51 -> 0.96 s)
+        for j in range(n):
             s[j] = s[j] * scale
-        best = max(best, s[j])  # a max is exact in any order
+            best = max(best, s[j])
     inv = F1 / exp_and_sum(s, best, n)
     for j in range(n):
         s[j] *= inv
 
 
 @njit(inline="always", **_KERNEL)
-def _tile_weighted_rows(probs: np.ndarray, v: np.ndarray, lo: int, kv_h: int, out: np.ndarray) -> None:
-    """out[tt] = the sum over j, in order, of probs[tt, j] * v[lo + j, kv_h]."""
+def _tile_weighted_rows(probs: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+    """out[tt] = the sum over j, in order, of probs[tt, j] * v[j]."""
     n_q, n = probs.shape
     dim = out.shape[1]
     acc = np.zeros((n_q, dim), np.float32)
     for j in range(n):
-        row = v[lo + j, kv_h]
+        row = v[j]
         for tt in range(n_q):
             w = probs[tt, j]
             at = acc[tt]
