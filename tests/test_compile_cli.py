@@ -42,3 +42,22 @@ def test_the_server_after_llamba_compile_compiles_nothing(tmp_path: Path) -> Non
         server.stop()
     assert reply["tokens_predicted"] == 4
     assert cached_kernels(cache) == compiled
+
+
+def test_llamba_compile_writes_the_packages_bytecode() -> None:
+    """Every module of engine/, server/ and cli/ has its bytecode after llamba-compile's step, however
+    PYTHONDONTWRITEBYTECODE is set (a start then reads them instead of compiling ~250 modules)."""
+    import importlib.util
+
+    from cli.compile import PACKAGES, compile_bytecode
+
+    assert compile_bytecode()
+    sources = [f for name in PACKAGES for f in (REPO / name).rglob("*.py")]
+    assert len(sources) > 200
+    stale = [
+        f
+        for f in sources
+        if not (cached := Path(importlib.util.cache_from_source(str(f)))).exists()
+        or cached.stat().st_mtime < f.stat().st_mtime
+    ]
+    assert not stale
