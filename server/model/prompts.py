@@ -34,6 +34,9 @@ from server.model.media import MediaPrompt, media_tokens
 Media = Mapping[int, MediaChunk]  # a prompt's media chunks by the marker id their positions hold
 
 
+INLINE_TOKENIZE_CHARS = 256  # texts up to this long are tokenized on the event loop (PromptBuilder.tokenize)
+
+
 @dataclass(frozen=True)
 class ReasoningAsk:
     """What a chat request asks of reasoning: its format (None: --reasoning-format), its budget of
@@ -185,7 +188,12 @@ class PromptBuilder:
 
     # -- tokens -----------------------------------------------------------------------------------------
     async def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        """Text to token ids on a worker thread (a long text must not block the event loop)."""
+        """Text to token ids: a short one on the loop, a longer one on a worker thread (a long text must not
+        block the event loop). The hop to a thread and back cost 150-330 us against 9-23 us for a
+        44-character sentence (SmolLM2's BPE, MiniLM's WordPiece; 2026-12-08, EPYC znver3); 1 KB takes
+        134-389 us on the loop."""
+        if len(text) <= INLINE_TOKENIZE_CHARS:
+            return self.tokenizer.encode(text, add_special, parse_special)
         return await anyio.to_thread.run_sync(self.tokenizer.encode, text, add_special, parse_special)
 
     def encode_plain(self, text: str) -> list[int]:
