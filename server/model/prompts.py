@@ -10,6 +10,7 @@ rendered prompt. Long texts are tokenized on a worker thread; nothing here reach
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,10 @@ from server.model.media import MediaPrompt, media_tokens
 Media = Mapping[int, MediaChunk]  # a prompt's media chunks by the marker id their positions hold
 
 
-INLINE_TOKENIZE_CHARS = 256  # texts up to this long are tokenized on the event loop (PromptBuilder.tokenize)
+# Texts up to this long tokenize on the event loop (PromptBuilder.tokenize): the hop to a worker thread and
+# back cost 150-330 us against 9-23 us for a 44-character sentence (SmolLM2's BPE, MiniLM's WordPiece;
+# 2026-12-08, EPYC znver3); 1 KB takes 134-389 us on the loop.
+INLINE_TOKENIZE_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -188,13 +192,9 @@ class PromptBuilder:
 
     # -- tokens -----------------------------------------------------------------------------------------
     async def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        """Text to token ids: a short one on the loop, a longer one on a worker thread (a long text must not
-        block the event loop). The hop to a thread and back cost 150-330 us against 9-23 us for a
-        44-character sentence (SmolLM2's BPE, MiniLM's WordPiece; 2026-12-08, EPYC znver3); 1 KB takes
-        134-389 us on the loop."""
-        if len(text) <= INLINE_TOKENIZE_CHARS:
-            return self.tokenizer.encode(text, add_special, parse_special)
-        return await anyio.to_thread.run_sync(self.tokenizer.encode, text, add_special, parse_special)
+        """Text to token ids; a long text on a worker thread (it must not block the event loop)."""
+        encode = functools.partial(self.tokenizer.encode, text, add_special, parse_special)
+        return encode() if len(text) <= INLINE_TOKENIZE_CHARS else await anyio.to_thread.run_sync(encode)
 
     def encode_plain(self, text: str) -> list[int]:
         """A short text's tokens as llama-server tokenizes a logit_bias string (no special tokens), here
