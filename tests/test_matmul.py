@@ -127,6 +127,19 @@ def test_float_kernels_agree_to_the_bit(qtype: QType) -> None:
     np.testing.assert_array_equal(batched, tiles)
 
 
+def test_float_token_blocks_agree_to_the_bit() -> None:
+    """Many tokens run in blocks of ~192 KB of activations (floats.py's TOKEN_BLOCK_BYTES: 24 tokens of
+    2048 columns): 53 tokens are blocks of 24, 24 and 5, each token's outputs as it gets them alone."""
+    from engine.cpu.matmul.floats import _token_block
+
+    rows, cols = 70, 2048
+    assert _token_block(53, cols) == 24
+    w = quant.pack_weight(random_blocks(QType.F16, rows, cols), QType.F16, (rows, cols))
+    x = RNG.standard_normal((53, cols)).astype(np.float32)
+    alone = np.concatenate([run_matmul(w, x[t : t + 1]) for t in range(len(x))])
+    np.testing.assert_array_equal(run_matmul(w, x), alone)
+
+
 def _extreme_blocks(qtype: QType, rows: int, cols: int) -> np.ndarray:
     """Every quant at the value whose int16 products are largest: nibble 15 where the kernel sums
     unsigned nibbles (Q4_0, Q4_1, Q4_K), the most negative centred value where it sums q - 16 (Q5_0, Q5_K)
