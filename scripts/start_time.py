@@ -2,9 +2,10 @@
 
     .venv/bin/python scripts/start_time.py [-m smollm2] [--starts 3] [-- more server flags]
 
-Each start runs `python -m server -m M --port P` fresh (the JIT cache as it is: run `llamba-compile` or
-one start first for a warm figure), polls /health every 10 ms, then sends one `/completion` of one token;
-prints both times per start and their medians. Check the load (printed) first: this VM drifts.
+Each start runs `python -m server -m M` fresh on a free port (tests/server_process.py's ServerProcess;
+the JIT cache as it is: run `llamba-compile` or one start first for a warm figure), polls /health every
+10 ms, then sends one `/completion` of one token; prints both times per start and their medians. Check
+the load (printed) first: this VM drifts.
 """
 
 from __future__ import annotations
@@ -18,42 +19,32 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.server_process import ServerProcess  # noqa: E402
 
 
-def one_start(model: str, port: int, flags: list[str]) -> tuple[float, float]:
+def one_start(model: str, flags: list[str]) -> tuple[float, float]:
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "server", "-m", model, "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess("-m", model, *flags)
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({proc.returncode})")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.01)
+        server.wait_healthy(poll_s=0.01)  # the default 0.2 s would round the start up by up to that
         healthy = time.perf_counter() - start
         body = {"prompt": "The capital of France is", "n_predict": 1}
-        httpx.post(f"{url}/completion", json=body, timeout=60).raise_for_status()
+        httpx.post(f"{server.base_url}/completion", json=body, timeout=60).raise_for_status()
         return healthy, time.perf_counter() - start
     finally:
-        proc.terminate()
-        proc.wait(10)
+        server.stop()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", default="smollm2")
     p.add_argument("--starts", type=int, default=3)
-    p.add_argument("--port", type=int, default=8597)
     p.add_argument("flags", nargs="*", help="more llama-server flags (after --)")
     args = p.parse_args()
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
-    times = [one_start(args.model, args.port, args.flags) for _ in range(args.starts)]
+    times = [one_start(args.model, args.flags) for _ in range(args.starts)]
     for healthy, reply in times:
         print(f"healthy {healthy:.2f} s, first reply {reply:.2f} s")
     print(

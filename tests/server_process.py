@@ -69,8 +69,11 @@ class ServerProcess:
             cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
 
-    def wait_healthy(self, timeout: float = 120.0, path: str = "/health", **client: Any) -> ServerProcess:
-        """Until `path` answers 200 (`client`: httpx's options, e.g. `verify` for HTTPS)."""
+    def wait_healthy(
+        self, timeout: float = 120.0, path: str = "/health", poll_s: float = 0.2, **client: Any
+    ) -> ServerProcess:
+        """Until `path` answers 200, asked every `poll_s` seconds (`client`: httpx's options, e.g. `verify`
+        for HTTPS)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -80,7 +83,7 @@ class ServerProcess:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(poll_s)
         raise TimeoutError(f"server not healthy after {timeout}s:\n{self.log()}")
 
     def log(self) -> str:
